@@ -1,0 +1,128 @@
+// attention family, CPU reference: the KV compressor (spec §7), the lightning indexer (§8) and the
+// sink softmax over window + compressed keys (§6.3–6.4).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "cpu/cpu_ops.h"
+
+namespace dsv4 {
+
+void CpuOps::compressor(const CompressorWeights& w, CompressorState& s, const float* x, int64_t pos0, int64_t n,
+                        EntrySim sim) {
+  const int64_t m = w.ratio, c = w.width, width = (w.overlap ? 2 : 1) * c, D = config_.dim;
+  std::vector<float>& kv = scratch(1, size_t(n * width));
+  std::vector<float>& gate = scratch(2, size_t(n * width));
+  linear(x, D, w.wkv, n, kv.data(), width);
+  linear(x, D, w.wgate, n, gate.data(), width);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t pos = pos0 + i;
+    const float* ape = w.ape.data() + (pos % m) * width;
+    // Overlap: rows 0..m−1 hold the previous window, rows m..2m−1 the current one.
+    const int64_t slot = (w.overlap ? m : 0) + pos % m;
+    for (int64_t ch = 0; ch < width; ++ch) {
+      s.kv[slot * width + ch] = kv[size_t(i * width + ch)];
+      s.score[slot * width + ch] = gate[size_t(i * width + ch)] + ape[ch];
+    }
+    if ((pos + 1) % m != 0) continue;
+
+    // Window w = pos / m is complete: softmax over positions, independently per channel.
+    const int64_t entry = pos / m;
+    float* out = s.entries + entry * c;
+    for (int64_t ch = 0; ch < c; ++ch) {
+      // Candidate k is state row k. Overlap: rows 0..m−1 (previous window) contribute their A-half
+      // (columns [0, c)), rows m..2m−1 (current window) their B-half (columns [c, 2c)).
+      const int64_t n_cand = w.overlap ? 2 * m : m;
+      const auto cell = [&](int64_t k) { return k * width + ((w.overlap && k >= m) ? c + ch : ch); };
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t k = 0; k < n_cand; ++k) mx = std::max(mx, s.score[cell(k)]);
+      float denom = 0.0f, num = 0.0f;
+      for (int64_t k = 0; k < n_cand; ++k) {
+        const float e = std::exp(s.score[cell(k)] - mx);
+        denom += e;
+        num += e * s.kv[cell(k)];
+      }
+      out[ch] = num / denom;
+    }
+    if (w.overlap) {  // the current window becomes the previous one
+      std::copy(s.kv + m * width, s.kv + 2 * m * width, s.kv);
+      std::copy(s.score + m * width, s.score + 2 * m * width, s.score);
+    }
+    rms_norm(out, &w.norm, 1, c, out);
+    // RoPE at the window's FIRST token position.
+    rope(out, 1, c, c - config_.rope_dim, 1, entry * m, 0, RopeKind::kCompressed, false);
+    if (sim == EntrySim::kFp8NoPe) sim_fp8(out, 1, c, c - config_.rope_dim, 64);
+    if (sim == EntrySim::kHadamardFp4) hadamard_sim_fp4(out, 1, c);
+  }
+}
+
+void CpuOps::indexer_topk(const IndexerParams& p) {
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t i = 0; i < p.n; ++i) {
+    const int64_t t = p.pos0 + i, visible = (t + 1) / p.ratio;
+    const int64_t k = std::min(p.top_k, visible);
+    std::vector<float> score(static_cast<size_t>(visible));
+    const float* q = p.q + i * p.heads * p.head_dim;
+    const float* w = p.weights + i * p.heads;
+    for (int64_t e = 0; e < visible; ++e) {
+      const float* key = p.keys + e * p.head_dim;
+      float total = 0.0f;
+      for (int64_t h = 0; h < p.heads; ++h) {
+        float d = 0.0f;
+        for (int64_t j = 0; j < p.head_dim; ++j) d += q[h * p.head_dim + j] * key[j];
+        total += w[h] * std::max(d, 0.0f);
+      }
+      score[size_t(e)] = total;
+    }
+    std::vector<int32_t> order(static_cast<size_t>(visible));
+    std::iota(order.begin(), order.end(), 0);
+    // Deterministic ties: the lower entry index wins.
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      return score[size_t(a)] > score[size_t(b)] || (score[size_t(a)] == score[size_t(b)] && a < b);
+    });
+    int32_t* sel = p.selected + i * p.top_k;
+    for (int64_t j = 0; j < p.top_k; ++j) sel[j] = j < k ? order[size_t(j)] : -1;
+  }
+}
+
+void CpuOps::attention(const AttentionParams& p) {
+  const int64_t d = p.head_dim;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t i = 0; i < p.n; ++i) {
+    for (int64_t h = 0; h < p.heads; ++h) {
+      const int64_t t = p.pos0 + i;
+      const float* q = p.q + (i * p.heads + h) * d;
+      std::vector<const float*> keys;
+      for (int64_t s = std::max<int64_t>(0, t - p.window_size + 1); s <= t; ++s)
+        keys.push_back(p.window + (s % p.ring_slots) * d);
+      if (p.entries && p.selected) {
+        for (int64_t j = 0; j < p.top_k; ++j) {
+          const int32_t e = p.selected[i * p.top_k + j];
+          if (e >= 0) keys.push_back(p.entries + int64_t(e) * d);
+        }
+      } else if (p.entries) {
+        for (int64_t e = 0; e < (t + 1) / p.ratio; ++e) keys.push_back(p.entries + e * d);
+      }
+      std::vector<float> logit(keys.size());
+      float mx = p.sinks[h];
+      for (size_t j = 0; j < keys.size(); ++j) {
+        float dot = 0.0f;
+        for (int64_t c = 0; c < d; ++c) dot += q[c] * keys[j][c];
+        logit[j] = dot * p.scale;
+        mx = std::max(mx, logit[j]);
+      }
+      float denom = std::exp(p.sinks[h] - mx);  // the sink adds mass to the denominator only
+      float* out = p.out + (i * p.heads + h) * d;
+      std::fill(out, out + d, 0.0f);
+      for (size_t j = 0; j < keys.size(); ++j) {
+        const float e = std::exp(logit[j] - mx);
+        denom += e;
+        for (int64_t c = 0; c < d; ++c) out[c] += e * keys[j][c];
+      }
+      for (int64_t c = 0; c < d; ++c) out[c] /= denom;
+    }
+  }
+}
+
+}  // namespace dsv4

@@ -1,0 +1,116 @@
+// gemm family, CPU reference: weights are decoded row by row from checkpoint storage (never expanded
+// in memory), then dotted with every activation row in fp32.
+#include <array>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "cpu/cpu_ops.h"
+
+namespace dsv4 {
+
+namespace {
+
+const std::array<float, 256>& e4m3_lut() {
+  static const std::array<float, 256> lut = [] {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 256; ++b) t[b] = e4m3_to_f32(uint8_t(b));
+    return t;
+  }();
+  return lut;
+}
+
+float scale_at(const Weight& w, int64_t scale_row, int64_t scale_col) {
+  const int64_t i = scale_row * w.scale_stride + scale_col;
+  if (w.scale_dtype == DType::kF32) {
+    float s;
+    std::memcpy(&s, w.scale + 4 * i, 4);
+    return s;
+  }
+  return e8m0_to_f32(w.scale[i]);
+}
+
+// Eight independent partial sums: keeps the loop vectorisable without reassociation flags.
+float dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
+  float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+}  // namespace
+
+void dequant_row(const Weight& w, int64_t r, float* out) {
+  const uint8_t* row = w.data + r * w.row_stride;
+  switch (w.dtype) {
+    case DType::kF32:
+      std::memcpy(out, row, size_t(w.cols) * 4);
+      return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < w.cols; ++i) {
+        uint16_t b;
+        std::memcpy(&b, row + 2 * i, 2);
+        out[i] = bf16_to_f32(b);
+      }
+      return;
+    case DType::kF16:
+      for (int64_t i = 0; i < w.cols; ++i) {
+        uint16_t h;
+        std::memcpy(&h, row + 2 * i, 2);
+        out[i] = f16_to_f32(h);
+      }
+      return;
+    case DType::kF8E4M3: {
+      const auto& lut = e4m3_lut();
+      for (int64_t c0 = 0; c0 < w.cols; c0 += w.scale_block_cols) {
+        const float s = scale_at(w, r / w.scale_block_rows, c0 / w.scale_block_cols);
+        const int64_t c1 = std::min(w.cols, c0 + w.scale_block_cols);
+        for (int64_t i = c0; i < c1; ++i) out[i] = lut[row[i]] * s;
+      }
+      return;
+    }
+    case DType::kI8:  // packed fp4 e2m1, element 2j in the low nibble
+      for (int64_t c0 = 0; c0 < w.cols; c0 += w.scale_block_cols) {
+        const float s = scale_at(w, r / w.scale_block_rows, c0 / w.scale_block_cols);
+        for (int64_t i = c0; i < c0 + w.scale_block_cols; i += 2) {
+          const uint8_t byte = row[i / 2];
+          out[i] = e2m1_to_f32(byte & 0xF) * s;
+          out[i + 1] = e2m1_to_f32(byte >> 4) * s;
+        }
+      }
+      return;
+    default:
+      DSV4_ASSERT(false && "unsupported weight dtype");
+  }
+}
+
+void CpuOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
+#pragma omp parallel
+  {
+    std::vector<float> row(size_t(w.cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < w.rows; ++r) {
+      dequant_row(w, r, row.data());
+      for (int64_t i = 0; i < n; ++i) y[i * ldy + r] = dot(x + i * ldx, row.data(), w.cols);
+    }
+  }
+}
+
+void CpuOps::linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) {
+  const int64_t out_g = w.rows / groups, in_g = w.cols;
+#pragma omp parallel
+  {
+    std::vector<float> row(size_t(w.cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < w.rows; ++r) {
+      dequant_row(w, r, row.data());
+      const int64_t g = r / out_g;
+      for (int64_t i = 0; i < n; ++i) y[i * w.rows + r] = dot(x + i * groups * in_g + g * in_g, row.data(), in_g);
+    }
+  }
+}
+
+}  // namespace dsv4

@@ -1,0 +1,63 @@
+// quant family, CPU reference: the quantise-dequantise simulation points of the official numerics
+// (spec §3.4, §3.5). Scales are powers of two, so x / s and q · s are exact.
+#include <algorithm>
+#include <cmath>
+
+#include "core/dtype.h"
+#include "cpu/cpu_ops.h"
+
+namespace dsv4 {
+
+namespace {
+
+// Walsh–Hadamard transform in natural (Sylvester) order, scaled by 1/sqrt(n); n is a power of two.
+void hadamard(float* v, int64_t n) {
+  for (int64_t h = 1; h < n; h *= 2)
+    for (int64_t i = 0; i < n; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = v[j], b = v[j + h];
+        v[j] = a + b;
+        v[j + h] = a - b;
+      }
+  const float s = float(1.0 / std::sqrt(double(n)));
+  for (int64_t i = 0; i < n; ++i) v[i] *= s;
+}
+
+}  // namespace
+
+void CpuOps::sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* v = x + r * row_stride;
+    for (int64_t b0 = 0; b0 < cols; b0 += block) {
+      const int64_t b1 = std::min(cols, b0 + block);
+      float amax = 1e-4f;
+      for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(v[i]));
+      const int e = ceil_log2(amax / 448.0f);
+      for (int64_t i = b0; i < b1; ++i) {
+        const float q = std::clamp(std::ldexp(v[i], -e), -448.0f, 448.0f);
+        v[i] = std::ldexp(e4m3_to_f32(f32_to_e4m3(q)), e);
+      }
+    }
+  }
+}
+
+void CpuOps::hadamard_sim_fp4(float* x, int64_t rows, int64_t dim) {
+  const float min_amax = 6.0f * std::ldexp(1.0f, -126);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* v = x + r * dim;
+    hadamard(v, dim);
+    for (int64_t b0 = 0; b0 < dim; b0 += 32) {
+      float amax = min_amax;
+      for (int64_t i = b0; i < b0 + 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+      const int e = ceil_log2(amax / 6.0f);
+      for (int64_t i = b0; i < b0 + 32; ++i) {
+        const float q = std::clamp(std::ldexp(v[i], -e), -6.0f, 6.0f);
+        v[i] = std::ldexp(e2m1_to_f32(f32_to_e2m1(q)), e);
+      }
+    }
+  }
+}
+
+}  // namespace dsv4

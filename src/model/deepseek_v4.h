@@ -1,0 +1,73 @@
+// The DeepSeek-V4 forward pass, written against the Ops seam. One short function per component of the
+// architecture (spec §4–§10); every intermediate is a named buffer of the activation arena.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/ops.h"
+#include "model/state.h"
+
+namespace dsv4 {
+
+// Activation arena: every intermediate of one step of up to max_step tokens, allocated once.
+struct Activations {
+  int64_t max_step = 0;
+  int32_t* tokens = nullptr;  // [n]
+  float* X = nullptr;         // [n, hc, D] residual streams
+  float* x = nullptr;         // [n, D] collapsed sub-block input
+  float* xn = nullptr;        // [n, D] normed sub-block input
+  float* post = nullptr;      // [n, hc]
+  float* comb = nullptr;      // [n, hc, hc]
+  float* qr = nullptr;        // [n, r_q]
+  float* q = nullptr;         // [n, H, d]
+  float* kv = nullptr;        // [n, d]
+  float* o = nullptr;         // [n, H, d]
+  float* z = nullptr;         // [n, G·r_o]
+  float* sub_out = nullptr;   // [n, D] attention or MoE output
+  float* index_q = nullptr;   // [n, n_I, d_I]
+  float* index_w = nullptr;   // [n, n_I]
+  int32_t* selected = nullptr;  // [n, k_I]
+  float* y = nullptr;         // [n, D] head input
+  float* logits = nullptr;    // [n, V]
+  float* mtp_e = nullptr;     // [n, D]
+  float* mtp_h = nullptr;     // [n, hc, D]
+};
+
+class DeepseekV4 {
+ public:
+  DeepseekV4(const ModelWeights& model, Ops& ops, Numerics numerics, int64_t max_context, int64_t max_step = 64);
+
+  const ModelConfig& config() const { return model_.config; }
+  int64_t max_step() const { return act_.max_step; }
+  int64_t position() const { return state_.position; }
+  bool has_mtp() const { return !model_.mtp.empty(); }
+  void reset() { state_.reset(model_, ops_); }
+
+  // Consumes n ≤ max_step tokens at positions position() .. position()+n−1 and writes logits to host memory:
+  // all n rows ([n, V]) when all_rows, otherwise only the last row ([V]).
+  // The final residual streams of these tokens stay in the arena for mtp_step().
+  void step(const int32_t* tokens, int64_t n, float* logits, bool all_rows);
+
+  // MTP draft logits [n, V] for the tokens of the last step(): row i from the main model's final streams at
+  // that step's token i and next_tokens[i] (the true or sampled token that follows it).
+  void mtp_step(const int32_t* next_tokens, int64_t n, float* logits);
+
+ private:
+  void block(const LayerWeights& l, LayerState& s, int64_t pos0, int64_t n);
+  void attention(const LayerWeights& l, LayerState& s, int64_t pos0, int64_t n);
+  void query(const AttentionWeights& w, RopeKind rope, int64_t pos0, int64_t n);
+  void key_value(const AttentionWeights& w, LayerState& s, RopeKind rope, int64_t pos0, int64_t n);
+  void indexer(const IndexerWeights& w, LayerState& s, int64_t pos0, int64_t n);
+  void output_projection(const AttentionWeights& w, int64_t n);
+  void moe(const LayerWeights& l, int64_t n);
+  void head(const HcHeadWeights& hc, const std::vector<float>& norm, int64_t n, float* logits, bool all_rows);
+
+  const ModelWeights& model_;
+  Ops& ops_;
+  Numerics numerics_;
+  SequenceState state_;
+  Activations act_;
+};
+
+}  // namespace dsv4

@@ -1,0 +1,111 @@
+// The backend seam: every operation the DeepSeek-V4 forward pass needs, at the granularity of the
+// architecture's components. The forward pass (deepseek_v4.cpp) only talks to this interface; the CPU
+// reference (src/cpu) and the CUDA backend (src/cuda) implement it.
+//
+// All float pointers are backend memory obtained from alloc(); activations are fp32 row-major.
+// Shape letters: n = tokens in the step, D = hidden, hc = residual streams, H = heads, d = head_dim.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/weights.h"
+
+namespace dsv4 {
+
+enum class Numerics : uint8_t {
+  kReference,  // the official FP8 / FP4 simulation points (spec §3.4), what real checkpoints were trained for
+  kExact,      // no simulation: what transformers computes
+};
+
+enum class RopeKind : uint8_t { kPlain, kCompressed };  // θ = rope_theta | compress_rope_theta + YaRN
+
+// Per-compressor streaming state (spec §7.5) plus the entries it has emitted.
+struct CompressorState {
+  float* kv = nullptr;       // [coff·m, coff·c]
+  float* score = nullptr;    // [coff·m, coff·c], gate logits including ape; −inf when empty
+  float* entries = nullptr;  // [max_entries, c], entry w at row w
+  int64_t max_entries = 0;
+};
+
+// What a compressor does to an entry after pooling, norm and RoPE.
+enum class EntrySim : uint8_t { kNone, kFp8NoPe, kHadamardFp4 };
+
+struct AttentionParams {
+  const float* q = nullptr;        // [n, H, d], RoPE applied
+  const float* window = nullptr;   // ring [ring_slots, d], position p at slot p % ring_slots
+  int64_t ring_slots = 0;
+  int64_t window_size = 0;         // keys max(0, t − window_size + 1) .. t
+  const float* entries = nullptr;  // [*, d] compressed entries (nullptr on sliding layers)
+  const int32_t* selected = nullptr;  // [n, top_k] entry ids, −1 = unused (CSA); nullptr = all visible (HCA)
+  int64_t top_k = 0;
+  int64_t ratio = 0;               // entries visible to query t: w < (t + 1) / ratio
+  const float* sinks = nullptr;    // [H]
+  int64_t pos0 = 0, n = 0, heads = 0, head_dim = 0;
+  float scale = 0.0f;
+  float* out = nullptr;            // [n, H, d]
+};
+
+struct IndexerParams {
+  const float* q = nullptr;        // [n, n_I, d_I]
+  const float* weights = nullptr;  // [n, n_I], already scaled
+  const float* keys = nullptr;     // [*, d_I]
+  int64_t pos0 = 0, n = 0, heads = 0, head_dim = 0, ratio = 4, top_k = 0;
+  int32_t* selected = nullptr;     // [n, top_k], −1 padded
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+  // ---- memory (planned at load; nothing here is called in the decode loop)
+  virtual float* alloc(size_t count) = 0;          // fp32 buffer, lives as long as the backend
+  virtual int32_t* alloc_i32(size_t count) = 0;
+  virtual void fill(float* x, size_t count, float value) = 0;
+  virtual void upload_i32(int32_t* dst, const int32_t* host, size_t count) = 0;
+  virtual void download(float* host, const float* src, size_t count) = 0;
+
+  // ---- elementwise / small
+  virtual void embed(const Weight& table, const int32_t* tokens, int64_t n, float* out) = 0;  // out [n, D]
+  virtual void broadcast_streams(const float* x, int64_t n, int64_t hc, int64_t dim, float* X) = 0;  // X [n, hc, D]
+  virtual void add(const float* a, const float* b, size_t count, float* out) = 0;
+  virtual void scale(float* x, size_t count, float factor) = 0;
+
+  // Writes rows x[i] to ring[(pos0 + i) % slots] (the sliding-window KV ring).
+  virtual void ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) = 0;
+
+  // ---- gemm: y[r, ldy] = x[r, ldx] · Wᵀ for r < n (W is [out, in] in checkpoint storage)
+  virtual void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) = 0;
+  // Grouped projection: W is [G·out_g, in_g]; y[:, g·out_g ..] = x[:, g·in_g ..] · W_gᵀ. x [n, G·in_g].
+  virtual void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) = 0;
+
+  // ---- norm_rope
+  virtual void rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y) = 0;
+  // Rotates channels [offset, offset + rope_dim) of each row; the position of row r is
+  // pos0 + (r / rows_per_pos) · pos_stride. inverse = rotate by −angle.
+  virtual void rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, int64_t rows_per_pos,
+                    int64_t pos0, int64_t pos_stride, RopeKind kind, bool inverse) = 0;
+
+  // ---- quant (simulation points of the official numerics, in place)
+  virtual void sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block) = 0;
+  virtual void hadamard_sim_fp4(float* x, int64_t rows, int64_t dim) = 0;
+
+  // ---- hc (mHC)
+  virtual void hc_pre(const float* X, const HcWeights& w, int64_t n, float* x, float* post, float* comb) = 0;
+  virtual void hc_post(const float* f, const float* post, const float* comb, int64_t n, float* X) = 0;
+  virtual void hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y) = 0;
+
+  // ---- attention family
+  // Feeds tokens pos0 .. pos0+n−1 (normed attention input x [n, D]) through a compressor, emitting every
+  // entry whose window completes; emitted entries are RMS-normed, RoPE'd at w·m and simulated per `sim`.
+  virtual void compressor(const CompressorWeights& w, CompressorState& state, const float* x, int64_t pos0,
+                          int64_t n, EntrySim sim) = 0;
+  virtual void indexer_topk(const IndexerParams& p) = 0;
+  virtual void attention(const AttentionParams& p) = 0;
+
+  // ---- moe: out [n, D] = Σ routed experts + shared expert
+  virtual void moe(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) = 0;
+};
+
+}  // namespace dsv4

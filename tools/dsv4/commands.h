@@ -1,0 +1,12 @@
+// The dsv4 subcommands; each parses its own options and returns the process exit status.
+#pragma once
+
+namespace dsv4::cli {
+
+bool wants_help(int argc, char** argv);  // any argument is --help / -h
+
+int cmd_generate(int argc, char** argv);
+int cmd_logits(int argc, char** argv);
+int cmd_quantize(int argc, char** argv);
+
+}  // namespace dsv4::cli

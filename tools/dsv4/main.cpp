@@ -1,0 +1,40 @@
+// dsv4: the command-line front end. Each subcommand lives in its own file; errors become one line on
+// stderr and exit status 1.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "commands.h"
+#include "core/error.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: dsv4 <command> [options]
+
+commands:
+  generate   decode new tokens from a prompt
+  logits     write the logits of every prompt position to a file
+  quantize   convert a BF16 checkpoint into the official FP8 + FP4 layout
+
+Run 'dsv4 <command> --help' for the options of a command.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 1 : 0;
+  }
+  const std::string command = argv[1];
+  try {
+    if (command == "generate") return dsv4::cli::cmd_generate(argc, argv);
+    if (command == "logits") return dsv4::cli::cmd_logits(argc, argv);
+    std::fprintf(stderr, "dsv4: unknown command '%s'\n%s", command.c_str(), kUsage);
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dsv4 %s: error: %s\n", command.c_str(), e.what());
+    return 1;
+  }
+}
