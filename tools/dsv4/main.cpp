@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   try {
     if (command == "generate") return dsv4::cli::cmd_generate(argc, argv);
     if (command == "logits") return dsv4::cli::cmd_logits(argc, argv);
+    if (command == "quantize") return dsv4::cli::cmd_quantize(argc, argv);
     std::fprintf(stderr, "dsv4: unknown command '%s'\n%s", command.c_str(), kUsage);
     return 1;
   } catch (const std::exception& e) {
