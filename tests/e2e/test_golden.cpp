@@ -173,8 +173,9 @@ TEST_P(Golden, ExactLogitsMatchTransformers) {
     const std::vector<float> want = read_f32(f.dir + "/logits/exact_" + std::to_string(len) + ".f32");
     EXPECT_TRUE(compare(run_logits(f, len, "exact", 64), want, {1e-3, 0.0}, "prefill exact_" + std::to_string(len)));
     // Token by token for the shorter prompts (cost grows with length), odd chunks for all.
-    if (len <= 129)
+    if (len <= 129) {
       EXPECT_TRUE(compare(run_logits(f, len, "exact", 1), want, {1e-3, 0.0}, "decode exact_" + std::to_string(len)));
+    }
     EXPECT_TRUE(compare(run_logits(f, len, "exact", 7), want, {1e-3, 0.0}, "steps of 7 exact_" + std::to_string(len)));
   }
 }
@@ -191,8 +192,9 @@ TEST_P(Golden, GreedyContinuationMatchesTransformers) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, Golden, ::testing::ValuesIn(golden_dirs()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = fs::path(info.param).filename().string();
-                           for (char& c : name)
+                           for (char& c : name) {
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
                            return name;
                          });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Golden);

@@ -106,7 +106,10 @@ CliResult run_cli(const std::vector<std::string>& args, int timeout_seconds) {
 
 std::string join_ids(const std::vector<int32_t>& ids, size_t count) {
   std::string s;
-  for (size_t i = 0; i < count && i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  for (size_t i = 0; i < count && i < ids.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(ids[i]);
+  }
   return s;
 }
 

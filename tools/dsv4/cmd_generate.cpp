@@ -86,7 +86,10 @@ int cmd_generate(int argc, char** argv) {
                prompt.size(), prefill_s, double(prompt.size()) / prefill_s, generated.size(), decode_s,
                generated.size() > 1 ? double(generated.size() - 1) / decode_s : 0.0);
   std::string line;
-  for (size_t i = 0; i < generated.size(); ++i) line += (i ? " " : "") + std::to_string(generated[i]);
+  for (size_t i = 0; i < generated.size(); ++i) {
+    if (i) line += ' ';
+    line += std::to_string(generated[i]);
+  }
   std::printf("%s\n", line.c_str());
   return 0;
 }

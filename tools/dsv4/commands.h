@@ -6,6 +6,7 @@ namespace dsv4::cli {
 bool wants_help(int argc, char** argv);  // any argument is --help / -h
 
 int cmd_generate(int argc, char** argv);
+int cmd_info(int argc, char** argv);
 int cmd_logits(int argc, char** argv);
 int cmd_quantize(int argc, char** argv);
 

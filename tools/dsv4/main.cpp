@@ -14,6 +14,7 @@ constexpr const char* kUsage = R"(usage: dsv4 <command> [options]
 
 commands:
   generate   decode new tokens from a prompt
+  info       show the compiled backends and visible GPUs
   logits     write the logits of every prompt position to a file
   quantize   convert a BF16 checkpoint into the official FP8 + FP4 layout
 
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   try {
     if (command == "generate") return dsv4::cli::cmd_generate(argc, argv);
+    if (command == "info") return dsv4::cli::cmd_info(argc, argv);
     if (command == "logits") return dsv4::cli::cmd_logits(argc, argv);
     if (command == "quantize") return dsv4::cli::cmd_quantize(argc, argv);
     std::fprintf(stderr, "dsv4: unknown command '%s'\n%s", command.c_str(), kUsage);
