@@ -49,10 +49,10 @@ FIXTURES = {
     "v4-hd512-w128": dict(
         seed=1,
         cfg=dict(
-            vocab_size=512, hidden_size=128, num_hidden_layers=4,
+            vocab_size=512, hidden_size=64, num_hidden_layers=4,
             layer_types=[SWA, CSA, HCA, CSA], mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
             num_attention_heads=4, num_key_value_heads=1, head_dim=512, partial_rotary_factor=64 / 512,
-            q_lora_rank=64, o_groups=2, o_lora_rank=32, sliding_window=128,
+            q_lora_rank=32, o_groups=2, o_lora_rank=16, sliding_window=128,
             index_n_heads=16, index_head_dim=128, index_topk=8,
             hc_mult=4, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
             moe_intermediate_size=64, routed_scaling_factor=1.5, swiglu_limit=10.0,
@@ -100,13 +100,13 @@ FIXTURES = {
     "v4-flashlike": dict(
         seed=4,
         cfg=dict(
-            vocab_size=384, hidden_size=128, num_hidden_layers=6,
+            vocab_size=256, hidden_size=128, num_hidden_layers=6,
             layer_types=[SWA, SWA, CSA, HCA, CSA, HCA],
             mlp_layer_types=["hash_moe", "hash_moe", "hash_moe", "moe", "moe", "moe"],
             num_attention_heads=4, num_key_value_heads=1, head_dim=128, partial_rotary_factor=64 / 128,
-            q_lora_rank=64, o_groups=2, o_lora_rank=32, sliding_window=64,
+            q_lora_rank=32, o_groups=2, o_lora_rank=32, sliding_window=64,
             index_n_heads=32, index_head_dim=128, index_topk=16,
-            hc_mult=4, n_routed_experts=16, num_experts_per_tok=4, n_shared_experts=1,
+            hc_mult=4, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1,
             moe_intermediate_size=32, routed_scaling_factor=1.5, swiglu_limit=10.0,
             rope_theta=10000.0, compress_rope_theta=160000.0, max_position_embeddings=1024,
             rope_parameters=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=256,
@@ -163,7 +163,7 @@ def randomise(model, cfg, expert_gain, gen):
             elif n == "model.embed_tokens.weight":
                 v, r = rn(s, 1.0), "randn"
             elif n == "lm_head.weight":
-                v, r = rn(s, 1.5 / math.sqrt(D)), "randn*1.5/sqrt(D)"
+                v, r = rn(s, 2.5 / math.sqrt(D)), "randn*2.5/sqrt(D)"
             elif n.endswith("hc_fn") or n.endswith("_hc.fn"):
                 v, r = rn(s, 1.0 / math.sqrt(s[1])), "randn/sqrt(hc*D)"
             elif n.endswith("hc_base") or n.endswith("_hc.base"):
@@ -261,7 +261,9 @@ def make_fixture(name, spec, out_dir, device):
         del model
         m16, _ = DeepseekV4ForCausalLM.from_pretrained(tmp, dtype=torch.bfloat16, output_loading_info=True)
         m16.save_pretrained(fdir)
-        del m16
+        sd16 = m16.state_dict()
+        hf_listing = [(k, str(v.dtype).replace("torch.", ""), list(v.shape)) for k, v in sorted(sd16.items())]
+        del m16, sd16
     for extra in ("generation_config.json",):
         p = os.path.join(fdir, extra)
         if os.path.exists(p):
@@ -355,7 +357,12 @@ def make_fixture(name, spec, out_dir, device):
     with open(os.path.join(ldir, "index.json"), "w") as f:
         json.dump(index, f, indent=1)
     with open(os.path.join(fdir, "tensors.txt"), "w") as f:
+        f.write("# model.safetensors as written by save_pretrained: name, dtype, shape\n")
         for k, dt, sh in listing:
+            f.write(f"{k}\t{dt}\t{sh}\n")
+    with open(os.path.join(fdir, "hf_params.txt"), "w") as f:
+        f.write("# in-memory transformers state_dict after loading with dtype=bfloat16: name, dtype, shape, init\n")
+        for k, dt, sh in hf_listing:
             f.write(f"{k}\t{dt}\t{sh}\t{rules.get(k, '')}\n")
 
     ok = (worst <= 1e-4 and gchk["nocache_argmax_agrees"] and gchk2["nocache_argmax_agrees"]

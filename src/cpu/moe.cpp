@@ -41,7 +41,7 @@ void CpuOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, int
     float sum = 0.0f;
     for (int64_t j = 0; j < k; ++j) sum += s[chosen[j]];
     for (int64_t j = 0; j < k; ++j) {
-      const float weight = config_.norm_topk_prob ? s[chosen[j]] / sum : s[chosen[j]];
+      const float weight = s[chosen[j]] / sum;
       routed[size_t(chosen[j])].push_back({t, weight * float(config_.routed_scaling_factor)});
     }
   }

@@ -58,6 +58,7 @@ std::string official_tensor_name(const std::string& name) {
       {".attn.o_a_proj.", ".attn.wo_a."},
       {".attn.o_b_proj.", ".attn.wo_b."},
       {".attn.sinks", ".attn.attn_sink"},
+      {".attn.norm.weight", ".attn.kv_norm.weight"},  // transformers' save_pretrained spelling of kv_norm
       {".mlp.gate.e_score_correction_bias", ".ffn.gate.bias"},
       {".mlp.shared_experts.gate_proj.", ".ffn.shared_experts.w1."},
       {".mlp.shared_experts.up_proj.", ".ffn.shared_experts.w3."},

@@ -136,6 +136,49 @@ void parse_layer_schedule(const json& j, const Fields& f, ModelConfig& c) {
   }
 }
 
+// num_hash_layers (official: the first n layers) or mlp_layer_types (transformers: "hash_moe" | "moe" per layer).
+void parse_router_schedule(const Fields& f, ModelConfig& c) {
+  if (f.has("mlp_layer_types")) {
+    const json& types = f.at("mlp_layer_types");
+    DSV4_CHECK(types.is_array() && int64_t(types.size()) == c.n_layers, f.origin(),
+               ": field 'mlp_layer_types' must list one entry per layer (", c.n_layers, ")");
+    for (const auto& t : types) {
+      DSV4_CHECK(t.is_string() && (t == "hash_moe" || t == "moe"), f.origin(),
+                 ": 'mlp_layer_types' entries must be \"hash_moe\" or \"moe\", got ", t.dump());
+      c.hash_layers.push_back(t == "hash_moe");
+    }
+    return;
+  }
+  const int64_t n = f.integer("num_hash_layers", 0);
+  DSV4_CHECK(n >= 0 && n <= c.n_layers, f.origin(), ": num_hash_layers ", n, " must be within [0, ", c.n_layers, "]");
+  c.hash_layers.assign(size_t(c.n_layers), 0);
+  for (int64_t i = 0; i < n; ++i) c.hash_layers[size_t(i)] = 1;
+}
+
+// Official: rope_theta, compress_rope_theta, rope_scaling (YaRN of the compressed layers).
+// transformers: rope_parameters {"main": {rope_theta, ...}, "compress": {rope_theta, rope_type, factor, ...}},
+// or a flat rope_parameters that describes the compressed layers.
+void parse_rope(const Fields& f, ModelConfig& c) {
+  c.rope_theta = f.number("rope_theta", 10000.0);
+  c.compress_rope_theta = f.number("compress_rope_theta", 160000.0);
+  if (f.has("rope_parameters")) {
+    const json& r = f.at("rope_parameters");
+    DSV4_CHECK(r.is_object(), f.origin(), ": field 'rope_parameters' must be an object");
+    const bool nested = r.contains("main") || r.contains("compress");
+    if (nested && r.contains("main")) {
+      DSV4_CHECK(r["main"].is_object(), f.origin(), ": field 'rope_parameters.main' must be an object");
+      c.rope_theta = Fields(r["main"], f.origin() + ": rope_parameters.main").number("rope_theta", c.rope_theta);
+    }
+    const json& compress = nested ? r.value("compress", json::object()) : r;
+    DSV4_CHECK(compress.is_object(), f.origin(), ": field 'rope_parameters.compress' must be an object");
+    c.compress_rope_theta =
+        Fields(compress, f.origin() + ": rope_parameters.compress").number("rope_theta", c.compress_rope_theta);
+    c.yarn = parse_yarn(compress, f.origin(), "rope_parameters.compress");
+  } else if (f.has("rope_scaling")) {
+    c.yarn = parse_yarn(f.at("rope_scaling"), f.origin(), "rope_scaling");
+  }
+}
+
 }  // namespace
 
 ModelConfig parse_config_json(const std::string& text, const std::string& origin) {
@@ -180,11 +223,8 @@ ModelConfig parse_config_json(const std::string& text, const std::string& origin
 
   c.n_routed_experts = f.positive("n_routed_experts");
   c.n_experts_per_tok = f.positive("num_experts_per_tok");
-  c.n_shared_experts = f.integer("n_shared_experts", 1);
   c.moe_inter_dim = f.positive("moe_intermediate_size");
   c.routed_scaling_factor = f.number("routed_scaling_factor", 1.0);
-  c.norm_topk_prob = f.boolean("norm_topk_prob", true);
-  c.n_hash_layers = f.integer("num_hash_layers", 0);
   c.swiglu_limit = f.number("swiglu_limit", 0.0);
   const std::string scoring = f.string("scoring_func", "sqrtsoftplus");
   DSV4_CHECK(scoring == "sqrtsoftplus", origin, ": scoring_func '", scoring, "' is not supported (expected sqrtsoftplus)");
@@ -192,11 +232,8 @@ ModelConfig parse_config_json(const std::string& text, const std::string& origin
   c.eos_token_id = f.integer("eos_token_id", 1);
 
   parse_layer_schedule(j, f, c);
-
-  // RoPE: official rope_theta / compress_rope_theta / rope_scaling.
-  c.rope_theta = f.number("rope_theta", 10000.0);
-  c.compress_rope_theta = f.number("compress_rope_theta", 160000.0);
-  if (f.has("rope_scaling")) c.yarn = parse_yarn(f.at("rope_scaling"), origin, "rope_scaling");
+  parse_router_schedule(f, c);
+  parse_rope(f, c);
 
   // Invariants the forward pass relies on.
   DSV4_CHECK(c.rope_dim > 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim, origin,

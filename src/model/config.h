@@ -49,11 +49,9 @@ struct ModelConfig {
 
   int64_t n_routed_experts = 0;
   int64_t n_experts_per_tok = 0;
-  int64_t n_shared_experts = 1;
   int64_t moe_inter_dim = 0;
   double routed_scaling_factor = 1.0;
-  bool norm_topk_prob = true;  // normalise the chosen experts' scores to sum to 1
-  int64_t n_hash_layers = 0;
+  std::vector<uint8_t> hash_layers;  // per main layer: 1 = routed by the tid2eid table (the MTP layer never is)
   double swiglu_limit = 0.0;  // 0 disables the clamp
   int64_t n_mtp_layers = 0;
 
@@ -63,7 +61,7 @@ struct ModelConfig {
   AttnType attn_type(int64_t layer) const { return AttnType(compress_ratios.at(size_t(layer))); }
   int64_t nope_dim() const { return head_dim - rope_dim; }
   int64_t heads_per_group() const { return n_heads / o_groups; }
-  bool is_hash_layer(int64_t layer) const { return layer < n_hash_layers; }
+  bool is_hash_layer(int64_t layer) const { return layer < int64_t(hash_layers.size()) && hash_layers[size_t(layer)]; }
 };
 
 }  // namespace dsv4

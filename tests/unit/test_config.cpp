@@ -77,3 +77,64 @@ TEST(Config, ErrorsNameTheField) {
 
 }  // namespace
 }  // namespace dsv4
+
+namespace dsv4 {
+namespace {
+
+// ref-small's config rewritten the way transformers' save_pretrained spells it.
+json transformers_spelling() {
+  json o = official();
+  json t = o;
+  for (const char* k : {"compress_ratios", "num_hash_layers", "rope_scaling", "qk_rope_head_dim", "compress_rope_theta",
+                        "rope_theta"})
+    t.erase(k);
+  const char* names[] = {"sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"};
+  t["layer_types"] = json::array();
+  t["mlp_layer_types"] = json::array();
+  for (int i = 0; i < o["num_hidden_layers"].get<int>(); ++i) {
+    const int r = o["compress_ratios"][i].get<int>();
+    t["layer_types"].push_back(names[r == 0 ? 0 : r == 4 ? 1 : 2]);
+    t["mlp_layer_types"].push_back(i < o["num_hash_layers"].get<int>() ? "hash_moe" : "moe");
+  }
+  t["compress_rates"] = {{"compressed_sparse_attention", 4}, {"heavily_compressed_attention", 128}};
+  t["partial_rotary_factor"] = 0.5;
+  t["rope_parameters"] = {
+      {"main", {{"rope_theta", 10000.0}, {"rope_type", "default"}, {"partial_rotary_factor", 0.5}}},
+      {"compress",
+       {{"rope_theta", 160000.0}, {"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32},
+        {"beta_fast", 32.0}, {"beta_slow", 1.0}, {"attention_factor", 1.0}, {"partial_rotary_factor", 0.5}}}};
+  return t;
+}
+
+TEST(Config, TransformersSpellingGivesTheSameModel) {
+  const ModelConfig a = parse_config_json(official().dump());
+  const ModelConfig b = parse_config_json(transformers_spelling().dump());
+  EXPECT_EQ(b.rope_dim, a.rope_dim);
+  EXPECT_EQ(b.compress_ratios, a.compress_ratios);  // the MTP layer's entry is added as sliding
+  EXPECT_EQ(b.hash_layers, a.hash_layers);
+  EXPECT_EQ(b.rope_theta, a.rope_theta);
+  EXPECT_EQ(b.compress_rope_theta, a.compress_rope_theta);
+  EXPECT_EQ(b.yarn.enabled, a.yarn.enabled);
+  EXPECT_EQ(b.yarn.factor, a.yarn.factor);
+  EXPECT_EQ(b.yarn.original_max_position, a.yarn.original_max_position);
+  EXPECT_EQ(b.yarn.beta_fast, a.yarn.beta_fast);
+  EXPECT_EQ(b.yarn.beta_slow, a.yarn.beta_slow);
+}
+
+TEST(Config, TransformersHashLayersNeedNotBeAPrefix) {
+  json t = transformers_spelling();
+  t["mlp_layer_types"] = {"moe", "hash_moe", "moe", "moe", "moe", "hash_moe"};
+  const ModelConfig c = parse_config_json(t.dump());
+  EXPECT_FALSE(c.is_hash_layer(0));
+  EXPECT_TRUE(c.is_hash_layer(1));
+  EXPECT_TRUE(c.is_hash_layer(5));
+  EXPECT_FALSE(c.is_hash_layer(6));  // MTP
+  t["mlp_layer_types"] = {"moe"};
+  EXPECT_THROW(parse_config_json(t.dump()), Error);
+  t = transformers_spelling();
+  t["layer_types"][2] = "full_attention";
+  EXPECT_THROW(parse_config_json(t.dump()), Error);
+}
+
+}  // namespace
+}  // namespace dsv4
