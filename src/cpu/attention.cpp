@@ -58,7 +58,7 @@ void CpuOps::compressor(const CompressorWeights& w, CompressorState& s, const fl
 }
 
 void CpuOps::indexer_topk(const IndexerParams& p) {
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if (p.n > 1)
   for (int64_t i = 0; i < p.n; ++i) {
     const int64_t t = p.pos0 + i, visible = (t + 1) / p.ratio;
     const int64_t k = std::min(p.top_k, visible);
@@ -88,7 +88,7 @@ void CpuOps::indexer_topk(const IndexerParams& p) {
 
 void CpuOps::attention(const AttentionParams& p) {
   const int64_t d = p.head_dim;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (p.n * p.heads > 8)
   for (int64_t i = 0; i < p.n; ++i) {
     for (int64_t h = 0; h < p.heads; ++h) {
       const int64_t t = p.pos0 + i;

@@ -87,8 +87,11 @@ void dequant_row(const Weight& w, int64_t r, float* out) {
   }
 }
 
+// Threads only pay off above a few hundred thousand multiply-adds; below that the fork/join dominates.
+constexpr int64_t kParallelWork = 1 << 18;
+
 void CpuOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
-#pragma omp parallel
+#pragma omp parallel if (w.rows * w.cols * n > kParallelWork)
   {
     std::vector<float> row(size_t(w.cols));
 #pragma omp for schedule(static)
@@ -101,7 +104,7 @@ void CpuOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, flo
 
 void CpuOps::linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) {
   const int64_t out_g = w.rows / groups, in_g = w.cols;
-#pragma omp parallel
+#pragma omp parallel if (w.rows * w.cols * n > kParallelWork)
   {
     std::vector<float> row(size_t(w.cols));
 #pragma omp for schedule(static)

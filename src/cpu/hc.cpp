@@ -57,7 +57,7 @@ void CpuOps::hc_pre(const float* X, const HcWeights& w, int64_t n, float* x, flo
   std::vector<float>& m = scratch(0, size_t(n * mix));
   linear(X, hc * D, w.fn, n, m.data(), mix);
   const float eps = float(config_.hc_eps);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > 8)
   for (int64_t t = 0; t < n; ++t) {
     const float* Xt = X + t * hc * D;
     float* mt = m.data() + t * mix;
@@ -83,7 +83,7 @@ void CpuOps::hc_pre(const float* X, const HcWeights& w, int64_t n, float* x, flo
 // X'[k] = post[k] · f + Σ_j C[j][k] · X[j]   (C applied transposed: j = source, k = destination stream)
 void CpuOps::hc_post(const float* f, const float* post, const float* comb, int64_t n, float* X) {
   const int64_t hc = config_.hc_mult, D = config_.dim;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > 8)
   for (int64_t t = 0; t < n; ++t) {
     float* Xt = X + t * hc * D;
     const float* C = comb + t * hc * hc;
@@ -105,7 +105,7 @@ void CpuOps::hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y
   std::vector<float>& m = scratch(0, size_t(n * hc));
   linear(X, hc * D, w.fn, n, m.data(), hc);
   const float eps = float(config_.hc_eps);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > 8)
   for (int64_t t = 0; t < n; ++t) {
     const float* Xt = X + t * hc * D;
     const float rinv = stream_rms_inv(Xt, hc * D, config_.norm_eps);

@@ -34,7 +34,7 @@ void CpuOps::rms_norm(const float* x, const std::vector<float>* gamma, int64_t r
   // numerics round window/compressed KV to FP8 right after this norm, and an fp64 mean moves enough values
   // across FP8 rounding boundaries to change the indexer's choices downstream.
   const float eps = float(config_.norm_eps);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows > 64)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
     float* yr = y + r * dim;
@@ -53,7 +53,7 @@ void CpuOps::rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, in
                   int64_t pos_stride, RopeKind kind, bool inverse) {
   const std::vector<float>& freq = kind == RopeKind::kPlain ? inv_freq_plain_ : inv_freq_compressed_;
   const int64_t pairs = int64_t(freq.size());
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows > 64)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t pos = pos0 + (r / rows_per_pos) * pos_stride;
     float* v = x + r * row_stride + offset;

@@ -26,7 +26,7 @@ void hadamard(float* v, int64_t n) {
 }  // namespace
 
 void CpuOps::sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows > 64)
   for (int64_t r = 0; r < rows; ++r) {
     float* v = x + r * row_stride;
     for (int64_t b0 = 0; b0 < cols; b0 += block) {
@@ -44,7 +44,7 @@ void CpuOps::sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, i
 
 void CpuOps::hadamard_sim_fp4(float* x, int64_t rows, int64_t dim) {
   const float min_amax = 6.0f * std::ldexp(1.0f, -126);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows > 64)
   for (int64_t r = 0; r < rows; ++r) {
     float* v = x + r * dim;
     hadamard(v, dim);
