@@ -23,22 +23,6 @@ int block_exponent(float amax, float max_code) {
   return std::clamp(ceil_log2(amax / max_code), -127, 127);
 }
 
-std::vector<float> decode_floats(const TensorInfo& t) {
-  std::vector<float> out(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < out.size(); ++i) {
-    uint16_t h;
-    switch (t.dtype) {
-      case DType::kF32: std::memcpy(&out[i], t.data + 4 * i, 4); break;
-      case DType::kBF16: std::memcpy(&h, t.data + 2 * i, 2); out[i] = bf16_to_f32(h); break;
-      case DType::kF16: std::memcpy(&h, t.data + 2 * i, 2); out[i] = f16_to_f32(h); break;
-      default:
-        fail(cat(t.file, ": tensor '", t.name, "' is ", dtype_name(t.dtype),
-                 "; quantize needs a floating-point (BF16/F16/F32) checkpoint"));
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 WeightFormat official_format(const std::string& name) {
@@ -117,7 +101,7 @@ size_t quantize_checkpoint(const std::string& in_dir, const std::string& out_dir
       continue;
     }
     DSV4_CHECK(t.shape.size() == 2, t.file, ": tensor '", t.name, "' has shape ", t.shape_str(), ", expected a matrix");
-    const std::vector<float> w = decode_floats(t);
+    const std::vector<float> w = tensor_to_floats(t);  // quantize needs a floating-point source
     const int64_t rows = t.shape[0], cols = t.shape[1];
     const std::string base = name.substr(0, name.size() - std::string(".weight").size());
     TensorToWrite codes{name, DType::kF8E4M3, {rows, cols}, {}};

@@ -23,6 +23,21 @@ std::string TensorInfo::shape_str() const {
   return s + "]";
 }
 
+std::vector<float> tensor_to_floats(const TensorInfo& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    uint16_t h;
+    switch (t.dtype) {
+      case DType::kF32: std::memcpy(&out[i], t.data + 4 * i, 4); break;
+      case DType::kBF16: std::memcpy(&h, t.data + 2 * i, 2); out[i] = bf16_to_f32(h); break;
+      case DType::kF16: std::memcpy(&h, t.data + 2 * i, 2); out[i] = f16_to_f32(h); break;
+      default:
+        fail(cat(t.file, ": tensor '", t.name, "' has dtype ", dtype_name(t.dtype), ", expected F32, BF16 or F16"));
+    }
+  }
+  return out;
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
   const uint8_t* base = file_.data();
   const size_t size = file_.size();

@@ -26,6 +26,9 @@ struct TensorInfo {
   std::string shape_str() const;  // "[512, 128]"
 };
 
+// The values of a floating-point tensor (F32 / BF16 / F16) as fp32; other dtypes throw an Error naming it.
+std::vector<float> tensor_to_floats(const TensorInfo& t);
+
 class SafetensorsFile {
  public:
   // Maps and validates the file; throws Error naming the file and the offending tensor.

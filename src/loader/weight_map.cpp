@@ -74,13 +74,13 @@ class WeightBuilder {
   std::vector<float> vector(const std::string& name, int64_t n) {
     const TensorInfo& t = ckpt_.get(name);
     expect_shape(t, {n});
-    return to_floats(t);
+    return tensor_to_floats(t);
   }
 
   std::vector<float> table(const std::string& name, int64_t rows, int64_t cols) {
     const TensorInfo& t = ckpt_.get(name);
     expect_shape(t, {rows, cols});
-    return to_floats(t);
+    return tensor_to_floats(t);
   }
 
   std::vector<int32_t> expert_table(const std::string& name, int64_t rows, int64_t cols, int64_t n_experts) {
@@ -112,31 +112,6 @@ class WeightBuilder {
     const std::vector<int64_t> want(dims);
     DSV4_CHECK(t.shape == want, t.file, ": tensor '", t.name, "' has shape ", t.shape_str(), ", expected ",
                shape_str(dims), " from config.json");
-  }
-
-  std::vector<float> to_floats(const TensorInfo& t) {
-    const int64_t n = t.numel();
-    std::vector<float> out(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-      switch (t.dtype) {
-        case DType::kF32: std::memcpy(&out[i], t.data + 4 * i, 4); break;
-        case DType::kBF16: {
-          uint16_t b;
-          std::memcpy(&b, t.data + 2 * i, 2);
-          out[i] = bf16_to_f32(b);
-          break;
-        }
-        case DType::kF16: {
-          uint16_t h;
-          std::memcpy(&h, t.data + 2 * i, 2);
-          out[i] = f16_to_f32(h);
-          break;
-        }
-        default:
-          fail(cat(t.file, ": tensor '", t.name, "' has dtype ", dtype_name(t.dtype), ", expected F32, BF16 or F16"));
-      }
-    }
-    return out;
   }
 
   const Checkpoint& ckpt_;
