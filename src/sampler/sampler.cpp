@@ -1,9 +1,25 @@
 #include "sampler/sampler.h"
 
+#include <algorithm>
 #include <cmath>
-#include <vector>
+#include <numeric>
+
+#include "core/error.h"
 
 namespace dsv4 {
+
+void validate(const SamplingParams& p) {
+  DSV4_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0f, "temperature must be >= 0, got ", p.temperature);
+  DSV4_CHECK(p.top_k >= 0, "top_k must be >= 0, got ", p.top_k);
+  DSV4_CHECK(p.top_p > 0.0f && p.top_p <= 1.0f, "top_p must be in (0, 1], got ", p.top_p);
+  DSV4_CHECK(p.min_p >= 0.0f && p.min_p <= 1.0f, "min_p must be in [0, 1], got ", p.min_p);
+  DSV4_CHECK(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0.0f,
+             "repetition_penalty must be > 0, got ", p.repetition_penalty);
+  DSV4_CHECK(std::isfinite(p.presence_penalty) && std::fabs(p.presence_penalty) <= 2.0f,
+             "presence_penalty must be in [-2, 2], got ", p.presence_penalty);
+  DSV4_CHECK(std::isfinite(p.frequency_penalty) && std::fabs(p.frequency_penalty) <= 2.0f,
+             "frequency_penalty must be in [-2, 2], got ", p.frequency_penalty);
+}
 
 int32_t argmax(const float* logits, int64_t vocab) {
   int64_t best = 0;
@@ -12,18 +28,105 @@ int32_t argmax(const float* logits, int64_t vocab) {
   return int32_t(best);
 }
 
-int32_t Sampler::sample(const float* logits, int64_t vocab) {
-  if (params_.temperature <= 0.0f) return argmax(logits, vocab);
-  const float mx = logits[argmax(logits, vocab)];
-  std::vector<double> p(static_cast<size_t>(vocab));
-  double total = 0.0;
-  for (int64_t i = 0; i < vocab; ++i) total += (p[size_t(i)] = std::exp(double(logits[i] - mx) / params_.temperature));
-  double u = std::uniform_real_distribution<double>(0.0, total)(rng_);
-  for (int64_t i = 0; i < vocab; ++i) {
-    u -= p[size_t(i)];
-    if (u < 0.0) return int32_t(i);
+Sampler::Sampler(const SamplingParams& params, int64_t vocab)
+    : params_(params), vocab_(vocab), rng_(params.seed), work_(size_t(vocab)), order_(size_t(vocab)),
+      counts_(size_t(vocab), 0), seen_(size_t(vocab), 0), prob_(size_t(vocab)) {
+  validate(params);
+}
+
+int32_t Sampler::sample(const float* logits, std::span<const int32_t> prompt, std::span<const int32_t> generated) {
+  const SamplingParams& p = params_;
+  std::copy(logits, logits + vocab_, work_.begin());
+
+  // Penalties: repetition over prompt + output (each token once), presence / frequency over the output.
+  if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    std::fill(counts_.begin(), counts_.end(), 0);
+    for (int32_t t : generated) ++counts_[size_t(t)];
+    std::fill(seen_.begin(), seen_.end(), 0);
+    for (int32_t t : prompt) seen_[size_t(t)] = 1;
+    for (int32_t t : generated) seen_[size_t(t)] = 1;
+    for (int64_t i = 0; i < vocab_; ++i) {
+      float& l = work_[size_t(i)];
+      if (seen_[size_t(i)] && p.repetition_penalty != 1.0f) l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+      const int32_t c = counts_[size_t(i)];
+      if (c > 0) l -= p.presence_penalty + p.frequency_penalty * float(c);
+    }
   }
-  return int32_t(vocab - 1);
+  if (p.temperature == 0.0f) return argmax(work_.data(), vocab_);
+
+  // Candidates sorted by logit (ties: lower id first), truncated by top-k.
+  std::iota(order_.begin(), order_.end(), 0);
+  const int64_t k = p.top_k > 0 ? std::min(p.top_k, vocab_) : vocab_;
+  const auto by_logit = [&](int32_t a, int32_t b) {
+    return work_[size_t(a)] > work_[size_t(b)] || (work_[size_t(a)] == work_[size_t(b)] && a < b);
+  };
+  std::partial_sort(order_.begin(), order_.begin() + k, order_.end(), by_logit);
+
+  // Softmax at the temperature over the k candidates (double for the normalisation).
+  std::vector<double>& prob = prob_;
+  prob.resize(size_t(k));
+  const double top = work_[size_t(order_[0])];
+  double total = 0.0;
+  for (int64_t i = 0; i < k; ++i)
+    total += prob[size_t(i)] = std::exp((double(work_[size_t(order_[size_t(i)])]) - top) / p.temperature);
+  for (double& q : prob) q /= total;
+
+  // top-p keeps the smallest prefix whose mass reaches top_p; min-p drops tokens below min_p · p(top).
+  int64_t keep = k;
+  if (p.top_p < 1.0f) {
+    double mass = 0.0;
+    for (int64_t i = 0; i < k; ++i) {
+      mass += prob[size_t(i)];
+      if (mass >= double(p.top_p)) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  if (p.min_p > 0.0f)
+    while (keep > 1 && prob[size_t(keep - 1)] < double(p.min_p) * prob[0]) --keep;
+
+  double kept = 0.0;
+  for (int64_t i = 0; i < keep; ++i) kept += prob[size_t(i)];
+  double u = std::uniform_real_distribution<double>(0.0, kept)(rng_);
+  for (int64_t i = 0; i < keep; ++i) {
+    u -= prob[size_t(i)];
+    if (u < 0.0) return order_[size_t(i)];
+  }
+  return order_[size_t(keep - 1)];
+}
+
+std::string StopMatcher::feed(const std::string& text) {
+  if (stopped_) return "";
+  pending_ += text;
+  size_t first = std::string::npos;
+  for (const auto& s : stops_) {
+    const size_t at = s.empty() ? std::string::npos : pending_.find(s);
+    first = std::min(first, at);
+  }
+  if (first != std::string::npos) {
+    stopped_ = true;
+    std::string out = pending_.substr(0, first);
+    pending_.clear();
+    return out;
+  }
+  // Hold back the longest suffix that is a proper prefix of some stop string.
+  size_t hold = 0;
+  for (const auto& s : stops_)
+    for (size_t n = std::min(s.size() - (s.empty() ? 0 : 1), pending_.size()); n > hold; --n)
+      if (pending_.compare(pending_.size() - n, n, s, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return out;
+}
+
+std::string StopMatcher::flush() {
+  std::string out = stopped_ ? "" : pending_;
+  pending_.clear();
+  return out;
 }
 
 }  // namespace dsv4

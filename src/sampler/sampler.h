@@ -1,26 +1,63 @@
-// Token selection from a row of logits. Greedy (temperature 0) picks the lowest id among exact maxima.
+// Token selection from a row of logits, as OpenAI-style servers define it: penalties, then temperature,
+// then top-k, top-p and min-p filtering, then a draw from the remaining distribution (seeded, reproducible).
+// Temperature 0 is greedy: the lowest id among the exact maxima after penalties.
 #pragma once
 
 #include <cstdint>
 #include <random>
+#include <span>
+#include <string>
+#include <vector>
 
 namespace dsv4 {
 
 struct SamplingParams {
-  float temperature = 0.0f;  // 0 = greedy
+  float temperature = 1.0f;         // 0 = greedy
+  int64_t top_k = 0;                // 0 = off
+  float top_p = 1.0f;               // nucleus mass kept, (0, 1]
+  float min_p = 0.0f;               // drop tokens below min_p · p(max), [0, 1]
+  float repetition_penalty = 1.0f;  // > 0; tokens seen in prompt or output: logit / rp if > 0, else · rp
+  float presence_penalty = 0.0f;    // subtracted once from every token already generated
+  float frequency_penalty = 0.0f;   // subtracted per occurrence in the generated tokens
   uint64_t seed = 0;
 };
 
+// Throws Error naming the parameter when a value is out of range.
+void validate(const SamplingParams& p);
+
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
-  int32_t sample(const float* logits, int64_t vocab);
+  Sampler(const SamplingParams& params, int64_t vocab);
+
+  // logits [vocab] (not modified); prompt / generated: token history for the penalties.
+  int32_t sample(const float* logits, std::span<const int32_t> prompt, std::span<const int32_t> generated);
 
  private:
   SamplingParams params_;
+  int64_t vocab_;
   std::mt19937_64 rng_;
+  std::vector<float> work_;      // [vocab] penalised logits
+  std::vector<int32_t> order_;   // [vocab] candidate ids
+  std::vector<int32_t> counts_;  // [vocab] occurrences in the generated tokens
+  std::vector<uint8_t> seen_;    // [vocab] token occurs in prompt or output
+  std::vector<double> prob_;     // [≤ vocab] candidate probabilities
 };
 
 int32_t argmax(const float* logits, int64_t vocab);
+
+// Finds stop strings in streamed text. feed() returns the text that is safe to emit now: it holds back any
+// suffix that could still grow into a stop string, and cuts the output at the first stop string found.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  std::string feed(const std::string& text);
+  std::string flush();  // end of generation: release what was held back (nothing once stopped)
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string pending_;
+  bool stopped_ = false;
+};
 
 }  // namespace dsv4

@@ -23,6 +23,11 @@ Prefills the prompt, decodes incrementally and prints the new token ids, space-s
   --prompt-ids IDS     comma-separated prompt token ids
   --max-tokens N       new tokens to generate (default 32)
   --temperature T      0 = greedy (default), > 0 samples from softmax(logits / T)
+  --top-k K            keep the K most likely tokens (0 = off)
+  --top-p P            keep the smallest set of tokens with probability mass >= P (default 1)
+  --min-p P            drop tokens less likely than P times the most likely one (default 0)
+  --repetition-penalty R, --presence-penalty P, --frequency-penalty F
+                       penalties on tokens already seen (R: prompt and output) / generated (P, F)
   --seed S             random seed for sampling (default 0)
   --ignore-eos         keep generating after the end-of-sequence token
   --print-ids          print the generated ids (the default output of this command)
@@ -39,14 +44,23 @@ int cmd_generate(int argc, char** argv) {
     return 0;
   }
   const Args args(argc, argv, 2,
-                  {"--model", "--prompt-ids", "--max-tokens", "--temperature", "--seed", "--backend", "--numerics",
-                   "--step"},
+                  {"--model", "--prompt-ids", "--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p",
+                   "--repetition-penalty", "--presence-penalty", "--frequency-penalty", "--seed", "--backend",
+                   "--numerics", "--step"},
                   {"--ignore-eos", "--print-ids"});
   const std::vector<int32_t> prompt = args.get_ids("--prompt-ids");
   const int64_t max_tokens = args.get_int("--max-tokens", 32);
   DSV4_CHECK(max_tokens >= 0, "--max-tokens must not be negative");
-  const double temperature = args.get_double("--temperature", 0.0);
-  DSV4_CHECK(temperature >= 0.0, "--temperature must not be negative");
+  SamplingParams sampling;
+  sampling.temperature = float(args.get_double("--temperature", 0.0));
+  sampling.top_k = args.get_int("--top-k", 0);
+  sampling.top_p = float(args.get_double("--top-p", 1.0));
+  sampling.min_p = float(args.get_double("--min-p", 0.0));
+  sampling.repetition_penalty = float(args.get_double("--repetition-penalty", 1.0));
+  sampling.presence_penalty = float(args.get_double("--presence-penalty", 0.0));
+  sampling.frequency_penalty = float(args.get_double("--frequency-penalty", 0.0));
+  sampling.seed = uint64_t(args.get_int("--seed", 0));
+  validate(sampling);
   const int64_t step = args.get_int("--step", 64);
   DSV4_CHECK(step >= 1, "--step must be at least 1");
   const bool ignore_eos = args.has("--ignore-eos");
@@ -61,7 +75,7 @@ int cmd_generate(int argc, char** argv) {
   const auto ops = make_backend(args.get("--backend", "cpu"), c);
   DeepseekV4 forward(*model, *ops, parse_numerics(args.get("--numerics", "reference")), context,
                      std::min<int64_t>(step, int64_t(prompt.size())));
-  Sampler sampler({float(temperature), uint64_t(args.get_int("--seed", 0))});
+  Sampler sampler(sampling, c.vocab_size);
 
   const int64_t V = c.vocab_size;
   std::vector<float> logits(static_cast<size_t>(V));
@@ -73,7 +87,7 @@ int cmd_generate(int argc, char** argv) {
   const auto t1 = std::chrono::steady_clock::now();
   std::vector<int32_t> generated;
   while (int64_t(generated.size()) < max_tokens) {
-    const int32_t next = sampler.sample(logits.data(), V);
+    const int32_t next = sampler.sample(logits.data(), prompt, generated);
     generated.push_back(next);
     if (!ignore_eos && next == c.eos_token_id) break;
     if (int64_t(generated.size()) == max_tokens) break;

@@ -1,0 +1,167 @@
+// Sampling: greedy, temperature (empirical frequencies vs the softmax), top-k / top-p / min-p supports,
+// penalties, seed reproducibility, parameter validation, and stop strings across chunk boundaries.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "core/error.h"
+#include "sampler/sampler.h"
+
+namespace dsv4 {
+namespace {
+
+std::vector<float> random_logits(int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0.0f, 2.0f);
+  std::vector<float> v(static_cast<size_t>(vocab));
+  for (float& x : v) x = n(rng);
+  return v;
+}
+
+std::map<int32_t, int> histogram(const SamplingParams& p, const std::vector<float>& logits, int draws) {
+  Sampler s(p, int64_t(logits.size()));
+  std::map<int32_t, int> h;
+  for (int i = 0; i < draws; ++i) ++h[s.sample(logits.data(), {}, {})];
+  return h;
+}
+
+std::vector<double> softmax(const std::vector<float>& l, double t) {
+  std::vector<double> p(l.size());
+  double mx = *std::max_element(l.begin(), l.end()), sum = 0;
+  for (size_t i = 0; i < l.size(); ++i) sum += p[i] = std::exp((l[i] - mx) / t);
+  for (double& x : p) x /= sum;
+  return p;
+}
+
+TEST(Sampler, GreedyIsArgmaxWithLowestIdOnTies) {
+  std::vector<float> l = random_logits(101, 1);
+  l[37] = 50.0f;
+  SamplingParams p;
+  p.temperature = 0.0f;
+  Sampler s(p, 101);
+  EXPECT_EQ(s.sample(l.data(), {}, {}), 37);
+  l[12] = 50.0f;
+  EXPECT_EQ(s.sample(l.data(), {}, {}), 12);
+}
+
+TEST(Sampler, TemperatureMatchesSoftmaxFrequencies) {
+  const std::vector<float> l = random_logits(13, 2);
+  for (float t : {0.7f, 1.0f, 1.6f}) {
+    SamplingParams p;
+    p.temperature = t;
+    p.seed = 11;
+    const int draws = 40000;
+    const auto h = histogram(p, l, draws);
+    const auto want = softmax(l, t);
+    for (size_t i = 0; i < l.size(); ++i) {
+      const double f = double(h.count(int32_t(i)) ? h.at(int32_t(i)) : 0) / draws;
+      const double sd = std::sqrt(want[i] * (1 - want[i]) / draws);
+      EXPECT_NEAR(f, want[i], 5 * sd + 1e-4) << "token " << i << " temperature " << t;
+    }
+  }
+}
+
+TEST(Sampler, TopKTopPMinPRestrictTheSupport) {
+  const std::vector<float> l = random_logits(50, 3);
+  std::vector<int32_t> order(50);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b]; });
+  const auto probs = softmax(l, 1.0);
+
+  SamplingParams k;
+  k.top_k = 3;
+  for (const auto& [tok, n] : histogram(k, l, 3000))
+    EXPECT_TRUE(tok == order[0] || tok == order[1] || tok == order[2]) << tok;
+
+  SamplingParams tp;
+  tp.top_p = 0.6f;
+  double mass = 0;
+  std::set<int32_t> nucleus;
+  for (int32_t t : order) {
+    nucleus.insert(t);
+    if ((mass += probs[size_t(t)]) >= 0.6) break;
+  }
+  const auto hp = histogram(tp, l, 3000);
+  for (const auto& [tok, n] : hp) EXPECT_TRUE(nucleus.count(tok)) << tok;
+  EXPECT_EQ(hp.size(), nucleus.size());  // and every nucleus token shows up
+
+  SamplingParams mp;
+  mp.min_p = 0.2f;
+  for (const auto& [tok, n] : histogram(mp, l, 3000)) EXPECT_GE(probs[size_t(tok)], 0.2 * probs[size_t(order[0])]) << tok;
+}
+
+TEST(Sampler, PenaltiesChangeTheChoice) {
+  std::vector<float> l(8, 0.0f);
+  l[2] = 3.0f;
+  l[5] = 2.5f;
+  SamplingParams p;
+  p.temperature = 0.0f;
+  const std::vector<int32_t> gen = {2, 2};
+  p.presence_penalty = 1.0f;
+  EXPECT_EQ(Sampler(p, 8).sample(l.data(), {}, gen), 5);  // 3 − 1 < 2.5
+  p.presence_penalty = 0.0f;
+  p.frequency_penalty = 0.2f;
+  EXPECT_EQ(Sampler(p, 8).sample(l.data(), {}, gen), 2);  // 3 − 0.4 > 2.5
+  p.frequency_penalty = 0.3f;
+  EXPECT_EQ(Sampler(p, 8).sample(l.data(), {}, gen), 5);  // 3 − 0.6 < 2.5
+  p.frequency_penalty = 0.0f;
+  p.repetition_penalty = 1.3f;
+  const std::vector<int32_t> prompt = {2};
+  EXPECT_EQ(Sampler(p, 8).sample(l.data(), prompt, {}), 5);  // 3 / 1.3 < 2.5: the prompt counts too
+}
+
+TEST(Sampler, SeedMakesSamplingReproducible) {
+  const std::vector<float> l = random_logits(1000, 4);
+  SamplingParams p;
+  p.seed = 42;
+  Sampler a(p, 1000), b(p, 1000);
+  p.seed = 43;
+  Sampler c(p, 1000);
+  std::vector<int32_t> sa, sb, sc;
+  for (int i = 0; i < 64; ++i) {
+    sa.push_back(a.sample(l.data(), {}, {}));
+    sb.push_back(b.sample(l.data(), {}, {}));
+    sc.push_back(c.sample(l.data(), {}, {}));
+  }
+  EXPECT_EQ(sa, sb);
+  EXPECT_NE(sa, sc);
+}
+
+TEST(Sampler, RejectsOutOfRangeParameters) {
+  SamplingParams p;
+  p.top_p = 0.0f;
+  EXPECT_THROW(validate(p), Error);
+  p = {};
+  p.temperature = -1.0f;
+  EXPECT_THROW(validate(p), Error);
+  p = {};
+  p.min_p = 1.5f;
+  EXPECT_THROW(validate(p), Error);
+  p = {};
+  p.repetition_penalty = 0.0f;
+  EXPECT_THROW(validate(p), Error);
+  p = {};
+  p.top_k = -2;
+  EXPECT_THROW(validate(p), Error);
+}
+
+TEST(StopMatcher, HoldsBackPartialStopsAndCutsAtTheFirst) {
+  StopMatcher m({"</end>", "STOP"});
+  EXPECT_EQ(m.feed("Hello </e"), "Hello ");  // "</e" may become "</end>"
+  EXPECT_EQ(m.feed("xtra S"), "</extra ");   // not a stop after all; "S" may start STOP
+  EXPECT_EQ(m.feed("TO"), "");
+  EXPECT_EQ(m.feed("P and more"), "");       // stopped at STOP
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.feed("ignored"), "");
+  StopMatcher n({"##"});
+  EXPECT_EQ(n.feed("a#"), "a");
+  EXPECT_EQ(n.flush(), "#");  // end of generation releases the held-back text
+}
+
+}  // namespace
+}  // namespace dsv4
