@@ -9,17 +9,20 @@ namespace dsv4::tok {
 
 namespace {
 
-// Character tests at a given byte offset; \w and \s get the Unicode meanings of `tokenizers`' Rust regexes.
+// Character tests at a given byte offset. `tokenizers` uses Rust's regex crate here, not Oniguruma: its \w is
+// Unicode's word class (Alphabetic, marks, decimal digits, connector punctuation, joiners) and \s is
+// White_Space.
 const Regex& word_char_at() {
-  static const Regex r(R"(\G\w)", Regex::Syntax::kOniguruma, "added-token word test");
+  static const Regex r(R"(\G[\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}])", Regex::Syntax::kPcre2,
+                       "added-token word test");
   return r;
 }
 const Regex& spaces_at() {
-  static const Regex r(R"(\G\s*)", Regex::Syntax::kOniguruma, "added-token whitespace test");
+  static const Regex r(R"(\G\p{White_Space}*)", Regex::Syntax::kPcre2, "added-token whitespace test");
   return r;
 }
 const Regex& space_char_at() {
-  static const Regex r(R"(\G\s)", Regex::Syntax::kOniguruma, "added-token whitespace test");
+  static const Regex r(R"(\G\p{White_Space})", Regex::Syntax::kPcre2, "added-token whitespace test");
   return r;
 }
 

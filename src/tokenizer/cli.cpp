@@ -18,7 +18,8 @@ constexpr const char* kTokenizeHelp = R"(usage: dsv4 tokenize --tokenizer FILE -
 
 Reads one JSON string per line on stdin and writes its token ids as one JSON array per line.
 
-  --tokenizer FILE   tokenizer.json (BOS / EOS from tokenizer_config.json beside it, if present)
+  --tokenizer FILE   tokenizer.json, or a directory holding one (BOS / EOS from tokenizer_config.json
+                     beside it, if present)
   --jsonl            JSON-lines input and output (required; the only format)
   --add-bos          prepend the BOS id to every line
   --no-special       tokenize special-token strings in the text as plain text
@@ -28,7 +29,7 @@ constexpr const char* kDetokenizeHelp = R"(usage: dsv4 detokenize --tokenizer FI
 
 Reads one JSON array of token ids per line on stdin and writes the decoded text as one JSON string per line.
 
-  --tokenizer FILE   tokenizer.json
+  --tokenizer FILE   tokenizer.json, or a directory holding one
   --jsonl            JSON-lines input and output (required; the only format)
   --skip-special     leave special tokens (BOS, EOS, ...) out of the text
 )";

@@ -11,7 +11,26 @@ namespace dsv4::tok {
 
 namespace {
 
-constexpr std::string_view kWordProps = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}";
+// Oniguruma's Unicode word characters ([[:word:]]); measured against `tokenizers` over all code points.
+constexpr std::string_view kWordProps = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}";
+// NOTE: Oniguruma's \w outside a character class (not [[:word:]], not \w inside a class) also matches the
+// Latin-1 digits and fractions ² ³ ¹ ¼ ½ ¾, from its single-byte ctype table; found by the same comparison.
+constexpr std::string_view kLatin1WordExtras = "\\x{B2}\\x{B3}\\x{B9}\\x{BC}-\\x{BE}";
+
+// Members of an Oniguruma POSIX class (Unicode meanings), to be placed inside a PCRE2 character class.
+std::string posix_class(std::string_view name, const std::string& where) {
+  const bool negated = !name.empty() && name.front() == '^';
+  if (negated) name.remove_prefix(1);
+  std::string props;
+  if (name == "alpha") props = "Alphabetic";
+  else if (name == "digit") props = "Nd";
+  else if (name == "space") props = "White_Space";
+  if (!props.empty()) return (negated ? "\\P{" : "\\p{") + props + "}";
+  if (!negated && name == "alnum") return "\\p{Alphabetic}\\p{Nd}";
+  if (!negated && name == "xdigit") return "0-9A-Fa-f";
+  if (!negated && name == "word") return std::string(kWordProps);
+  fail(cat(where, ": POSIX class [:", negated ? "^" : "", name, ":] is not supported"));
+}
 
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buffer[256];
@@ -58,12 +77,13 @@ std::string translate_oniguruma(std::string_view pattern, const std::string& whe
       switch (e) {
         case 's': out += "\\p{White_Space}"; break;
         case 'S': out += "\\P{White_Space}"; break;
-        case 'w':
-          out += in_class ? std::string(kWordProps) : "[" + std::string(kWordProps) + "]";
+        case 'w':  // inside a class Oniguruma drops the Latin-1 extras
+          out += in_class ? std::string(kWordProps)
+                          : "[" + std::string(kWordProps) + std::string(kLatin1WordExtras) + "]";
           break;
         case 'W':
           DSV4_CHECK(!in_class, where, ": \\W inside a character class is not supported");
-          out += "[^" + std::string(kWordProps) + "]";
+          out += "[^" + std::string(kWordProps) + std::string(kLatin1WordExtras) + "]";
           break;
         case 'h': out += in_class ? "0-9A-Fa-f" : "[0-9A-Fa-f]"; break;
         case 'H':
@@ -92,7 +112,7 @@ std::string translate_oniguruma(std::string_view pattern, const std::string& whe
       const size_t close = pattern.find(":]", i + 2);
       DSV4_CHECK(i + 1 < pattern.size() && pattern[i + 1] == ':' && close != std::string_view::npos, where,
                  ": nested character classes (Oniguruma extension) are not supported");
-      out.append(pattern.substr(i, close + 2 - i));
+      out += posix_class(pattern.substr(i + 2, close - i - 2), where);
       i = close + 1;
       continue;
     }
@@ -110,7 +130,8 @@ struct Regex::Impl {
 
 Regex::Regex(std::string_view pattern, Syntax syntax, const std::string& where) : impl_(std::make_unique<Impl>()) {
   impl_->where = where;
-  const std::string source = syntax == Syntax::kLiteral ? std::string(pattern) : translate_oniguruma(pattern, where);
+  const std::string source =
+      syntax == Syntax::kOniguruma ? translate_oniguruma(pattern, where) : std::string(pattern);
   const uint32_t options =
       syntax == Syntax::kLiteral ? (PCRE2_UTF | PCRE2_LITERAL) : (PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE);
   DSV4_CHECK(find_invalid_utf8(source) == std::string_view::npos, where, ": pattern is not valid UTF-8");

@@ -14,15 +14,18 @@ namespace dsv4::tok {
 
 // Rewrites an Oniguruma pattern into an equivalent PCRE2 (UTF + UCP) pattern:
 //   \s \S  -> \p{White_Space} / \P{White_Space}   (PCRE2's \s also matches U+180E, Oniguruma's does not)
-//   \w \W  -> Unicode word characters: Alphabetic, marks, decimal digits, connector punctuation, joiners
+//   \w \W  -> Oniguruma's word characters: Alphabetic, marks, decimal digits, connector punctuation
+//            (plus ² ³ ¹ ¼ ½ ¾, an Oniguruma quirk)
 //   \h \H  -> hexadecimal digit / not one (in Oniguruma \h is not horizontal space)
 //   \uHHHH -> \x{HHHH}
+//   [:alpha:] [:digit:] [:space:] [:alnum:] [:xdigit:] [:word:] -> their Unicode properties (others rejected)
 // Nested character classes (an Oniguruma extension) are rejected. `where` names the pattern in errors.
 std::string translate_oniguruma(std::string_view pattern, const std::string& where);
 
 class Regex {
  public:
-  enum class Syntax { kOniguruma, kLiteral };
+  // kOniguruma: a tokenizer.json pattern (translated); kLiteral: a plain string; kPcre2: used as is.
+  enum class Syntax { kOniguruma, kLiteral, kPcre2 };
 
   // Compiles with PCRE2_UTF | PCRE2_UCP (| PCRE2_MULTILINE, as ^ and $ are line anchors in Oniguruma)
   // and JIT-compiles when available. Throws Error naming `where` on a bad pattern.

@@ -20,3 +20,13 @@ add_library(dsv4_tokenizer STATIC
 target_include_directories(dsv4_tokenizer PUBLIC ${PROJECT_SOURCE_DIR}/src)
 target_include_directories(dsv4_tokenizer PRIVATE ${DSV4_PCRE2_INCLUDE_DIR})
 target_link_libraries(dsv4_tokenizer PUBLIC dsv4_engine nlohmann_json::nlohmann_json PRIVATE ${DSV4_PCRE2_LIBRARY})
+
+# zlib for the gzip'd test fixtures (tests/tokenizer, bench/tokenizer only), static when available.
+find_library(DSV4_ZLIB_STATIC NAMES libz.a)
+add_library(dsv4_tokenizer_zlib INTERFACE)
+if(DSV4_ZLIB_STATIC)
+  target_link_libraries(dsv4_tokenizer_zlib INTERFACE ${DSV4_ZLIB_STATIC})
+else()
+  find_package(ZLIB REQUIRED)
+  target_link_libraries(dsv4_tokenizer_zlib INTERFACE ZLIB::ZLIB)
+endif()

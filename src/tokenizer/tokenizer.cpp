@@ -160,10 +160,13 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
-Tokenizer Tokenizer::from_file(const std::string& path) {
+Tokenizer Tokenizer::from_file(const std::string& file_or_dir) {
+  std::error_code ec;
+  const std::string path = std::filesystem::is_directory(file_or_dir, ec)
+                               ? (std::filesystem::path(file_or_dir) / "tokenizer.json").string()
+                               : file_or_dir;
   auto impl = Impl::build(read_file(path, "tokenizer file"), path);
   const std::string config_path = (std::filesystem::path(path).parent_path() / "tokenizer_config.json").string();
-  std::error_code ec;
   if (std::filesystem::is_regular_file(config_path, ec)) {
     const Json config = parse_json(read_file(config_path, "tokenizer config"), config_path);
     DSV4_CHECK(config.is_object(), config_path, ": expected a JSON object at the top level");

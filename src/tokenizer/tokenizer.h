@@ -18,10 +18,11 @@ namespace dsv4 {
 
 class Tokenizer {
  public:
-  // Loads tokenizer.json. BOS / EOS come from tokenizer_config.json in the same directory when present
+  // Loads tokenizer.json (a directory means DIR/tokenizer.json, e.g. a checkpoint directory). BOS / EOS come
+  // from tokenizer_config.json in the same directory when present
   // ("bos_token" / "eos_token"), else from the DeepSeek names <｜begin▁of▁sentence｜> / <｜end▁of▁sentence｜>.
   // Throws Error naming the file and the field on a missing file, invalid JSON or an unsupported component.
-  static Tokenizer from_file(const std::string& path);
+  static Tokenizer from_file(const std::string& file_or_dir);
   // Same from the text of a tokenizer.json (`source` names it in errors); BOS / EOS use the DeepSeek names.
   static Tokenizer from_json(std::string_view json_text, const std::string& source = "<tokenizer.json>");
 

@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "tokenizer/cli.h"
 
 namespace {
 
@@ -17,6 +18,8 @@ commands:
   info       show the compiled backends and visible GPUs
   logits     write the logits of every prompt position to a file
   quantize   convert a BF16 checkpoint into the official FP8 + FP4 layout
+  tokenize   text (JSON strings, one per line) to token ids with a tokenizer.json
+  detokenize token ids (JSON arrays, one per line) back to text
 
 Run 'dsv4 <command> --help' for the options of a command.
 )";
@@ -34,6 +37,8 @@ int main(int argc, char** argv) {
     if (command == "info") return dsv4::cli::cmd_info(argc, argv);
     if (command == "logits") return dsv4::cli::cmd_logits(argc, argv);
     if (command == "quantize") return dsv4::cli::cmd_quantize(argc, argv);
+    if (command == "tokenize") return dsv4::cli::cmd_tokenize(argc, argv);
+    if (command == "detokenize") return dsv4::cli::cmd_detokenize(argc, argv);
     std::fprintf(stderr, "dsv4: unknown command '%s'\n%s", command.c_str(), kUsage);
     return 1;
   } catch (const std::exception& e) {
