@@ -21,6 +21,12 @@ Args::Args(int argc, char** argv, int first, const std::set<std::string>& valued
   }
 }
 
+std::set<std::string> Args::options(std::initializer_list<std::set<std::string>> groups) {
+  std::set<std::string> all;
+  for (const auto& g : groups) all.insert(g.begin(), g.end());
+  return all;
+}
+
 std::string Args::get(const std::string& name) const {
   const auto it = values_.find(name);
   DSV4_CHECK(it != values_.end(), "missing required option ", name);

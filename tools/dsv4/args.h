@@ -12,6 +12,8 @@ class Args {
  public:
   // `valued` and `switches` list the accepted options; anything else is an error naming the option.
   Args(int argc, char** argv, int first, const std::set<std::string>& valued, const std::set<std::string>& switches);
+  // Option sets are often assembled from shared groups.
+  static std::set<std::string> options(std::initializer_list<std::set<std::string>> groups);
 
   bool has(const std::string& name) const { return values_.count(name) || flags_.count(name); }
   std::string get(const std::string& name) const;  // required

@@ -5,7 +5,9 @@ namespace dsv4::cli {
 
 bool wants_help(int argc, char** argv);  // any argument is --help / -h
 
+int cmd_chat(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
+int cmd_perplexity(int argc, char** argv);
 int cmd_info(int argc, char** argv);
 int cmd_logits(int argc, char** argv);
 int cmd_quantize(int argc, char** argv);

@@ -14,7 +14,9 @@ namespace {
 constexpr const char* kUsage = R"(usage: dsv4 <command> [options]
 
 commands:
-  generate   decode new tokens from a prompt
+  generate   write text (or token ids) continuing a prompt
+  chat       talk to the model, one message per line
+  perplexity score a text file
   info       show the compiled backends and visible GPUs
   logits     write the logits of every prompt position to a file
   quantize   convert a BF16 checkpoint into the official FP8 + FP4 layout
@@ -34,6 +36,8 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   try {
     if (command == "generate") return dsv4::cli::cmd_generate(argc, argv);
+    if (command == "chat") return dsv4::cli::cmd_chat(argc, argv);
+    if (command == "perplexity") return dsv4::cli::cmd_perplexity(argc, argv);
     if (command == "info") return dsv4::cli::cmd_info(argc, argv);
     if (command == "logits") return dsv4::cli::cmd_logits(argc, argv);
     if (command == "quantize") return dsv4::cli::cmd_quantize(argc, argv);

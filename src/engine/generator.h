@@ -1,0 +1,30 @@
+// One sequence through the model: prefill a prompt in steps, then decode token by token, reporting each new
+// token to a callback. Shared by the generate, chat and perplexity commands.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "model/deepseek_v4.h"
+#include "sampler/sampler.h"
+
+namespace dsv4 {
+
+struct GenerationStats {
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  double prefill_seconds = 0;  // = time to first token (the first token is sampled from the prefill logits)
+  double decode_seconds = 0;   // from the first token to the last
+  double decode_tokens_per_second() const;
+};
+
+// Feeds `tokens` (≥ 1) at the model's current position in steps of max_step; logits of the last one → `last`.
+void prefill(DeepseekV4& model, const std::vector<int32_t>& tokens, std::vector<float>* last);
+
+// Continues from the logits of the last consumed token. on_token returns false to stop early.
+// Stops at max_tokens, or after EOS when stop_at_eos.
+GenerationStats generate(DeepseekV4& model, const std::vector<int32_t>& prompt, int64_t max_tokens, Sampler& sampler,
+                         bool stop_at_eos, const std::function<bool(int32_t)>& on_token);
+
+}  // namespace dsv4

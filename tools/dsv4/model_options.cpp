@@ -1,0 +1,34 @@
+#include "model_options.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "engine/backend.h"
+#include "loader/weight_map.h"
+
+namespace dsv4::cli {
+
+std::string model_dir(const Args& args) {
+  if (args.has("--model")) return args.get("--model");
+  const std::string shipped = DSV4_DEFAULT_MODEL;
+  DSV4_CHECK(std::filesystem::exists(shipped + "/config.json"), "no --model given and the shipped model is missing at ",
+             shipped);
+  return shipped;
+}
+
+LoadedModel load(const Args& args, int64_t max_context) {
+  LoadedModel m;
+  m.dir = model_dir(args);
+  m.weights = load_model(m.dir);
+  const ModelConfig& c = m.weights->config;
+  DSV4_CHECK(c.max_position_embeddings == 0 || max_context <= c.max_position_embeddings, "the sequence needs ",
+             max_context, " positions but the model's context is ", c.max_position_embeddings);
+  const int64_t step = args.get_int("--step", 64);
+  DSV4_CHECK(step >= 1, "--step must be at least 1");
+  m.ops = make_backend(args.get("--backend", "cpu"), c);
+  m.forward = std::make_unique<DeepseekV4>(*m.weights, *m.ops, parse_numerics(args.get("--numerics", "reference")),
+                                           max_context, std::min(step, max_context));
+  return m;
+}
+
+}  // namespace dsv4::cli

@@ -1,0 +1,35 @@
+// Options shared by the commands that run a model: --model (default: the shipped tiny model), --backend,
+// --numerics, --step; and the loading of model + backend + forward pass from them.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "args.h"
+#include "model/deepseek_v4.h"
+#include "model/weights.h"
+
+namespace dsv4::cli {
+
+constexpr const char* kModelOptionsHelp =
+    R"(  --model DIR          checkpoint directory (config.json + safetensors [+ tokenizer.json]);
+                       default: the tiny model shipped in models/tiny
+  --backend NAME       cpu (default)
+  --numerics MODE      reference (default: the official FP8/FP4 simulation) | exact
+  --step N             prompt tokens per forward step (default 64)
+)";
+
+inline std::set<std::string> model_options() { return {"--model", "--backend", "--numerics", "--step"}; }
+
+struct LoadedModel {
+  std::string dir;
+  std::unique_ptr<const ModelWeights> weights;
+  std::unique_ptr<Ops> ops;
+  std::unique_ptr<DeepseekV4> forward;
+};
+
+std::string model_dir(const Args& args);
+// max_context: tokens the sequence may reach (checked against the model's max_position_embeddings).
+LoadedModel load(const Args& args, int64_t max_context);
+
+}  // namespace dsv4::cli
