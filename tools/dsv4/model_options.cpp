@@ -21,8 +21,9 @@ LoadedModel load(const Args& args, int64_t max_context) {
   m.dir = model_dir(args);
   m.weights = load_model(m.dir);
   const ModelConfig& c = m.weights->config;
-  DSV4_CHECK(c.max_position_embeddings == 0 || max_context <= c.max_position_embeddings, "the sequence needs ",
-             max_context, " positions but the model's context is ", c.max_position_embeddings);
+  DSV4_CHECK(c.max_position_embeddings == 0 || max_context <= c.max_position_embeddings, "the sequence would reach ",
+             max_context, " tokens (prompt + new tokens), which exceeds the model's context of ",
+             c.max_position_embeddings);
   const int64_t step = args.get_int("--step", 64);
   DSV4_CHECK(step >= 1, "--step must be at least 1");
   m.ops = make_backend(args.get("--backend", "cpu"), c);
