@@ -66,14 +66,15 @@ void copy_dir(const std::string& from, const std::string& to) {
     }
 }
 
-CliResult run_cli(const std::vector<std::string>& args, int timeout_seconds) {
+CliResult run_cli(const std::vector<std::string>& args, int timeout_seconds, const std::string& stdin_text) {
   TempDir tmp;
-  const std::string out_path = tmp.file("stdout"), err_path = tmp.file("stderr");
+  const std::string out_path = tmp.file("stdout"), err_path = tmp.file("stderr"), in_path = tmp.file("stdin");
+  write_text(in_path, stdin_text);
   const pid_t pid = fork();
   if (pid == 0) {
     const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int in = open("/dev/null", O_RDONLY);
+    const int in = open(in_path.c_str(), O_RDONLY);
     dup2(out, 1);
     dup2(err, 2);
     dup2(in, 0);

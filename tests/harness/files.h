@@ -38,7 +38,8 @@ struct CliResult {
 };
 // Runs build/bin/dsv4 with the given arguments (no shell), capturing stdout and stderr; a time limit guards
 // against hangs (the process is killed and the result reports the signal).
-CliResult run_cli(const std::vector<std::string>& args, int timeout_seconds = 300);
+// stdin_text is the process's standard input (empty: /dev/null).
+CliResult run_cli(const std::vector<std::string>& args, int timeout_seconds = 300, const std::string& stdin_text = "");
 
 std::string join_ids(const std::vector<int32_t>& ids, size_t count);
 

@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "core/error.h"
 #include "engine/generator.h"
+#include "loader/hf_config.h"
 #include "model_options.h"
 #include "sampling_options.h"
 #include "tokenizer/tokenizer.h"
@@ -32,7 +33,7 @@ Reads one user message per line from stdin and answers it. Commands: /reset clea
   --system TEXT        system prompt
   --think              thinking mode (the model reasons inside <think> first; the reasoning is shown dimmed)
   --max-tokens N       tokens per answer (default 256)
-  --context N          tokens the whole conversation may use (default 4096)
+  --context N          tokens the whole conversation may use (default: the model's context, at most 4096)
 )";
 
 }  // namespace
@@ -48,7 +49,8 @@ int cmd_chat(int argc, char** argv) {
                                  model_options()}),
                   {"--think"});
   const int64_t max_tokens = args.get_int("--max-tokens", 256);
-  const int64_t context = args.get_int("--context", 4096);
+  const int64_t model_context = load_config(model_dir(args)).max_position_embeddings;
+  const int64_t context = args.get_int("--context", model_context > 0 ? std::min<int64_t>(model_context, 4096) : 4096);
   DSV4_CHECK(max_tokens >= 1 && context > max_tokens, "need --max-tokens >= 1 and --context > --max-tokens");
   const Tokenizer tokenizer = Tokenizer::from_file(model_dir(args));
   LoadedModel m = load(args, context);

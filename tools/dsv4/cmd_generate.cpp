@@ -17,7 +17,7 @@ namespace {
 
 constexpr const char* kUsage = R"(usage: dsv4 generate [-p TEXT | --prompt-ids 1,2,3] [options]
 
-Prefills the prompt, then decodes one token at a time. With -p, the text is streamed as it is generated
+Prefills the prompt, then decodes one token at a time. With -p, the prompt and then the new text are streamed
 (the model directory must hold tokenizer.json); with --prompt-ids, the new ids are printed space-separated
 as the last line of stdout. A stats line (prompt tokens, time to first token, tokens/s) goes to stderr.
 
@@ -69,6 +69,7 @@ int cmd_generate(int argc, char** argv) {
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
   };
+  if (text_mode) emit(args.has("-p") ? args.get("-p") : args.get("--prompt"));  // the continuation follows it
   const GenerationStats stats =
       generate(*m.forward, prompt, max_tokens, sampler, !args.has("--ignore-eos"), [&](int32_t id) {
         generated.push_back(id);
