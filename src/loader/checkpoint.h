@@ -3,6 +3,7 @@
 // are translated on open (names, and fused expert tensors split into per-expert views).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -20,6 +21,10 @@ class Checkpoint {
   // Throws "<dir>: missing tensor '<name>'" when absent.
   const TensorInfo& get(const std::string& name) const;
   bool has_transformers_names() const { return transformers_names_; }
+  size_t total_bytes() const;  // of all mapped files
+  // Reads every page of the mapped files once (so the first forward pass does not stall on disk), calling
+  // progress(done_bytes, total_bytes) as it goes.
+  void prefetch(const std::function<void(size_t, size_t)>& progress) const;
   const std::string& dir() const { return dir_; }
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
 

@@ -36,6 +36,7 @@ class SafetensorsFile {
 
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   const std::string& path() const { return file_.path(); }
+  const MappedFile& mapped() const { return file_; }
 
  private:
   MappedFile file_;

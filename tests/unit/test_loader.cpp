@@ -132,6 +132,16 @@ TEST(Checkpoint, ShardedEqualsSingleFile) {
   EXPECT_EQ(test::read_f32(tmp.file("a")), test::read_f32(tmp.file("b")));
 }
 
+TEST(Checkpoint, PrefetchReportsProgressUpToTheTotal) {
+  const auto ckpt = Checkpoint::open(test::ref_small_dir());
+  std::vector<std::pair<size_t, size_t>> calls;
+  ckpt->prefetch([&](size_t done, size_t total) { calls.emplace_back(done, total); });
+  ASSERT_FALSE(calls.empty());
+  EXPECT_EQ(calls.back().first, ckpt->total_bytes());
+  EXPECT_EQ(ckpt->total_bytes(), std::filesystem::file_size(test::ref_small_dir() + "/model.safetensors"));
+  for (size_t i = 1; i < calls.size(); ++i) EXPECT_GE(calls[i].first, calls[i - 1].first);
+}
+
 TEST(WeightMap, LoadsReferenceCheckpoint) {
   const auto model = load_model(test::ref_small_dir());
   const ModelConfig& c = model->config;

@@ -1,9 +1,13 @@
 #include "model_options.h"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <filesystem>
 
 #include "core/error.h"
 #include "engine/backend.h"
+#include "loader/checkpoint.h"
 #include "loader/weight_map.h"
 
 namespace dsv4::cli {
@@ -20,6 +24,18 @@ LoadedModel load(const Args& args, int64_t max_context) {
   LoadedModel m;
   m.dir = model_dir(args);
   m.weights = load_model(m.dir);
+  // Large checkpoints: read them in once with a progress bar instead of stalling inside the first step.
+  const Checkpoint& ckpt = *m.weights->storage;
+  if (ckpt.total_bytes() > (size_t(1) << 30)) {
+    const bool tty = isatty(fileno(stderr));
+    ckpt.prefetch([&](size_t done, size_t total) {
+      if (!tty) return;
+      const int width = 40, filled = int(double(done) / double(total) * width);
+      std::fprintf(stderr, "\rloading %s [%s%s] %5.1f / %.1f GiB", m.dir.c_str(), std::string(size_t(filled), '#').c_str(),
+                   std::string(size_t(width - filled), ' ').c_str(), double(done) / (1 << 30), double(total) / (1 << 30));
+      if (done == total) std::fprintf(stderr, "\n");
+    });
+  }
   const ModelConfig& c = m.weights->config;
   DSV4_CHECK(c.max_position_embeddings == 0 || max_context <= c.max_position_embeddings, "the sequence would reach ",
              max_context, " tokens (prompt + new tokens), which exceeds the model's context of ",
