@@ -62,7 +62,10 @@ void CpuOps::indexer_topk(const IndexerParams& p) {
   for (int64_t i = 0; i < p.n; ++i) {
     const int64_t t = p.pos0 + i, visible = (t + 1) / p.ratio;
     const int64_t k = std::min(p.top_k, visible);
-    std::vector<float> score(static_cast<size_t>(visible));
+    // NOTE: thread_local scratch keeps steady-state decode free of allocations.
+    thread_local std::vector<float> score;
+    thread_local std::vector<int32_t> order;
+    score.resize(size_t(visible));
     const float* q = p.q + i * p.heads * p.head_dim;
     const float* w = p.weights + i * p.heads;
     for (int64_t e = 0; e < visible; ++e) {
@@ -75,7 +78,7 @@ void CpuOps::indexer_topk(const IndexerParams& p) {
       }
       score[size_t(e)] = total;
     }
-    std::vector<int32_t> order(static_cast<size_t>(visible));
+    order.resize(size_t(visible));
     std::iota(order.begin(), order.end(), 0);
     // Deterministic ties: the lower entry index wins.
     std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
@@ -93,7 +96,9 @@ void CpuOps::attention(const AttentionParams& p) {
     for (int64_t h = 0; h < p.heads; ++h) {
       const int64_t t = p.pos0 + i;
       const float* q = p.q + (i * p.heads + h) * d;
-      std::vector<const float*> keys;
+      thread_local std::vector<const float*> keys;
+      thread_local std::vector<float> logit;
+      keys.clear();
       for (int64_t s = std::max<int64_t>(0, t - p.window_size + 1); s <= t; ++s)
         keys.push_back(p.window + (s % p.ring_slots) * d);
       if (p.entries && p.selected) {
@@ -104,7 +109,7 @@ void CpuOps::attention(const AttentionParams& p) {
       } else if (p.entries) {
         for (int64_t e = 0; e < (t + 1) / p.ratio; ++e) keys.push_back(p.entries + e * d);
       }
-      std::vector<float> logit(keys.size());
+      logit.resize(keys.size());
       float mx = p.sinks[h];
       for (size_t j = 0; j < keys.size(); ++j) {
         float dot = 0.0f;

@@ -93,7 +93,8 @@ constexpr int64_t kParallelWork = 1 << 18;
 void CpuOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
 #pragma omp parallel if (w.rows * w.cols * n > kParallelWork)
   {
-    std::vector<float> row(size_t(w.cols));
+    thread_local std::vector<float> row;  // one decoded weight row per thread, reused across calls
+    row.resize(size_t(w.cols));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < w.rows; ++r) {
       dequant_row(w, r, row.data());
@@ -106,7 +107,8 @@ void CpuOps::linear_grouped(const float* x, const Weight& w, int64_t groups, int
   const int64_t out_g = w.rows / groups, in_g = w.cols;
 #pragma omp parallel if (w.rows * w.cols * n > kParallelWork)
   {
-    std::vector<float> row(size_t(w.cols));
+    thread_local std::vector<float> row;  // one decoded weight row per thread, reused across calls
+    row.resize(size_t(w.cols));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < w.rows; ++r) {
       dequant_row(w, r, row.data());

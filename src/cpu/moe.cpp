@@ -22,8 +22,12 @@ void CpuOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, int
   // Router: scores s = sqrt(softplus(gate · x)); the bias only affects which experts are chosen.
   std::vector<float>& logits = scratch(3, size_t(n * E));
   linear(x, D, w.gate, n, logits.data(), E);
-  std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));  // expert → (token, weight)
-  std::vector<int32_t> order(static_cast<size_t>(E));
+  // expert → (token, weight); thread_local keeps steady-state decode free of allocations.
+  thread_local std::vector<std::vector<std::pair<int64_t, float>>> routed;
+  thread_local std::vector<int32_t> order;
+  routed.resize(size_t(E));
+  for (auto& r : routed) r.clear();
+  order.resize(size_t(E));
   for (int64_t t = 0; t < n; ++t) {
     float* s = logits.data() + t * E;
     for (int64_t e = 0; e < E; ++e) s[e] = std::sqrt(softplus(s[e]));
@@ -73,7 +77,8 @@ void CpuOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, int
       for (int64_t d = 0; d < D; ++d) out[rows[r].first * D + d] += down[size_t(r * D + d)];
   };
   for (int64_t e = 0; e < E; ++e) run_expert(w.experts[size_t(e)], routed[size_t(e)]);
-  std::vector<std::pair<int64_t, float>> all(static_cast<size_t>(n));
+  thread_local std::vector<std::pair<int64_t, float>> all;
+  all.resize(size_t(n));
   for (int64_t t = 0; t < n; ++t) all[size_t(t)] = {t, 1.0f};
   run_expert(w.shared, all);
 }
