@@ -10,12 +10,12 @@ double GenerationStats::decode_tokens_per_second() const {
   return generated_tokens > 1 && decode_seconds > 0 ? double(generated_tokens - 1) / decode_seconds : 0.0;
 }
 
-void prefill(DeepseekV4& model, const std::vector<int32_t>& tokens, std::vector<float>* last) {
-  DSV4_CHECK(!tokens.empty(), "the prompt is empty");
-  last->resize(size_t(model.config().vocab_size));
-  for (size_t p = 0; p < tokens.size(); p += size_t(model.max_step())) {
-    const int64_t n = std::min<int64_t>(model.max_step(), int64_t(tokens.size() - p));
-    model.step(tokens.data() + p, n, last->data(), /*all_rows=*/false);
+void prefill(DeepseekV4& model, const int32_t* tokens, int64_t n, float* logits, bool all_rows) {
+  DSV4_CHECK(n >= 1, "the prompt is empty");
+  const int64_t V = model.config().vocab_size;
+  for (int64_t p = 0; p < n; p += model.max_step()) {
+    const int64_t rows = std::min(model.max_step(), n - p);
+    model.step(tokens + p, rows, all_rows ? logits + p * V : logits, all_rows);
   }
 }
 
@@ -24,9 +24,9 @@ GenerationStats generate(DeepseekV4& model, const std::vector<int32_t>& prompt, 
   using clock = std::chrono::steady_clock;
   GenerationStats stats;
   stats.prompt_tokens = int64_t(prompt.size());
-  std::vector<float> logits;
+  std::vector<float> logits(size_t(model.config().vocab_size));  // the row the next token is sampled from
   const auto t0 = clock::now();
-  prefill(model, prompt, &logits);
+  prefill(model, prompt.data(), int64_t(prompt.size()), logits.data(), /*all_rows=*/false);
   const auto t1 = clock::now();
   std::vector<int32_t> generated;
   while (int64_t(generated.size()) < max_tokens) {

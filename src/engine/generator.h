@@ -19,8 +19,9 @@ struct GenerationStats {
   double decode_tokens_per_second() const;
 };
 
-// Feeds `tokens` (≥ 1) at the model's current position in steps of max_step; logits of the last one → `last`.
-void prefill(DeepseekV4& model, const std::vector<int32_t>& tokens, std::vector<float>* last);
+// Feeds tokens[0, n) (n ≥ 1) at the model's current position in steps of max_step. logits (host): [n, V] when
+// all_rows, else the last token's [V].
+void prefill(DeepseekV4& model, const int32_t* tokens, int64_t n, float* logits, bool all_rows);
 
 // Continues from the logits of the last consumed token. on_token returns false to stop early.
 // Stops at max_tokens, or after EOS when stop_at_eos.

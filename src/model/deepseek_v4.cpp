@@ -114,7 +114,7 @@ void DeepseekV4::attention(const LayerWeights& l, LayerState& s, int64_t pos0, i
   p.window = s.window;
   p.ring_slots = state_.ring_slots;
   p.window_size = c.window;
-  p.entries = s.compressor.entries;
+  p.entries = l.attn_type == AttnType::kSliding ? nullptr : s.compressor.entries;
   p.selected = l.attn_type == AttnType::kCsa ? act_.selected : nullptr;
   p.top_k = c.index_topk;
   p.ratio = int64_t(l.attn_type);
@@ -125,7 +125,6 @@ void DeepseekV4::attention(const LayerWeights& l, LayerState& s, int64_t pos0, i
   p.head_dim = c.head_dim;
   p.scale = float(1.0 / std::sqrt(double(c.head_dim)));
   p.out = act_.o;
-  if (l.attn_type == AttnType::kSliding) p.entries = nullptr;
   ops_.attention(p);
   // K = V carries RoPE, so the output's rope channels are de-rotated at the query position (spec §6.5).
   ops_.rope(act_.o, n * c.n_heads, c.head_dim, c.nope_dim(), c.n_heads, pos0, 1, rope, /*inverse=*/true);

@@ -21,6 +21,12 @@ Args::Args(int argc, char** argv, int first, const std::set<std::string>& valued
   }
 }
 
+bool wants_help(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i)
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") return true;
+  return false;
+}
+
 std::set<std::string> Args::options(std::initializer_list<std::set<std::string>> groups) {
   std::set<std::string> all;
   for (const auto& g : groups) all.insert(g.begin(), g.end());

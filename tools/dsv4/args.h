@@ -8,6 +8,8 @@
 
 namespace dsv4::cli {
 
+bool wants_help(int argc, char** argv);  // any argument after the command is --help / -h
+
 class Args {
  public:
   // `valued` and `switches` list the accepted options; anything else is an error naming the option.

@@ -11,6 +11,7 @@
 #include "args.h"
 #include "commands.h"
 #include "core/error.h"
+#include "engine/generator.h"
 #include "model_options.h"
 #include "tokenizer/tokenizer.h"
 
@@ -58,10 +59,7 @@ int cmd_perplexity(int argc, char** argv) {
     std::vector<int32_t> window = {*tokenizer.bos_id()};
     window.insert(window.end(), ids.begin() + long(start), ids.begin() + long(start + len));
     m.forward->reset();
-    for (size_t p = 0; p < window.size(); p += size_t(m.forward->max_step())) {
-      const int64_t n = std::min<int64_t>(m.forward->max_step(), int64_t(window.size() - p));
-      m.forward->step(window.data() + p, n, logits.data() + p * V, /*all_rows=*/true);
-    }
+    prefill(*m.forward, window.data(), int64_t(window.size()), logits.data(), /*all_rows=*/true);
     for (size_t j = 0; j + 1 < window.size(); ++j) {  // row j predicts window[j + 1]
       const float* row = logits.data() + j * V;
       double mx = row[0], sum = 0.0;

@@ -3,8 +3,6 @@
 
 namespace dsv4::cli {
 
-bool wants_help(int argc, char** argv);  // any argument is --help / -h
-
 int cmd_chat(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_perplexity(int argc, char** argv);
