@@ -16,6 +16,7 @@ int32_t* CpuOps::alloc_i32(size_t count) { return int_buffers_.emplace_back(coun
 void CpuOps::fill(float* x, size_t count, float value) { std::fill(x, x + count, value); }
 void CpuOps::upload_i32(int32_t* dst, const int32_t* host, size_t count) { std::copy(host, host + count, dst); }
 void CpuOps::download(float* host, const float* src, size_t count) { std::copy(src, src + count, host); }
+void CpuOps::copy(const float* src, size_t count, float* dst) { std::copy(src, src + count, dst); }
 
 std::vector<float>& CpuOps::scratch(size_t slot, size_t count) {
   if (scratch_.size() <= slot) scratch_.resize(slot + 1);

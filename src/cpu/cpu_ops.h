@@ -25,6 +25,7 @@ class CpuOps final : public Ops {
   void fill(float* x, size_t count, float value) override;
   void upload_i32(int32_t* dst, const int32_t* host, size_t count) override;
   void download(float* host, const float* src, size_t count) override;
+  void copy(const float* src, size_t count, float* dst) override;
 
   void embed(const Weight& table, const int32_t* tokens, int64_t n, float* out) override;
   void broadcast_streams(const float* x, int64_t n, int64_t hc, int64_t dim, float* X) override;

@@ -8,7 +8,9 @@
 
 namespace dsv4 {
 
-std::unique_ptr<Ops> make_backend(const std::string& name, const ModelConfig& config);  // "cpu"
+// "cpu", "cuda" (weights uploaded to GPU 0 here), or "auto": cuda when this build has it and a GPU is visible.
+std::unique_ptr<Ops> make_backend(const std::string& name, const ModelWeights& model);
+std::string resolve_backend_name(const std::string& name);  // "auto" → "cuda" | "cpu"
 Numerics parse_numerics(const std::string& name);  // "reference" | "exact"
 
 }  // namespace dsv4

@@ -28,6 +28,7 @@ Activations plan_activations(const ModelConfig& c, Ops& ops, int64_t n) {
   a.index_w = f(std::max<int64_t>(c.index_n_heads, 1));
   a.selected = ops.alloc_i32(size_t(n * std::max<int64_t>(c.index_topk, 1)));
   a.y = f(c.dim);
+  a.y_rows = f(c.dim);
   a.logits = f(c.vocab_size);
   a.mtp_e = f(c.dim);
   a.mtp_h = f(c.hc_mult * c.dim);
@@ -46,21 +47,39 @@ DeepseekV4::DeepseekV4(const ModelWeights& model, Ops& ops, Numerics numerics, i
       state_(model, ops, max_context, max_step),
       act_(plan_activations(model.config, ops, max_step)) {}
 
+std::unique_ptr<SequenceState> DeepseekV4::new_sequence(int64_t max_context) {
+  return std::make_unique<SequenceState>(model_, ops_, max_context, act_.max_step);
+}
+
 void DeepseekV4::step(const int32_t* tokens, int64_t n, float* logits, bool all_rows) {
+  const StepInput input{&state_, tokens, n, logits, all_rows};
+  step(std::span<const StepInput>(&input, 1));
+}
+
+void DeepseekV4::step(std::span<const StepInput> batch) {
   const ModelConfig& c = model_.config;
-  DSV4_ASSERT(n >= 1 && n <= act_.max_step);
-  DSV4_CHECK(state_.position + n <= state_.max_context, "sequence of ", state_.position + n,
-             " tokens exceeds the context limit of ", state_.max_context);
-  for (int64_t i = 0; i < n; ++i)
-    DSV4_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab_size, "token id ", tokens[i], " is outside the vocabulary [0, ",
-               c.vocab_size, ")");
-  const int64_t pos0 = state_.position;
-  ops_.upload_i32(act_.tokens, tokens, size_t(n));
+  DSV4_ASSERT(!batch.empty());
+  spans_.clear();
+  int64_t n = 0;
+  for (const StepInput& in : batch) {
+    SequenceState& seq = *in.sequence;
+    DSV4_ASSERT(in.n >= 1);
+    DSV4_ASSERT(seq.ring_slots >= c.window + in.n);  // the ring must keep the window of the step's first token
+    DSV4_CHECK(seq.position + in.n <= seq.max_context, "sequence of ", seq.position + in.n,
+               " tokens exceeds the context limit of ", seq.max_context);
+    for (int64_t i = 0; i < in.n; ++i)
+      DSV4_CHECK(in.tokens[i] >= 0 && in.tokens[i] < c.vocab_size, "token id ", in.tokens[i],
+                 " is outside the vocabulary [0, ", c.vocab_size, ")");
+    spans_.push_back({n, in.n, seq.position, &seq});
+    n += in.n;
+  }
+  DSV4_CHECK(n <= act_.max_step, "a step of ", n, " tokens exceeds the step capacity of ", act_.max_step);
+  for (size_t i = 0; i < batch.size(); ++i) ops_.upload_i32(act_.tokens + spans_[i].row0, batch[i].tokens, size_t(batch[i].n));
   ops_.embed(model_.embed, act_.tokens, n, act_.x);
   ops_.broadcast_streams(act_.x, n, c.hc_mult, c.dim, act_.X);
-  for (size_t i = 0; i < model_.layers.size(); ++i) block(model_.layers[i], state_.layers[i], pos0, n);
-  state_.position += n;
-  head(model_.hc_head, model_.norm, n, logits, all_rows);
+  for (size_t i = 0; i < model_.layers.size(); ++i) block(model_.layers[i], i, /*mtp=*/false, n);
+  for (const Span& s : spans_) s.sequence->position += s.n;
+  head(model_.hc_head, model_.norm, batch, n);
 }
 
 void DeepseekV4::mtp_step(const int32_t* next_tokens, int64_t n, float* logits) {
@@ -78,17 +97,19 @@ void DeepseekV4::mtp_step(const int32_t* next_tokens, int64_t n, float* logits) 
   ops_.linear(act_.x, D, m.e_proj, n, act_.mtp_e, D);
   ops_.broadcast_streams(act_.mtp_e, n, hc, D, act_.X);
   ops_.add(act_.X, act_.mtp_h, size_t(n * hc * D), act_.X);
-  block(m.block, state_.mtp[0], state_.mtp_position, n);
+  spans_.assign(1, Span{0, n, state_.mtp_position, &state_});
+  block(m.block, 0, /*mtp=*/true, n);
   state_.mtp_position += n;
-  head(m.hc_head, m.norm, n, logits, /*all_rows=*/true);
+  const StepInput all{&state_, next_tokens, n, logits, /*all_rows=*/true};
+  head(m.hc_head, m.norm, std::span<const StepInput>(&all, 1), n);
 }
 
 // One decoder layer: attention then MoE, each wrapped in an mHC pre-mix / post-mix (spec §4–§5).
-void DeepseekV4::block(const LayerWeights& l, LayerState& s, int64_t pos0, int64_t n) {
+void DeepseekV4::block(const LayerWeights& l, size_t layer, bool mtp, int64_t n) {
   const ModelConfig& c = model_.config;
   ops_.hc_pre(act_.X, l.hc_attn, n, act_.x, act_.post, act_.comb);
   ops_.rms_norm(act_.x, &l.attn_norm, n, c.dim, act_.xn);
-  attention(l, s, pos0, n);
+  attention(l, layer, mtp, n);
   ops_.hc_post(act_.sub_out, act_.post, act_.comb, n, act_.X);
 
   ops_.hc_pre(act_.X, l.hc_ffn, n, act_.x, act_.post, act_.comb);
@@ -97,83 +118,102 @@ void DeepseekV4::block(const LayerWeights& l, LayerState& s, int64_t pos0, int64
   ops_.hc_post(act_.sub_out, act_.post, act_.comb, n, act_.X);
 }
 
-// Attention sub-block (spec §6): xn → sub_out.
-void DeepseekV4::attention(const LayerWeights& l, LayerState& s, int64_t pos0, int64_t n) {
+// Attention sub-block (spec §6): xn → sub_out. Projections run over the whole batch; the KV cache, the
+// compressors, the indexer and the attention itself run per sequence on its rows.
+void DeepseekV4::attention(const LayerWeights& l, size_t layer, bool mtp, int64_t n) {
   const ModelConfig& c = model_.config;
   const AttentionWeights& w = l.attn;
   const RopeKind rope = rope_kind(l.attn_type);
   const bool reference = numerics_ == Numerics::kReference;
-  query(w, rope, pos0, n);
-  key_value(w, s, rope, pos0, n);
-  if (l.attn_type != AttnType::kSliding)
-    ops_.compressor(w.compressor, s.compressor, act_.xn, pos0, n, reference ? EntrySim::kFp8NoPe : EntrySim::kNone);
-  if (l.attn_type == AttnType::kCsa) indexer(w.indexer, s, pos0, n);
+  const int64_t H = c.n_heads, d = c.head_dim;
+  query(w, rope, n);
+  key_value(w, layer, mtp, rope, n);
+  if (l.attn_type == AttnType::kCsa) indexer_query(w.indexer, n);
+  for (const Span& s : spans_) {
+    LayerState& state = layer_state(s, layer, mtp);
+    if (l.attn_type != AttnType::kSliding)
+      ops_.compressor(w.compressor, state.compressor, act_.xn + s.row0 * c.dim, s.pos0, s.n,
+                      reference ? EntrySim::kFp8NoPe : EntrySim::kNone);
+    if (l.attn_type == AttnType::kCsa) indexer(w.indexer, s, state);
 
-  AttentionParams p;
-  p.q = act_.q;
-  p.window = s.window;
-  p.ring_slots = state_.ring_slots;
-  p.window_size = c.window;
-  p.entries = l.attn_type == AttnType::kSliding ? nullptr : s.compressor.entries;
-  p.selected = l.attn_type == AttnType::kCsa ? act_.selected : nullptr;
-  p.top_k = c.index_topk;
-  p.ratio = int64_t(l.attn_type);
-  p.sinks = w.sinks.data();
-  p.pos0 = pos0;
-  p.n = n;
-  p.heads = c.n_heads;
-  p.head_dim = c.head_dim;
-  p.scale = float(1.0 / std::sqrt(double(c.head_dim)));
-  p.out = act_.o;
-  ops_.attention(p);
-  // K = V carries RoPE, so the output's rope channels are de-rotated at the query position (spec §6.5).
-  ops_.rope(act_.o, n * c.n_heads, c.head_dim, c.nope_dim(), c.n_heads, pos0, 1, rope, /*inverse=*/true);
+    AttentionParams p;
+    p.q = act_.q + s.row0 * H * d;
+    p.window = state.window;
+    p.ring_slots = s.sequence->ring_slots;
+    p.window_size = c.window;
+    p.entries = l.attn_type == AttnType::kSliding ? nullptr : state.compressor.entries;
+    p.selected = l.attn_type == AttnType::kCsa ? act_.selected + s.row0 * c.index_topk : nullptr;
+    p.top_k = c.index_topk;
+    p.ratio = int64_t(l.attn_type);
+    p.sinks = w.sinks.data();
+    p.pos0 = s.pos0;
+    p.n = s.n;
+    p.heads = H;
+    p.head_dim = d;
+    p.scale = float(1.0 / std::sqrt(double(d)));
+    p.out = act_.o + s.row0 * H * d;
+    ops_.attention(p);
+    // K = V carries RoPE, so the output's rope channels are de-rotated at the query position (spec §6.5).
+    ops_.rope(p.out, s.n * H, d, c.nope_dim(), H, s.pos0, 1, rope, /*inverse=*/true);
+  }
   output_projection(w, n);
 }
 
 // q = headRMS(wq_b · RMSNorm(wq_a · x)), RoPE on the last rope_dim channels; qr is kept for the indexer.
-void DeepseekV4::query(const AttentionWeights& w, RopeKind rope, int64_t pos0, int64_t n) {
+void DeepseekV4::query(const AttentionWeights& w, RopeKind rope, int64_t n) {
   const ModelConfig& c = model_.config;
+  const int64_t H = c.n_heads, d = c.head_dim;
   ops_.linear(act_.xn, c.dim, w.wq_a, n, act_.qr, c.q_lora_rank);
   ops_.rms_norm(act_.qr, &w.q_norm, n, c.q_lora_rank, act_.qr);
-  ops_.linear(act_.qr, c.q_lora_rank, w.wq_b, n, act_.q, c.n_heads * c.head_dim);
-  ops_.rms_norm(act_.q, nullptr, n * c.n_heads, c.head_dim, act_.q);
-  ops_.rope(act_.q, n * c.n_heads, c.head_dim, c.nope_dim(), c.n_heads, pos0, 1, rope, false);
+  ops_.linear(act_.qr, c.q_lora_rank, w.wq_b, n, act_.q, H * d);
+  ops_.rms_norm(act_.q, nullptr, n * H, d, act_.q);
+  for (const Span& s : spans_) ops_.rope(act_.q + s.row0 * H * d, s.n * H, d, c.nope_dim(), H, s.pos0, 1, rope, false);
 }
 
-// The single shared K = V head, stored in the sliding-window ring.
-void DeepseekV4::key_value(const AttentionWeights& w, LayerState& s, RopeKind rope, int64_t pos0, int64_t n) {
+// The single shared K = V head, stored in each sequence's sliding-window ring.
+void DeepseekV4::key_value(const AttentionWeights& w, size_t layer, bool mtp, RopeKind rope, int64_t n) {
   const ModelConfig& c = model_.config;
-  ops_.linear(act_.xn, c.dim, w.wkv, n, act_.kv, c.head_dim);
-  ops_.rms_norm(act_.kv, &w.kv_norm, n, c.head_dim, act_.kv);
-  ops_.rope(act_.kv, n, c.head_dim, c.nope_dim(), 1, pos0, 1, rope, false);
-  if (numerics_ == Numerics::kReference) ops_.sim_fp8(act_.kv, n, c.head_dim, c.nope_dim(), 64);
-  ops_.ring_store(act_.kv, n, c.head_dim, pos0, state_.ring_slots, s.window);
+  const int64_t d = c.head_dim;
+  ops_.linear(act_.xn, c.dim, w.wkv, n, act_.kv, d);
+  ops_.rms_norm(act_.kv, &w.kv_norm, n, d, act_.kv);
+  for (const Span& s : spans_) ops_.rope(act_.kv + s.row0 * d, s.n, d, c.nope_dim(), 1, s.pos0, 1, rope, false);
+  if (numerics_ == Numerics::kReference) ops_.sim_fp8(act_.kv, n, d, c.nope_dim(), 64);
+  for (const Span& s : spans_)
+    ops_.ring_store(act_.kv + s.row0 * d, s.n, d, s.pos0, s.sequence->ring_slots, layer_state(s, layer, mtp).window);
 }
 
-// Lightning indexer (spec §8): scores every visible compressed entry and keeps the top k per query.
-void DeepseekV4::indexer(const IndexerWeights& w, LayerState& s, int64_t pos0, int64_t n) {
+// Lightning indexer queries and head weights (spec §8) for the whole batch, from qr and xn.
+void DeepseekV4::indexer_query(const IndexerWeights& w, int64_t n) {
+  const ModelConfig& c = model_.config;
+  const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
+  ops_.linear(act_.qr, c.q_lora_rank, w.wq_b, n, act_.index_q, nI * dI);
+  for (const Span& s : spans_)
+    ops_.rope(act_.index_q + s.row0 * nI * dI, s.n * nI, dI, dI - c.rope_dim, nI, s.pos0, 1, RopeKind::kCompressed,
+              false);
+  if (numerics_ == Numerics::kReference) ops_.hadamard_sim_fp4(act_.index_q, n * nI, dI);
+  ops_.linear(act_.xn, c.dim, w.weights_proj, n, act_.index_w, nI);
+  ops_.scale(act_.index_w, size_t(n * nI), float(1.0 / std::sqrt(double(dI) * double(nI))));
+}
+
+// Lightning indexer (spec §8) of one sequence: feeds its keys' compressor, then scores every visible
+// compressed entry and keeps the top k per query.
+void DeepseekV4::indexer(const IndexerWeights& w, const Span& s, LayerState& state) {
   const ModelConfig& c = model_.config;
   const bool reference = numerics_ == Numerics::kReference;
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
-  ops_.compressor(w.compressor, s.indexer, act_.xn, pos0, n, reference ? EntrySim::kHadamardFp4 : EntrySim::kNone);
-  ops_.linear(act_.qr, c.q_lora_rank, w.wq_b, n, act_.index_q, nI * dI);
-  ops_.rope(act_.index_q, n * nI, dI, dI - c.rope_dim, nI, pos0, 1, RopeKind::kCompressed, false);
-  if (reference) ops_.hadamard_sim_fp4(act_.index_q, n * nI, dI);
-  ops_.linear(act_.xn, c.dim, w.weights_proj, n, act_.index_w, nI);
-  ops_.scale(act_.index_w, size_t(n * nI), float(1.0 / std::sqrt(double(dI) * double(nI))));
-
+  ops_.compressor(w.compressor, state.indexer, act_.xn + s.row0 * c.dim, s.pos0, s.n,
+                  reference ? EntrySim::kHadamardFp4 : EntrySim::kNone);
   IndexerParams p;
-  p.q = act_.index_q;
-  p.weights = act_.index_w;
-  p.keys = s.indexer.entries;
-  p.pos0 = pos0;
-  p.n = n;
+  p.q = act_.index_q + s.row0 * nI * dI;
+  p.weights = act_.index_w + s.row0 * nI;
+  p.keys = state.indexer.entries;
+  p.pos0 = s.pos0;
+  p.n = s.n;
   p.heads = nI;
   p.head_dim = dI;
   p.ratio = 4;
   p.top_k = c.index_topk;
-  p.selected = act_.selected;
+  p.selected = act_.selected + s.row0 * c.index_topk;
   ops_.indexer_topk(p);
 }
 
@@ -186,16 +226,32 @@ void DeepseekV4::output_projection(const AttentionWeights& w, int64_t n) {
 
 void DeepseekV4::moe(const LayerWeights& l, int64_t n) { ops_.moe(l.moe, act_.xn, act_.tokens, n, act_.sub_out); }
 
-// Final hyper-connection collapse, norm and LM head (spec §5.4, §4).
-void DeepseekV4::head(const HcHeadWeights& hc, const std::vector<float>& norm, int64_t n, float* logits,
-                      bool all_rows) {
+// Final hyper-connection collapse, norm and LM head (spec §5.4, §4), only for the rows whose logits the batch
+// asked for: they are gathered into y_rows, projected together and downloaded once.
+void DeepseekV4::head(const HcHeadWeights& hc, const std::vector<float>& norm, std::span<const StepInput> batch,
+                      int64_t n) {
   const ModelConfig& c = model_.config;
+  const int64_t D = c.dim, V = c.vocab_size;
   ops_.hc_head(act_.X, hc, n, act_.y);
-  const int64_t first = all_rows ? 0 : n - 1, rows = all_rows ? n : 1;
-  float* y = act_.y + first * c.dim;
-  ops_.rms_norm(y, &norm, rows, c.dim, y);
-  ops_.linear(y, c.dim, model_.head, rows, act_.logits, c.vocab_size);
-  ops_.download(logits, act_.logits, size_t(rows * c.vocab_size));
+  int64_t rows = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!batch[i].logits) continue;
+    const int64_t first = batch[i].all_rows ? 0 : batch[i].n - 1, count = batch[i].n - first;
+    ops_.copy(act_.y + (spans_[i].row0 + first) * D, size_t(count * D), act_.y_rows + rows * D);
+    rows += count;
+  }
+  if (rows == 0) return;
+  ops_.rms_norm(act_.y_rows, &norm, rows, D, act_.y_rows);
+  ops_.linear(act_.y_rows, D, model_.head, rows, act_.logits, V);
+  host_logits_.resize(size_t(rows * V));
+  ops_.download(host_logits_.data(), act_.logits, size_t(rows * V));
+  const float* src = host_logits_.data();
+  for (const StepInput& in : batch) {
+    if (!in.logits) continue;
+    const int64_t count = in.all_rows ? in.n : 1;
+    std::copy(src, src + count * V, in.logits);
+    src += count * V;
+  }
 }
 
 }  // namespace dsv4

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "model/ops.h"
@@ -29,9 +31,19 @@ struct Activations {
   float* index_w = nullptr;   // [n, n_I]
   int32_t* selected = nullptr;  // [n, k_I]
   float* y = nullptr;         // [n, D] head input
+  float* y_rows = nullptr;    // [n, D] the head input rows whose logits were asked for, gathered
   float* logits = nullptr;    // [n, V]
   float* mtp_e = nullptr;     // [n, D]
   float* mtp_h = nullptr;     // [n, hc, D]
+};
+
+// One sequence's share of a batched step: n ≥ 1 tokens at positions sequence->position … + n − 1.
+struct StepInput {
+  SequenceState* sequence = nullptr;
+  const int32_t* tokens = nullptr;  // host [n]
+  int64_t n = 0;
+  float* logits = nullptr;  // host: [n, V] when all_rows, else the last token's [V]; nullptr = none wanted
+  bool all_rows = false;
 };
 
 class DeepseekV4 {
@@ -44,30 +56,54 @@ class DeepseekV4 {
   bool has_mtp() const { return !model_.mtp.empty(); }
   void reset() { state_.reset(model_, ops_); }
 
-  // Consumes n ≤ max_step tokens at positions position() .. position()+n−1 and writes logits to host memory:
-  // all n rows ([n, V]) when all_rows, otherwise only the last row ([V]).
+  // Per-sequence state for batched steps (the model also owns one default sequence, used by the
+  // single-sequence step below). Sized for max_context tokens; allocated at load, never in the decode loop.
+  std::unique_ptr<SequenceState> new_sequence(int64_t max_context);
+  void reset(SequenceState& sequence) { sequence.reset(model_, ops_); }
+
+  // One forward step over several sequences: their tokens are concatenated (Σ n ≤ max_step) so every matrix
+  // multiply runs once over the whole batch; attention and the compressors run per sequence on their rows.
+  void step(std::span<const StepInput> batch);
+
+  // The default sequence: consumes n ≤ max_step tokens at positions position() .. position()+n−1 and writes
+  // logits to host memory: all n rows ([n, V]) when all_rows, otherwise only the last row ([V]).
   // The final residual streams of these tokens stay in the arena for mtp_step().
   void step(const int32_t* tokens, int64_t n, float* logits, bool all_rows);
 
-  // MTP draft logits [n, V] for the tokens of the last step(): row i from the main model's final streams at
-  // that step's token i and next_tokens[i] (the true or sampled token that follows it).
+  // MTP draft logits [n, V] for the tokens of the last single-sequence step(): row i from the main model's
+  // final streams at that step's token i and next_tokens[i] (the true or sampled token that follows it).
   void mtp_step(const int32_t* next_tokens, int64_t n, float* logits);
 
  private:
-  void block(const LayerWeights& l, LayerState& s, int64_t pos0, int64_t n);
-  void attention(const LayerWeights& l, LayerState& s, int64_t pos0, int64_t n);
-  void query(const AttentionWeights& w, RopeKind rope, int64_t pos0, int64_t n);
-  void key_value(const AttentionWeights& w, LayerState& s, RopeKind rope, int64_t pos0, int64_t n);
-  void indexer(const IndexerWeights& w, LayerState& s, int64_t pos0, int64_t n);
+  // A sequence's rows within the step: rows [row0, row0 + n) at positions pos0 … pos0 + n − 1.
+  struct Span {
+    int64_t row0, n, pos0;
+    SequenceState* sequence;
+  };
+  // `layer` indexes SequenceState::layers (mtp = false) or ::mtp (mtp = true).
+  void block(const LayerWeights& l, size_t layer, bool mtp, int64_t n);
+  void attention(const LayerWeights& l, size_t layer, bool mtp, int64_t n);
+  void query(const AttentionWeights& w, RopeKind rope, int64_t n);
+  void key_value(const AttentionWeights& w, size_t layer, bool mtp, RopeKind rope, int64_t n);
+  void indexer_query(const IndexerWeights& w, int64_t n);
+  void indexer(const IndexerWeights& w, const Span& s, LayerState& state);
   void output_projection(const AttentionWeights& w, int64_t n);
   void moe(const LayerWeights& l, int64_t n);
-  void head(const HcHeadWeights& hc, const std::vector<float>& norm, int64_t n, float* logits, bool all_rows);
+  // Logits of the rows the batch asked for, scattered to each input's host buffer.
+  void head(const HcHeadWeights& hc, const std::vector<float>& norm, std::span<const StepInput> batch, int64_t n);
+
+  LayerState& layer_state(const Span& s, size_t layer, bool mtp) const {
+    return mtp ? s.sequence->mtp[layer] : s.sequence->layers[layer];
+  }
 
   const ModelWeights& model_;
   Ops& ops_;
   Numerics numerics_;
   SequenceState state_;
   Activations act_;
+  std::vector<Span> spans_;        // the current step's sequences
+  std::vector<float> host_logits_;  // gathered logits rows of one step, before scattering
+
 };
 
 }  // namespace dsv4

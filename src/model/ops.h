@@ -65,6 +65,7 @@ class Ops {
   virtual void fill(float* x, size_t count, float value) = 0;
   virtual void upload_i32(int32_t* dst, const int32_t* host, size_t count) = 0;
   virtual void download(float* host, const float* src, size_t count) = 0;
+  virtual void copy(const float* src, size_t count, float* dst) = 0;  // backend memory to backend memory
 
   // ---- elementwise / small
   virtual void embed(const Weight& table, const int32_t* tokens, int64_t n, float* out) = 0;  // out [n, D]

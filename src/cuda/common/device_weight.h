@@ -1,0 +1,40 @@
+// A checkpoint matrix on the device, still in its checkpoint precision (never expanded to BF16/FP32).
+// Plain struct, passed by value into kernels; host-safe (the decoders are in dequant.cuh).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace dsv4::cuda {
+
+// Device storage formats (uploads normalise the checkpoint's: F16 → F32, F32 block scales stay F32,
+// E8M0 FP8 block scales are widened to F32, FP4 scales are kept as E8M0 bytes).
+enum class WFormat : uint8_t {
+  kF32,   // [rows, cols] float
+  kBF16,  // [rows, cols] bf16
+  kFP8,   // [rows, cols] e4m3 bytes; scale_f32 [ceil(rows/128), ceil(cols/128)] row-major (block 128×128)
+  kFP4,   // [rows, cols/2] bytes, element 2j in the low nibble; scale_e8m0 [rows, cols/32]
+};
+
+struct DeviceWeight {
+  WFormat format = WFormat::kF32;
+  int64_t rows = 0, cols = 0;
+  const uint8_t* data = nullptr;      // compact rows: row r at data + r · row_bytes()
+  const float* scale_f32 = nullptr;   // kFP8
+  const uint8_t* scale_e8m0 = nullptr;  // kFP4
+  int64_t scale_cols = 0;             // kFP8: ceil(cols/128); kFP4: cols/32
+
+  __host__ __device__ int64_t row_bytes() const {
+    switch (format) {
+      case WFormat::kF32: return cols * 4;
+      case WFormat::kBF16: return cols * 2;
+      case WFormat::kFP8: return cols;
+      default: return cols / 2;
+    }
+  }
+};
+
+}  // namespace dsv4::cuda

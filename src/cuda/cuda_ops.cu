@@ -1,0 +1,256 @@
+// CudaOps: device, stream, memory and weight upload. The op families live in their own folders.
+#include <cstring>
+
+#include "cpu/cpu_ops.h"  // rope_inv_freq: host-side constants shared with the CPU reference
+#include "cuda/common/check.h"
+#include "cuda/cuda_ops.h"
+
+namespace dsv4 {
+
+using cuda::DeviceWeight;
+using cuda::WFormat;
+
+CudaOps::CudaOps(const ModelConfig& config, int device) : config_(config), device_(device) {
+  int count = 0;
+  DSV4_CUDA_CHECK(cudaGetDeviceCount(&count));
+  DSV4_CHECK(device >= 0 && device < count, "CUDA device ", device, " requested, ", count, " visible");
+  DSV4_CUDA_CHECK(cudaSetDevice(device));
+  DSV4_CUDA_CHECK(cudaGetDeviceProperties(&props_, device));
+  DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  const auto constants = [&](const std::vector<float>& host) {
+    auto* d = static_cast<float*>(device_alloc(std::max<size_t>(host.size(), 1) * sizeof(float)));
+    DSV4_CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+  };
+  inv_freq_plain_ = constants(rope_inv_freq(config.rope_dim, config.rope_theta, nullptr));
+  inv_freq_compressed_ = constants(rope_inv_freq(config.rope_dim, config.compress_rope_theta, &config.yarn));
+}
+
+CudaOps::~CudaOps() {
+  // Destructors must not throw: errors here are reported by nobody, the process is ending or moving on.
+  if (stream_) cudaStreamSynchronize(stream_);
+  for (void* p : allocations_) cudaFree(p);
+  for (auto& [p, bytes] : workspaces_) cudaFree(p);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void* CudaOps::device_alloc(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 16));
+  DSV4_CHECK(err == cudaSuccess, "GPU out of memory: cannot allocate ", bytes, " bytes on device ", device_, " (",
+             cudaGetErrorString(err), ")");
+  allocations_.push_back(p);
+  return p;
+}
+
+float* CudaOps::alloc(size_t count) {
+  auto* p = static_cast<float*>(device_alloc(count * sizeof(float)));
+  DSV4_CUDA_CHECK(cudaMemsetAsync(p, 0, count * sizeof(float), stream_));
+  return p;
+}
+
+int32_t* CudaOps::alloc_i32(size_t count) {
+  auto* p = static_cast<int32_t*>(device_alloc(count * sizeof(int32_t)));
+  DSV4_CUDA_CHECK(cudaMemsetAsync(p, 0, count * sizeof(int32_t), stream_));
+  return p;
+}
+
+void CudaOps::upload_i32(int32_t* dst, const int32_t* host, size_t count) {
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, host, count * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaOps::download(float* host, const float* src, size_t count) {
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(host, src, count * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaOps::copy(const float* src, size_t count, float* dst) {
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+}
+
+void* CudaOps::workspace(int slot, size_t bytes) {
+  if (workspaces_.size() <= size_t(slot)) workspaces_.resize(size_t(slot) + 1, {nullptr, 0});
+  auto& [p, size] = workspaces_[size_t(slot)];
+  if (size < bytes) {
+    // Growth happens on the first steps only; the stream must be idle before the old buffer goes.
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (p) DSV4_CUDA_CHECK(cudaFree(p));
+    p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    DSV4_CHECK(err == cudaSuccess, "GPU out of memory: cannot allocate a workspace of ", bytes, " bytes");
+    size = bytes;
+  }
+  return p;
+}
+
+// ---- upload
+
+namespace {
+
+// Host copy of a checkpoint scale grid as floats (E8M0 or F32 storage).
+std::vector<float> scales_f32(const Weight& w, int64_t srows, int64_t scols) {
+  std::vector<float> out(size_t(srows * scols));
+  for (int64_t r = 0; r < srows; ++r)
+    for (int64_t c = 0; c < scols; ++c) {
+      const int64_t i = r * w.scale_stride + c;
+      float s;
+      if (w.scale_dtype == DType::kF32) std::memcpy(&s, w.scale + 4 * i, 4);
+      else s = e8m0_to_f32(w.scale[i]);
+      out[size_t(r * scols + c)] = s;
+    }
+  return out;
+}
+
+}  // namespace
+
+const DeviceWeight& CudaOps::upload(const Weight& w) {
+  DSV4_ASSERT(!w.empty());
+  if (auto it = weights_.find(w.data); it != weights_.end()) return it->second;
+  DeviceWeight d;
+  d.rows = w.rows;
+  d.cols = w.cols;
+  std::vector<uint8_t> packed;  // compact host rows, only when the checkpoint's need converting
+  const uint8_t* src = w.data;
+  int64_t src_stride = w.row_stride;
+  switch (w.dtype) {
+    case DType::kF32: d.format = WFormat::kF32; break;
+    case DType::kBF16: d.format = WFormat::kBF16; break;
+    case DType::kF8E4M3: d.format = WFormat::kFP8; break;
+    case DType::kI8: d.format = WFormat::kFP4; break;
+    case DType::kF16: {  // rare in checkpoints: widen to F32 once
+      d.format = WFormat::kF32;
+      packed.resize(size_t(w.rows * w.cols * 4));
+      for (int64_t r = 0; r < w.rows; ++r)
+        for (int64_t c = 0; c < w.cols; ++c) {
+          uint16_t h;
+          std::memcpy(&h, w.data + r * w.row_stride + 2 * c, 2);
+          const float f = f16_to_f32(h);
+          std::memcpy(packed.data() + 4 * (r * w.cols + c), &f, 4);
+        }
+      src = packed.data();
+      src_stride = w.cols * 4;
+      break;
+    }
+    default: fail(cat("CUDA backend: weight dtype ", dtype_name(w.dtype), " is not supported"));
+  }
+  const int64_t row_bytes = d.row_bytes();
+  auto* data = static_cast<uint8_t*>(device_alloc(size_t(w.rows * row_bytes)));
+  DSV4_CUDA_CHECK(cudaMemcpy2D(data, size_t(row_bytes), src, size_t(src_stride), size_t(row_bytes), size_t(w.rows),
+                               cudaMemcpyHostToDevice));
+  d.data = data;
+  if (d.format == WFormat::kFP8) {
+    DSV4_CHECK(w.scale_block_rows == 128 && w.scale_block_cols == 128, "CUDA backend: FP8 weight with ",
+               w.scale_block_rows, "x", w.scale_block_cols, " scale blocks (expected 128x128)");
+    const int64_t srows = cuda::ceil_div(w.rows, 128);
+    d.scale_cols = cuda::ceil_div(w.cols, 128);
+    const std::vector<float> s = scales_f32(w, srows, d.scale_cols);
+    auto* ds = static_cast<float*>(device_alloc(s.size() * sizeof(float)));
+    DSV4_CUDA_CHECK(cudaMemcpy(ds, s.data(), s.size() * sizeof(float), cudaMemcpyHostToDevice));
+    d.scale_f32 = ds;
+  } else if (d.format == WFormat::kFP4) {
+    DSV4_CHECK(w.scale_block_rows == 1 && w.scale_block_cols == 32, "CUDA backend: FP4 weight with ",
+               w.scale_block_rows, "x", w.scale_block_cols, " scale blocks (expected 1x32)");
+    d.scale_cols = w.cols / 32;
+    std::vector<uint8_t> s(size_t(w.rows * d.scale_cols));
+    for (int64_t r = 0; r < w.rows; ++r)
+      for (int64_t c = 0; c < d.scale_cols; ++c) {
+        const int64_t i = r * w.scale_stride + c;
+        uint8_t e;
+        if (w.scale_dtype == DType::kF32) {  // F32 multipliers must be powers of two to stay E8M0 on the device
+          float f;
+          std::memcpy(&f, w.scale + 4 * i, 4);
+          uint32_t bits;
+          std::memcpy(&bits, &f, 4);
+          DSV4_CHECK((bits & 0x807FFFFFu) == 0 && bits != 0, "CUDA backend: FP4 scale ", f,
+                     " is not a power of two (row ", r, ")");
+          e = uint8_t(bits >> 23);
+        } else {
+          e = w.scale[i];
+        }
+        s[size_t(r * d.scale_cols + c)] = e;
+      }
+    auto* ds = static_cast<uint8_t*>(device_alloc(s.size()));
+    DSV4_CUDA_CHECK(cudaMemcpy(ds, s.data(), s.size(), cudaMemcpyHostToDevice));
+    d.scale_e8m0 = ds;
+  }
+  return weights_.emplace(w.data, d).first->second;
+}
+
+const float* CudaOps::upload(const std::vector<float>& v) {
+  if (auto it = vectors_.find(v.data()); it != vectors_.end()) return static_cast<const float*>(it->second);
+  auto* d = static_cast<float*>(device_alloc(std::max<size_t>(v.size(), 1) * sizeof(float)));
+  DSV4_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+  vectors_.emplace(v.data(), d);
+  return d;
+}
+
+const int32_t* CudaOps::upload(const std::vector<int32_t>& v) {
+  if (auto it = vectors_.find(v.data()); it != vectors_.end()) return static_cast<const int32_t*>(it->second);
+  auto* d = static_cast<int32_t*>(device_alloc(std::max<size_t>(v.size(), 1) * sizeof(int32_t)));
+  DSV4_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  vectors_.emplace(v.data(), d);
+  return d;
+}
+
+void CudaOps::upload_model(const ModelWeights& m) {
+  for (const Weight* w : m.matrices)
+    if (w && !w->empty()) upload(*w);
+  const auto vec = [&](const auto& v) {
+    if (!v.empty()) upload(v);
+  };
+  const auto hc = [&](const auto& h) {
+    vec(h.base);
+    vec(h.scale);
+  };
+  const auto compressor = [&](const CompressorWeights& c) {
+    vec(c.ape);
+    vec(c.norm);
+  };
+  const auto layer = [&](const LayerWeights& l) {
+    vec(l.attn_norm);
+    vec(l.ffn_norm);
+    hc(l.hc_attn);
+    hc(l.hc_ffn);
+    vec(l.attn.q_norm);
+    vec(l.attn.kv_norm);
+    vec(l.attn.sinks);
+    compressor(l.attn.compressor);
+    compressor(l.attn.indexer.compressor);
+    vec(l.moe.gate_bias);
+    vec(l.moe.tid2eid);
+  };
+  vec(m.norm);
+  hc(m.hc_head);
+  for (const auto& l : m.layers) layer(l);
+  for (const auto& t : m.mtp) {
+    vec(t.enorm);
+    vec(t.hnorm);
+    vec(t.norm);
+    hc(t.hc_head);
+    layer(t.block);
+  }
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+const DeviceWeight& CudaOps::dev(const Weight& w) const {
+  auto it = weights_.find(w.data);
+  DSV4_CHECK(it != weights_.end(), "internal error: weight [", w.rows, ", ", w.cols, "] was not uploaded");
+  return it->second;
+}
+
+const float* CudaOps::dev_floats(const float* host) const {
+  auto it = vectors_.find(host);
+  DSV4_CHECK(it != vectors_.end(), "internal error: vector at ", static_cast<const void*>(host),
+             " was not uploaded");
+  return static_cast<const float*>(it->second);
+}
+
+const float* CudaOps::dev(const std::vector<float>& v) const { return dev_floats(v.data()); }
+
+const int32_t* CudaOps::dev(const std::vector<int32_t>& v) const {
+  auto it = vectors_.find(v.data());
+  DSV4_CHECK(it != vectors_.end(), "internal error: int vector was not uploaded");
+  return static_cast<const int32_t*>(it->second);
+}
+
+}  // namespace dsv4

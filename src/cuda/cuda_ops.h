@@ -1,0 +1,99 @@
+// The CUDA backend: the Ops seam on one GPU, every operation a kernel of our own (src/cuda/<family>/).
+// Weights are uploaded once, in checkpoint precision (common/device_weight.h); activations and per-sequence
+// state come from alloc() at load; op workspaces grow on the first step and are reused after, so the decode
+// loop never allocates. Everything runs in order on one stream; download() is the only synchronising call.
+//
+// Each family implements its members in its own folder: elementwise/, gemm/, norm_rope/, quant/, hc/,
+// attention/ (compressor, indexer_topk, attention), moe/.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda/common/device_weight.h"
+#include "model/ops.h"
+
+namespace dsv4 {
+
+class CudaOps final : public Ops {
+ public:
+  explicit CudaOps(const ModelConfig& config, int device = 0);
+  ~CudaOps() override;
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
+
+  // Uploads every matrix (checkpoint precision) and every small vector of the model. Call once, before
+  // the first step; ops look weights up by their host address.
+  void upload_model(const ModelWeights& model);
+  // Single objects, for tests and for ops that receive weights the model did not own.
+  const cuda::DeviceWeight& upload(const Weight& w);
+  const float* upload(const std::vector<float>& v);
+  const int32_t* upload(const std::vector<int32_t>& v);
+
+  // ---- Ops
+  float* alloc(size_t count) override;
+  int32_t* alloc_i32(size_t count) override;
+  void fill(float* x, size_t count, float value) override;
+  void upload_i32(int32_t* dst, const int32_t* host, size_t count) override;
+  void download(float* host, const float* src, size_t count) override;
+  void copy(const float* src, size_t count, float* dst) override;
+
+  void embed(const Weight& table, const int32_t* tokens, int64_t n, float* out) override;
+  void broadcast_streams(const float* x, int64_t n, int64_t hc, int64_t dim, float* X) override;
+  void add(const float* a, const float* b, size_t count, float* out) override;
+  void scale(float* x, size_t count, float factor) override;
+  void ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) override;
+
+  void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) override;
+  void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) override;
+
+  void rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y) override;
+  void rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, int64_t rows_per_pos, int64_t pos0,
+            int64_t pos_stride, RopeKind kind, bool inverse) override;
+
+  void sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block) override;
+  void hadamard_sim_fp4(float* x, int64_t rows, int64_t dim) override;
+
+  void hc_pre(const float* X, const HcWeights& w, int64_t n, float* x, float* post, float* comb) override;
+  void hc_post(const float* f, const float* post, const float* comb, int64_t n, float* X) override;
+  void hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y) override;
+
+  void compressor(const CompressorWeights& w, CompressorState& state, const float* x, int64_t pos0, int64_t n,
+                  EntrySim sim) override;
+  void indexer_topk(const IndexerParams& p) override;
+  void attention(const AttentionParams& p) override;
+
+  void moe(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) override;
+
+  // ---- for the families
+  cudaStream_t stream() const { return stream_; }
+  const cudaDeviceProp& props() const { return props_; }
+  const ModelConfig& config() const { return config_; }
+  const cuda::DeviceWeight& dev(const Weight& w) const;      // uploaded copy; a clear error if missing
+  const float* dev(const std::vector<float>& v) const;
+  const int32_t* dev(const std::vector<int32_t>& v) const;
+  const float* dev_floats(const float* host) const;          // by the host address of an uploaded vector
+  // Device workspace `slot` of at least `bytes`, grown on first use (never inside a graph capture).
+  void* workspace(int slot, size_t bytes);
+  // Device constants for RoPE: rope_dim/2 inverse frequencies, plain and compressed (YaRN).
+  const float* inv_freq(RopeKind kind) const { return kind == RopeKind::kPlain ? inv_freq_plain_ : inv_freq_compressed_; }
+
+ private:
+  void* device_alloc(size_t bytes);  // tracked, freed in the destructor
+
+  ModelConfig config_;
+  int device_ = 0;
+  cudaDeviceProp props_{};
+  cudaStream_t stream_ = nullptr;
+  std::vector<void*> allocations_;
+  std::unordered_map<const void*, cuda::DeviceWeight> weights_;   // by host Weight::data
+  std::unordered_map<const void*, const void*> vectors_;          // host vector data → device copy
+  std::vector<std::pair<void*, size_t>> workspaces_;
+  float* inv_freq_plain_ = nullptr;
+  float* inv_freq_compressed_ = nullptr;
+};
+
+}  // namespace dsv4

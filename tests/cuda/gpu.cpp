@@ -1,0 +1,69 @@
+#include "cuda/gpu.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/device.h"
+
+#if DSV4_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/common/check.h"
+#endif
+
+namespace dsv4::test {
+
+std::string gpu_unavailable_reason() {
+  std::string why;
+  if (!cuda_compiled()) return "this build has no CUDA backend";
+  if (cuda_devices(&why).empty()) return why.empty() ? "no CUDA device" : why;
+  return "";
+}
+
+uint64_t seed() {
+  static const uint64_t s = [] {
+    if (const char* env = std::getenv("DSV4_TEST_SEED")) return uint64_t(std::strtoull(env, nullptr, 10));
+    return uint64_t(std::random_device{}()) << 32 | std::random_device{}();
+  }();
+  return s;
+}
+
+std::vector<float> random_floats(size_t n, std::mt19937_64& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+#if DSV4_HAVE_CUDA
+float* to_device(CudaOps& ops, const std::vector<float>& host) {
+  float* d = ops.alloc(host.size());
+  DSV4_CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return d;
+}
+
+int32_t* to_device(CudaOps& ops, const std::vector<int32_t>& host) {
+  int32_t* d = ops.alloc_i32(host.size());
+  DSV4_CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  return d;
+}
+
+std::vector<float> to_host(CudaOps& ops, const float* device, size_t n) {
+  std::vector<float> h(n);
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));
+  DSV4_CUDA_CHECK(cudaMemcpy(h.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+std::vector<int32_t> to_host(CudaOps& ops, const int32_t* device, size_t n) {
+  std::vector<int32_t> h(n);
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));
+  DSV4_CUDA_CHECK(cudaMemcpy(h.data(), device, n * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+void poison(float* device, size_t n) { DSV4_CUDA_CHECK(cudaMemset(device, 0xFF, n * sizeof(float))); }
+void poison(int32_t* device, size_t n) { DSV4_CUDA_CHECK(cudaMemset(device, 0x7F, n * sizeof(int32_t))); }
+#endif
+
+}  // namespace dsv4::test

@@ -1,0 +1,48 @@
+// GPU test helpers. Every CUDA test starts with DSV4_REQUIRE_GPU(): without a GPU (CI) the test is reported
+// as skipped — ctest lists it under "did not run" — never as passed. Kernels are checked against the CPU
+// reference (CpuOps) on fresh random inputs, with outputs poisoned (NaN) before the call so an unwritten
+// element cannot pass.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/cpu_ops.h"
+#include "harness/compare.h"
+#include "model/ops.h"
+
+#if DSV4_HAVE_CUDA
+#include "cuda/cuda_ops.h"
+#endif
+
+namespace dsv4::test {
+
+// Empty when a GPU is usable, else why not.
+std::string gpu_unavailable_reason();
+
+#define DSV4_REQUIRE_GPU()                                                          \
+  do {                                                                              \
+    const std::string dsv4_why_ = ::dsv4::test::gpu_unavailable_reason();           \
+    if (!dsv4_why_.empty()) GTEST_SKIP() << "GPU test skipped: " << dsv4_why_;      \
+  } while (0)
+
+// Uniform in [lo, hi), from a seed that is fresh per run unless DSV4_TEST_SEED is set (printed on failure
+// through the test's SCOPED_TRACE of seed()).
+uint64_t seed();
+std::vector<float> random_floats(size_t n, std::mt19937_64& rng, float lo = -1.0f, float hi = 1.0f);
+
+#if DSV4_HAVE_CUDA
+float* to_device(CudaOps& ops, const std::vector<float>& host);  // ops.alloc + copy
+int32_t* to_device(CudaOps& ops, const std::vector<int32_t>& host);
+std::vector<float> to_host(CudaOps& ops, const float* device, size_t n);
+std::vector<int32_t> to_host(CudaOps& ops, const int32_t* device, size_t n);
+void poison(float* device, size_t n);   // every element NaN
+void poison(int32_t* device, size_t n);  // every element 0x7F7F7F7F (not a valid index, not −1)
+#endif
+
+}  // namespace dsv4::test
