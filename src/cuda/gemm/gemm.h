@@ -1,0 +1,38 @@
+// gemm family: y = x · Wᵀ with fp32 activations and W in its checkpoint format (common/device_weight.h).
+// Three paths behind CudaOps::linear / linear_grouped (gemm/linear.cu chooses):
+//   gemv              decode shapes (n ≤ kGemvMaxRows): memory-bound, every weight byte read once;
+//   gemm_tensor_core  prefill shapes on sm_90a (wgmma + TMA); declines (returns false) what it does not cover;
+//   gemm_generic      any shape and format on sm_80+: the fallback.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/device_weight.h"
+
+namespace dsv4 {
+class CudaOps;
+}
+
+namespace dsv4::cuda {
+
+// y[r, c] (at y + r·ldy + c) = Σ_k x[r, g·in_g + k] (at x + r·ldx) · W[c, k], for r < n, c < w.rows,
+// g = c / (w.rows / groups), in_g = w.cols. groups = 1 is a plain linear layer (then in_g = all of x's row).
+struct GemmParams {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  DeviceWeight w;
+  int64_t n = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  int64_t groups = 1;
+};
+
+constexpr int64_t kGemvMaxRows = 16;
+
+void gemv(const GemmParams& p, cudaStream_t stream);
+bool gemm_tensor_core(const GemmParams& p, CudaOps& ops);
+void gemm_generic(const GemmParams& p, cudaStream_t stream);
+
+}  // namespace dsv4::cuda
