@@ -20,6 +20,8 @@ commands:
   info       show the compiled backends and visible GPUs
   logits     write the logits of every prompt position to a file
   quantize   convert a BF16 checkpoint into the official FP8 + FP4 layout
+  synth      write a random checkpoint with V4-Flash / V4-Pro shapes and formats
+  bench      prefill and decode throughput against the memory-bandwidth floor
   tokenize   text (JSON strings, one per line) to token ids with a tokenizer.json
   detokenize token ids (JSON arrays, one per line) back to text
 
@@ -41,6 +43,8 @@ int main(int argc, char** argv) {
     if (command == "info") return dsv4::cli::cmd_info(argc, argv);
     if (command == "logits") return dsv4::cli::cmd_logits(argc, argv);
     if (command == "quantize") return dsv4::cli::cmd_quantize(argc, argv);
+    if (command == "synth") return dsv4::cli::cmd_synth(argc, argv);
+    if (command == "bench") return dsv4::cli::cmd_bench(argc, argv);
     if (command == "tokenize") return dsv4::cli::cmd_tokenize(argc, argv);
     if (command == "detokenize") return dsv4::cli::cmd_detokenize(argc, argv);
     std::fprintf(stderr, "dsv4: unknown command '%s'\n%s", command.c_str(), kUsage);

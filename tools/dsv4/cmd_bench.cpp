@@ -1,0 +1,148 @@
+// dsv4 bench: prefill and batched decode throughput of a model on a backend, against the HBM floor
+// (engine/bench.h); optionally on a checkpoint synthesised for the run (loader/synth.h).
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "args.h"
+#include "commands.h"
+#include "core/error.h"
+#include "engine/backend.h"
+#include "engine/bench.h"
+#include "loader/synth.h"
+#include "model_options.h"
+
+namespace dsv4::cli {
+
+namespace {
+
+constexpr const char* kHelp = R"(usage: dsv4 bench [--model DIR | --synth PRESET --layers N] [options]
+
+Prefill throughput, and decode latency / throughput of batches of sequences at given context depths, each
+decode row with its floor: the bytes the step must move (every dense matrix, the routed experts a batch of
+that size is expected to select, the KV cache the step reads) over the measured copy bandwidth of the device.
+Markdown on stdout, progress on stderr.
+
+  --model DIR          checkpoint directory (default: the tiny model shipped in models/tiny)
+  --synth PRESET       benchmark a random checkpoint of v4-flash / v4-pro shapes, written to a temporary
+                       directory first (no MTP module: decode does not run it) and removed afterwards
+    --layers N         its first N layers (default: all)
+    --synth-dir DIR    write it there instead (kept)
+    --experts N, --vocab N, --dim N, --inter N, --set F=V,...   smaller dims, as for dsv4 synth
+  --backend NAME       auto (default: cuda when available), cpu or cuda
+  --numerics MODE      reference (default) | exact
+  --prefill LIST       prompt lengths (default 512,4096)
+  --contexts LIST      context depths for decode (default 0,4096,32768)
+  --batches LIST       sequences per decode step (default 1,8,64)
+  --reps N             repetitions of every measurement (default 3)
+  --decode-steps N     timed decode steps per repetition (default 16)
+  --step N             prefill tokens per forward step (default 512)
+  --seed N             seed of the random tokens (and of the synthesised weights)
+  --json FILE          also write the results as JSON
+)";
+
+std::vector<int64_t> list(const Args& args, const char* name, std::vector<int64_t> fallback) {
+  if (!args.has(name)) return fallback;
+  std::vector<int64_t> out;
+  for (int32_t v : args.get_ids(name)) out.push_back(v);
+  return out;
+}
+
+// A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/dsv4-bench-XXXXXX";
+    DSV4_CHECK(::mkdtemp(pattern.data()) != nullptr, pattern, ": cannot create a temporary directory");
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  const Args args(argc, argv, 2,
+                  {"--model", "--synth", "--layers", "--synth-dir", "--experts", "--vocab", "--dim", "--inter", "--set",
+                   "--backend", "--numerics", "--prefill", "--contexts", "--batches", "--reps", "--decode-steps",
+                   "--step", "--seed", "--json"},
+                  {});
+  DSV4_CHECK(!(args.has("--model") && args.has("--synth")), "give --model DIR or --synth PRESET, not both");
+  for (const char* synth_only : {"--layers", "--synth-dir", "--experts", "--vocab", "--dim", "--inter", "--set"})
+    DSV4_CHECK(!args.has(synth_only) || args.has("--synth"), synth_only, " only applies with --synth PRESET");
+  const int64_t seed = args.get_int("--seed", 0);
+  DSV4_CHECK(seed >= 0, "--seed must not be negative");
+
+  BenchOptions o;
+  o.backend = args.get("--backend", "auto");
+  o.numerics = parse_numerics(args.get("--numerics", "reference"));
+  o.prefill = list(args, "--prefill", o.prefill);
+  o.contexts = list(args, "--contexts", o.contexts);
+  o.batches = list(args, "--batches", o.batches);
+  o.reps = args.get_int("--reps", o.reps);
+  o.decode_steps = args.get_int("--decode-steps", o.decode_steps);
+  o.step = args.get_int("--step", o.step);
+  o.seed = uint64_t(seed);
+  o.log = [](const std::string& line) { std::fprintf(stderr, "bench: %s\n", line.c_str()); };
+  // Fail on an unwritable --json before the (possibly long) run.
+  if (args.has("--json")) {
+    std::ofstream probe(args.get("--json"), std::ios::app);
+    DSV4_CHECK(probe.good(), args.get("--json"), ": cannot write");
+  }
+
+  std::unique_ptr<TempDir> tmp;
+  nlohmann::json synth_info;
+  if (args.has("--synth")) {
+    SynthOptions s;
+    s.preset = args.get("--synth");
+    s.layers = args.get_int("--layers", 0);
+    DSV4_CHECK(!args.has("--layers") || s.layers >= 1, "--layers must be at least 1");
+    s.mtp = false;
+    s.seed = o.seed;
+    for (const std::string& name : synth_override_options())
+      if (args.has("--" + name)) add_synth_override(name, args.get("--" + name), &s);
+    if (args.has("--synth-dir")) {
+      o.model_dir = args.get("--synth-dir");
+    } else {
+      tmp = std::make_unique<TempDir>();
+      o.model_dir = tmp->path();
+      s.force = true;
+    }
+    const SynthResult r = synth_checkpoint(s, o.model_dir);
+    synth_info = {{"preset", s.preset}, {"layers", r.config.n_layers}, {"bytes", r.bytes}, {"seconds", r.seconds}};
+    o.log(cat("synthesised ", s.preset, " (", r.config.n_layers, " layers) in ", o.model_dir, ": ",
+              double(r.bytes) / (1 << 30), " GiB in ", r.seconds, " s"));
+  } else {
+    o.model_dir = model_dir(args);
+  }
+
+  BenchReport report = run_bench(o);
+  report.synth = synth_info;
+  const std::string md = bench_markdown(report);
+  std::fwrite(md.data(), 1, md.size(), stdout);
+  if (args.has("--json")) {
+    std::ofstream out(args.get("--json"), std::ios::trunc);
+    out << bench_json(report).dump(2) << "\n";
+    DSV4_CHECK(out.good(), args.get("--json"), ": write failed");
+  }
+  return 0;
+}
+
+}  // namespace dsv4::cli
