@@ -592,6 +592,7 @@ SynthResult synth_checkpoint(const SynthOptions& o, const std::string& out_dir,
     total += s.bytes;
   }
   result.bytes = total;
+  if (o.dry_run) return result;
 
   prepare_dir(out_dir, o.force);
   const auto space = fs::space(out_dir);

@@ -30,6 +30,7 @@ struct SynthOptions {
   // models with the same layout for tests.
   std::map<std::string, double> overrides;
   bool force = false;   // overwrite a directory that already holds a checkpoint
+  bool dry_run = false;  // plan only: count tensors and bytes, write nothing
 };
 
 struct SynthResult {
@@ -52,7 +53,8 @@ void add_synth_override(const std::string& name, const std::string& value, Synth
 // unknown preset, a bad layer count or an override the formats cannot hold.
 nlohmann::json synth_config_json(const SynthOptions& options);
 
-// Writes config.json, generation_config.json, the shards and model.safetensors.index.json into out_dir.
+// Writes config.json, generation_config.json, the shards and model.safetensors.index.json into out_dir
+// (with dry_run: touches nothing, out_dir may be empty).
 // progress(done_bytes, total_bytes) is called from the writing thread as shards complete.
 SynthResult synth_checkpoint(const SynthOptions& options, const std::string& out_dir,
                              const std::function<void(size_t, size_t)>& progress = {});

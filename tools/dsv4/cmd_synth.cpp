@@ -26,6 +26,7 @@ routing. The same seed gives the same bytes.
   --mtp / --no-mtp  write the MTP module mtp.0.* (default: on)
   --seed N          random seed (default 0)
   --force           overwrite the checkpoint files of DIR
+  --dry-run         print the tensor count and size, write nothing (--out not needed)
 Smaller models of the same layout (tests):
   --experts N       n_routed_experts
   --vocab N         vocab_size
@@ -43,11 +44,12 @@ int cmd_synth(int argc, char** argv) {
   }
   const Args args(argc, argv, 2,
                   {"--preset", "--out", "--layers", "--seed", "--experts", "--vocab", "--dim", "--inter", "--set"},
-                  {"--mtp", "--no-mtp", "--force"});
+                  {"--mtp", "--no-mtp", "--force", "--dry-run"});
   DSV4_CHECK(!(args.has("--mtp") && args.has("--no-mtp")), "give at most one of --mtp and --no-mtp");
   SynthOptions o;
   o.preset = args.get("--preset");
-  const std::string out = args.get("--out");
+  o.dry_run = args.has("--dry-run");
+  const std::string out = o.dry_run ? args.get("--out", "") : args.get("--out");
   o.layers = args.get_int("--layers", 0);
   DSV4_CHECK(!args.has("--layers") || o.layers >= 1, "--layers must be at least 1");
   o.mtp = !args.has("--no-mtp");
@@ -62,6 +64,11 @@ int cmd_synth(int argc, char** argv) {
   const SynthResult r = synth_checkpoint(o, out, [&](size_t done, size_t total) {
     if (tty) std::fprintf(stderr, "\rsynth %s: %.1f / %.1f GiB", out.c_str(), double(done) / (1 << 30), double(total) / (1 << 30));
   });
+  if (o.dry_run) {
+    std::printf("%s (%lld layers%s): %zu tensors, %.2f GiB (%.1f GB)\n", o.preset.c_str(), (long long)r.config.n_layers,
+                o.mtp ? " + MTP" : "", r.tensors, double(r.bytes) / (1 << 30), double(r.bytes) / 1e9);
+    return 0;
+  }
   if (tty) std::fprintf(stderr, "\n");
   std::fprintf(stderr, "wrote %s (%lld layers%s): %zu tensors, %.2f GiB in %.1f s (%.2f GB/s) to %s\n", o.preset.c_str(),
                (long long)r.config.n_layers, o.mtp ? " + MTP" : "", r.tensors, double(r.bytes) / (1 << 30), r.seconds,
