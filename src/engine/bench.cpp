@@ -302,6 +302,11 @@ BenchReport run_bench(const BenchOptions& o) {
   r.numerics = o.numerics == Numerics::kReference ? "reference" : "exact";
   r.device = device_description(r.backend);
   const bool gpu = r.backend == "cuda";
+  // Backend problems surface before anything is measured or loaded (make_backend would say the same, later).
+  DSV4_CHECK(gpu || r.backend == "cpu", "unknown backend '", o.backend, "' (available: auto, cpu",
+             cuda_compiled() ? ", cuda" : "", ")");
+  std::string why;
+  DSV4_CHECK(!gpu || !cuda_devices(&why).empty(), "--backend cuda: no usable GPU (", why, ")");
   // The GPU copy needs 4 GiB of free device memory: before the model is loaded. The CPU copy runs last, so
   // its buffers stay out of the memory peak.
   if (gpu) measure_bandwidth(r);

@@ -284,6 +284,7 @@ TEST_F(Synth, BadInputGivesClearErrors) {
       {{"bench", "--synth", "v4-flash", "--model", dir()}, "not both"},
       {{"bench", "--model", dir(), "--layers", "2"}, "only applies with --synth"},
       {{"bench", "--model", dir(), "--batches", "0"}, "--batches: 0 is below 1"},
+      {{"bench", "--model", dir(), "--backend", "tpu"}, "unknown backend 'tpu'"},
   };
   for (const auto& [args, message] : cases) {
     const CliResult r = run_cli(args);

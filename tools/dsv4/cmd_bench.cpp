@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -123,12 +124,14 @@ int cmd_bench(int argc, char** argv) {
     } else {
       tmp = std::make_unique<TempDir>();
       o.model_dir = tmp->path();
-      s.force = true;
     }
     const SynthResult r = synth_checkpoint(s, o.model_dir);
     synth_info = {{"preset", s.preset}, {"layers", r.config.n_layers}, {"bytes", r.bytes}, {"seconds", r.seconds}};
-    o.log(cat("synthesised ", s.preset, " (", r.config.n_layers, " layers) in ", o.model_dir, ": ",
-              double(r.bytes) / (1 << 30), " GiB in ", r.seconds, " s"));
+    char line[512];
+    std::snprintf(line, sizeof line, "synthesised %s (%lld layers) in %s: %.2f GiB in %.1f s (%.2f GB/s)",
+                  s.preset.c_str(), (long long)r.config.n_layers, o.model_dir.c_str(), double(r.bytes) / (1 << 30),
+                  r.seconds, double(r.bytes) / std::max(r.seconds, 1e-9) / 1e9);
+    o.log(line);
   } else {
     o.model_dir = model_dir(args);
   }
