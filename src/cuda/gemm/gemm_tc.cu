@@ -1,9 +1,440 @@
-// gemm family: the tensor-core path for prefill shapes (sm_90a wgmma + TMA).
+// gemm family: the tensor-core path for prefill shapes on sm_90a (H100/H200) — gemm.h's gemm_tensor_core.
+//
+// y[n, N] = x[n, K] · Wᵀ, W [N, K] in BF16 or FP8 e4m3 with 128×128 block scales, fp32 accumulation and output.
+// The tensor cores take both operands in one format, so x is first rounded to the weight's:
+//   BF16: round to nearest even;
+//   FP8:  e4m3 per (row, 128-column block) with a power-of-two scale — DeepSeek's act_quant, the same function
+//         as CpuOps::sim_fp8(x, block 128).
+// Then one warp-specialised kernel per output tile (128 activation rows × kBlockN weight rows):
+//   warpgroup 0 (producer): one thread streams K slices of the x tile and of the W tile into a ring of shared
+//     memory stages with TMA (128-byte swizzle), each stage guarded by a full / empty mbarrier pair;
+//   warpgroups 1, 2 (consumers): 64 tile rows each, wgmma straight from shared memory, fp32 accumulators in
+//     registers, results stored from registers.
+// BF16 tiles are 128 × 256 with K slices of 64 (4 stages); FP8 tiles 128 × 128 with K slices of 128 — one
+// scale block — (6 stages): each slice is accumulated in fresh registers and promoted into the fp32 total
+// with scale_x[row] · scale_w (DeepGEMM style), because the FP8 tensor-core accumulator keeps only ~14 bits.
+// When there are too few tiles to fill the GPU (small n or N), K is split across CTAs: each writes its partial
+// tile to a workspace and a second kernel adds the partials in a fixed order (deterministic results).
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/gemm/gemm.h"
+#include "cuda/gemm/tc_ptx.cuh"
+#include "cuda/gemm/tc_wgmma.cuh"
 
 namespace dsv4::cuda {
 
-bool gemm_tensor_core(const GemmParams&, CudaOps&) { return false; }  // not written yet: callers fall back
+namespace {
+
+// Workspace slots of this path (CudaOps::workspace): the rounded activations, their FP8 scales, the
+// split-K partial tiles.
+constexpr int kSlotActivations = 40;
+constexpr int kSlotActivationScales = 41;
+constexpr int kSlotPartials = 42;
+
+constexpr int kThreads = 384;       // producer warpgroup + two consumer warpgroups
+constexpr int kConsumerWarps = 8;   // arrivals that free a stage: lane 0 of every consumer warp
+constexpr int kScaleBlock = 128;    // FP8 scales: weights per 128×128 block, activations per 1×128
+constexpr int kSwizzleBytes = 128;  // one K slice = one swizzled 128-byte row per tile row
+
+// Tile shapes. kBlockM = 128 activation rows: 64 (one wgmma M) per consumer warpgroup.
+struct Bf16Tiles {
+  static constexpr bool kFp8 = false;
+  static constexpr int kBlockM = 128, kBlockN = 256, kBlockK = 64, kStages = 4, kElementBytes = 2;
+  static constexpr int kMinSlicesPerSplit = 8;  // a split-K CTA still runs ≥ 512 of K (pipeline fill pays off)
+};
+struct Fp8Tiles {
+  static constexpr bool kFp8 = true;
+  static constexpr int kBlockM = 128, kBlockN = 128, kBlockK = 128, kStages = 6, kElementBytes = 1;
+  static constexpr int kMinSlicesPerSplit = 4;
+};
+
+template <class T>
+struct Smem {
+  static constexpr int kTileA = T::kBlockM * kSwizzleBytes;  // [kBlockM rows][128 B]
+  static constexpr int kTileB = T::kBlockN * kSwizzleBytes;  // [kBlockN rows][128 B]
+  static constexpr int kStage = kTileA + kTileB;             // bytes one stage's TMA copies deliver
+  static constexpr int kBarriers = T::kStages * 2 * 8;       // full[stages], empty[stages]
+  static constexpr int kBytes = 1024 + T::kStages * kStage + kBarriers;  // + slack for the 1024-byte alignment
+  static_assert(T::kBlockK * T::kElementBytes == kSwizzleBytes, "one K slice must be one 128-byte swizzle row");
+};
+
+struct TcParams {
+  int n;                   // activation rows
+  int out_per_group;       // output columns (W rows) per group; even
+  int in_per_group;        // K of one group (W columns), a multiple of 128
+  int slices;              // K slices of one group: in_per_group / kBlockK
+  int slices_per_split;    // K slices one CTA accumulates
+  int splits;              // CTAs along K per output tile; blockIdx.z = group · splits + split
+  float* out;              // [n, ld_out] y itself, or [splits][n, ld_out] partial tiles when splits > 1
+  int64_t ld_out;          // even
+  int64_t split_stride;    // elements between partial planes (0 when splits == 1)
+  const float* x_scale;    // FP8: [K_total / 128, n] activation scales (powers of two)
+  const float* w_scale;    // FP8: [ceil(N / 128), w_scale_cols] weight block scales
+  int64_t w_scale_cols;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Writes this thread's accumulator fragment (tc_wgmma.cuh layout) of the tile at (row0, col0 within the
+// group), clipping rows to n and columns to the group's width.
+template <class T>
+__device__ __forceinline__ void store_fragment(const float (&v)[T::kBlockN / 2], const TcParams& p, float* out,
+                                               int row, int col) {
+#pragma unroll
+  for (int j = 0; j < T::kBlockN / 8; ++j) {
+    const int c = col + 8 * j;
+    if (c >= p.out_per_group) break;  // out_per_group is even: c + 1 is inside whenever c is
+    if (row < p.n) *reinterpret_cast<float2*>(out + int64_t(row) * p.ld_out + c) = make_float2(v[4 * j], v[4 * j + 1]);
+    if (row + 8 < p.n)
+      *reinterpret_cast<float2*>(out + int64_t(row + 8) * p.ld_out + c) = make_float2(v[4 * j + 2], v[4 * j + 3]);
+  }
+}
+
+#endif
+
+// x_map: activations [n, K_total] in the weight's format; w_map: W [N, K]. One CTA per (m tile, n tile,
+// group · split).
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_tc_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
+                   const TcParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace tc;
+  using S = Smem<T>;
+  extern __shared__ uint8_t smem_raw[];
+  // NOTE: swizzled tiles must start on 1024-byte boundaries (the 128-byte swizzle repeats every 8 rows), and
+  // every tile size here is a multiple of 1024.
+  uint8_t* const smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
+  uint8_t* const tiles_a = smem;                               // [stages][kTileA]
+  uint8_t* const tiles_b = smem + T::kStages * S::kTileA;      // [stages][kTileB]
+  uint64_t* const full = reinterpret_cast<uint64_t*>(tiles_b + T::kStages * S::kTileB);  // [stages]
+  uint64_t* const empty = full + T::kStages;                                             // [stages]
+
+  const int group = int(blockIdx.z) / p.splits, split = int(blockIdx.z) % p.splits;
+  const int first_slice = split * p.slices_per_split;
+  const int slices = min(p.slices, first_slice + p.slices_per_split) - first_slice;
+  const int row0 = int(blockIdx.x) * T::kBlockM;                // first activation row of the tile
+  const int col0 = int(blockIdx.y) * T::kBlockN;                // first output column, within the group
+  const int w_row0 = group * p.out_per_group + col0;            // first W row
+  const int w_k0 = first_slice * T::kBlockK;                    // first K element, in W
+  const int x_k0 = group * p.in_per_group + w_k0;               // the same, in x
+
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&x_map);
+    prefetch_tensor_map(&w_map);
+    for (int s = 0; s < T::kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumerWarps);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    // Producer: a ring of kStages stages; stage s is refilled once all consumer warps released it.
+    setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < slices; ++i) {
+        const int s = i % T::kStages;
+        mbar_wait(&empty[s], ((i / T::kStages) & 1) ^ 1);
+        mbar_arrive_expect_tx(&full[s], S::kStage);
+        tma_load_2d(tiles_a + s * S::kTileA, &x_map, &full[s], x_k0 + i * T::kBlockK, row0);
+        tma_load_2d(tiles_b + s * S::kTileB, &w_map, &full[s], w_k0 + i * T::kBlockK, w_row0);
+      }
+    }
+    return;
+  }
+
+  // Consumers: warpgroup wg computes tile rows [64·wg, 64·wg + 64) × all kBlockN columns.
+  setmaxnreg_inc<232>();
+  const int wg = int(threadIdx.x) / 128 - 1;
+  const int warp = (int(threadIdx.x) / 32) % 4, lane = int(threadIdx.x) % 32;
+  const int row = row0 + wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
+  const int col = col0 + 2 * (lane % 4);                  // and columns col + 8j, col + 8j + 1
+  // Operand A of this warpgroup: its 64 rows of the x tile.
+  const int a_offset = wg * 64 * kSwizzleBytes;
+
+  float acc[T::kBlockN / 2];
+  if constexpr (!T::kFp8) {
+    for (int i = 0; i < slices; ++i) {
+      const int s = i % T::kStages;
+      mbar_wait(&full[s], (i / T::kStages) & 1);
+      const uint64_t a = smem_descriptor_sw128(tiles_a + s * S::kTileA + a_offset);
+      const uint64_t b = smem_descriptor_sw128(tiles_b + s * S::kTileB);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < T::kBlockK / 16; ++k)  // 16 bf16 = 32 bytes = 2 descriptor units along K
+        wgmma_m64n256k16_bf16(acc, a + 2 * k, b + 2 * k, (i > 0 || k > 0) ? 1u : 0u);
+      wgmma_commit();
+      // Keep this slice's wgmmas in flight; the previous slice's are done, so its stage can be refilled.
+      wgmma_wait<1>();
+      if (i > 0 && lane == 0) mbar_arrive(&empty[(i - 1) % T::kStages]);
+    }
+    wgmma_wait<0>();
+    fence_registers(acc);
+    store_fragment<T>(acc, p, p.out + split * p.split_stride + int64_t(group) * p.out_per_group, row, col);
+  } else {
+    float total[T::kBlockN / 2];
+#pragma unroll
+    for (int i = 0; i < T::kBlockN / 2; ++i) total[i] = 0.0f;
+    // Scales of slice i: x_scale row (x_k0 / 128 + i), columns row and row + 8 (clamped: rows past n are
+    // computed from zeros and never stored); w_scale of this tile's 128-row block, column w_k0 / 128 + i.
+    const float* x_scale = p.x_scale + int64_t(x_k0 / kScaleBlock) * p.n;
+    const float* w_scale = p.w_scale + int64_t(w_row0 / kScaleBlock) * p.w_scale_cols + w_k0 / kScaleBlock;
+    const int r_lo = min(row, p.n - 1), r_hi = min(row + 8, p.n - 1);
+    float sx_lo = x_scale[r_lo], sx_hi = x_scale[r_hi], sw = w_scale[0];
+    for (int i = 0; i < slices; ++i) {
+      const int s = i % T::kStages;
+      mbar_wait(&full[s], (i / T::kStages) & 1);
+      const uint64_t a = smem_descriptor_sw128(tiles_a + s * S::kTileA + a_offset);
+      const uint64_t b = smem_descriptor_sw128(tiles_b + s * S::kTileB);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < T::kBlockK / 32; ++k)  // 32 e4m3 = 32 bytes = 2 descriptor units along K
+        wgmma_m64n128k32_e4m3(acc, a + 2 * k, b + 2 * k, k > 0 ? 1u : 0u);
+      wgmma_commit();
+      // The next slice's scales load while the tensor cores work.
+      const bool more = i + 1 < slices;
+      const int64_t next = int64_t(i + 1) * p.n;
+      const float nx_lo = more ? x_scale[next + r_lo] : 0.0f, nx_hi = more ? x_scale[next + r_hi] : 0.0f;
+      const float nw = more ? w_scale[i + 1] : 0.0f;
+      wgmma_wait<0>();
+      fence_registers(acc);
+      if (lane == 0) mbar_arrive(&empty[s]);
+      const float s_lo = sx_lo * sw, s_hi = sx_hi * sw;  // exact: sx is a power of two
+#pragma unroll
+      for (int j = 0; j < T::kBlockN / 8; ++j) {
+        total[4 * j] += acc[4 * j] * s_lo;
+        total[4 * j + 1] += acc[4 * j + 1] * s_lo;
+        total[4 * j + 2] += acc[4 * j + 2] * s_hi;
+        total[4 * j + 3] += acc[4 * j + 3] * s_hi;
+      }
+      sx_lo = nx_lo;
+      sx_hi = nx_hi;
+      sw = nw;
+    }
+    store_fragment<T>(total, p, p.out + split * p.split_stride + int64_t(group) * p.out_per_group, row, col);
+  }
+#endif  // NOTE: other architectures get an empty body; the launcher only runs this kernel on compute capability 9.x
+}
+
+// y[r, c] = Σ_s partial[s][r, c], splits added in order. partial [splits][n, N], y [n, ldy]; N, ldy even.
+__global__ void reduce_splits_kernel(const float* __restrict__ partial, int splits, int64_t split_stride, int n,
+                                     int64_t N, float* __restrict__ y, int64_t ldy) {
+  const int64_t pairs = N / 2, count = int64_t(n) * pairs;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / pairs, c = 2 * (i % pairs);
+    float2 sum = *reinterpret_cast<const float2*>(partial + r * N + c);
+    for (int s = 1; s < splits; ++s) {
+      const float2 v = *reinterpret_cast<const float2*>(partial + s * split_stride + r * N + c);
+      sum.x += v.x;
+      sum.y += v.y;
+    }
+    *reinterpret_cast<float2*>(y + r * ldy + c) = sum;
+  }
+}
+
+// xb[r, k] = bf16(x[r, k]), round to nearest even. x [n, ldx] fp32, xb [n, K] compact, K % 4 == 0.
+// One thread per 4 columns; kVector when x and ldx allow 16-byte loads.
+template <bool kVector>
+__global__ void round_bf16_kernel(const float* __restrict__ x, int64_t ldx, int n, int64_t K,
+                                  __nv_bfloat16* __restrict__ xb) {
+  const int64_t quads_per_row = K / 4, count = int64_t(n) * quads_per_row;
+  for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < count; q += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = q / quads_per_row, c = 4 * (q % quads_per_row);
+    const float* src = x + r * ldx + c;
+    float4 v;
+    if constexpr (kVector) v = *reinterpret_cast<const float4*>(src);
+    else v = make_float4(src[0], src[1], src[2], src[3]);
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(xb + r * K + c) = packed;
+  }
+}
+
+__device__ __forceinline__ float pow2(int e) { return __uint_as_float(uint32_t(e + 127) << 23); }  // |e| ≤ 126
+
+// ⌈log2 a⌉ for a normal positive float, from its bits (core/dtype.cpp's ceil_log2).
+__device__ __forceinline__ int ceil_log2(float a) {
+  const uint32_t u = __float_as_uint(a);
+  return int((u >> 23) & 0xFF) - 127 + ((u & 0x7FFFFF) != 0 ? 1 : 0);
+}
+
+// Per (row, 128-column block): s = 2^⌈log2(max(amax, 1e-4) / 448)⌉, xq = e4m3(x / s) (round to nearest even;
+// |x / s| ≤ 448 by construction), x_scale[block, row] = s — CpuOps::sim_fp8 with block 128, split into codes
+// and scales. x [n, ldx] fp32, xq [n, K] e4m3, x_scale [K / 128, n]. One warp per (row, block), 4 columns a lane.
+template <bool kVector>
+__global__ void quantize_e4m3_kernel(const float* __restrict__ x, int64_t ldx, int n, int64_t K,
+                                     uint8_t* __restrict__ xq, float* __restrict__ x_scale) {
+  const int64_t blocks = K / kScaleBlock, tasks = int64_t(n) * blocks;
+  const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
+  const int lane = int(threadIdx.x) % 32;
+  // The task index is uniform per warp, so the shuffles below always see full warps.
+  for (int64_t task = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; task < tasks; task += warps) {
+    const int64_t r = task / blocks, b = task % blocks;
+    const float* src = x + r * ldx + b * kScaleBlock + 4 * lane;
+    float4 v;
+    if constexpr (kVector) v = *reinterpret_cast<const float4*>(src);
+    else v = make_float4(src[0], src[1], src[2], src[3]);
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+    const int e = ceil_log2(fmaxf(amax, 1e-4f) / 448.0f);
+    const float inv = pow2(-e);
+    const __nv_fp8x2_storage_t lo =
+        __nv_cvt_float2_to_fp8x2(make_float2(v.x * inv, v.y * inv), __NV_SATFINITE, __NV_E4M3);
+    const __nv_fp8x2_storage_t hi =
+        __nv_cvt_float2_to_fp8x2(make_float2(v.z * inv, v.w * inv), __NV_SATFINITE, __NV_E4M3);
+    *reinterpret_cast<uint32_t*>(xq + r * K + b * kScaleBlock + 4 * lane) = uint32_t(lo) | (uint32_t(hi) << 16);
+    if (lane == 0) x_scale[b * n + r] = pow2(e);
+  }
+}
+
+// ---- host side
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  // Through the runtime's driver entry point: the static runtime links no libcuda.
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    DSV4_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    DSV4_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
+               "gemm_tensor_core: the CUDA driver has no cuTensorMapEncodeTiled (TMA needs driver 12.0 or newer)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// TMA map of a K-major operand [rows, cols] (cols contiguous, compact rows) read in boxes of box_rows rows ×
+// 128 bytes, swizzled 128 B; rows past the end read as zeros.
+CUtensorMap operand_map(const void* base, CUtensorMapDataType type, int element_bytes, int64_t rows, int64_t cols,
+                        int box_rows) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(cols * element_bytes)};
+  const cuuint32_t box[2] = {cuuint32_t(kSwizzleBytes / element_bytes), cuuint32_t(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides,
+                                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  DSV4_CHECK(r == CUDA_SUCCESS, "gemm_tensor_core: cuTensorMapEncodeTiled returned ", int(r), " for a [", rows, ", ",
+             cols, "] operand");
+  return map;
+}
+
+unsigned grid_for(int64_t items, int threads) {
+  return unsigned(std::min<int64_t>(ceil_div(items, threads), int64_t(1) << 20));
+}
+
+template <class T>
+void run(const GemmParams& p, CudaOps& ops) {
+  using S = Smem<T>;
+  const cudaStream_t stream = ops.stream();
+  const int n = int(p.n);
+  const int64_t out_per_group = p.w.rows / p.groups, k_total = p.groups * p.w.cols;
+  const bool vector_loads = p.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+
+  // 1. The activations in the weight's format: [n, k_total] compact.
+  void* xa = ops.workspace(kSlotActivations, size_t(n) * size_t(k_total) * T::kElementBytes);
+  float* x_scale = nullptr;
+  if constexpr (T::kFp8) {
+    x_scale = static_cast<float*>(ops.workspace(kSlotActivationScales, size_t(n) * size_t(k_total / kScaleBlock) * 4));
+    const unsigned blocks = grid_for(int64_t(n) * (k_total / kScaleBlock) * 32, 256);
+    auto* xq = static_cast<uint8_t*>(xa);
+    if (vector_loads) quantize_e4m3_kernel<true><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xq, x_scale);
+    else quantize_e4m3_kernel<false><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xq, x_scale);
+  } else {
+    const unsigned blocks = grid_for(int64_t(n) * k_total / 4, 256);
+    auto* xb = static_cast<__nv_bfloat16*>(xa);
+    if (vector_loads) round_bf16_kernel<true><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xb);
+    else round_bf16_kernel<false><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xb);
+  }
+  DSV4_LAUNCH_CHECK();
+
+  // 2. Tiles; split K when one tile per CTA leaves more than half of the SMs idle.
+  const int m_tiles = int(ceil_div(n, T::kBlockM)), n_tiles = int(ceil_div(out_per_group, T::kBlockN));
+  const int64_t tiles = int64_t(m_tiles) * n_tiles * p.groups;
+  const int slices = int(p.w.cols / T::kBlockK);
+  const int sms = ops.props().multiProcessorCount;
+  int splits = 1;
+  if (2 * tiles <= sms) splits = int(std::max<int64_t>(1, std::min<int64_t>(sms / tiles, slices / T::kMinSlicesPerSplit)));
+  const int slices_per_split = int(ceil_div(slices, splits));
+  splits = int(ceil_div(slices, slices_per_split));  // no empty split
+
+  TcParams tp{};
+  tp.n = n;
+  tp.out_per_group = int(out_per_group);
+  tp.in_per_group = int(p.w.cols);
+  tp.slices = slices;
+  tp.slices_per_split = slices_per_split;
+  tp.splits = splits;
+  if (splits == 1) {
+    tp.out = p.y;
+    tp.ld_out = p.ldy;
+  } else {
+    tp.split_stride = int64_t(n) * p.w.rows;
+    tp.out = static_cast<float*>(ops.workspace(kSlotPartials, size_t(splits) * size_t(tp.split_stride) * 4));
+    tp.ld_out = p.w.rows;
+  }
+  tp.x_scale = x_scale;
+  tp.w_scale = p.w.scale_f32;
+  tp.w_scale_cols = p.w.scale_cols;
+
+  const CUtensorMapDataType type = T::kFp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUtensorMap x_map = operand_map(xa, type, T::kElementBytes, n, k_total, T::kBlockM);
+  const CUtensorMap w_map = operand_map(p.w.data, type, T::kElementBytes, p.w.rows, p.w.cols, T::kBlockN);
+
+  static const bool smem_configured = [] {
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(gemm_tc_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes));
+    return true;
+  }();
+  (void)smem_configured;
+  const dim3 grid(unsigned(m_tiles), unsigned(n_tiles), unsigned(p.groups * splits));
+  gemm_tc_kernel<T><<<grid, kThreads, S::kBytes, stream>>>(x_map, w_map, tp);
+  DSV4_LAUNCH_CHECK();
+
+  if (splits > 1) {
+    reduce_splits_kernel<<<grid_for(int64_t(n) * p.w.rows / 2, 256), 256, 0, stream>>>(
+        tp.out, splits, tp.split_stride, n, p.w.rows, p.y, p.ldy);
+    DSV4_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+
+bool gemm_tensor_core(const GemmParams& p, CudaOps& ops) {
+  const DeviceWeight& w = p.w;
+  DSV4_CHECK(p.groups >= 1 && w.rows % p.groups == 0, "gemm_tensor_core: ", w.rows, " rows do not split into ",
+             p.groups, " groups");
+  DSV4_CHECK(p.ldx >= p.groups * w.cols && p.ldy >= w.rows, "gemm_tensor_core: row strides ", p.ldx, "/", p.ldy,
+             " too small for [", w.rows, ", ", w.cols, "] × ", p.groups, " groups");
+  DSV4_CHECK(p.n >= 0 && (p.n == 0 || (p.x && p.y && w.data)), "gemm_tensor_core: null operand");
+  // What this path covers; everything else is gemm_generic's.
+  if (ops.props().major != 9) return false;  // wgmma and TMA kernels are built for sm_90a only
+  const bool fp8 = w.format == WFormat::kFP8;
+  if (w.format != WFormat::kBF16 && !fp8) return false;
+  const int64_t out_per_group = w.rows / p.groups;
+  if (w.cols % 128 != 0 || out_per_group % 2 != 0) return false;  // whole K slices; float2 stores
+  if (p.ldy % 2 != 0 || reinterpret_cast<uintptr_t>(p.y) % 8 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(w.data) % 16 != 0) return false;  // TMA base alignment
+  if (fp8 && (w.scale_f32 == nullptr || (p.groups > 1 && out_per_group % kScaleBlock != 0)))
+    return false;  // an FP8 tile must sit inside one 128-row scale block
+  if (p.n > (int64_t(1) << 30) || p.groups * w.cols > (int64_t(1) << 30) || w.rows > (int64_t(1) << 30))
+    return false;  // int32 TMA coordinates
+  if (p.n == 0) return true;
+  if (fp8) run<Fp8Tiles>(p, ops);
+  else run<Bf16Tiles>(p, ops);
+  return true;
+}
 
 }  // namespace dsv4::cuda
