@@ -1,8 +1,9 @@
-// gemm family benchmark: the tensor-core path (cuda::gemm_tensor_core) at V4-Flash prefill shapes, BF16 and FP8
-// weights, n = 512 and 4096 tokens. One line per case: µs per call — the activation rounding kernel included,
-// since the op pays for it — and TFLOP/s = 2·n·N·K / time. CUDA events around each call after warm-up, L2
-// flushed before each. The yardstick (cuBLAS / cuBLASLt through PyTorch) is bench/gemm/yardstick.py, run in the
-// same GPU session: `yardstick.py --ours <this output>` prints both side by side with the ratios.
+// gemm family benchmark: the tensor-core path at V4-Flash prefill shapes, BF16 and FP8 weights, n = 512 and 4096
+// tokens. Per case: the op (cuda::gemm_tensor_core: rounding the fp32 activations + the GEMM) and the GEMM alone
+// on activations already rounded (cuda::tc_gemm — what cuBLAS is handed), as µs per call and
+// TFLOP/s = 2·n·N·K / time. CUDA events around each call after warm-up, L2 flushed before each. The yardstick
+// (cuBLAS / cuBLASLt through PyTorch) is bench/gemm/yardstick.py, run in the same GPU session:
+// `yardstick.py --ours <this output>` prints both side by side with the ratios.
 //
 //   bench_gemm [--iters N]
 #include <cuda_runtime.h>
@@ -16,6 +17,7 @@
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/gemm/gemm.h"
+#include "cuda/gemm/tc_gemm.h"
 
 namespace dsv4 {
 namespace {
@@ -71,8 +73,8 @@ void run(int iters) {
   ModelConfig config;
   CudaOps ops(config);
   const cudaStream_t stream = ops.stream();
-  std::printf("# bench_gemm on %s (%d SMs); µs per call incl. activation rounding, mean of %d after warm-up, L2 "
-              "flushed\n",
+  std::printf("# bench_gemm on %s (%d SMs); op = rounding + GEMM, gemm = GEMM alone; mean µs of %d calls after "
+              "warm-up, L2 flushed\n",
               ops.props().name, ops.props().multiProcessorCount, iters);
   const size_t flush_bytes = size_t(4) * size_t(ops.props().l2CacheSize);
   void* flush = device_buffer(flush_bytes);
@@ -108,27 +110,35 @@ void run(int iters) {
         DSV4_LAUNCH_CHECK();
 
         const cuda::GemmParams p{x, s.cols, w, n, y, s.rows, 1};
-        bool covered = true;
-        for (int i = 0; i < 2 && covered; ++i) covered = cuda::gemm_tensor_core(p, ops);  // warm-up, workspaces
-        float total_ms = 0.0f;
-        for (int i = 0; i < iters && covered; ++i) {
-          DSV4_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, stream));
-          DSV4_CUDA_CHECK(cudaEventRecord(start, stream));
-          cuda::gemm_tensor_core(p, ops);
-          DSV4_CUDA_CHECK(cudaEventRecord(stop, stream));
-          DSV4_CUDA_CHECK(cudaEventSynchronize(stop));
-          float ms = 0.0f;
-          DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-          total_ms += ms;
-        }
-        const double us = 1e3 * total_ms / iters;
-        const double tflops = 2.0 * double(n) * double(s.rows) * double(s.cols) / (us * 1e-6) / 1e12;
-        if (covered)
-          std::printf("fmt=%s n=%lld shape=%s N=%lld K=%lld us=%.1f tflops=%.1f\n", fp8 ? "fp8" : "bf16",
-                      (long long)n, s.name, (long long)s.rows, (long long)s.cols, us, tflops);
-        else
+        const double flop = 2.0 * double(n) * double(s.rows) * double(s.cols);
+        if (!cuda::tc_covers(p, ops)) {
           std::printf("fmt=%s n=%lld shape=%s declined by the tensor-core path\n", fp8 ? "fp8" : "bf16",
                       (long long)n, s.name);
+        } else {
+          // Mean µs of `call` over iters, after 2 warm-up calls (which also grow the workspaces).
+          const auto time_us = [&](const auto& call) {
+            call();
+            call();
+            float total_ms = 0.0f;
+            for (int i = 0; i < iters; ++i) {
+              DSV4_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, stream));
+              DSV4_CUDA_CHECK(cudaEventRecord(start, stream));
+              call();
+              DSV4_CUDA_CHECK(cudaEventRecord(stop, stream));
+              DSV4_CUDA_CHECK(cudaEventSynchronize(stop));
+              float ms = 0.0f;
+              DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+              total_ms += ms;
+            }
+            return 1e3 * total_ms / iters;
+          };
+          const double op_us = time_us([&] { cuda::gemm_tensor_core(p, ops); });
+          const cuda::TcActivations rounded = cuda::tc_round_activations(p, ops);
+          const double gemm_us = time_us([&] { cuda::tc_gemm(p, rounded, ops); });
+          std::printf("fmt=%s n=%lld shape=%s N=%lld K=%lld us=%.1f tflops=%.1f gemm_us=%.1f gemm_tflops=%.1f\n",
+                      fp8 ? "fp8" : "bf16", (long long)n, s.name, (long long)s.rows, (long long)s.cols, op_us,
+                      flop / op_us * 1e-6, gemm_us, flop / gemm_us * 1e-6);
+        }
         std::fflush(stdout);
         DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
         for (void* b : {static_cast<void*>(data), static_cast<void*>(scale), static_cast<void*>(x),

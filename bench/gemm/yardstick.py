@@ -10,7 +10,8 @@ Times: CUDA events around each call after warm-up, L2 flushed before each, mean 
 
     yardstick.py [--iters N] [--ours bench_gemm_output.txt]
 
-With --ours, prints a markdown table of both and the ratio ours / yardstick.
+With --ours, prints a markdown table of both and the ratios ours / yardstick, for the op (rounding the fp32
+activations + GEMM) and for the GEMM alone on rounded activations (the like-for-like kernel comparison).
 """
 import argparse
 import re
@@ -111,11 +112,13 @@ def measure(iters):
 
 def read_ours(path):
     ours = {}
+    pattern = (r"fmt=(\S+) n=(\d+) shape=(\S+) N=\d+ K=\d+ us=([\d.]+) tflops=([\d.]+) "
+               r"gemm_us=([\d.]+) gemm_tflops=([\d.]+)")
     with open(path) as f:
         for line in f:
-            m = re.match(r"fmt=(\S+) n=(\d+) shape=(\S+) N=\d+ K=\d+ us=([\d.]+) tflops=([\d.]+)", line)
+            m = re.match(pattern, line)
             if m:
-                ours[(m[1], int(m[2]), m[3])] = (float(m[4]), float(m[5]))
+                ours[(m[1], int(m[2]), m[3])] = tuple(float(v) for v in m.groups()[3:])
     return ours
 
 
@@ -131,15 +134,19 @@ def main():
     if not args.ours:
         return
     ours = read_ours(args.ours)
-    print("\n| format | n | shape [N, K] | ours µs | ours TFLOP/s | yardstick | TFLOP/s | ours / yardstick |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| format | n | shape [N, K] | ours op µs | ours op TFLOP/s | ours GEMM µs | ours GEMM TFLOP/s "
+          "| yardstick | TFLOP/s | op / yardstick | GEMM / yardstick |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for fmt, n, name, N, K, lib, us, tflops, note in rows:
         mine = ours.get((fmt, n, name))
         if mine is None:
             continue
-        ratio = mine[1] / tflops if tflops == tflops and tflops > 0 else float("nan")
-        print(f"| {fmt} | {n} | {name} [{N}, {K}] | {mine[0]:.1f} | {mine[1]:.1f} | {lib} ({note}) | {tflops:.1f} "
-              f"| {ratio:.2f} |")
+        op_us, op_tflops, gemm_us, gemm_tflops = mine
+        ok = tflops == tflops and tflops > 0
+        op_ratio = op_tflops / tflops if ok else float("nan")
+        gemm_ratio = gemm_tflops / tflops if ok else float("nan")
+        print(f"| {fmt} | {n} | {name} [{N}, {K}] | {op_us:.1f} | {op_tflops:.1f} | {gemm_us:.1f} | {gemm_tflops:.1f} "
+              f"| {lib} ({note}) | {tflops:.1f} | {op_ratio:.2f} | {gemm_ratio:.2f} |")
 
 
 if __name__ == "__main__":

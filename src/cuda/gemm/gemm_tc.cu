@@ -1,4 +1,5 @@
-// gemm family: the tensor-core path for prefill shapes on sm_90a (H100/H200) — gemm.h's gemm_tensor_core.
+// gemm family: the tensor-core path for prefill shapes on sm_90a (H100/H200) — gemm.h's gemm_tensor_core,
+// in two steps (tc_gemm.h).
 //
 // y[n, N] = x[n, K] · Wᵀ, W [N, K] in BF16 or FP8 e4m3 with 128×128 block scales, fp32 accumulation and output.
 // The tensor cores take both operands in one format, so x is first rounded to the weight's:
@@ -10,11 +11,12 @@
 //     memory stages with TMA (128-byte swizzle), each stage guarded by a full / empty mbarrier pair;
 //   warpgroups 1, 2 (consumers): 64 tile rows each, wgmma straight from shared memory, fp32 accumulators in
 //     registers, results stored from registers.
-// BF16 tiles are 128 × 256 with K slices of 64 (4 stages); FP8 tiles 128 × 128 with K slices of 128 — one
-// scale block — (6 stages): each slice is accumulated in fresh registers and promoted into the fp32 total
-// with scale_x[row] · scale_w (DeepGEMM style), because the FP8 tensor-core accumulator keeps only ~14 bits.
-// When there are too few tiles to fill the GPU (small n or N), K is split across CTAs: each writes its partial
-// tile to a workspace and a second kernel adds the partials in a fixed order (deterministic results).
+// BF16 tiles are 128 × 256 (128 × 128 when 256-wide tiles would leave SMs idle) with K slices of 64; FP8 tiles
+// are 128 × 128 with K slices of 128 = one scale block. The FP8 tensor-core accumulator keeps only ~14 bits,
+// so each slice is accumulated in fresh registers and promoted into the fp32 total with scale_x[row] · scale_w
+// (DeepGEMM style); two register sets alternate so the next slice's wgmmas run while one is promoted.
+// When there are still too few tiles to fill the GPU, K is split across CTAs: each writes its partial tile to a
+// workspace and a second kernel adds the partials in a fixed order (deterministic results).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -22,10 +24,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/gemm/gemm.h"
+#include "cuda/gemm/tc_gemm.h"
 #include "cuda/gemm/tc_ptx.cuh"
 #include "cuda/gemm/tc_wgmma.cuh"
 
@@ -40,15 +44,16 @@ constexpr int kSlotActivationScales = 41;
 constexpr int kSlotPartials = 42;
 
 constexpr int kThreads = 384;       // producer warpgroup + two consumer warpgroups
-constexpr int kConsumerWarps = 8;   // arrivals that free a stage: lane 0 of every consumer warp
 constexpr int kScaleBlock = 128;    // FP8 scales: weights per 128×128 block, activations per 1×128
 constexpr int kSwizzleBytes = 128;  // one K slice = one swizzled 128-byte row per tile row
 
 // Tile shapes. kBlockM = 128 activation rows: 64 (one wgmma M) per consumer warpgroup.
+template <int kN>
 struct Bf16Tiles {
   static constexpr bool kFp8 = false;
-  static constexpr int kBlockM = 128, kBlockN = 256, kBlockK = 64, kStages = 4, kElementBytes = 2;
-  static constexpr int kMinSlicesPerSplit = 8;  // a split-K CTA still runs ≥ 512 of K (pipeline fill pays off)
+  static constexpr int kBlockM = 128, kBlockN = kN, kBlockK = 64, kElementBytes = 2;
+  static constexpr int kStages = kN == 256 ? 4 : 6;  // ~192 KB of shared memory either way
+  static constexpr int kMinSlicesPerSplit = 8;      // a split-K CTA still runs ≥ 512 of K (pipeline fill pays off)
 };
 struct Fp8Tiles {
   static constexpr bool kFp8 = true;
@@ -132,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     prefetch_tensor_map(&w_map);
     for (int s = 0; s < T::kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumerWarps);
+      mbar_init(&empty[s], 8);  // lane 0 of each consumer warp releases a stage
     }
     fence_barrier_init();
   }
@@ -171,8 +176,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint64_t b = smem_descriptor_sw128(tiles_b + s * S::kTileB);
       wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < T::kBlockK / 16; ++k)  // 16 bf16 = 32 bytes = 2 descriptor units along K
-        wgmma_m64n256k16_bf16(acc, a + 2 * k, b + 2 * k, (i > 0 || k > 0) ? 1u : 0u);
+      for (int k = 0; k < T::kBlockK / 16; ++k) {  // 16 bf16 = 32 bytes = 2 descriptor units along K
+        const uint32_t accumulate = (i > 0 || k > 0) ? 1u : 0u;
+        if constexpr (T::kBlockN == 256) wgmma_m64n256k16_bf16(acc, a + 2 * k, b + 2 * k, accumulate);
+        else wgmma_m64n128k16_bf16(acc, a + 2 * k, b + 2 * k, accumulate);
+      }
       wgmma_commit();
       // Keep this slice's wgmmas in flight; the previous slice's are done, so its stage can be refilled.
       wgmma_wait<1>();
@@ -182,44 +190,55 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_registers(acc);
     store_fragment<T>(acc, p, p.out + split * p.split_stride + int64_t(group) * p.out_per_group, row, col);
   } else {
-    float total[T::kBlockN / 2];
+    // Two accumulator sets: slice i + 1's wgmmas run on the tensor cores while slice i is promoted.
+    float total[T::kBlockN / 2], other[T::kBlockN / 2];
 #pragma unroll
     for (int i = 0; i < T::kBlockN / 2; ++i) total[i] = 0.0f;
-    // Scales of slice i: x_scale row (x_k0 / 128 + i), columns row and row + 8 (clamped: rows past n are
-    // computed from zeros and never stored); w_scale of this tile's 128-row block, column w_k0 / 128 + i.
     const float* x_scale = p.x_scale + int64_t(x_k0 / kScaleBlock) * p.n;
     const float* w_scale = p.w_scale + int64_t(w_row0 / kScaleBlock) * p.w_scale_cols + w_k0 / kScaleBlock;
     const int r_lo = min(row, p.n - 1), r_hi = min(row + 8, p.n - 1);
-    float sx_lo = x_scale[r_lo], sx_hi = x_scale[r_hi], sw = w_scale[0];
-    for (int i = 0; i < slices; ++i) {
+    // Issues slice i's wgmmas into d and returns its scales (x at rows row, row + 8; w), loaded while they run.
+    const auto issue = [&](float(&d)[T::kBlockN / 2], int i) {
       const int s = i % T::kStages;
       mbar_wait(&full[s], (i / T::kStages) & 1);
       const uint64_t a = smem_descriptor_sw128(tiles_a + s * S::kTileA + a_offset);
       const uint64_t b = smem_descriptor_sw128(tiles_b + s * S::kTileB);
       wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < T::kBlockK / 32; ++k)  // 32 e4m3 = 32 bytes = 2 descriptor units along K
-        wgmma_m64n128k32_e4m3(acc, a + 2 * k, b + 2 * k, k > 0 ? 1u : 0u);
+      for (int k = 0; k < T::kBlockK / 32; ++k) wgmma_m64n128k32_e4m3(d, a + 2 * k, b + 2 * k, k > 0 ? 1u : 0u);
       wgmma_commit();
-      // The next slice's scales load while the tensor cores work.
-      const bool more = i + 1 < slices;
-      const int64_t next = int64_t(i + 1) * p.n;
-      const float nx_lo = more ? x_scale[next + r_lo] : 0.0f, nx_hi = more ? x_scale[next + r_hi] : 0.0f;
-      const float nw = more ? w_scale[i + 1] : 0.0f;
-      wgmma_wait<0>();
-      fence_registers(acc);
-      if (lane == 0) mbar_arrive(&empty[s]);
-      const float s_lo = sx_lo * sw, s_hi = sx_hi * sw;  // exact: sx is a power of two
+      return make_float3(x_scale[int64_t(i) * p.n + r_lo], x_scale[int64_t(i) * p.n + r_hi], w_scale[i]);
+    };
+    // Adds slice i (in d, scales sc) to the total once all wgmma groups but the newest `pending` are done.
+    const auto promote = [&](float(&d)[T::kBlockN / 2], int i, float3 sc, auto pending) {
+      wgmma_wait<decltype(pending)::value>();
+      fence_registers(d);
+      if (lane == 0) mbar_arrive(&empty[i % T::kStages]);
+      const float s_lo = sc.x * sc.z, s_hi = sc.y * sc.z;  // exact: the x scales are powers of two
 #pragma unroll
       for (int j = 0; j < T::kBlockN / 8; ++j) {
-        total[4 * j] += acc[4 * j] * s_lo;
-        total[4 * j + 1] += acc[4 * j + 1] * s_lo;
-        total[4 * j + 2] += acc[4 * j + 2] * s_hi;
-        total[4 * j + 3] += acc[4 * j + 3] * s_hi;
+        total[4 * j] += d[4 * j] * s_lo;
+        total[4 * j + 1] += d[4 * j + 1] * s_lo;
+        total[4 * j + 2] += d[4 * j + 2] * s_hi;
+        total[4 * j + 3] += d[4 * j + 3] * s_hi;
       }
-      sx_lo = nx_lo;
-      sx_hi = nx_hi;
-      sw = nw;
+    };
+    using One = std::integral_constant<int, 1>;
+    using None = std::integral_constant<int, 0>;
+    float3 acc_scales = issue(acc, 0), other_scales;
+    int i = 0;
+    for (; i + 2 < slices; i += 2) {
+      other_scales = issue(other, i + 1);
+      promote(acc, i, acc_scales, One{});
+      acc_scales = issue(acc, i + 2);
+      promote(other, i + 1, other_scales, One{});
+    }
+    if (i + 1 < slices) {
+      other_scales = issue(other, i + 1);
+      promote(acc, i, acc_scales, One{});
+      promote(other, i + 1, other_scales, None{});
+    } else {
+      promote(acc, i, acc_scales, None{});
     }
     store_fragment<T>(total, p, p.out + split * p.split_stride + int64_t(group) * p.out_per_group, row, col);
   }
@@ -336,62 +355,52 @@ unsigned grid_for(int64_t items, int threads) {
   return unsigned(std::min<int64_t>(ceil_div(items, threads), int64_t(1) << 20));
 }
 
+// Output tiles and K splits of one launch.
+struct Grid {
+  int m_tiles = 0, n_tiles = 0, splits = 1, slices_per_split = 0;
+};
+
 template <class T>
-void run(const GemmParams& p, CudaOps& ops) {
+Grid grid_of(const GemmParams& p, int sms) {
+  Grid g;
+  g.m_tiles = int(ceil_div(p.n, T::kBlockM));
+  g.n_tiles = int(ceil_div(p.w.rows / p.groups, T::kBlockN));
+  const int64_t tiles = int64_t(g.m_tiles) * g.n_tiles * p.groups;
+  const int slices = int(p.w.cols / T::kBlockK);
+  // Split K when one tile per CTA leaves more than half of the SMs idle.
+  if (2 * tiles <= sms)
+    g.splits = int(std::max<int64_t>(1, std::min<int64_t>(sms / tiles, slices / T::kMinSlicesPerSplit)));
+  g.slices_per_split = int(ceil_div(slices, g.splits));
+  g.splits = int(ceil_div(slices, g.slices_per_split));  // no empty split
+  return g;
+}
+
+template <class T>
+void launch(const GemmParams& p, const TcActivations& a, const Grid& g, CudaOps& ops) {
   using S = Smem<T>;
   const cudaStream_t stream = ops.stream();
   const int n = int(p.n);
-  const int64_t out_per_group = p.w.rows / p.groups, k_total = p.groups * p.w.cols;
-  const bool vector_loads = p.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
-
-  // 1. The activations in the weight's format: [n, k_total] compact.
-  void* xa = ops.workspace(kSlotActivations, size_t(n) * size_t(k_total) * T::kElementBytes);
-  float* x_scale = nullptr;
-  if constexpr (T::kFp8) {
-    x_scale = static_cast<float*>(ops.workspace(kSlotActivationScales, size_t(n) * size_t(k_total / kScaleBlock) * 4));
-    const unsigned blocks = grid_for(int64_t(n) * (k_total / kScaleBlock) * 32, 256);
-    auto* xq = static_cast<uint8_t*>(xa);
-    if (vector_loads) quantize_e4m3_kernel<true><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xq, x_scale);
-    else quantize_e4m3_kernel<false><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xq, x_scale);
-  } else {
-    const unsigned blocks = grid_for(int64_t(n) * k_total / 4, 256);
-    auto* xb = static_cast<__nv_bfloat16*>(xa);
-    if (vector_loads) round_bf16_kernel<true><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xb);
-    else round_bf16_kernel<false><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xb);
-  }
-  DSV4_LAUNCH_CHECK();
-
-  // 2. Tiles; split K when one tile per CTA leaves more than half of the SMs idle.
-  const int m_tiles = int(ceil_div(n, T::kBlockM)), n_tiles = int(ceil_div(out_per_group, T::kBlockN));
-  const int64_t tiles = int64_t(m_tiles) * n_tiles * p.groups;
-  const int slices = int(p.w.cols / T::kBlockK);
-  const int sms = ops.props().multiProcessorCount;
-  int splits = 1;
-  if (2 * tiles <= sms) splits = int(std::max<int64_t>(1, std::min<int64_t>(sms / tiles, slices / T::kMinSlicesPerSplit)));
-  const int slices_per_split = int(ceil_div(slices, splits));
-  splits = int(ceil_div(slices, slices_per_split));  // no empty split
-
   TcParams tp{};
   tp.n = n;
-  tp.out_per_group = int(out_per_group);
+  tp.out_per_group = int(p.w.rows / p.groups);
   tp.in_per_group = int(p.w.cols);
-  tp.slices = slices;
-  tp.slices_per_split = slices_per_split;
-  tp.splits = splits;
-  if (splits == 1) {
+  tp.slices = int(p.w.cols / T::kBlockK);
+  tp.slices_per_split = g.slices_per_split;
+  tp.splits = g.splits;
+  if (g.splits == 1) {
     tp.out = p.y;
     tp.ld_out = p.ldy;
   } else {
     tp.split_stride = int64_t(n) * p.w.rows;
-    tp.out = static_cast<float*>(ops.workspace(kSlotPartials, size_t(splits) * size_t(tp.split_stride) * 4));
+    tp.out = static_cast<float*>(ops.workspace(kSlotPartials, size_t(g.splits) * size_t(tp.split_stride) * 4));
     tp.ld_out = p.w.rows;
   }
-  tp.x_scale = x_scale;
+  tp.x_scale = a.scale;
   tp.w_scale = p.w.scale_f32;
   tp.w_scale_cols = p.w.scale_cols;
 
   const CUtensorMapDataType type = T::kFp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const CUtensorMap x_map = operand_map(xa, type, T::kElementBytes, n, k_total, T::kBlockM);
+  const CUtensorMap x_map = operand_map(a.data, type, T::kElementBytes, n, p.groups * p.w.cols, T::kBlockM);
   const CUtensorMap w_map = operand_map(p.w.data, type, T::kElementBytes, p.w.rows, p.w.cols, T::kBlockN);
 
   static const bool smem_configured = [] {
@@ -399,28 +408,24 @@ void run(const GemmParams& p, CudaOps& ops) {
     return true;
   }();
   (void)smem_configured;
-  const dim3 grid(unsigned(m_tiles), unsigned(n_tiles), unsigned(p.groups * splits));
+  // NOTE: m tiles vary fastest, so the CTAs resident together share few W tiles and each W tile is read from
+  // HBM about once; the activations (n · K) are the part re-read, from L2.
+  const dim3 grid(unsigned(g.m_tiles), unsigned(g.n_tiles), unsigned(p.groups * g.splits));
   gemm_tc_kernel<T><<<grid, kThreads, S::kBytes, stream>>>(x_map, w_map, tp);
   DSV4_LAUNCH_CHECK();
 
-  if (splits > 1) {
+  if (g.splits > 1) {
     reduce_splits_kernel<<<grid_for(int64_t(n) * p.w.rows / 2, 256), 256, 0, stream>>>(
-        tp.out, splits, tp.split_stride, n, p.w.rows, p.y, p.ldy);
+        tp.out, g.splits, tp.split_stride, n, p.w.rows, p.y, p.ldy);
     DSV4_LAUNCH_CHECK();
   }
 }
 
 }  // namespace
 
-bool gemm_tensor_core(const GemmParams& p, CudaOps& ops) {
+bool tc_covers(const GemmParams& p, const CudaOps& ops) {
   const DeviceWeight& w = p.w;
-  DSV4_CHECK(p.groups >= 1 && w.rows % p.groups == 0, "gemm_tensor_core: ", w.rows, " rows do not split into ",
-             p.groups, " groups");
-  DSV4_CHECK(p.ldx >= p.groups * w.cols && p.ldy >= w.rows, "gemm_tensor_core: row strides ", p.ldx, "/", p.ldy,
-             " too small for [", w.rows, ", ", w.cols, "] × ", p.groups, " groups");
-  DSV4_CHECK(p.n >= 0 && (p.n == 0 || (p.x && p.y && w.data)), "gemm_tensor_core: null operand");
-  // What this path covers; everything else is gemm_generic's.
-  if (ops.props().major != 9) return false;  // wgmma and TMA kernels are built for sm_90a only
+  if (ops.props().major != 9) return false;  // the wgmma and TMA kernels are built for sm_90a only
   const bool fp8 = w.format == WFormat::kFP8;
   if (w.format != WFormat::kBF16 && !fp8) return false;
   const int64_t out_per_group = w.rows / p.groups;
@@ -429,11 +434,58 @@ bool gemm_tensor_core(const GemmParams& p, CudaOps& ops) {
   if (reinterpret_cast<uintptr_t>(w.data) % 16 != 0) return false;  // TMA base alignment
   if (fp8 && (w.scale_f32 == nullptr || (p.groups > 1 && out_per_group % kScaleBlock != 0)))
     return false;  // an FP8 tile must sit inside one 128-row scale block
-  if (p.n > (int64_t(1) << 30) || p.groups * w.cols > (int64_t(1) << 30) || w.rows > (int64_t(1) << 30))
-    return false;  // int32 TMA coordinates
+  // int32 TMA coordinates and tile indices
+  return p.n <= (int64_t(1) << 30) && p.groups * w.cols <= (int64_t(1) << 30) && w.rows <= (int64_t(1) << 30);
+}
+
+TcActivations tc_round_activations(const GemmParams& p, CudaOps& ops) {
+  const cudaStream_t stream = ops.stream();
+  const int n = int(p.n);
+  const int64_t k_total = p.groups * p.w.cols;
+  const bool vector_loads = p.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+  TcActivations a;
+  if (p.w.format == WFormat::kFP8) {
+    auto* xq = static_cast<uint8_t*>(ops.workspace(kSlotActivations, size_t(n) * size_t(k_total)));
+    auto* scale =
+        static_cast<float*>(ops.workspace(kSlotActivationScales, size_t(n) * size_t(k_total / kScaleBlock) * 4));
+    const unsigned blocks = grid_for(int64_t(n) * (k_total / kScaleBlock) * 32, 256);
+    if (vector_loads) quantize_e4m3_kernel<true><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xq, scale);
+    else quantize_e4m3_kernel<false><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xq, scale);
+    a.data = xq;
+    a.scale = scale;
+  } else {
+    auto* xb = static_cast<__nv_bfloat16*>(ops.workspace(kSlotActivations, size_t(n) * size_t(k_total) * 2));
+    const unsigned blocks = grid_for(int64_t(n) * k_total / 4, 256);
+    if (vector_loads) round_bf16_kernel<true><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xb);
+    else round_bf16_kernel<false><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xb);
+    a.data = xb;
+  }
+  DSV4_LAUNCH_CHECK();
+  return a;
+}
+
+void tc_gemm(const GemmParams& p, const TcActivations& a, CudaOps& ops) {
+  const int sms = ops.props().multiProcessorCount;
+  if (p.w.format == WFormat::kFP8) {
+    launch<Fp8Tiles>(p, a, grid_of<Fp8Tiles>(p, sms), ops);
+    return;
+  }
+  // 256-wide tiles read the activations half as often; 128-wide ones fill the GPU with twice the tiles.
+  const Grid wide = grid_of<Bf16Tiles<256>>(p, sms);
+  if (int64_t(wide.m_tiles) * wide.n_tiles * p.groups >= sms) launch<Bf16Tiles<256>>(p, a, wide, ops);
+  else launch<Bf16Tiles<128>>(p, a, grid_of<Bf16Tiles<128>>(p, sms), ops);
+}
+
+bool gemm_tensor_core(const GemmParams& p, CudaOps& ops) {
+  const DeviceWeight& w = p.w;
+  DSV4_CHECK(p.groups >= 1 && w.rows % p.groups == 0, "gemm_tensor_core: ", w.rows, " rows do not split into ",
+             p.groups, " groups");
+  DSV4_CHECK(p.ldx >= p.groups * w.cols && p.ldy >= w.rows, "gemm_tensor_core: row strides ", p.ldx, "/", p.ldy,
+             " too small for [", w.rows, ", ", w.cols, "] × ", p.groups, " groups");
+  DSV4_CHECK(p.n >= 0 && (p.n == 0 || (p.x && p.y && w.data)), "gemm_tensor_core: null operand");
+  if (!tc_covers(p, ops)) return false;  // gemm_generic's
   if (p.n == 0) return true;
-  if (fp8) run<Fp8Tiles>(p, ops);
-  else run<Bf16Tiles>(p, ops);
+  tc_gemm(p, tc_round_activations(p, ops), ops);
   return true;
 }
 
