@@ -1,7 +1,6 @@
 // gemm family benchmark: the tensor-core path at V4-Flash prefill shapes, BF16 and FP8 weights, n = 512 and 4096
 // tokens. Per case: the op (cuda::gemm_tensor_core: rounding the fp32 activations + the GEMM) and the GEMM alone
-// on activations already rounded (cuda::tc_gemm — what cuBLAS is handed; also with each cluster size forced),
-// as µs per call and
+// on activations already rounded (cuda::tc_gemm — what cuBLAS is handed), as µs per call and
 // TFLOP/s = 2·n·N·K / time. CUDA events around each call after warm-up, L2 flushed before each. The yardstick
 // (cuBLAS / cuBLASLt through PyTorch) is bench/gemm/yardstick.py, run in the same GPU session:
 // `yardstick.py --ours <this output>` prints both side by side with the ratios.
@@ -136,13 +135,9 @@ void run(int iters) {
           const double op_us = time_us([&] { cuda::gemm_tensor_core(p, ops); });
           const cuda::TcActivations rounded = cuda::tc_round_activations(p, ops);
           const double gemm_us = time_us([&] { cuda::tc_gemm(p, rounded, ops); });
-          // The GEMM with each cluster size forced: 1 = every CTA loads its own W tile, 2 = pairs share it.
-          const double single_us = time_us([&] { cuda::tc_gemm(p, rounded, ops, 1); });
-          const double pair_us = time_us([&] { cuda::tc_gemm(p, rounded, ops, 2); });
-          std::printf("fmt=%s n=%lld shape=%s N=%lld K=%lld us=%.1f tflops=%.1f gemm_us=%.1f gemm_tflops=%.1f "
-                      "cluster1_us=%.1f cluster2_us=%.1f\n",
+          std::printf("fmt=%s n=%lld shape=%s N=%lld K=%lld us=%.1f tflops=%.1f gemm_us=%.1f gemm_tflops=%.1f\n",
                       fp8 ? "fp8" : "bf16", (long long)n, s.name, (long long)s.rows, (long long)s.cols, op_us,
-                      flop / op_us * 1e-6, gemm_us, flop / gemm_us * 1e-6, single_us, pair_us);
+                      flop / op_us * 1e-6, gemm_us, flop / gemm_us * 1e-6);
         }
         std::fflush(stdout);
         DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -105,11 +105,9 @@ __device__ __forceinline__ void store_fragment(const float (&v)[T::kBlockN / 2],
 
 #endif
 
-// x_map: activations [n, K_total] in the weight's format, boxes of kBlockM rows; w_map: W [N, K], boxes of
-// kBlockN / kCluster rows. One CTA per (m tile, n tile, group · split). With kCluster = 2, the two CTAs of a
-// cluster hold adjacent m tiles of the same n tile: each loads half of the shared W tile and multicasts it to
-// both, halving W's L2 → SM traffic; a stage is then refilled only once the consumers of both CTAs freed it.
-template <class T, int kCluster>
+// x_map: activations [n, K_total] in the weight's format; w_map: W [N, K]. One CTA per (m tile, n tile,
+// group · split).
+template <class T>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_tc_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                    const TcParams p) {
@@ -134,27 +132,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int w_k0 = first_slice * T::kBlockK;                    // first K element, in W
   const int x_k0 = group * p.in_per_group + w_k0;               // the same, in x
 
-  constexpr int kHalfRows = T::kBlockN / kCluster;  // W rows this CTA loads (and multicasts)
-  const uint32_t rank = kCluster > 1 ? cluster_rank() : 0;
-  // Frees a stage: lane 0 of each consumer warp arrives on the stage's empty barrier in every CTA of the cluster.
-  const auto release = [&](int s) {
-    if (kCluster == 1) mbar_arrive(&empty[s]);
-    else
-      for (int cta = 0; cta < kCluster; ++cta) mbar_arrive_in(&empty[s], uint32_t(cta));
-  };
-
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&x_map);
     prefetch_tensor_map(&w_map);
     for (int s = 0; s < T::kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 8 * kCluster);
+      mbar_init(&empty[s], 8);  // lane 0 of each consumer warp releases a stage
     }
     fence_barrier_init();
   }
-  // NOTE: with clusters, no CTA may multicast into (or arrive on) a peer's barriers before the peer initialised them.
-  if (kCluster > 1) cluster_sync();
-  else __syncthreads();
+  __syncthreads();
 
   if (threadIdx.x < 128) {
     // Producer: a ring of kStages stages; stage s is refilled once all consumer warps released it.
@@ -163,103 +150,98 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < slices; ++i) {
         const int s = i % T::kStages;
         mbar_wait(&empty[s], ((i / T::kStages) & 1) ^ 1);
-        mbar_arrive_expect_tx(&full[s], S::kStage);  // own x tile + the whole W tile (both halves)
-        // (A cluster's padding CTA past the last m tile loads real rows it never stores: no all-out-of-bounds box.)
-        tma_load_2d(tiles_a + s * S::kTileA, &x_map, &full[s], x_k0 + i * T::kBlockK, min(row0, p.n - 1));
-        uint8_t* const b_half = tiles_b + s * S::kTileB + rank * kHalfRows * kSwizzleBytes;
-        const int b_row = w_row0 + int(rank) * kHalfRows;
-        if (kCluster == 1) tma_load_2d(b_half, &w_map, &full[s], w_k0 + i * T::kBlockK, b_row);
-        else tma_load_2d_multicast(b_half, &w_map, &full[s], w_k0 + i * T::kBlockK, b_row, (1u << kCluster) - 1);
+        mbar_arrive_expect_tx(&full[s], S::kStage);
+        tma_load_2d(tiles_a + s * S::kTileA, &x_map, &full[s], x_k0 + i * T::kBlockK, row0);
+        tma_load_2d(tiles_b + s * S::kTileB, &w_map, &full[s], w_k0 + i * T::kBlockK, w_row0);
       }
     }
-  } else {
-    // Consumers: warpgroup wg computes tile rows [64·wg, 64·wg + 64) × all kBlockN columns.
-    setmaxnreg_inc<232>();
-    const int wg = int(threadIdx.x) / 128 - 1;
-    const int warp = (int(threadIdx.x) / 32) % 4, lane = int(threadIdx.x) % 32;
-    const int row = row0 + wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
-    const int col = col0 + 2 * (lane % 4);                  // and columns col + 8j, col + 8j + 1
-    // Operand A of this warpgroup: its 64 rows of the x tile.
-    const int a_offset = wg * 64 * kSwizzleBytes;
-
-    float acc[T::kBlockN / 2];
-    if constexpr (!T::kFp8) {
-      for (int i = 0; i < slices; ++i) {
-        const int s = i % T::kStages;
-        mbar_wait(&full[s], (i / T::kStages) & 1);
-        const uint64_t a = smem_descriptor_sw128(tiles_a + s * S::kTileA + a_offset);
-        const uint64_t b = smem_descriptor_sw128(tiles_b + s * S::kTileB);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < T::kBlockK / 16; ++k) {  // 16 bf16 = 32 bytes = 2 descriptor units along K
-          const uint32_t accumulate = (i > 0 || k > 0) ? 1u : 0u;
-          if constexpr (T::kBlockN == 256) wgmma_m64n256k16_bf16(acc, a + 2 * k, b + 2 * k, accumulate);
-          else wgmma_m64n128k16_bf16(acc, a + 2 * k, b + 2 * k, accumulate);
-        }
-        wgmma_commit();
-        // Keep this slice's wgmmas in flight; the previous slice's are done, so its stage can be refilled.
-        wgmma_wait<1>();
-        if (i > 0 && lane == 0) release((i - 1) % T::kStages);
-      }
-      wgmma_wait<0>();
-      fence_registers(acc);
-      store_fragment<T>(acc, p, p.out + split * p.split_stride + int64_t(group) * p.out_per_group, row, col);
-    } else {
-      // Two accumulator sets: slice i + 1's wgmmas run on the tensor cores while slice i is promoted.
-      float total[T::kBlockN / 2], other[T::kBlockN / 2];
-#pragma unroll
-      for (int i = 0; i < T::kBlockN / 2; ++i) total[i] = 0.0f;
-      const float* x_scale = p.x_scale + int64_t(x_k0 / kScaleBlock) * p.n;
-      const float* w_scale = p.w_scale + int64_t(w_row0 / kScaleBlock) * p.w_scale_cols + w_k0 / kScaleBlock;
-      const int r_lo = min(row, p.n - 1), r_hi = min(row + 8, p.n - 1);
-      // Issues slice i's wgmmas into d and returns its scales (x at rows row, row + 8; w), loaded while they run.
-      const auto issue = [&](float(&d)[T::kBlockN / 2], int i) {
-        const int s = i % T::kStages;
-        mbar_wait(&full[s], (i / T::kStages) & 1);
-        const uint64_t a = smem_descriptor_sw128(tiles_a + s * S::kTileA + a_offset);
-        const uint64_t b = smem_descriptor_sw128(tiles_b + s * S::kTileB);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < T::kBlockK / 32; ++k) wgmma_m64n128k32_e4m3(d, a + 2 * k, b + 2 * k, k > 0 ? 1u : 0u);
-        wgmma_commit();
-        return make_float3(x_scale[int64_t(i) * p.n + r_lo], x_scale[int64_t(i) * p.n + r_hi], w_scale[i]);
-      };
-      // Adds slice i (in d, scales sc) to the total once all wgmma groups but the newest `pending` are done.
-      const auto promote = [&](float(&d)[T::kBlockN / 2], int i, float3 sc, auto pending) {
-        wgmma_wait<decltype(pending)::value>();
-        fence_registers(d);
-        if (lane == 0) release(i % T::kStages);
-        const float s_lo = sc.x * sc.z, s_hi = sc.y * sc.z;  // exact: the x scales are powers of two
-#pragma unroll
-        for (int j = 0; j < T::kBlockN / 8; ++j) {
-          total[4 * j] += d[4 * j] * s_lo;
-          total[4 * j + 1] += d[4 * j + 1] * s_lo;
-          total[4 * j + 2] += d[4 * j + 2] * s_hi;
-          total[4 * j + 3] += d[4 * j + 3] * s_hi;
-        }
-      };
-      using One = std::integral_constant<int, 1>;
-      using None = std::integral_constant<int, 0>;
-      float3 acc_scales = issue(acc, 0), other_scales;
-      int i = 0;
-      for (; i + 2 < slices; i += 2) {
-        other_scales = issue(other, i + 1);
-        promote(acc, i, acc_scales, One{});
-        acc_scales = issue(acc, i + 2);
-        promote(other, i + 1, other_scales, One{});
-      }
-      if (i + 1 < slices) {
-        other_scales = issue(other, i + 1);
-        promote(acc, i, acc_scales, One{});
-        promote(other, i + 1, other_scales, None{});
-      } else {
-        promote(acc, i, acc_scales, None{});
-      }
-      store_fragment<T>(total, p, p.out + split * p.split_stride + int64_t(group) * p.out_per_group, row, col);
-    }
+    return;
   }
-  // NOTE: a CTA leaves only when its peer no longer arrives on its barriers nor writes into its stages.
-  if (kCluster > 1) cluster_sync();
+
+  // Consumers: warpgroup wg computes tile rows [64·wg, 64·wg + 64) × all kBlockN columns.
+  setmaxnreg_inc<232>();
+  const int wg = int(threadIdx.x) / 128 - 1;
+  const int warp = (int(threadIdx.x) / 32) % 4, lane = int(threadIdx.x) % 32;
+  const int row = row0 + wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
+  const int col = col0 + 2 * (lane % 4);                  // and columns col + 8j, col + 8j + 1
+  // Operand A of this warpgroup: its 64 rows of the x tile.
+  const int a_offset = wg * 64 * kSwizzleBytes;
+
+  float acc[T::kBlockN / 2];
+  if constexpr (!T::kFp8) {
+    for (int i = 0; i < slices; ++i) {
+      const int s = i % T::kStages;
+      mbar_wait(&full[s], (i / T::kStages) & 1);
+      const uint64_t a = smem_descriptor_sw128(tiles_a + s * S::kTileA + a_offset);
+      const uint64_t b = smem_descriptor_sw128(tiles_b + s * S::kTileB);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < T::kBlockK / 16; ++k) {  // 16 bf16 = 32 bytes = 2 descriptor units along K
+        const uint32_t accumulate = (i > 0 || k > 0) ? 1u : 0u;
+        if constexpr (T::kBlockN == 256) wgmma_m64n256k16_bf16(acc, a + 2 * k, b + 2 * k, accumulate);
+        else wgmma_m64n128k16_bf16(acc, a + 2 * k, b + 2 * k, accumulate);
+      }
+      wgmma_commit();
+      // Keep this slice's wgmmas in flight; the previous slice's are done, so its stage can be refilled.
+      wgmma_wait<1>();
+      if (i > 0 && lane == 0) mbar_arrive(&empty[(i - 1) % T::kStages]);
+    }
+    wgmma_wait<0>();
+    fence_registers(acc);
+    store_fragment<T>(acc, p, p.out + split * p.split_stride + int64_t(group) * p.out_per_group, row, col);
+  } else {
+    // Two accumulator sets: slice i + 1's wgmmas run on the tensor cores while slice i is promoted.
+    float total[T::kBlockN / 2], other[T::kBlockN / 2];
+#pragma unroll
+    for (int i = 0; i < T::kBlockN / 2; ++i) total[i] = 0.0f;
+    const float* x_scale = p.x_scale + int64_t(x_k0 / kScaleBlock) * p.n;
+    const float* w_scale = p.w_scale + int64_t(w_row0 / kScaleBlock) * p.w_scale_cols + w_k0 / kScaleBlock;
+    const int r_lo = min(row, p.n - 1), r_hi = min(row + 8, p.n - 1);
+    // Issues slice i's wgmmas into d and returns its scales (x at rows row, row + 8; w), loaded while they run.
+    const auto issue = [&](float(&d)[T::kBlockN / 2], int i) {
+      const int s = i % T::kStages;
+      mbar_wait(&full[s], (i / T::kStages) & 1);
+      const uint64_t a = smem_descriptor_sw128(tiles_a + s * S::kTileA + a_offset);
+      const uint64_t b = smem_descriptor_sw128(tiles_b + s * S::kTileB);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < T::kBlockK / 32; ++k) wgmma_m64n128k32_e4m3(d, a + 2 * k, b + 2 * k, k > 0 ? 1u : 0u);
+      wgmma_commit();
+      return make_float3(x_scale[int64_t(i) * p.n + r_lo], x_scale[int64_t(i) * p.n + r_hi], w_scale[i]);
+    };
+    // Adds slice i (in d, scales sc) to the total once all wgmma groups but the newest `pending` are done.
+    const auto promote = [&](float(&d)[T::kBlockN / 2], int i, float3 sc, auto pending) {
+      wgmma_wait<decltype(pending)::value>();
+      fence_registers(d);
+      if (lane == 0) mbar_arrive(&empty[i % T::kStages]);
+      const float s_lo = sc.x * sc.z, s_hi = sc.y * sc.z;  // exact: the x scales are powers of two
+#pragma unroll
+      for (int j = 0; j < T::kBlockN / 8; ++j) {
+        total[4 * j] += d[4 * j] * s_lo;
+        total[4 * j + 1] += d[4 * j + 1] * s_lo;
+        total[4 * j + 2] += d[4 * j + 2] * s_hi;
+        total[4 * j + 3] += d[4 * j + 3] * s_hi;
+      }
+    };
+    using One = std::integral_constant<int, 1>;
+    using None = std::integral_constant<int, 0>;
+    float3 acc_scales = issue(acc, 0), other_scales;
+    int i = 0;
+    for (; i + 2 < slices; i += 2) {
+      other_scales = issue(other, i + 1);
+      promote(acc, i, acc_scales, One{});
+      acc_scales = issue(acc, i + 2);
+      promote(other, i + 1, other_scales, One{});
+    }
+    if (i + 1 < slices) {
+      other_scales = issue(other, i + 1);
+      promote(acc, i, acc_scales, One{});
+      promote(other, i + 1, other_scales, None{});
+    } else {
+      promote(acc, i, acc_scales, None{});
+    }
+    store_fragment<T>(total, p, p.out + split * p.split_stride + int64_t(group) * p.out_per_group, row, col);
+  }
 #endif  // NOTE: other architectures get an empty body; the launcher only runs this kernel on compute capability 9.x
 }
 
@@ -393,7 +375,7 @@ Grid grid_of(const GemmParams& p, int sms) {
   return g;
 }
 
-template <class T, int kCluster>
+template <class T>
 void launch(const GemmParams& p, const TcActivations& a, const Grid& g, CudaOps& ops) {
   using S = Smem<T>;
   const cudaStream_t stream = ops.stream();
@@ -419,45 +401,24 @@ void launch(const GemmParams& p, const TcActivations& a, const Grid& g, CudaOps&
 
   const CUtensorMapDataType type = T::kFp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const CUtensorMap x_map = operand_map(a.data, type, T::kElementBytes, n, p.groups * p.w.cols, T::kBlockM);
-  const CUtensorMap w_map =
-      operand_map(p.w.data, type, T::kElementBytes, p.w.rows, p.w.cols, T::kBlockN / kCluster);
+  const CUtensorMap w_map = operand_map(p.w.data, type, T::kElementBytes, p.w.rows, p.w.cols, T::kBlockN);
 
   static const bool smem_configured = [] {
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(gemm_tc_kernel<T, kCluster>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         S::kBytes));
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(gemm_tc_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes));
     return true;
   }();
   (void)smem_configured;
   // NOTE: m tiles vary fastest, so the CTAs resident together share few W tiles and each W tile is read from
-  // HBM about once; the activations (n · K) are the part re-read, from L2. A cluster pairs m tiles (padded to even).
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(ceil_div(g.m_tiles, kCluster) * kCluster), unsigned(g.n_tiles),
-                        unsigned(p.groups * g.splits));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = S::kBytes;
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = kCluster;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&config, gemm_tc_kernel<T, kCluster>, x_map, w_map, tp));
+  // HBM about once; the activations (n · K) are the part re-read, from L2.
+  const dim3 grid(unsigned(g.m_tiles), unsigned(g.n_tiles), unsigned(p.groups * g.splits));
+  gemm_tc_kernel<T><<<grid, kThreads, S::kBytes, stream>>>(x_map, w_map, tp);
+  DSV4_LAUNCH_CHECK();
 
   if (g.splits > 1) {
     reduce_splits_kernel<<<grid_for(int64_t(n) * p.w.rows / 2, 256), 256, 0, stream>>>(
         tp.out, g.splits, tp.split_stride, n, p.w.rows, p.y, p.ldy);
     DSV4_LAUNCH_CHECK();
   }
-}
-
-// Pairs of m tiles share their W tile through a cluster whenever there are two m tiles.
-template <class T>
-void launch(const GemmParams& p, const TcActivations& a, const Grid& g, int cluster, CudaOps& ops) {
-  if (cluster == 0) cluster = g.m_tiles >= 2 ? 2 : 1;
-  if (cluster == 2) launch<T, 2>(p, a, g, ops);
-  else launch<T, 1>(p, a, g, ops);
 }
 
 }  // namespace
@@ -503,17 +464,16 @@ TcActivations tc_round_activations(const GemmParams& p, CudaOps& ops) {
   return a;
 }
 
-void tc_gemm(const GemmParams& p, const TcActivations& a, CudaOps& ops, int cluster) {
-  DSV4_CHECK(cluster >= 0 && cluster <= 2, "tc_gemm: cluster size ", cluster, " (0 = choose, 1 or 2)");
+void tc_gemm(const GemmParams& p, const TcActivations& a, CudaOps& ops) {
   const int sms = ops.props().multiProcessorCount;
   if (p.w.format == WFormat::kFP8) {
-    launch<Fp8Tiles>(p, a, grid_of<Fp8Tiles>(p, sms), cluster, ops);
+    launch<Fp8Tiles>(p, a, grid_of<Fp8Tiles>(p, sms), ops);
     return;
   }
   // 256-wide tiles read the activations half as often; 128-wide ones fill the GPU with twice the tiles.
   const Grid wide = grid_of<Bf16Tiles<256>>(p, sms);
-  if (int64_t(wide.m_tiles) * wide.n_tiles * p.groups >= sms) launch<Bf16Tiles<256>>(p, a, wide, cluster, ops);
-  else launch<Bf16Tiles<128>>(p, a, grid_of<Bf16Tiles<128>>(p, sms), cluster, ops);
+  if (int64_t(wide.m_tiles) * wide.n_tiles * p.groups >= sms) launch<Bf16Tiles<256>>(p, a, wide, ops);
+  else launch<Bf16Tiles<128>>(p, a, grid_of<Bf16Tiles<128>>(p, sms), ops);
 }
 
 bool gemm_tensor_core(const GemmParams& p, CudaOps& ops) {

@@ -22,7 +22,6 @@ bool tc_covers(const GemmParams& p, const CudaOps& ops);
 TcActivations tc_round_activations(const GemmParams& p, CudaOps& ops);
 
 // y = x · Wᵀ from activations rounded by tc_round_activations (p.x is not read). Requires tc_covers(p).
-// cluster: CTAs sharing each W tile by TMA multicast — 0 chooses (2 whenever n > 128), 1 or 2 force it (benchmarks).
-void tc_gemm(const GemmParams& p, const TcActivations& a, CudaOps& ops, int cluster = 0);
+void tc_gemm(const GemmParams& p, const TcActivations& a, CudaOps& ops);
 
 }  // namespace dsv4::cuda

@@ -1,5 +1,5 @@
-// gemm family, tensor-core path: thin wrappers over the sm_90a PTX it is built from — mbarriers, clusters, TMA
-// tile loads (multicast too), wgmma fences and shared-memory descriptors, register reallocation. Device code only; every wrapper
+// gemm family, tensor-core path: thin wrappers over the sm_90a PTX it is built from — mbarriers, TMA tile
+// loads, wgmma fences and shared-memory descriptors, register reallocation. Device code only; every wrapper
 // exists only where the architecture has the instruction (__CUDA_ARCH_FEAT_SM90_ALL: sm_90a).
 #pragma once
 
@@ -53,33 +53,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   }
 }
 
-// ---- clusters
-
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  return rank;
-}
-
-// Every thread of every CTA of the cluster (divergent arrival allowed).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
-
-// Arrives on the barrier at the same shared-memory offset as `bar` in cluster CTA `cta` (this one included).
-// NOTE: default (CTA-scope) release: it only has to follow this thread's wgmma_wait, which already guarantees
-// the stage's shared memory was read; a cluster-scope release would cost a GPU-wide memory fence per arrival.
-__device__ __forceinline__ void mbar_arrive_in(uint64_t* bar, uint32_t cta) {
-  asm volatile(
-      "{\n"
-      ".reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
-      "}\n" ::"r"(smem_address(bar)),
-      "r"(cta)
-      : "memory");
-}
-
 // ---- TMA
 
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
@@ -95,16 +68,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::
           "r"(smem_address(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(inner), "r"(outer), "r"(smem_address(bar))
-      : "memory");
-}
-
-// The same box, written at `dst` and signalled on `bar` (same offsets) in every cluster CTA of `cta_mask`.
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t inner,
-                                                      int32_t outer, uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(smem_address(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(inner), "r"(outer), "r"(smem_address(bar)), "h"(cta_mask)
       : "memory");
 }
 
