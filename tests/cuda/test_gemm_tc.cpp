@@ -272,13 +272,15 @@ bool hopper(std::string* why) {
   } while (0)
 
 // Odd token counts (partial activation tiles), odd widths (partial weight tiles), padded and unaligned row
-// strides (ldx + 3: the scalar activation loads), a K that splits unevenly across CTAs.
+// strides (ldx + 3: the scalar activation loads), a K that splits unevenly across CTAs, more tiles than SMs
+// (each persistent CTA runs several).
 std::vector<Case> odd_cases(DType dtype, const std::string& tag) {
   return {
       {tag + " n17 [200,384]", dtype, 17, 200, 384},
       {tag + " n100 [1000,640] strided", dtype, 100, 1000, 640, 1, 3, 6},
       {tag + " n333 [520,1152]", dtype, 333, 520, 1152},
       {tag + " n4096 [264,256]", dtype, 4096, 264, 256},
+      {tag + " n4096 [1000,256] 256 tiles", dtype, 4096, 1000, 256},
       {tag + " n100 [392,2176] split-K", dtype, 100, 392, 2176},
   };
 }

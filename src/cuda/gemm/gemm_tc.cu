@@ -6,9 +6,11 @@
 //   BF16: round to nearest even;
 //   FP8:  e4m3 per (row, 128-column block) with a power-of-two scale — DeepSeek's act_quant, the same function
 //         as CpuOps::sim_fp8(x, block 128).
-// Then one warp-specialised kernel per output tile (128 activation rows × kBlockN weight rows):
+// Then one persistent warp-specialised kernel, a CTA per SM looping over output tiles (128 activation rows ×
+// kBlockN weight rows):
 //   warpgroup 0 (producer): one thread streams K slices of the x tile and of the W tile into a ring of shared
-//     memory stages with TMA (128-byte swizzle), each stage guarded by a full / empty mbarrier pair;
+//     memory stages with TMA (128-byte swizzle), each stage guarded by a full / empty mbarrier pair; the ring
+//     runs on across tiles, so the next tile loads while the last one is stored;
 //   warpgroups 1, 2 (consumers): 64 tile rows each, wgmma straight from shared memory, fp32 accumulators in
 //     registers, results stored from registers.
 // BF16 tiles are 128 × 256 (128 × 128 when 256-wide tiles would leave SMs idle) with K slices of 64; FP8 tiles
@@ -76,8 +78,10 @@ struct TcParams {
   int out_per_group;       // output columns (W rows) per group; even
   int in_per_group;        // K of one group (W columns), a multiple of 128
   int slices;              // K slices of one group: in_per_group / kBlockK
-  int slices_per_split;    // K slices one CTA accumulates
-  int splits;              // CTAs along K per output tile; blockIdx.z = group · splits + split
+  int slices_per_split;    // K slices one output tile's CTA accumulates
+  int splits;              // tiles along K per output tile
+  int m_tiles, n_tiles;    // tiles along n and along one group's output columns
+  int tiles;               // m_tiles · n_tiles · groups · splits; tile t = m + m_tiles·(nt + n_tiles·(group·splits + split))
   float* out;              // [n, ld_out] y itself, or [splits][n, ld_out] partial tiles when splits > 1
   int64_t ld_out;          // even
   int64_t split_stride;    // elements between partial planes (0 when splits == 1)
@@ -85,6 +89,35 @@ struct TcParams {
   const float* w_scale;    // FP8: [ceil(N / 128), w_scale_cols] weight block scales
   int64_t w_scale_cols;
 };
+
+// Where tile t starts.
+struct Tile {
+  int row0;    // first activation row
+  int col0;    // first output column, within the group
+  int group, split;
+  int w_row0;  // first W row
+  int w_k0;    // first K element, in W
+  int x_k0;    // the same, in x
+  int slices;  // K slices to accumulate
+};
+
+template <class T>
+__device__ __forceinline__ Tile tile_at(const TcParams& p, int t) {
+  Tile tile;
+  const int m = t % p.m_tiles;
+  t /= p.m_tiles;
+  const int nt = t % p.n_tiles, z = t / p.n_tiles;
+  tile.group = z / p.splits;
+  tile.split = z % p.splits;
+  const int first_slice = tile.split * p.slices_per_split;
+  tile.slices = min(p.slices, first_slice + p.slices_per_split) - first_slice;
+  tile.row0 = m * T::kBlockM;
+  tile.col0 = nt * T::kBlockN;
+  tile.w_row0 = tile.group * p.out_per_group + tile.col0;
+  tile.w_k0 = first_slice * T::kBlockK;
+  tile.x_k0 = tile.group * p.in_per_group + tile.w_k0;
+  return tile;
+}
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -105,8 +138,10 @@ __device__ __forceinline__ void store_fragment(const float (&v)[T::kBlockN / 2],
 
 #endif
 
-// x_map: activations [n, K_total] in the weight's format; w_map: W [N, K]. One CTA per (m tile, n tile,
-// group · split).
+// x_map: activations [n, K_total] in the weight's format; w_map: W [N, K]. Persistent: CTA b computes tiles
+// b, b + gridDim.x, ... (m tiles vary fastest, so the CTAs at work together share few W tiles and each W tile is
+// read from HBM about once; the activations are the part re-read, from L2). The stage ring runs on across
+// tiles, so the producer loads the next tile while the consumers store the last one.
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_tc_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
@@ -123,15 +158,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* const full = reinterpret_cast<uint64_t*>(tiles_b + T::kStages * S::kTileB);  // [stages]
   uint64_t* const empty = full + T::kStages;                                             // [stages]
 
-  const int group = int(blockIdx.z) / p.splits, split = int(blockIdx.z) % p.splits;
-  const int first_slice = split * p.slices_per_split;
-  const int slices = min(p.slices, first_slice + p.slices_per_split) - first_slice;
-  const int row0 = int(blockIdx.x) * T::kBlockM;                // first activation row of the tile
-  const int col0 = int(blockIdx.y) * T::kBlockN;                // first output column, within the group
-  const int w_row0 = group * p.out_per_group + col0;            // first W row
-  const int w_k0 = first_slice * T::kBlockK;                    // first K element, in W
-  const int x_k0 = group * p.in_per_group + w_k0;               // the same, in x
-
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&x_map);
     prefetch_tensor_map(&w_map);
@@ -143,16 +169,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
+  // Slice number `used` (counted over all of this CTA's tiles) lives in stage used % kStages, and that stage's
+  // barriers are in their (used / kStages)-th phase.
   if (threadIdx.x < 128) {
-    // Producer: a ring of kStages stages; stage s is refilled once all consumer warps released it.
+    // Producer: stage s is refilled once all consumer warps released it.
     setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
-      for (int i = 0; i < slices; ++i) {
-        const int s = i % T::kStages;
-        mbar_wait(&empty[s], ((i / T::kStages) & 1) ^ 1);
-        mbar_arrive_expect_tx(&full[s], S::kStage);
-        tma_load_2d(tiles_a + s * S::kTileA, &x_map, &full[s], x_k0 + i * T::kBlockK, row0);
-        tma_load_2d(tiles_b + s * S::kTileB, &w_map, &full[s], w_k0 + i * T::kBlockK, w_row0);
+      int used = 0;
+      for (int t = int(blockIdx.x); t < p.tiles; t += int(gridDim.x)) {
+        const Tile tile = tile_at<T>(p, t);
+        for (int i = 0; i < tile.slices; ++i, ++used) {
+          const int s = used % T::kStages;
+          mbar_wait(&empty[s], ((used / T::kStages) & 1) ^ 1);
+          mbar_arrive_expect_tx(&full[s], S::kStage);
+          tma_load_2d(tiles_a + s * S::kTileA, &x_map, &full[s], tile.x_k0 + i * T::kBlockK, tile.row0);
+          tma_load_2d(tiles_b + s * S::kTileB, &w_map, &full[s], tile.w_k0 + i * T::kBlockK, tile.w_row0);
+        }
       }
     }
     return;
@@ -162,85 +194,97 @@ __global__ void __launch_bounds__(kThreads, 1)
   setmaxnreg_inc<232>();
   const int wg = int(threadIdx.x) / 128 - 1;
   const int warp = (int(threadIdx.x) / 32) % 4, lane = int(threadIdx.x) % 32;
-  const int row = row0 + wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
-  const int col = col0 + 2 * (lane % 4);                  // and columns col + 8j, col + 8j + 1
+  const int fragment_row = wg * 64 + warp * 16 + lane / 4;  // this thread's tile rows: these, + 8
+  const int fragment_col = 2 * (lane % 4);                  // and columns: these + 8j, + 8j + 1
   // Operand A of this warpgroup: its 64 rows of the x tile.
   const int a_offset = wg * 64 * kSwizzleBytes;
+  const auto release = [&](int slice) {  // frees the stage of slice number `slice`
+    if (lane == 0) mbar_arrive(&empty[slice % T::kStages]);
+  };
 
+  int used = 0;
   float acc[T::kBlockN / 2];
-  if constexpr (!T::kFp8) {
-    for (int i = 0; i < slices; ++i) {
-      const int s = i % T::kStages;
-      mbar_wait(&full[s], (i / T::kStages) & 1);
-      const uint64_t a = smem_descriptor_sw128(tiles_a + s * S::kTileA + a_offset);
-      const uint64_t b = smem_descriptor_sw128(tiles_b + s * S::kTileB);
-      wgmma_fence();
+  for (int t = int(blockIdx.x); t < p.tiles; t += int(gridDim.x)) {
+    const Tile tile = tile_at<T>(p, t);
+    const int row = tile.row0 + fragment_row, col = tile.col0 + fragment_col;
+    float* const out = p.out + tile.split * p.split_stride + int64_t(tile.group) * p.out_per_group;
+    if constexpr (!T::kFp8) {
+      for (int i = 0; i < tile.slices; ++i, ++used) {
+        const int s = used % T::kStages;
+        mbar_wait(&full[s], (used / T::kStages) & 1);
+        const uint64_t a = smem_descriptor_sw128(tiles_a + s * S::kTileA + a_offset);
+        const uint64_t b = smem_descriptor_sw128(tiles_b + s * S::kTileB);
+        wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < T::kBlockK / 16; ++k) {  // 16 bf16 = 32 bytes = 2 descriptor units along K
-        const uint32_t accumulate = (i > 0 || k > 0) ? 1u : 0u;
-        if constexpr (T::kBlockN == 256) wgmma_m64n256k16_bf16(acc, a + 2 * k, b + 2 * k, accumulate);
-        else wgmma_m64n128k16_bf16(acc, a + 2 * k, b + 2 * k, accumulate);
+        for (int k = 0; k < T::kBlockK / 16; ++k) {  // 16 bf16 = 32 bytes = 2 descriptor units along K
+          const uint32_t accumulate = (i > 0 || k > 0) ? 1u : 0u;
+          if constexpr (T::kBlockN == 256) wgmma_m64n256k16_bf16(acc, a + 2 * k, b + 2 * k, accumulate);
+          else wgmma_m64n128k16_bf16(acc, a + 2 * k, b + 2 * k, accumulate);
+        }
+        wgmma_commit();
+        // Keep this slice's wgmmas in flight; the previous slice's are done, so its stage can be refilled.
+        wgmma_wait<1>();
+        if (i > 0) release(used - 1);
       }
-      wgmma_commit();
-      // Keep this slice's wgmmas in flight; the previous slice's are done, so its stage can be refilled.
-      wgmma_wait<1>();
-      if (i > 0 && lane == 0) mbar_arrive(&empty[(i - 1) % T::kStages]);
-    }
-    wgmma_wait<0>();
-    fence_registers(acc);
-    store_fragment<T>(acc, p, p.out + split * p.split_stride + int64_t(group) * p.out_per_group, row, col);
-  } else {
-    // Two accumulator sets: slice i + 1's wgmmas run on the tensor cores while slice i is promoted.
-    float total[T::kBlockN / 2], other[T::kBlockN / 2];
-#pragma unroll
-    for (int i = 0; i < T::kBlockN / 2; ++i) total[i] = 0.0f;
-    const float* x_scale = p.x_scale + int64_t(x_k0 / kScaleBlock) * p.n;
-    const float* w_scale = p.w_scale + int64_t(w_row0 / kScaleBlock) * p.w_scale_cols + w_k0 / kScaleBlock;
-    const int r_lo = min(row, p.n - 1), r_hi = min(row + 8, p.n - 1);
-    // Issues slice i's wgmmas into d and returns its scales (x at rows row, row + 8; w), loaded while they run.
-    const auto issue = [&](float(&d)[T::kBlockN / 2], int i) {
-      const int s = i % T::kStages;
-      mbar_wait(&full[s], (i / T::kStages) & 1);
-      const uint64_t a = smem_descriptor_sw128(tiles_a + s * S::kTileA + a_offset);
-      const uint64_t b = smem_descriptor_sw128(tiles_b + s * S::kTileB);
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < T::kBlockK / 32; ++k) wgmma_m64n128k32_e4m3(d, a + 2 * k, b + 2 * k, k > 0 ? 1u : 0u);
-      wgmma_commit();
-      return make_float3(x_scale[int64_t(i) * p.n + r_lo], x_scale[int64_t(i) * p.n + r_hi], w_scale[i]);
-    };
-    // Adds slice i (in d, scales sc) to the total once all wgmma groups but the newest `pending` are done.
-    const auto promote = [&](float(&d)[T::kBlockN / 2], int i, float3 sc, auto pending) {
-      wgmma_wait<decltype(pending)::value>();
-      fence_registers(d);
-      if (lane == 0) mbar_arrive(&empty[i % T::kStages]);
-      const float s_lo = sc.x * sc.z, s_hi = sc.y * sc.z;  // exact: the x scales are powers of two
-#pragma unroll
-      for (int j = 0; j < T::kBlockN / 8; ++j) {
-        total[4 * j] += d[4 * j] * s_lo;
-        total[4 * j + 1] += d[4 * j + 1] * s_lo;
-        total[4 * j + 2] += d[4 * j + 2] * s_hi;
-        total[4 * j + 3] += d[4 * j + 3] * s_hi;
-      }
-    };
-    using One = std::integral_constant<int, 1>;
-    using None = std::integral_constant<int, 0>;
-    float3 acc_scales = issue(acc, 0), other_scales;
-    int i = 0;
-    for (; i + 2 < slices; i += 2) {
-      other_scales = issue(other, i + 1);
-      promote(acc, i, acc_scales, One{});
-      acc_scales = issue(acc, i + 2);
-      promote(other, i + 1, other_scales, One{});
-    }
-    if (i + 1 < slices) {
-      other_scales = issue(other, i + 1);
-      promote(acc, i, acc_scales, One{});
-      promote(other, i + 1, other_scales, None{});
+      wgmma_wait<0>();
+      fence_registers(acc);
+      release(used - 1);
+      store_fragment<T>(acc, p, out, row, col);
     } else {
-      promote(acc, i, acc_scales, None{});
+      // Two accumulator sets: slice i + 1's wgmmas run on the tensor cores while slice i is promoted.
+      float total[T::kBlockN / 2], other[T::kBlockN / 2];
+#pragma unroll
+      for (int j = 0; j < T::kBlockN / 2; ++j) total[j] = 0.0f;
+      const float* x_scale = p.x_scale + int64_t(tile.x_k0 / kScaleBlock) * p.n;
+      const float* w_scale =
+          p.w_scale + int64_t(tile.w_row0 / kScaleBlock) * p.w_scale_cols + tile.w_k0 / kScaleBlock;
+      const int r_lo = min(row, p.n - 1), r_hi = min(row + 8, p.n - 1);  // rows past n: computed, never stored
+      // Issues slice i's wgmmas into d and returns its scales (x at rows row, row + 8; w), loaded while they run.
+      const auto issue = [&](float(&d)[T::kBlockN / 2], int i) {
+        const int s = (used + i) % T::kStages;
+        mbar_wait(&full[s], ((used + i) / T::kStages) & 1);
+        const uint64_t a = smem_descriptor_sw128(tiles_a + s * S::kTileA + a_offset);
+        const uint64_t b = smem_descriptor_sw128(tiles_b + s * S::kTileB);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < T::kBlockK / 32; ++k) wgmma_m64n128k32_e4m3(d, a + 2 * k, b + 2 * k, k > 0 ? 1u : 0u);
+        wgmma_commit();
+        return make_float3(x_scale[int64_t(i) * p.n + r_lo], x_scale[int64_t(i) * p.n + r_hi], w_scale[i]);
+      };
+      // Adds slice i (in d, scales sc) to the total once all wgmma groups but the newest `pending` are done.
+      const auto promote = [&](float(&d)[T::kBlockN / 2], int i, float3 sc, auto pending) {
+        wgmma_wait<decltype(pending)::value>();
+        fence_registers(d);
+        release(used + i);
+        const float s_lo = sc.x * sc.z, s_hi = sc.y * sc.z;  // exact: the x scales are powers of two
+#pragma unroll
+        for (int j = 0; j < T::kBlockN / 8; ++j) {
+          total[4 * j] += d[4 * j] * s_lo;
+          total[4 * j + 1] += d[4 * j + 1] * s_lo;
+          total[4 * j + 2] += d[4 * j + 2] * s_hi;
+          total[4 * j + 3] += d[4 * j + 3] * s_hi;
+        }
+      };
+      using One = std::integral_constant<int, 1>;
+      using None = std::integral_constant<int, 0>;
+      float3 acc_scales = issue(acc, 0), other_scales;
+      int i = 0;
+      for (; i + 2 < tile.slices; i += 2) {
+        other_scales = issue(other, i + 1);
+        promote(acc, i, acc_scales, One{});
+        acc_scales = issue(acc, i + 2);
+        promote(other, i + 1, other_scales, One{});
+      }
+      if (i + 1 < tile.slices) {
+        other_scales = issue(other, i + 1);
+        promote(acc, i, acc_scales, One{});
+        promote(other, i + 1, other_scales, None{});
+      } else {
+        promote(acc, i, acc_scales, None{});
+      }
+      used += tile.slices;
+      store_fragment<T>(total, p, out, row, col);
     }
-    store_fragment<T>(total, p, p.out + split * p.split_stride + int64_t(group) * p.out_per_group, row, col);
   }
 #endif  // NOTE: other architectures get an empty body; the launcher only runs this kernel on compute capability 9.x
 }
@@ -261,23 +305,32 @@ __global__ void reduce_splits_kernel(const float* __restrict__ partial, int spli
   }
 }
 
-// xb[r, k] = bf16(x[r, k]), round to nearest even. x [n, ldx] fp32, xb [n, K] compact, K % 4 == 0.
-// One thread per 4 columns; kVector when x and ldx allow 16-byte loads.
+// xb[r, k] = bf16(x[r, k]), round to nearest even. x [n, ldx] fp32, xb [n, K] compact, K % 8 == 0.
+// One thread per 8 columns (two 16-byte loads in flight, one 16-byte store); kVector when x and ldx allow
+// 16-byte loads.
 template <bool kVector>
 __global__ void round_bf16_kernel(const float* __restrict__ x, int64_t ldx, int n, int64_t K,
                                   __nv_bfloat16* __restrict__ xb) {
-  const int64_t quads_per_row = K / 4, count = int64_t(n) * quads_per_row;
+  const int64_t octets_per_row = K / 8, count = int64_t(n) * octets_per_row;
   for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < count; q += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = q / quads_per_row, c = 4 * (q % quads_per_row);
+    const int64_t r = q / octets_per_row, c = 8 * (q % octets_per_row);
     const float* src = x + r * ldx + c;
-    float4 v;
-    if constexpr (kVector) v = *reinterpret_cast<const float4*>(src);
-    else v = make_float4(src[0], src[1], src[2], src[3]);
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-    uint2 packed;
-    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(xb + r * K + c) = packed;
+    float4 v0, v1;
+    if constexpr (kVector) {
+      v0 = *reinterpret_cast<const float4*>(src);
+      v1 = *reinterpret_cast<const float4*>(src + 4);
+    } else {
+      v0 = make_float4(src[0], src[1], src[2], src[3]);
+      v1 = make_float4(src[4], src[5], src[6], src[7]);
+    }
+    const __nv_bfloat162 b0 = __floats2bfloat162_rn(v0.x, v0.y), b1 = __floats2bfloat162_rn(v0.z, v0.w);
+    const __nv_bfloat162 b2 = __floats2bfloat162_rn(v1.x, v1.y), b3 = __floats2bfloat162_rn(v1.z, v1.w);
+    uint4 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&b0);
+    packed.y = *reinterpret_cast<const uint32_t*>(&b1);
+    packed.z = *reinterpret_cast<const uint32_t*>(&b2);
+    packed.w = *reinterpret_cast<const uint32_t*>(&b3);
+    *reinterpret_cast<uint4*>(xb + r * K + c) = packed;
   }
 }
 
@@ -387,6 +440,9 @@ void launch(const GemmParams& p, const TcActivations& a, const Grid& g, CudaOps&
   tp.slices = int(p.w.cols / T::kBlockK);
   tp.slices_per_split = g.slices_per_split;
   tp.splits = g.splits;
+  tp.m_tiles = g.m_tiles;
+  tp.n_tiles = g.n_tiles;
+  tp.tiles = int(int64_t(g.m_tiles) * g.n_tiles * p.groups * g.splits);
   if (g.splits == 1) {
     tp.out = p.y;
     tp.ld_out = p.ldy;
@@ -408,10 +464,8 @@ void launch(const GemmParams& p, const TcActivations& a, const Grid& g, CudaOps&
     return true;
   }();
   (void)smem_configured;
-  // NOTE: m tiles vary fastest, so the CTAs resident together share few W tiles and each W tile is read from
-  // HBM about once; the activations (n · K) are the part re-read, from L2.
-  const dim3 grid(unsigned(g.m_tiles), unsigned(g.n_tiles), unsigned(p.groups * g.splits));
-  gemm_tc_kernel<T><<<grid, kThreads, S::kBytes, stream>>>(x_map, w_map, tp);
+  const int ctas = std::min(tp.tiles, ops.props().multiProcessorCount);  // one per SM (~192 KB of shared memory)
+  gemm_tc_kernel<T><<<ctas, kThreads, S::kBytes, stream>>>(x_map, w_map, tp);
   DSV4_LAUNCH_CHECK();
 
   if (g.splits > 1) {
@@ -434,8 +488,9 @@ bool tc_covers(const GemmParams& p, const CudaOps& ops) {
   if (reinterpret_cast<uintptr_t>(w.data) % 16 != 0) return false;  // TMA base alignment
   if (fp8 && (w.scale_f32 == nullptr || (p.groups > 1 && out_per_group % kScaleBlock != 0)))
     return false;  // an FP8 tile must sit inside one 128-row scale block
-  // int32 TMA coordinates and tile indices
-  return p.n <= (int64_t(1) << 30) && p.groups * w.cols <= (int64_t(1) << 30) && w.rows <= (int64_t(1) << 30);
+  // int32 TMA coordinates and tile numbers (tiles · splits, splits ≤ the SM count)
+  return p.n <= (int64_t(1) << 30) && p.groups * w.cols <= (int64_t(1) << 30) && w.rows <= (int64_t(1) << 30) &&
+         ceil_div(p.n, 128) * ceil_div(out_per_group, 128) * p.groups <= (int64_t(1) << 22);
 }
 
 TcActivations tc_round_activations(const GemmParams& p, CudaOps& ops) {
@@ -455,7 +510,7 @@ TcActivations tc_round_activations(const GemmParams& p, CudaOps& ops) {
     a.scale = scale;
   } else {
     auto* xb = static_cast<__nv_bfloat16*>(ops.workspace(kSlotActivations, size_t(n) * size_t(k_total) * 2));
-    const unsigned blocks = grid_for(int64_t(n) * k_total / 4, 256);
+    const unsigned blocks = grid_for(int64_t(n) * k_total / 8, 256);
     if (vector_loads) round_bf16_kernel<true><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xb);
     else round_bf16_kernel<false><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xb);
     a.data = xb;
