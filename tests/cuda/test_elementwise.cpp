@@ -20,17 +20,37 @@ namespace {
 #if DSV4_HAVE_CUDA
 constexpr Tolerance kExact{0.0, 0.0};
 
+// ops.alloc() clears its buffer asynchronously on the op stream, while poison() and cudaMemcpy() go through the
+// legacy default stream, which the (non-blocking) op stream is not ordered with; a pageable cudaMemcpy may even
+// return before its DMA lands. So the device is synchronised after each allocation and after each such write.
+void settle() { DSV4_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+template <class T>
+T* settled(CudaOps&, T* p) {
+  settle();
+  return p;
+}
+
 // A device buffer of `count` floats starting `shift` floats into its allocation (shift 1 breaks 16-byte
 // alignment), poisoned with NaN.
 float* poisoned(CudaOps& ops, size_t count, size_t shift) {
-  float* p = ops.alloc(count + shift) + shift;
+  float* p = settled(ops, ops.alloc(count + shift) + shift);
   poison(p, count);
+  settle();
   return p;
 }
 
 float* uploaded(CudaOps& ops, const std::vector<float>& host, size_t shift) {
-  float* p = ops.alloc(host.size() + shift) + shift;
+  float* p = settled(ops, ops.alloc(host.size() + shift) + shift);
   DSV4_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  settle();
+  return p;
+}
+
+int32_t* uploaded_ids(CudaOps& ops, const std::vector<int32_t>& host) {
+  int32_t* p = settled(ops, ops.alloc_i32(host.size()));
+  DSV4_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  settle();
   return p;
 }
 
@@ -215,14 +235,15 @@ TEST(CudaElementwise, EmbedDecodesEveryFormatLikeCpu) {
                         Case{DType::kF8E4M3, DType::kF32, 300, 260, 0},         // transformers-style F32 scales
                         Case{DType::kI8, DType::kF8E8M0, 300, 256, 0}}) {       // packed FP4
     const HostTable& t = tables.emplace_back(random_table(c.dtype, c.scale_dtype, c.V, c.D, rng));
-    ops.upload(t.w);
+    ops.upload(t.w);  // a synchronous copy from pageable memory: settle before a kernel reads it
+    settle();
     std::vector<int32_t> tokens = {0, int32_t(c.V - 1)};  // both ends of the table, then random ids
     for (int i = 0; i < 17; ++i) tokens.push_back(int32_t(rng() % uint64_t(c.V)));
     const int64_t n = int64_t(tokens.size());
     std::vector<float> want(size_t(n * c.D));
     cpu.embed(t.w, tokens.data(), n, want.data());
     float* out = poisoned(ops, want.size(), c.shift);
-    ops.embed(t.w, to_device(ops, tokens), n, out);
+    ops.embed(t.w, uploaded_ids(ops, tokens), n, out);
     EXPECT_TRUE(compare(to_host(ops, out, want.size()), want, kExact,
                         cat("embed ", dtype_name(c.dtype), " scales ", dtype_name(c.scale_dtype), " V=", c.V,
                             " D=", c.D, " shift=", c.shift)));
@@ -237,8 +258,9 @@ TEST(CudaElementwise, EmbedOutOfRangeTokenGivesNanRow) {
   CudaOps ops(ModelConfig{});
   const HostTable t = random_table(DType::kBF16, DType::kF8E8M0, 10, 64, rng);
   ops.upload(t.w);
+  settle();
   float* out = poisoned(ops, 3 * 64, 0);
-  ops.embed(t.w, to_device(ops, std::vector<int32_t>{3, 10, -1}), 3, out);
+  ops.embed(t.w, uploaded_ids(ops, {3, 10, -1}), 3, out);
   const auto got = to_host(ops, out, 3 * 64);
   for (int64_t c = 0; c < 64; ++c) {
     EXPECT_FALSE(std::isnan(got[size_t(c)])) << c;

@@ -51,15 +51,28 @@ HostMatrix random_matrix(DType dtype, int64_t rows, int64_t cols, float bound, s
 }
 
 #if DSV4_HAVE_CUDA
+// ops.alloc() clears its buffer asynchronously on the op stream, while poison() and cudaMemcpy() go through the
+// legacy default stream, which the (non-blocking) op stream is not ordered with; a pageable cudaMemcpy may even
+// return before its DMA lands. So the device is synchronised after each allocation and after each such write.
+void settle() { DSV4_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+template <class T>
+T* settled(CudaOps&, T* p) {
+  settle();
+  return p;
+}
+
 float* uploaded(CudaOps& ops, const std::vector<float>& host, size_t shift) {
-  float* p = ops.alloc(host.size() + shift) + shift;
+  float* p = settled(ops, ops.alloc(host.size() + shift) + shift);
   DSV4_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  settle();
   return p;
 }
 
 float* poisoned(CudaOps& ops, size_t count, size_t shift) {
-  float* p = ops.alloc(count + shift) + shift;
+  float* p = settled(ops, ops.alloc(count + shift) + shift);
   poison(p, count);
+  settle();
   return p;
 }
 #endif
@@ -106,6 +119,7 @@ TEST(CudaHc, HcPreMatchesCpu) {
     ops.upload(w.fn);
     ops.upload(w.base);
     ops.upload(w.scale);
+    settle();
     const auto X = random_floats(size_t(c.n * K), rng);
     std::vector<float> x(size_t(c.n * c.dim)), post(size_t(c.n * c.hc)), comb(size_t(c.n * c.hc * c.hc));
     cpu.hc_pre(X.data(), w, c.n, x.data(), post.data(), comb.data());
@@ -141,6 +155,7 @@ TEST(CudaHc, HcHeadMatchesCpu) {
     ops.upload(w.fn);
     ops.upload(w.base);
     ops.upload(w.scale);
+    settle();
     const auto X = random_floats(size_t(c.n * K), rng);
     std::vector<float> y(size_t(c.n * c.dim));
     cpu.hc_head(X.data(), w, c.n, y.data());
@@ -172,7 +187,7 @@ TEST(CudaHc, HcPostMatchesCpu) {
     std::vector<float> want = X;
     cpu.hc_post(f.data(), post.data(), comb.data(), c.n, want.data());
     float* dX = uploaded(ops, X, c.shift);
-    ops.hc_post(uploaded(ops, f, c.shift), to_device(ops, post), to_device(ops, comb), c.n, dX);
+    ops.hc_post(uploaded(ops, f, c.shift), uploaded(ops, post, 0), uploaded(ops, comb, 0), c.n, dX);
     EXPECT_TRUE(compare(to_host(ops, dX, want.size()), want, Tolerance{1e-6, 0.0},
                         cat("hc_post hc=", c.hc, " dim=", c.dim, " n=", c.n, " shift=", c.shift)));
   }

@@ -27,9 +27,21 @@ ModelConfig v4_config() {
 }
 
 #if DSV4_HAVE_CUDA
+// ops.alloc() clears its buffer asynchronously on the op stream, while poison() and cudaMemcpy() go through the
+// legacy default stream, which the (non-blocking) op stream is not ordered with; a pageable cudaMemcpy may even
+// return before its DMA lands. So the device is synchronised after each allocation and after each such write.
+void settle() { DSV4_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+template <class T>
+T* settled(CudaOps&, T* p) {
+  settle();
+  return p;
+}
+
 float* uploaded(CudaOps& ops, const std::vector<float>& host, size_t shift) {
-  float* p = ops.alloc(host.size() + shift) + shift;
+  float* p = settled(ops, ops.alloc(host.size() + shift) + shift);
   DSV4_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  settle();
   return p;
 }
 #endif
@@ -63,13 +75,15 @@ TEST(CudaNormRope, RmsNormMatchesCpu) {
     const std::vector<float>& gamma = gains.emplace_back(random_floats(size_t(c.dim), rng, 0.5f, 1.5f));
     const std::vector<float>* g = c.weighted ? &gamma : nullptr;
     if (g) ops.upload(gamma);
+    settle();
     std::vector<float> want(x.size());
     cpu.rms_norm(x.data(), g, c.rows, c.dim, want.data());
     float* dx = uploaded(ops, x, c.shift);
     float* y = dx;
     if (!c.in_place) {
-      y = ops.alloc(x.size() + c.shift) + c.shift;
+      y = settled(ops, ops.alloc(x.size() + c.shift) + c.shift);
       poison(y, x.size());
+      settle();
     }
     ops.rms_norm(dx, g, c.rows, c.dim, y);
     EXPECT_TRUE(compare(to_host(ops, y, x.size()), want, tol,
