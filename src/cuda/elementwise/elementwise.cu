@@ -5,7 +5,6 @@
 #include <algorithm>
 
 #include "cuda/common/check.h"
-#include "cuda/common/dequant.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/elementwise/pack.cuh"
 

@@ -12,7 +12,6 @@
 // while fn (1.5 MiB fp32 per site) is spread over every SM by the split-K — that is where the time goes.
 // hc_post: block (D slice, token), post and comb in shared memory, X'[k] = post[k]·f + Σ_j C[j][k]·X[j] in place.
 #include <algorithm>
-#include <cmath>
 
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
@@ -149,8 +148,10 @@ __global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParam
 
   // Value `lane` (rows 0..M−1 of fn·v, then Σ v² at M) summed over the chunks: warp w takes chunks w, w + 8, ...
   double s = 0.0;
-  if (lane <= p.M)
+  if (lane <= p.M) {
+#pragma unroll 4  // independent loads in flight: at decode each warp walks 16 chunks
     for (int64_t c = warp; c < p.chunks; c += kWarps) s += p.partial[(c * p.n + t) * (p.M + 1) + lane];
+  }
   chunk_sums[warp][lane] = s;
   __syncthreads();
 
