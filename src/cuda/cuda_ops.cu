@@ -1,5 +1,7 @@
 // CudaOps: device, stream, memory and weight upload. The op families live in their own folders.
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "cpu/cpu_ops.h"  // rope_inv_freq: host-side constants shared with the CPU reference
 #include "cuda/common/check.h"
@@ -24,11 +26,14 @@ CudaOps::CudaOps(const ModelConfig& config, int device) : config_(config), devic
   };
   inv_freq_plain_ = constants(rope_inv_freq(config.rope_dim, config.rope_theta, nullptr));
   inv_freq_compressed_ = constants(rope_inv_freq(config.rope_dim, config.compress_rope_theta, &config.yarn));
+  if (const char* env = std::getenv("DSV4_CUDA_GRAPHS")) graphs_enabled_ = std::string(env) != "0";
 }
 
 CudaOps::~CudaOps() {
   // Destructors must not throw: errors here are reported by nobody, the process is ending or moving on.
+  if (capturing_) abort_graph();
   if (stream_) cudaStreamSynchronize(stream_);
+  for (auto& [nodes, exec] : graph_execs_) cudaGraphExecDestroy(exec);
   for (void* p : allocations_) cudaFree(p);
   for (auto& [p, bytes] : workspaces_) cudaFree(p);
   if (stream_) cudaStreamDestroy(stream_);
@@ -72,6 +77,8 @@ void* CudaOps::workspace(int slot, size_t bytes) {
   if (workspaces_.size() <= size_t(slot)) workspaces_.resize(size_t(slot) + 1, {nullptr, 0});
   auto& [p, size] = workspaces_[size_t(slot)];
   if (size < bytes) {
+    // Cannot allocate inside a recording: the caller aborts it and runs the step directly, which grows it.
+    DSV4_CHECK(!capturing_, "workspace ", slot, " must grow to ", bytes, " bytes during a graph recording");
     // Growth happens on the first steps only; the stream must be idle before the old buffer goes.
     DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (p) DSV4_CUDA_CHECK(cudaFree(p));
@@ -81,6 +88,57 @@ void* CudaOps::workspace(int slot, size_t bytes) {
     size = bytes;
   }
   return p;
+}
+
+// ---- step graphs
+
+bool CudaOps::begin_graph() {
+  if (!graphs_enabled_) return false;
+  DSV4_ASSERT(!capturing_);
+  DSV4_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  capturing_ = true;
+  return true;
+}
+
+void CudaOps::abort_graph() {
+  DSV4_ASSERT(capturing_);
+  capturing_ = false;
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(stream_, &graph);  // fails when an unrecordable call invalidated the capture: fine
+  if (graph) cudaGraphDestroy(graph);
+  cudaGetLastError();  // clear the capture error so the direct run starts clean
+  ++graph_stats_.aborted;
+}
+
+void CudaOps::end_graph() {
+  DSV4_ASSERT(capturing_);
+  capturing_ = false;
+  cudaGraph_t graph = nullptr;
+  DSV4_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  size_t nodes = 0;
+  DSV4_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  auto it = graph_execs_.find(nodes);
+  bool updated = false;
+  if (it != graph_execs_.end()) {
+    cudaGraphExecUpdateResultInfo info{};
+    updated = cudaGraphExecUpdate(it->second, graph, &info) == cudaSuccess;
+    if (!updated) {
+      cudaGetLastError();
+      DSV4_CUDA_CHECK(cudaGraphExecDestroy(it->second));
+      graph_execs_.erase(it);
+    }
+  }
+  if (updated) {
+    ++graph_stats_.updated;
+  } else {
+    cudaGraphExec_t exec = nullptr;
+    DSV4_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    it = graph_execs_.emplace(nodes, exec).first;
+    ++graph_stats_.instantiated;
+  }
+  DSV4_CUDA_CHECK(cudaGraphDestroy(graph));
+  DSV4_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+  ++graph_stats_.launched;
 }
 
 // ---- upload

@@ -34,6 +34,17 @@ class CudaOps final : public Ops {
   const int32_t* upload(const std::vector<int32_t>& v);
 
   // ---- Ops
+  // Decode steps are recorded (stream capture) and replayed as one CUDA graph: the executable graph of the
+  // last step with the same node count is updated in place (cudaGraphExecUpdate: kernel arguments such as
+  // positions change every token, the topology rarely does), else instantiated. DSV4_CUDA_GRAPHS=0 disables.
+  bool begin_graph() override;
+  void end_graph() override;
+  void abort_graph() override;
+  struct GraphStats {
+    int64_t launched = 0, updated = 0, instantiated = 0, aborted = 0;
+  };
+  const GraphStats& graph_stats() const { return graph_stats_; }
+
   float* alloc(size_t count) override;
   int32_t* alloc_i32(size_t count) override;
   void fill(float* x, size_t count, float value) override;
@@ -94,6 +105,10 @@ class CudaOps final : public Ops {
   std::vector<std::pair<void*, size_t>> workspaces_;
   float* inv_freq_plain_ = nullptr;
   float* inv_freq_compressed_ = nullptr;
+  bool graphs_enabled_ = true;
+  bool capturing_ = false;
+  std::unordered_map<size_t, cudaGraphExec_t> graph_execs_;  // by node count
+  GraphStats graph_stats_;
 };
 
 }  // namespace dsv4

@@ -75,11 +75,28 @@ void DeepseekV4::step(std::span<const StepInput> batch) {
   }
   DSV4_CHECK(n <= act_.max_step, "a step of ", n, " tokens exceeds the step capacity of ", act_.max_step);
   for (size_t i = 0; i < batch.size(); ++i) ops_.upload_i32(act_.tokens + spans_[i].row0, batch[i].tokens, size_t(batch[i].n));
-  ops_.embed(model_.embed, act_.tokens, n, act_.x);
-  ops_.broadcast_streams(act_.x, n, c.hc_mult, c.dim, act_.X);
-  for (size_t i = 0; i < model_.layers.size(); ++i) block(model_.layers[i], i, /*mtp=*/false, n);
+  const auto forward = [&] {
+    ops_.embed(model_.embed, act_.tokens, n, act_.x);
+    ops_.broadcast_streams(act_.x, n, c.hc_mult, c.dim, act_.X);
+    for (size_t i = 0; i < model_.layers.size(); ++i) block(model_.layers[i], i, /*mtp=*/false, n);
+    return head(model_.hc_head, model_.norm, batch, n);
+  };
+  // Decode steps (one token per sequence) repeat the same op sequence every token: worth recording as a graph.
+  const bool decode = n == int64_t(batch.size());
+  int64_t rows = 0;
+  if (decode && ops_.begin_graph()) {
+    try {
+      rows = forward();
+      ops_.end_graph();
+    } catch (const Error&) {
+      ops_.abort_graph();  // an op could not be recorded: nothing ran, run the step directly
+      rows = forward();
+    }
+  } else {
+    rows = forward();
+  }
   for (const Span& s : spans_) s.sequence->position += s.n;
-  head(model_.hc_head, model_.norm, batch, n);
+  download_logits(batch, rows);
 }
 
 void DeepseekV4::mtp_step(const int32_t* next_tokens, int64_t n, float* logits) {
@@ -101,7 +118,8 @@ void DeepseekV4::mtp_step(const int32_t* next_tokens, int64_t n, float* logits) 
   block(m.block, 0, /*mtp=*/true, n);
   state_.mtp_position += n;
   const StepInput all{&state_, next_tokens, n, logits, /*all_rows=*/true};
-  head(m.hc_head, m.norm, std::span<const StepInput>(&all, 1), n);
+  const std::span<const StepInput> batch(&all, 1);
+  download_logits(batch, head(m.hc_head, m.norm, batch, n));
 }
 
 // One decoder layer: attention then MoE, each wrapped in an mHC pre-mix / post-mix (spec §4–§5).
@@ -227,11 +245,11 @@ void DeepseekV4::output_projection(const AttentionWeights& w, int64_t n) {
 void DeepseekV4::moe(const LayerWeights& l, int64_t n) { ops_.moe(l.moe, act_.xn, act_.tokens, n, act_.sub_out); }
 
 // Final hyper-connection collapse, norm and LM head (spec §5.4, §4), only for the rows whose logits the batch
-// asked for: they are gathered into y_rows, projected together and downloaded once.
-void DeepseekV4::head(const HcHeadWeights& hc, const std::vector<float>& norm, std::span<const StepInput> batch,
-                      int64_t n) {
+// asked for: they are gathered into y_rows and projected together. Returns the number of logits rows.
+int64_t DeepseekV4::head(const HcHeadWeights& hc, const std::vector<float>& norm, std::span<const StepInput> batch,
+                         int64_t n) {
   const ModelConfig& c = model_.config;
-  const int64_t D = c.dim, V = c.vocab_size;
+  const int64_t D = c.dim;
   ops_.hc_head(act_.X, hc, n, act_.y);
   int64_t rows = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -240,9 +258,16 @@ void DeepseekV4::head(const HcHeadWeights& hc, const std::vector<float>& norm, s
     ops_.copy(act_.y + (spans_[i].row0 + first) * D, size_t(count * D), act_.y_rows + rows * D);
     rows += count;
   }
-  if (rows == 0) return;
+  if (rows == 0) return 0;
   ops_.rms_norm(act_.y_rows, &norm, rows, D, act_.y_rows);
-  ops_.linear(act_.y_rows, D, model_.head, rows, act_.logits, V);
+  ops_.linear(act_.y_rows, D, model_.head, rows, act_.logits, c.vocab_size);
+  return rows;
+}
+
+// One download for the whole step, then each input's rows to its own host buffer.
+void DeepseekV4::download_logits(std::span<const StepInput> batch, int64_t rows) {
+  if (rows == 0) return;
+  const int64_t V = model_.config.vocab_size;
   host_logits_.resize(size_t(rows * V));
   ops_.download(host_logits_.data(), act_.logits, size_t(rows * V));
   const float* src = host_logits_.data();

@@ -89,8 +89,9 @@ class DeepseekV4 {
   void indexer(const IndexerWeights& w, const Span& s, LayerState& state);
   void output_projection(const AttentionWeights& w, int64_t n);
   void moe(const LayerWeights& l, int64_t n);
-  // Logits of the rows the batch asked for, scattered to each input's host buffer.
-  void head(const HcHeadWeights& hc, const std::vector<float>& norm, std::span<const StepInput> batch, int64_t n);
+  // Logits of the rows the batch asked for, on the device (returns how many rows), then to each input's buffer.
+  int64_t head(const HcHeadWeights& hc, const std::vector<float>& norm, std::span<const StepInput> batch, int64_t n);
+  void download_logits(std::span<const StepInput> batch, int64_t rows);
 
   LayerState& layer_state(const Span& s, size_t layer, bool mtp) const {
     return mtp ? s.sequence->mtp[layer] : s.sequence->layers[layer];

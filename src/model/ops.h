@@ -67,6 +67,14 @@ class Ops {
   virtual void download(float* host, const float* src, size_t count) = 0;
   virtual void copy(const float* src, size_t count, float* dst) = 0;  // backend memory to backend memory
 
+  // ---- step graphs (optional). Between begin_graph() returning true and end_graph(), a backend may record
+  // the ops instead of running them, then run the recording as one unit (CUDA graphs: one launch instead of
+  // hundreds). An op that cannot be recorded throws; the caller then calls abort_graph() and re-runs the ops
+  // directly. Host-visible effects (download) never happen inside a recording.
+  virtual bool begin_graph() { return false; }
+  virtual void end_graph() {}
+  virtual void abort_graph() {}
+
   // ---- elementwise / small
   virtual void embed(const Weight& table, const int32_t* tokens, int64_t n, float* out) = 0;  // out [n, D]
   virtual void broadcast_streams(const float* x, int64_t n, int64_t hc, int64_t dim, float* X) = 0;  // X [n, hc, D]

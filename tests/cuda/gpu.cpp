@@ -3,8 +3,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cuda/device.h"
-
 #if DSV4_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -12,13 +10,6 @@
 #endif
 
 namespace dsv4::test {
-
-std::string gpu_unavailable_reason() {
-  std::string why;
-  if (!cuda_compiled()) return "this build has no CUDA backend";
-  if (cuda_devices(&why).empty()) return why.empty() ? "no CUDA device" : why;
-  return "";
-}
 
 uint64_t seed() {
   static const uint64_t s = [] {

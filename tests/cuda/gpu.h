@@ -1,5 +1,4 @@
-// GPU test helpers. Every CUDA test starts with DSV4_REQUIRE_GPU(): without a GPU (CI) the test is reported
-// as skipped — ctest lists it under "did not run" — never as passed. Kernels are checked against the CPU
+// GPU test helpers. Every CUDA test starts with DSV4_REQUIRE_GPU() (harness/gpu_skip.h). Kernels are checked against the CPU
 // reference (CpuOps) on fresh random inputs, with outputs poisoned (NaN) before the call so an unwritten
 // element cannot pass.
 #pragma once
@@ -14,6 +13,7 @@
 
 #include "cpu/cpu_ops.h"
 #include "harness/compare.h"
+#include "harness/gpu_skip.h"
 #include "model/ops.h"
 
 #if DSV4_HAVE_CUDA
@@ -21,15 +21,6 @@
 #endif
 
 namespace dsv4::test {
-
-// Empty when a GPU is usable, else why not.
-std::string gpu_unavailable_reason();
-
-#define DSV4_REQUIRE_GPU()                                                          \
-  do {                                                                              \
-    const std::string dsv4_why_ = ::dsv4::test::gpu_unavailable_reason();           \
-    if (!dsv4_why_.empty()) GTEST_SKIP() << "GPU test skipped: " << dsv4_why_;      \
-  } while (0)
 
 // Uniform in [lo, hi), from a seed that is fresh per run unless DSV4_TEST_SEED is set (printed on failure
 // through the test's SCOPED_TRACE of seed()).

@@ -3,6 +3,7 @@
 //  * tests/data/golden/*, computed by transformers' DeepseekV4ForCausalLM (exact numerics).
 // Every check runs through the dsv4 CLI (logits / generate), for whole-prompt prefill, token-by-token
 // decode (--step 1) and odd chunkings (--step 7), so the incremental state is exercised against the oracle.
+// Every test runs on each backend: cpu, and cuda (reported skipped without a GPU), with the same tolerances.
 //
 // Tolerances: exact numerics 1e-3 absolute on logits (fp32 end to end, observed ~2e-5; the slack covers
 // summation-order differences across compilers). Reference numerics as the fixture README states: FP8/FP4
@@ -15,6 +16,7 @@
 
 #include "harness/compare.h"
 #include "harness/files.h"
+#include "harness/gpu_skip.h"
 
 namespace dsv4::test {
 namespace {
@@ -38,21 +40,25 @@ Fixture open_fixture(const std::string& dir) {
   return f;
 }
 
-std::vector<float> run_logits(const Fixture& f, size_t len, const std::string& numerics, int step, bool mtp = false) {
+const std::vector<std::string> kBackends = {"cpu", "cuda"};
+
+std::vector<float> run_logits(const std::string& backend, const Fixture& f, size_t len, const std::string& numerics,
+                              int step, bool mtp = false) {
   TempDir tmp;
   std::vector<std::string> args = {"logits", "--model", f.dir, "--tokens", join_ids(f.prompt, len), "--out",
-                                   tmp.file("logits.f32"), "--numerics", numerics, "--step", std::to_string(step)};
+                                   tmp.file("logits.f32"), "--numerics", numerics, "--step", std::to_string(step),
+                                   "--backend", backend};
   if (mtp) args.push_back("--mtp");
   const CliResult r = run_cli(args);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return r.exit_code == 0 ? read_f32(tmp.file("logits.f32")) : std::vector<float>{};
 }
 
-std::vector<int32_t> run_greedy(const Fixture& f, const std::vector<int32_t>& prompt, size_t new_tokens,
-                                const std::string& numerics) {
+std::vector<int32_t> run_greedy(const std::string& backend, const Fixture& f, const std::vector<int32_t>& prompt,
+                                size_t new_tokens, const std::string& numerics) {
   const CliResult r = run_cli({"generate", "--model", f.dir, "--prompt-ids", join_ids(prompt, prompt.size()),
                                "--max-tokens", std::to_string(new_tokens), "--temperature", "0", "--ignore-eos",
-                               "--print-ids", "--numerics", numerics});
+                               "--print-ids", "--numerics", numerics, "--backend", backend});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   std::vector<int32_t> ids;
   std::istringstream last(r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1));
@@ -87,9 +93,10 @@ void expect_reference_agreement(const std::vector<float>& got, const std::vector
 
 // ---------------------------------------------------------------- ref-small (DeepSeek's own code)
 
-class RefSmall : public ::testing::Test {
+class RefSmall : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
+    if (backend() == "cuda") DSV4_REQUIRE_GPU();
     ASSERT_TRUE(fs::exists(ref_small_dir())) << "missing fixture " << ref_small_dir();
     f_ = open_fixture(ref_small_dir());
     lens_ = f_.index["lens"].get<std::vector<size_t>>();
@@ -97,42 +104,46 @@ class RefSmall : public ::testing::Test {
   std::vector<float> want(const std::string& kind, size_t len) const {
     return read_f32(f_.dir + "/logits/" + kind + "_" + std::to_string(len) + ".f32");
   }
+  const std::string& backend() const { return GetParam(); }
+  std::vector<float> logits(size_t len, const std::string& numerics, int step, bool mtp = false) const {
+    return run_logits(backend(), f_, len, numerics, step, mtp);
+  }
   Fixture f_;
   std::vector<size_t> lens_;
 };
 
-TEST_F(RefSmall, ExactPrefillMatches) {
+TEST_P(RefSmall, ExactPrefillMatches) {
   for (size_t len : lens_)
-    EXPECT_TRUE(compare(run_logits(f_, len, "exact", 64), want("exact", len), {1e-3, 0.0}, "exact_" + std::to_string(len)));
+    EXPECT_TRUE(compare(logits(len, "exact", 64), want("exact", len), {1e-3, 0.0}, "exact_" + std::to_string(len)));
 }
 
-TEST_F(RefSmall, ExactTokenByTokenMatches) {
+TEST_P(RefSmall, ExactTokenByTokenMatches) {
   for (size_t len : lens_)
-    EXPECT_TRUE(compare(run_logits(f_, len, "exact", 1), want("exact", len), {1e-3, 0.0}, "exact_" + std::to_string(len)));
+    EXPECT_TRUE(compare(logits(len, "exact", 1), want("exact", len), {1e-3, 0.0}, "exact_" + std::to_string(len)));
 }
 
-TEST_F(RefSmall, ReferencePrefillMatches) {
+TEST_P(RefSmall, ReferencePrefillMatches) {
   for (size_t len : lens_)
-    expect_reference_agreement(run_logits(f_, len, "reference", 64), want("reference", len), len, f_.vocab,
+    expect_reference_agreement(logits(len, "reference", 64), want("reference", len), len, f_.vocab,
                                "reference_" + std::to_string(len));
 }
 
-TEST_F(RefSmall, ReferenceOddChunksMatch) {
+TEST_P(RefSmall, ReferenceOddChunksMatch) {
   for (size_t len : lens_)
-    expect_reference_agreement(run_logits(f_, len, "reference", 7), want("reference", len), len, f_.vocab,
+    expect_reference_agreement(logits(len, "reference", 7), want("reference", len), len, f_.vocab,
                                "reference_" + std::to_string(len) + " in steps of 7");
 }
 
-TEST_F(RefSmall, DecodeEqualsPrefill) {
+TEST_P(RefSmall, DecodeEqualsPrefill) {
   // The same sequence consumed one token at a time and in one step must give the same logits.
   const size_t len = lens_.back();
   for (const char* numerics : {"exact", "reference"})
-    EXPECT_TRUE(compare(run_logits(f_, len, numerics, 1), run_logits(f_, len, numerics, 64), {1e-5, 0.0}, numerics));
+    EXPECT_TRUE(compare(logits(len, numerics, 1), logits(len, numerics, 64), {1e-5, 0.0}, numerics));
 }
 
-TEST_F(RefSmall, MtpDraftLogitsMatch) {
+TEST_P(RefSmall, MtpDraftLogitsMatch) {
   const size_t len = lens_.back();
-  const std::vector<float> got = run_logits(f_, len, "reference", 64, /*mtp=*/true);
+  const std::vector<float> got = logits(len, "reference", 64, /*mtp=*/true);
   const std::vector<float> want_mtp = read_f32(f_.dir + "/logits/mtp_reference.f32");
   ASSERT_EQ(got.size(), want_mtp.size());
   const size_t short_rows = 32 * size_t(f_.vocab);
@@ -141,13 +152,13 @@ TEST_F(RefSmall, MtpDraftLogitsMatch) {
   EXPECT_GE(top1_agreement(got, want_mtp, f_.vocab), 0.90);
 }
 
-TEST_F(RefSmall, GreedyContinuationMatches) {
+TEST_P(RefSmall, GreedyContinuationMatches) {
   const size_t plen = f_.index["greedy_prompt_len"].get<size_t>();
   for (const char* numerics : {"exact", "reference"}) {
     const auto seq = f_.index[std::string("greedy_sequence_") + numerics].get<std::vector<int32_t>>();
     const std::vector<int32_t> prompt(seq.begin(), seq.begin() + long(plen));
     const std::vector<int32_t> expected(seq.begin() + long(plen), seq.end());
-    EXPECT_EQ(run_greedy(f_, prompt, expected.size(), numerics), expected) << numerics;
+    EXPECT_EQ(run_greedy(backend(), f_, prompt, expected.size(), numerics), expected) << numerics;
   }
 }
 
@@ -165,23 +176,32 @@ std::vector<std::string> golden_dirs() {
 
 TEST(GoldenSet, FixturesArePresent) { EXPECT_GE(golden_dirs().size(), 3u) << "tests/data/golden has too few fixtures"; }
 
-class Golden : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Backends, RefSmall, ::testing::ValuesIn(kBackends));
+
+class Golden : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
+ protected:
+  void SetUp() override {
+    if (backend() == "cuda") DSV4_REQUIRE_GPU();
+  }
+  const std::string& dir() const { return std::get<0>(GetParam()); }
+  const std::string& backend() const { return std::get<1>(GetParam()); }
+};
 
 TEST_P(Golden, ExactLogitsMatchTransformers) {
-  const Fixture f = open_fixture(GetParam());
+  const Fixture f = open_fixture(dir());
   for (size_t len : f.index["lens"].get<std::vector<size_t>>()) {
     const std::vector<float> want = read_f32(f.dir + "/logits/exact_" + std::to_string(len) + ".f32");
-    EXPECT_TRUE(compare(run_logits(f, len, "exact", 64), want, {1e-3, 0.0}, "prefill exact_" + std::to_string(len)));
+    EXPECT_TRUE(compare(run_logits(backend(), f, len, "exact", 64), want, {1e-3, 0.0}, "prefill exact_" + std::to_string(len)));
     // Token by token for the shorter prompts (cost grows with length), odd chunks for all.
     if (len <= 129) {
-      EXPECT_TRUE(compare(run_logits(f, len, "exact", 1), want, {1e-3, 0.0}, "decode exact_" + std::to_string(len)));
+      EXPECT_TRUE(compare(run_logits(backend(), f, len, "exact", 1), want, {1e-3, 0.0}, "decode exact_" + std::to_string(len)));
     }
-    EXPECT_TRUE(compare(run_logits(f, len, "exact", 7), want, {1e-3, 0.0}, "steps of 7 exact_" + std::to_string(len)));
+    EXPECT_TRUE(compare(run_logits(backend(), f, len, "exact", 7), want, {1e-3, 0.0}, "steps of 7 exact_" + std::to_string(len)));
   }
 }
 
 TEST_P(Golden, GreedyContinuationMatchesTransformers) {
-  const Fixture f = open_fixture(GetParam());
+  const Fixture f = open_fixture(dir());
   // "greedy" from a 40-token prompt; "greedy_long" decodes across the 128-token HCA boundary.
   for (const std::string kind : {"greedy", "greedy_long"}) {
     if (!f.index.contains(kind + "_prompt_len")) continue;
@@ -189,13 +209,14 @@ TEST_P(Golden, GreedyContinuationMatchesTransformers) {
     const auto seq = f.index[kind + "_sequence_exact"].get<std::vector<int32_t>>();
     const std::vector<int32_t> prompt(seq.begin(), seq.begin() + long(plen));
     const std::vector<int32_t> expected(seq.begin() + long(plen), seq.end());
-    EXPECT_EQ(run_greedy(f, prompt, expected.size(), "exact"), expected) << kind;
+    EXPECT_EQ(run_greedy(backend(), f, prompt, expected.size(), "exact"), expected) << kind;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Golden, ::testing::ValuesIn(golden_dirs()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = fs::path(info.param).filename().string();
+INSTANTIATE_TEST_SUITE_P(Fixtures, Golden, ::testing::Combine(::testing::ValuesIn(golden_dirs()), ::testing::ValuesIn(kBackends)),
+                         [](const ::testing::TestParamInfo<Golden::ParamType>& info) {
+                           std::string name = fs::path(std::get<0>(info.param)).filename().string() + "_" +
+                                              std::get<1>(info.param);
                            for (char& c : name) {
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            }
