@@ -30,12 +30,14 @@ std::vector<float> random_floats(size_t n, std::mt19937_64& rng, float lo, float
 float* to_device(CudaOps& ops, const std::vector<float>& host) {
   float* d = ops.alloc(host.size());
   DSV4_CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // the ops' stream does not wait for the legacy stream
   return d;
 }
 
 int32_t* to_device(CudaOps& ops, const std::vector<int32_t>& host) {
   int32_t* d = ops.alloc_i32(host.size());
   DSV4_CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // the ops' stream does not wait for the legacy stream
   return d;
 }
 
@@ -53,8 +55,15 @@ std::vector<int32_t> to_host(CudaOps& ops, const int32_t* device, size_t n) {
   return h;
 }
 
-void poison(float* device, size_t n) { DSV4_CUDA_CHECK(cudaMemset(device, 0xFF, n * sizeof(float))); }
-void poison(int32_t* device, size_t n) { DSV4_CUDA_CHECK(cudaMemset(device, 0x7F, n * sizeof(int32_t))); }
+// cudaMemset runs on the legacy stream, asynchronously: settle it before the ops' stream touches the buffer.
+void poison(float* device, size_t n) {
+  DSV4_CUDA_CHECK(cudaMemset(device, 0xFF, n * sizeof(float)));
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+}
+void poison(int32_t* device, size_t n) {
+  DSV4_CUDA_CHECK(cudaMemset(device, 0x7F, n * sizeof(int32_t)));
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+}
 #endif
 
 }  // namespace dsv4::test
