@@ -41,34 +41,50 @@ struct Timer {
   }
 };
 
-// Mean µs of fn() over `iters` calls: cold = each call timed alone after an L2 flush, hot = back to back.
+// µs per call of fn(), averaged over `iters` calls.
+struct Timing {
+  double cold = 0.0;   // CUDA graph of one call, L2 flushed before each (decode's real case)
+  double graph = 0.0;  // the same graph replayed back to back (no host launch cost, warm L2)
+  double hot = 0.0;    // direct stream launches back to back (warm L2, host launch cost included)
+};
+
 template <class Fn>
-double time_us(CudaOps& ops, Fn&& fn, int iters, bool cold, void* flush, size_t flush_bytes) {
+Timing measure(CudaOps& ops, Fn&& fn, int iters, void* flush, size_t flush_bytes) {
   Timer t;
   cudaStream_t s = ops.stream();
-  for (int i = 0; i < 3; ++i) fn();  // warm-up (workspaces, first-launch costs)
-  double total_ms = 0.0;
-  if (cold) {
-    for (int i = 0; i < iters; ++i) {
-      DSV4_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, s));
-      DSV4_CUDA_CHECK(cudaEventRecord(t.start, s));
-      fn();
-      DSV4_CUDA_CHECK(cudaEventRecord(t.stop, s));
-      DSV4_CUDA_CHECK(cudaEventSynchronize(t.stop));
-      float ms = 0.0f;
-      DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
-      total_ms += ms;
-    }
-  } else {
-    DSV4_CUDA_CHECK(cudaEventRecord(t.start, s));
-    for (int i = 0; i < iters; ++i) fn();
-    DSV4_CUDA_CHECK(cudaEventRecord(t.stop, s));
+  for (int i = 0; i < 3; ++i) fn();  // warm-up: workspaces and one-time kernel attributes settle here
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  fn();
+  DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  DSV4_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const auto elapsed_ms = [&] {
     DSV4_CUDA_CHECK(cudaEventSynchronize(t.stop));
     float ms = 0.0f;
     DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
-    total_ms = ms;
+    return double(ms);
+  };
+  Timing r;
+  for (int i = 0; i < iters; ++i) {
+    DSV4_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, s));
+    DSV4_CUDA_CHECK(cudaEventRecord(t.start, s));
+    DSV4_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    DSV4_CUDA_CHECK(cudaEventRecord(t.stop, s));
+    r.cold += 1e3 * elapsed_ms() / iters;
   }
-  return 1e3 * total_ms / iters;
+  DSV4_CUDA_CHECK(cudaEventRecord(t.start, s));
+  for (int i = 0; i < iters; ++i) DSV4_CUDA_CHECK(cudaGraphLaunch(exec, s));
+  DSV4_CUDA_CHECK(cudaEventRecord(t.stop, s));
+  r.graph = 1e3 * elapsed_ms() / iters;
+  DSV4_CUDA_CHECK(cudaEventRecord(t.start, s));
+  for (int i = 0; i < iters; ++i) fn();
+  DSV4_CUDA_CHECK(cudaEventRecord(t.stop, s));
+  r.hot = 1e3 * elapsed_ms() / iters;
+  DSV4_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  DSV4_CUDA_CHECK(cudaGraphDestroy(graph));
+  return r;
 }
 
 // Copy bandwidth, read + write counted: 2 GiB device to device.
@@ -78,8 +94,18 @@ double copy_bandwidth_gbs(CudaOps& ops) {
   DSV4_CUDA_CHECK(cudaMalloc(&src, bytes));
   DSV4_CUDA_CHECK(cudaMalloc(&dst, bytes));
   DSV4_CUDA_CHECK(cudaMemset(src, 1, bytes));
-  const auto copy = [&] { DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ops.stream())); };
-  const double us = time_us(ops, copy, 10, false, nullptr, 0);
+  Timer t;
+  for (int i = 0; i < 2; ++i)
+    DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ops.stream()));
+  DSV4_CUDA_CHECK(cudaEventRecord(t.start, ops.stream()));
+  const int iters = 10;
+  for (int i = 0; i < iters; ++i)
+    DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ops.stream()));
+  DSV4_CUDA_CHECK(cudaEventRecord(t.stop, ops.stream()));
+  DSV4_CUDA_CHECK(cudaEventSynchronize(t.stop));
+  float ms = 0.0f;
+  DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
+  const double us = 1e3 * double(ms) / iters;
   DSV4_CUDA_CHECK(cudaFree(src));
   DSV4_CUDA_CHECK(cudaFree(dst));
   return 2.0 * double(bytes) / (us * 1e3);
@@ -95,6 +121,7 @@ std::vector<float> random_floats(size_t n, std::mt19937_64& rng, float lo = -1.0
 float* to_device(CudaOps& ops, const std::vector<float>& h) {
   float* d = ops.alloc(h.size());
   DSV4_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // the ops' stream does not wait for the legacy stream
   return d;
 }
 
@@ -131,8 +158,14 @@ int main(int argc, char** argv) {
     float* out = ops.alloc(size_t(kHeads * kHeadDim));
     int32_t* selected = ops.alloc_i32(size_t(kTopK));
 
-    std::printf("| layer | context | keys | KV bytes | splits | cold µs | cold GB/s | %% of copy BW | hot µs | "
-                "best splits (cold µs) |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    {  // the floor of any one-op graph here: a 4-byte memset
+      const auto tiny = [&] { DSV4_CUDA_CHECK(cudaMemsetAsync(flush, 0, 4, ops.stream())); };
+      const Timing f = measure(ops, tiny, iters, flush, flush_bytes);
+      std::printf("one 4-byte memset: cold %.2f µs, graph replay %.2f µs, stream %.2f µs\n\n", f.cold, f.graph,
+                  f.hot);
+    }
+    std::printf("| layer | context | keys | KV bytes | splits | cold µs | cold GB/s | %% of copy BW | graph µs | "
+                "stream µs | best splits (cold µs) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     struct Row {
       const char* layer;
       int64_t context;
@@ -148,6 +181,7 @@ int main(int argc, char** argv) {
         std::shuffle(ids.begin(), ids.end(), rng);
         ids.resize(size_t(kTopK));
         DSV4_CUDA_CHECK(cudaMemcpy(selected, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+        DSV4_CUDA_CHECK(cudaDeviceSynchronize());
       }
       AttentionParams p;
       p.q = q;
@@ -169,14 +203,14 @@ int main(int argc, char** argv) {
       const double kv_bytes = double(keys * kHeadDim) * sizeof(float);
       const int splits = cuda::attention_default_splits(ops, p);
       const auto run = [&] { ops.attention(p); };
-      const double cold = time_us(ops, run, iters, true, flush, flush_bytes);
-      const double hot = time_us(ops, run, iters, false, flush, flush_bytes);
+      const Timing tm = measure(ops, run, iters, flush, flush_bytes);
+      const double cold = tm.cold;
       std::string sweep = std::string(r.layer) + " " + std::to_string(r.context / 1024) + "K:";
       int best_splits = splits;
       double best = cold;
       for (int s : {1, 4, 8, 16, 24, 33, 40, 48, 66, 80, 100, 132}) {
         const auto run_s = [&] { cuda::attention_split_kv(ops, p, s); };
-        const double us = time_us(ops, run_s, iters / 2, true, flush, flush_bytes);
+        const double us = measure(ops, run_s, std::max(1, iters / 2), flush, flush_bytes).cold;
         char cell[48];
         std::snprintf(cell, sizeof cell, " %d:%.1f", s, us);
         sweep += cell;
@@ -187,15 +221,16 @@ int main(int argc, char** argv) {
       }
       sweeps.push_back(sweep);
       const double gbs = kv_bytes / (cold * 1e3);
-      std::printf("| %s | %lldK | %lld | %.2f MB | %d | %.2f | %.0f | %.1f%% | %.2f | %d (%.2f) |\n", r.layer,
-                  static_cast<long long>(r.context / 1024), static_cast<long long>(keys), kv_bytes / 1e6, splits,
-                  cold, gbs, 100.0 * gbs / copy_gbs, hot, best_splits, best);
+      std::printf("| %s | %lldK | %lld | %.2f MB | %d | %.2f | %.0f | %.1f%% | %.2f | %.2f | %d (%.2f) |\n",
+                  r.layer, static_cast<long long>(r.context / 1024), static_cast<long long>(keys), kv_bytes / 1e6,
+                  splits, cold, gbs, 100.0 * gbs / copy_gbs, tm.graph, tm.hot, best_splits, best);
     }
     std::printf("\nsplit sweep, cold µs per split count:\n");
     for (const std::string& s : sweeps) std::printf("  %s\n", s.c_str());
 
     // Lightning indexer, decode: 64 heads × 128 over every visible entry, top 512.
-    std::printf("\n| indexer | context | entries | key bytes | cold µs | GB/s | hot µs |\n|---|---|---|---|---|---|---|\n");
+    std::printf("\n| indexer | context | entries | key bytes | cold µs | GB/s | graph µs | stream µs |\n"
+                "|---|---|---|---|---|---|---|---|\n");
     float* iq = to_device(ops, random_floats(size_t(kIndexHeads * kIndexDim), rng));
     float* iw = to_device(ops, random_floats(size_t(kIndexHeads), rng, -0.02f, 0.02f));
     float* ikeys = to_device(ops, random_floats(size_t(max_context / 4 * kIndexDim), rng));
@@ -212,11 +247,11 @@ int main(int argc, char** argv) {
       ip.top_k = kTopK;
       ip.selected = selected;
       const auto run = [&] { ops.indexer_topk(ip); };
-      const double cold = time_us(ops, run, iters, true, flush, flush_bytes);
-      const double hot = time_us(ops, run, iters, false, flush, flush_bytes);
+      const Timing tm = measure(ops, run, iters, flush, flush_bytes);
       const double bytes = double(context / 4 * kIndexDim) * sizeof(float);
-      std::printf("| CSA | %lldK | %lld | %.2f MB | %.2f | %.0f | %.2f |\n", static_cast<long long>(context / 1024),
-                  static_cast<long long>(context / 4), bytes / 1e6, cold, bytes / (cold * 1e3), hot);
+      std::printf("| CSA | %lldK | %lld | %.2f MB | %.2f | %.0f | %.2f | %.2f |\n",
+                  static_cast<long long>(context / 1024), static_cast<long long>(context / 4), bytes / 1e6, tm.cold,
+                  bytes / (tm.cold * 1e3), tm.graph, tm.hot);
     }
     DSV4_CUDA_CHECK(cudaFree(flush));
   } catch (const std::exception& e) {

@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "cuda/attention/attention.h"
+#include "cuda/attention/launch.cuh"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 
@@ -25,6 +26,7 @@ constexpr int kAttnThreads = 256;
 constexpr int kMaxHeadDim = 512;  // PV: 64 threads × 2 float4 columns per head quad
 constexpr int kCombineThreads = kMaxHeadDim / 4;
 constexpr int kMinKeysPerSplit = 16;
+constexpr int kMaxSplits = 256;
 
 struct AttnKernelParams {
   const float* q;           // [n, H, d]
@@ -89,6 +91,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
   float* p_s = reinterpret_cast<float*>(k_s + kTileKeys * d4);  // [16][32] logits, then probabilities
   __shared__ const float* rows_s[kTileKeys];
   __shared__ float m_s[kHeadsPerBlock], l_s[kHeadsPerBlock], alpha_s[kHeadsPerBlock];
+  pdl_wait();
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int head0 = blockIdx.x * kHeadsPerBlock, split = blockIdx.y;
@@ -255,33 +258,55 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
 }
 
 // grid (H, n), kCombineThreads threads: out[i, h] = Σ_s e^(m_s−M) o_s / (Σ_s e^(m_s−M) l_s + e^(sink−M)).
+// NOTE: the split statistics go through shared memory first so that the partial-output loads of all splits
+// are independent (issued back to back), not a chain of L2 round trips.
 __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(AttnKernelParams p) {
-  const int h = blockIdx.x, f = threadIdx.x, d4 = p.head_dim / 4;
+  __shared__ float weight_s[kMaxSplits];
+  __shared__ float red_s[kCombineThreads / 32];
+  pdl_wait();
+  const int h = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, d4 = p.head_dim / 4;
   const int64_t i = blockIdx.y;
   const float sink = p.sinks[h];
   const float2* ml = p.part_ml + i * p.splits * p.heads + h;  // stride H between splits
+
   float big = sink;
-  for (int s = 0; s < p.splits; ++s) big = fmaxf(big, ml[s * p.heads].x);
-  float denom = expf(sink - big);
-  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int s = 0; s < p.splits; ++s) {
+  for (int s = tid; s < p.splits; s += kCombineThreads) big = fmaxf(big, ml[s * p.heads].x);
+  big = warp_max(big);
+  if (lane == 0) red_s[warp] = big;
+  __syncthreads();
+  big = red_s[0];
+  for (int w = 1; w < kCombineThreads / 32; ++w) big = fmaxf(big, red_s[w]);
+  __syncthreads();  // red_s is reused below
+
+  float denom = 0.0f;
+  for (int s = tid; s < p.splits; s += kCombineThreads) {
     const float2 part = ml[s * p.heads];
-    if (part.x == -INFINITY) continue;  // a split without live keys
-    const float w = expf(part.x - big);
+    const float w = part.x == -INFINITY ? 0.0f : expf(part.x - big);  // −inf: a split without live keys
+    weight_s[s] = w;
     denom += part.y * w;
-    if (f < d4) {
-      const float4 v = p.part_o[((i * p.splits + s) * p.heads + h) * d4 + f];
-      o.x = fmaf(w, v.x, o.x);
-      o.y = fmaf(w, v.y, o.y);
-      o.z = fmaf(w, v.z, o.z);
-      o.w = fmaf(w, v.w, o.w);
-    }
   }
-  if (f < d4) {
-    const float inv = 1.0f / denom;
-    reinterpret_cast<float4*>(p.out + (i * p.heads + h) * p.head_dim)[f] =
-        make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+  denom = warp_sum(denom);
+  if (lane == 0) red_s[warp] = denom;
+  __syncthreads();
+  denom = expf(sink - big);
+  for (int w = 0; w < kCombineThreads / 32; ++w) denom += red_s[w];
+
+  if (tid >= d4) return;
+  const float4* o_s = p.part_o + (i * p.splits * p.heads + h) * d4 + tid;  // stride H·d/4 between splits
+  const int64_t stride = int64_t(p.heads) * d4;
+  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+  for (int s = 0; s < p.splits; ++s) {
+    const float w = weight_s[s];
+    const float4 v = o_s[s * stride];  // finite even for empty splits (written as zeros)
+    o.x = fmaf(w, v.x, o.x);
+    o.y = fmaf(w, v.y, o.y);
+    o.z = fmaf(w, v.z, o.z);
+    o.w = fmaf(w, v.w, o.w);
   }
+  const float inv = 1.0f / denom;
+  reinterpret_cast<float4*>(p.out + (i * p.heads + h) * p.head_dim)[tid] =
+      make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
 }
 
 size_t attn_smem_bytes(int64_t head_dim) {
@@ -294,7 +319,7 @@ int64_t max_keys(const AttentionParams& p) { return attention_keys(p, p.pos0 + p
 // Split count that fills the device twice (two blocks fit an SM) without slices under kMinKeysPerSplit keys.
 int64_t heuristic_splits(int sms, int64_t blocks_per_split, int64_t keys) {
   if (blocks_per_split >= sms) return 1;
-  const int64_t want = ceil_div(2 * sms, blocks_per_split);
+  const int64_t want = std::min<int64_t>(ceil_div(2 * sms, blocks_per_split), kMaxSplits);
   return std::max<int64_t>(1, std::min(want, ceil_div(keys, kMinKeysPerSplit)));
 }
 
@@ -323,14 +348,14 @@ void attention_split_kv(CudaOps& ops, const AttentionParams& p, int splits) {
   DSV4_CHECK(p.q && p.window && p.sinks && p.out, "attention: q, window, sinks and out are required");
   DSV4_CHECK(aligned16(p.q) && aligned16(p.window) && aligned16(p.out) && (!p.entries || aligned16(p.entries)),
              "attention: q, window, entries and out must be 16-byte aligned");
-  DSV4_CHECK(splits >= 1, "attention: ", splits, " key splits");
+  DSV4_CHECK(splits >= 1 && splits <= kMaxSplits, "attention: ", splits, " key splits (1..", kMaxSplits, ")");
   if (p.n == 0) return;
 
   const int64_t keys = max_keys(p);
   const int64_t keys_per_split = std::max<int64_t>(1, ceil_div(keys, splits));
   splits = int(std::max<int64_t>(1, ceil_div(keys, keys_per_split)));  // no split left without keys
   const int64_t groups = ceil_div(p.heads, kHeadsPerBlock);
-  DSV4_CHECK(p.n <= 65535 && splits <= 65535, "attention: grid of ", p.n, " rows × ", splits, " splits too large");
+  DSV4_CHECK(p.n <= 65535, "attention: ", p.n, " query rows in one step (at most 65535)");
 
   AttnKernelParams k{};
   k.q = p.q;
@@ -369,13 +394,12 @@ void attention_split_kv(CudaOps& ops, const AttentionParams& p, int splits) {
     return true;
   }();
   (void)smem_opted_in;
+  const bool pdl = ops.props().major >= 9;
   const dim3 grid(unsigned(groups), unsigned(splits), unsigned(p.n));
-  attn_split_kernel<<<grid, kAttnThreads, smem, ops.stream()>>>(k);
-  DSV4_LAUNCH_CHECK();
-  if (splits > 1) {
-    attn_combine_kernel<<<dim3(unsigned(p.heads), unsigned(p.n)), kCombineThreads, 0, ops.stream()>>>(k);
-    DSV4_LAUNCH_CHECK();
-  }
+  launch_pdl(attn_split_kernel, grid, dim3(kAttnThreads), smem, ops.stream(), pdl, k);
+  if (splits > 1)
+    launch_pdl(attn_combine_kernel, dim3(unsigned(p.heads), unsigned(p.n)), dim3(kCombineThreads), 0, ops.stream(),
+               pdl, k);
 }
 
 }  // namespace cuda

@@ -10,6 +10,7 @@
 // (base = m with overlap, 0 without); with overlap, rows 0..m−1 hold the previous complete window (the CPU
 // copies the current rows there when a window completes). Scores include ape.
 #include "cuda/attention/attention.h"
+#include "cuda/attention/launch.cuh"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 
@@ -56,6 +57,7 @@ __device__ __forceinline__ float2 candidate(const CompressorKernelParams& p, int
 // grid (ceil(c / kPoolThreads), entries completed in the chunk); thread = one channel of one entry.
 // Same order and roundings as the CPU (products rounded before the adds); only expf's last bit may differ.
 __global__ void __launch_bounds__(kPoolThreads) compressor_pool_kernel(CompressorKernelParams p) {
+  pdl_wait();
   const int64_t ch = int64_t(blockIdx.x) * kPoolThreads + threadIdx.x;
   if (ch >= p.c) return;
   const int64_t w = p.first_entry + blockIdx.y, n_cand = p.overlap ? 2 * p.m : p.m;
@@ -74,6 +76,7 @@ __global__ void __launch_bounds__(kPoolThreads) compressor_pool_kernel(Compresso
 // grid ceil(m · width / kStateThreads): thread = column col of in-window slot kk, for both the current row
 // and (overlap) the previous row, so reading the old current row and rewriting it cannot race.
 __global__ void __launch_bounds__(kStateThreads) compressor_state_kernel(CompressorKernelParams p) {
+  pdl_wait();
   const int64_t cell = int64_t(blockIdx.x) * kStateThreads + threadIdx.x;
   if (cell >= p.m * p.width) return;
   const int64_t kk = cell / p.width, col = cell % p.width;
@@ -126,15 +129,15 @@ CompressorChunk compressor_pool(CudaOps& ops, const CompressorWeights& w, Compre
   p.width = width;
   p.first_entry = chunk.first_entry;
   p.overlap = w.overlap;
+  const bool pdl = ops.props().major >= 9;
   if (chunk.count > 0) {
     DSV4_CHECK(chunk.count <= 65535, "compressor: ", chunk.count, " entries in one chunk");
     const dim3 grid(unsigned(ceil_div(c, kPoolThreads)), unsigned(chunk.count));
-    compressor_pool_kernel<<<grid, kPoolThreads, 0, ops.stream()>>>(p);
-    DSV4_LAUNCH_CHECK();
+    launch_pdl(compressor_pool_kernel, grid, dim3(kPoolThreads), 0, ops.stream(), pdl, p);
   }
   // Runs after the pool kernel (same stream), which reads the state as it was at the start of the chunk.
-  compressor_state_kernel<<<unsigned(ceil_div(m * width, kStateThreads)), kStateThreads, 0, ops.stream()>>>(p);
-  DSV4_LAUNCH_CHECK();
+  launch_pdl(compressor_state_kernel, dim3(unsigned(ceil_div(m * width, kStateThreads))), dim3(kStateThreads), 0,
+             ops.stream(), pdl, p);
   return chunk;
 }
 

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "cuda/attention/attention.h"
+#include "cuda/attention/launch.cuh"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 
@@ -75,6 +76,7 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreParam
   __shared__ float w_s[kMaxIndexerHeads];
   __shared__ float term_s[kScoreEntries][kMaxIndexerHeads + 1];  // +1: conflict-free column access
   __shared__ uint32_t hist_s[kBins];
+  pdl_wait();
 
   const int64_t r = blockIdx.y, visible = (p.pos0 + r + 1) / p.ratio;
   const int64_t e0 = int64_t(blockIdx.x) * kScoreEntries;
@@ -181,6 +183,7 @@ __global__ void __launch_bounds__(kSelectThreads) indexer_select_kernel(SelectPa
   __shared__ uint32_t warp_s[32];
   __shared__ BinPick pick_s;
   __shared__ uint32_t nsel_s, ncand_s;
+  pdl_wait();
 
   const int tid = threadIdx.x;
   const int64_t r = blockIdx.x, visible = (p.pos0 + r + 1) / p.ratio;
@@ -296,6 +299,7 @@ void CudaOps::indexer_topk(const IndexerParams& p) {
   }();
   (void)smem_opted_in;
 
+  const bool pdl = props_.major >= 9;
   // Rows go in batches whose score keys fit a fixed budget, so the workspace is sized once.
   const int64_t v_stride = std::max<int64_t>(1, (p.pos0 + p.n) / p.ratio);  // the last row sees the most
   const size_t row_bytes = size_t(v_stride + kBins) * sizeof(uint32_t);
@@ -313,12 +317,11 @@ void CudaOps::indexer_topk(const IndexerParams& p) {
                     pos0, p.ratio, v_stride, int(p.heads), int(p.head_dim)};
       const dim3 grid(unsigned(ceil_div(visible_max, kScoreEntries)), unsigned(rows));
       const size_t smem = size_t(p.heads * p.head_dim) * sizeof(float);
-      indexer_score_kernel<<<grid, kScoreThreads, smem, stream_>>>(s);
-      DSV4_LAUNCH_CHECK();
+      launch_pdl(indexer_score_kernel, grid, dim3(kScoreThreads), smem, stream_, pdl, s);
     }
     SelectParams sel{score_keys, hist, p.selected + row0 * p.top_k, pos0, p.ratio, v_stride, p.top_k};
-    indexer_select_kernel<<<unsigned(rows), kSelectThreads, kCandidates * sizeof(uint64_t), stream_>>>(sel);
-    DSV4_LAUNCH_CHECK();
+    launch_pdl(indexer_select_kernel, dim3(unsigned(rows)), dim3(kSelectThreads), kCandidates * sizeof(uint64_t),
+               stream_, pdl, sel);
   }
 }
 
