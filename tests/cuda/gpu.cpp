@@ -29,6 +29,7 @@ std::vector<float> random_floats(size_t n, std::mt19937_64& rng, float lo, float
 #if DSV4_HAVE_CUDA
 float* to_device(CudaOps& ops, const std::vector<float>& host) {
   float* d = ops.alloc(host.size());
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));  // alloc's clearing runs on the ops' stream
   DSV4_CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // the ops' stream does not wait for the legacy stream
   return d;
@@ -36,6 +37,7 @@ float* to_device(CudaOps& ops, const std::vector<float>& host) {
 
 int32_t* to_device(CudaOps& ops, const std::vector<int32_t>& host) {
   int32_t* d = ops.alloc_i32(host.size());
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));  // alloc's clearing runs on the ops' stream
   DSV4_CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // the ops' stream does not wait for the legacy stream
   return d;

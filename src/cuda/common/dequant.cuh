@@ -24,10 +24,11 @@ __device__ __forceinline__ float e8m0_bits_to_f32(uint8_t b) {
 }
 
 __device__ __forceinline__ float e2m1_to_f32(uint32_t code) {
-  // sign | exponent(2) | mantissa(1): 0, 0.5, 1, 1.5, 2, 3, 4, 6
-  const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float m = mag[code & 7];
-  return (code & 8) ? -m : m;
+  // sign | exponent(2) | mantissa(1): 0, 0.5, 1, 1.5, 2, 3, 4, 6. Arithmetic, not a table: a local array
+  // would live in the stack frame.
+  const uint32_t e = (code >> 1) & 3, m = code & 1;
+  const float mag = e == 0 ? 0.5f * float(m) : __uint_as_float((e + 126u) << 23) * (1.0f + 0.5f * float(m));
+  return (code & 8) ? -mag : mag;
 }
 
 // Element (r, c) decoded to fp32: for generic and reference kernels; hot loops decode 16 bytes at a time.

@@ -1,19 +1,314 @@
-// hc family (CUDA)
-#include "core/error.h"
+// hc family (CUDA): manifold-constrained hyper-connections (spec §5), the same functions as src/cpu/hc.cpp.
+//
+// hc_pre / hc_head run two kernels:
+//   hc_mix     split-K over the flattened streams v = X[t] (K = hc·D columns): block (chunk, 8-token tile), each
+//              warp owns a few rows of fn plus, as the extra row M, Σ v²; lanes stride the chunk with 16-byte
+//              loads, so fn is read once per token tile and X once. Writes per-chunk partials [chunks, n, M+1].
+//   hc_finish  block (token, D slice): sums the partials over the chunks (fp64, fixed order), rinv in fp64 as
+//              the CPU does, then warp 0 computes pre, post and the Sinkhorn–Knopp projection of comb with one
+//              lane per matrix entry (row/column sums by shuffles, in the CPU's sequential order), and the block
+//              collapses x = Σ_j pre[j]·X[j] over its slice (unfused fp32, the CPU's order).
+// NOTE: X is read twice (once per kernel); at decode the second read hits L2 (64 KiB per token at V4 sizes),
+// while fn (1.5 MiB fp32 per site) is spread over every SM by the split-K — that is where the time goes.
+// hc_post: block (D slice, token), post and comb in shared memory, X'[k] = post[k]·f + Σ_j C[j][k]·X[j] in place.
+#include <algorithm>
+
+#include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/elementwise/pack.cuh"
 
 namespace dsv4 {
 
-void CudaOps::hc_pre(const float*, const HcWeights&, int64_t, float*, float*, float*) {
-  fail("CUDA backend: hc_pre is not implemented yet");
+namespace {
+
+using cuda::Pack;
+
+constexpr int kMaxHc = 4;                 // comb has hc² ≤ 32 entries: one warp lane each
+constexpr int kMixWarps = 8;
+constexpr int kMixTokens = 8;             // tokens per hc_mix block: fn is re-read once per tile
+constexpr int kFinishThreads = 256;
+constexpr int kPostThreads = 128;
+constexpr int kPartialWorkspace = 16;     // workspace slot of the hc_mix partials (only live inside one op)
+
+// ---- hc_mix: partial fn·v and Σ v² per column chunk
+
+struct HcMixParams {
+  const float* X;         // [n, K]: the hc streams of a token, flattened stream-major (K = hc·D)
+  cuda::DeviceWeight fn;  // [M, K]
+  float* partial;         // [chunks, n, M + 1]: fn rows · v over the chunk, then Σ v² over the chunk
+  int64_t n, K;
+  int M;
+  int64_t chunk_cols;     // columns per block, a multiple of 32·N
+};
+
+// kRows: rows per warp, ≥ ceil((M + 1) / kMixWarps); warp w owns rows w, w + kMixWarps, ... ≤ M.
+template <int N, int kRows>
+__global__ void __launch_bounds__(kMixWarps * 32) hc_mix_kernel(HcMixParams p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t0 = int64_t(blockIdx.y) * kMixTokens;
+  const int64_t c_end = min(p.K, int64_t(blockIdx.x + 1) * p.chunk_cols);
+  float acc[kRows][kMixTokens] = {};
+  for (int64_t c = int64_t(blockIdx.x) * p.chunk_cols + lane * N; c < c_end; c += 32 * N) {
+    Pack<N> xv[kMixTokens];
+#pragma unroll
+    for (int tt = 0; tt < kMixTokens; ++tt) {
+      if (t0 + tt < p.n) {
+        xv[tt] = cuda::load_pack<N>(p.X + (t0 + tt) * p.K + c);
+      } else {
+#pragma unroll
+        for (int k = 0; k < N; ++k) xv[tt].v[k] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int r = warp + kMixWarps * i;
+      if (r < p.M) {
+        const Pack<N> w = cuda::weight_pack<N>(p.fn, r, c);
+#pragma unroll
+        for (int tt = 0; tt < kMixTokens; ++tt)
+#pragma unroll
+          for (int k = 0; k < N; ++k) acc[i][tt] += w.v[k] * xv[tt].v[k];
+      } else if (r == p.M) {
+#pragma unroll
+        for (int tt = 0; tt < kMixTokens; ++tt)
+#pragma unroll
+          for (int k = 0; k < N; ++k) acc[i][tt] += xv[tt].v[k] * xv[tt].v[k];
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int r = warp + kMixWarps * i;
+#pragma unroll
+    for (int tt = 0; tt < kMixTokens; ++tt) {
+      float v = acc[i][tt];
+      for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+      if (lane == 0 && r <= p.M && t0 + tt < p.n) p.partial[(int64_t(blockIdx.x) * p.n + t0 + tt) * (p.M + 1) + r] = v;
+    }
+  }
 }
 
-void CudaOps::hc_post(const float*, const float*, const float*, int64_t, float*) {
-  fail("CUDA backend: hc_post is not implemented yet");
+// ---- hc_finish: coefficients and the collapse x = Σ_j pre[j]·X[j]
+
+struct HcFinishParams {
+  const float* X;          // [n, hc, D]
+  const float* partial;    // [chunks, n, M + 1]
+  int64_t chunks, n, D;
+  int hc, M;               // M = (2 + hc)·hc for hc_pre; hc for hc_head (pre only)
+  const float* base;       // [M]
+  const float* scale;      // [3] for hc_pre, [1] for hc_head
+  float hc_eps;
+  double norm_eps;
+  int sinkhorn_iters;
+  float* x;                // [n, D]
+  float* post;             // [n, hc], nullptr for hc_head
+  float* comb;             // [n, hc, hc], nullptr for hc_head
+};
+
+__device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+// Affine map of one mixing logit, unfused as on the CPU: m·scale + base.
+__device__ __forceinline__ float affine(float m, float scale, float base) { return __fadd_rn(__fmul_rn(m, scale), base); }
+
+// Sinkhorn–Knopp on an hc × hc matrix held one entry per lane (lane = j·hc + k, row j, column k) of a full
+// warp, in src/cpu/hc.cpp's exact order: row softmax + eps, column normalisation, then (iters − 1) × (rows,
+// cols); every sum runs sequentially over the row or column like the CPU loop. Lanes ≥ hc² carry garbage.
+__device__ float sinkhorn_entry(float logit, int hc, int iters, float eps) {
+  const int lane = threadIdx.x % 32, j = lane / hc, k = lane % hc;
+  const auto row_entry = [&](float v, int kk) { return __shfl_sync(0xffffffffu, v, (j * hc + kk) % 32); };
+  const auto col_entry = [&](float v, int jj) { return __shfl_sync(0xffffffffu, v, jj * hc + k); };
+  float mx = row_entry(logit, 0);
+  for (int kk = 1; kk < hc; ++kk) mx = fmaxf(mx, row_entry(logit, kk));
+  const float e = expf(logit - mx);
+  float sum = 0.0f;
+  for (int kk = 0; kk < hc; ++kk) sum += row_entry(e, kk);
+  float c = e / sum + eps;
+  const auto normalise_cols = [&] {
+    float s = 0.0f;
+    for (int jj = 0; jj < hc; ++jj) s += col_entry(c, jj);
+    c = c / (s + eps);
+  };
+  normalise_cols();
+  for (int it = 1; it < iters; ++it) {
+    float s = 0.0f;
+    for (int kk = 0; kk < hc; ++kk) s += row_entry(c, kk);
+    c = c / (s + eps);
+    normalise_cols();
+  }
+  return c;
 }
 
-void CudaOps::hc_head(const float*, const HcHeadWeights&, int64_t, float*) {
-  fail("CUDA backend: hc_head is not implemented yet");
+template <int N>
+__global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParams p) {
+  constexpr int kWarps = kFinishThreads / 32;
+  __shared__ double chunk_sums[kWarps][32];
+  __shared__ float pre[kMaxHc];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t = blockIdx.y;
+
+  // Value `lane` (rows 0..M−1 of fn·v, then Σ v² at M) summed over the chunks: warp w takes chunks w, w + 8, ...
+  double s = 0.0;
+  if (lane <= p.M) {
+#pragma unroll 4  // independent loads in flight: at decode each warp walks 16 chunks
+    for (int64_t c = warp; c < p.chunks; c += kWarps) s += p.partial[(c * p.n + t) * (p.M + 1) + lane];
+  }
+  chunk_sums[warp][lane] = s;
+  __syncthreads();
+
+  if (warp == 0) {
+    double total = 0.0;
+    for (int w = 0; w < kWarps; ++w) total += chunk_sums[w][lane];
+    // rinv in fp64 like the CPU's stream_rms_inv: 1 / sqrt(mean(v²) + eps) over the hc·D values.
+    const double sumsq = __shfl_sync(0xffffffffu, total, p.M);
+    const float rinv = float(1.0 / sqrt(sumsq / double(int64_t(p.hc) * p.D) + p.norm_eps));
+    const float m = __fmul_rn(float(total), rinv);  // lane i < M: mixing logit i before its affine map
+    if (lane < p.hc) pre[lane] = sigmoid(affine(m, p.scale[0], p.base[lane])) + p.hc_eps;
+    if (p.post) {
+      // Lane j < hc needs logit hc + j; lane l < hc² needs logit 2·hc + l.
+      const float m_post = __shfl_sync(0xffffffffu, m, (p.hc + lane) % 32);
+      const float m_comb = __shfl_sync(0xffffffffu, m, (2 * p.hc + lane) % 32);
+      const int hh = p.hc * p.hc;
+      const float logit = lane < hh ? affine(m_comb, p.scale[2], p.base[2 * p.hc + lane]) : 0.0f;
+      const float c = sinkhorn_entry(logit, p.hc, p.sinkhorn_iters, p.hc_eps);
+      if (blockIdx.x == 0) {
+        if (lane < p.hc) p.post[t * p.hc + lane] = 2.0f * sigmoid(affine(m_post, p.scale[1], p.base[p.hc + lane]));
+        if (lane < hh) p.comb[t * hh + lane] = c;
+      }
+    }
+  }
+  __syncthreads();
+
+  const int64_t c = (int64_t(blockIdx.x) * kFinishThreads + threadIdx.x) * N;
+  if (c >= p.D) return;
+  const float* Xt = p.X + t * p.hc * p.D;
+  Pack<N> acc;
+#pragma unroll
+  for (int k = 0; k < N; ++k) acc.v[k] = 0.0f;
+  for (int j = 0; j < p.hc; ++j) {
+    const Pack<N> v = cuda::load_pack<N>(Xt + j * p.D + c);
+#pragma unroll
+    for (int k = 0; k < N; ++k) acc.v[k] = __fadd_rn(acc.v[k], __fmul_rn(pre[j], v.v[k]));
+  }
+  cuda::store_pack<N>(p.x + t * p.D + c, acc);
+}
+
+// ---- hc_post
+
+struct HcPostParams {
+  const float* f;     // [n, D], the sub-block output
+  const float* post;  // [n, hc]
+  const float* comb;  // [n, hc, hc], C[j][k]: source stream j, destination stream k
+  float* X;           // [n, hc, D], updated in place
+  int64_t n, D;
+  int hc;
+};
+
+template <int N>
+__global__ void __launch_bounds__(kPostThreads) hc_post_kernel(HcPostParams p) {
+  __shared__ float post[kMaxHc], C[kMaxHc * kMaxHc];
+  const int64_t t = blockIdx.y;
+  if (threadIdx.x < p.hc) post[threadIdx.x] = p.post[t * p.hc + threadIdx.x];
+  if (threadIdx.x < p.hc * p.hc) C[threadIdx.x] = p.comb[t * p.hc * p.hc + threadIdx.x];
+  __syncthreads();
+  const int64_t c = (int64_t(blockIdx.x) * kPostThreads + threadIdx.x) * N;
+  if (c >= p.D) return;
+  float* Xt = p.X + t * p.hc * p.D;
+  const Pack<N> f = cuda::load_pack<N>(p.f + t * p.D + c);
+  // Loops run to kMaxHc with a guard so the streams stay in registers (no dynamically indexed local array).
+  Pack<N> streams[kMaxHc];
+#pragma unroll
+  for (int j = 0; j < kMaxHc; ++j)
+    if (j < p.hc) streams[j] = cuda::load_pack<N>(Xt + j * p.D + c);
+#pragma unroll
+  for (int k = 0; k < kMaxHc; ++k) {
+    if (k >= p.hc) break;
+    Pack<N> out;
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      float acc = __fmul_rn(post[k], f.v[e]);
+#pragma unroll
+      for (int j = 0; j < kMaxHc; ++j)
+        if (j < p.hc) acc = __fadd_rn(acc, __fmul_rn(C[j * p.hc + k], streams[j].v[e]));
+      out.v[e] = acc;
+    }
+    cuda::store_pack<N>(Xt + k * p.D + c, out);
+  }
+}
+
+// ---- launchers
+
+template <int N>
+void launch_hc_mix(const HcMixParams& p, int rows_per_warp, dim3 grid, cudaStream_t stream) {
+  switch (rows_per_warp) {
+    case 1: hc_mix_kernel<N, 1><<<grid, kMixWarps * 32, 0, stream>>>(p); break;
+    case 2: hc_mix_kernel<N, 2><<<grid, kMixWarps * 32, 0, stream>>>(p); break;
+    default: hc_mix_kernel<N, 4><<<grid, kMixWarps * 32, 0, stream>>>(p); break;
+  }
+  DSV4_LAUNCH_CHECK();
+}
+
+// Shared by hc_pre (M = (2 + hc)·hc, post and comb written) and hc_head (M = hc, pre only).
+void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std::vector<float>& base,
+                        const std::vector<float>& scale, int64_t n, float* x, float* post, float* comb,
+                        const char* what) {
+  const ModelConfig& cfg = ops.config();
+  const int64_t hc = cfg.hc_mult, D = cfg.dim, K = hc * D;
+  const int64_t M = post ? (2 + hc) * hc : hc;
+  DSV4_CHECK(hc >= 1 && hc <= kMaxHc, what, ": hc_mult ", hc, " outside [1, ", kMaxHc, "]");
+  DSV4_CHECK(fn_host.rows == M && fn_host.cols == K, what, ": fn is [", fn_host.rows, ", ", fn_host.cols,
+             "], expected [", M, ", ", K, "]");
+  DSV4_CHECK(int64_t(base.size()) == M && int64_t(scale.size()) >= (post ? 3 : 1), what, ": base has ",
+             base.size(), " values (expected ", M, "), scale ", scale.size());
+  DSV4_CHECK(n >= 0 && n <= int64_t(65535), what, ": ", n, " tokens in one step (at most 65535)");
+  if (n == 0) return;
+  const cuda::DeviceWeight& fn = ops.dev(fn_host);
+  const bool vec = K % 4 == 0 && cuda::aligned16(X);               // hc_mix: packs along the flattened rows
+  const bool vec_d = vec && D % 4 == 0 && cuda::aligned16(x);       // hc_finish: packs along each stream
+
+  // Split K so that chunks × token tiles fills the GPU about twice; each chunk a whole number of lane sweeps.
+  const int64_t pack = vec ? 4 : 1, tiles = cuda::ceil_div(n, kMixTokens);
+  const int64_t target_chunks = cuda::ceil_div(2 * int64_t(ops.props().multiProcessorCount), tiles);
+  const int64_t sweeps = std::max<int64_t>(1, cuda::ceil_div(cuda::ceil_div(K, 32 * pack), target_chunks));
+  const int64_t chunk_cols = 32 * pack * sweeps, chunks = cuda::ceil_div(K, chunk_cols);
+  auto* partial = static_cast<float*>(ops.workspace(kPartialWorkspace, size_t(chunks * n * (M + 1)) * sizeof(float)));
+
+  const HcMixParams mix{X, fn, partial, n, K, int(M), chunk_cols};
+  const int rows_per_warp = int(cuda::ceil_div(M + 1, kMixWarps));
+  DSV4_ASSERT(rows_per_warp <= 4);
+  const dim3 mix_grid{unsigned(chunks), unsigned(tiles)};
+  if (vec) launch_hc_mix<4>(mix, rows_per_warp, mix_grid, ops.stream());
+  else launch_hc_mix<1>(mix, rows_per_warp, mix_grid, ops.stream());
+
+  const HcFinishParams fin{X,  partial, chunks, n, D, int(hc), int(M), ops.dev(base), ops.dev(scale),
+                           float(cfg.hc_eps), cfg.norm_eps, int(cfg.hc_sinkhorn_iters), x, post, comb};
+  const dim3 fin_grid(unsigned(cuda::ceil_div(D, kFinishThreads * (vec_d ? 4 : 1))), unsigned(n));
+  if (vec_d) hc_finish_kernel<4><<<fin_grid, kFinishThreads, 0, ops.stream()>>>(fin);
+  else hc_finish_kernel<1><<<fin_grid, kFinishThreads, 0, ops.stream()>>>(fin);
+  DSV4_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void CudaOps::hc_pre(const float* X, const HcWeights& w, int64_t n, float* x, float* post, float* comb) {
+  DSV4_CHECK(post && comb, "hc_pre: post and comb outputs are required");
+  hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre");
+}
+
+void CudaOps::hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y) {
+  hc_collapse(*this, X, w.fn, w.base, w.scale, n, y, nullptr, nullptr, "hc_head");
+}
+
+void CudaOps::hc_post(const float* f, const float* post, const float* comb, int64_t n, float* X) {
+  const int64_t hc = config_.hc_mult, D = config_.dim;
+  DSV4_CHECK(hc >= 1 && hc <= kMaxHc, "hc_post: hc_mult ", hc, " outside [1, ", kMaxHc, "]");
+  DSV4_CHECK(n >= 0 && n <= int64_t(65535), "hc_post: ", n, " tokens in one step (at most 65535)");
+  if (n == 0) return;
+  const HcPostParams p{f, post, comb, X, n, D, int(hc)};
+  const bool vec = D % 4 == 0 && cuda::aligned16(f) && cuda::aligned16(X);
+  const dim3 grid(unsigned(cuda::ceil_div(D, kPostThreads * (vec ? 4 : 1))), unsigned(n));
+  if (vec) hc_post_kernel<4><<<grid, kPostThreads, 0, stream_>>>(p);
+  else hc_post_kernel<1><<<grid, kPostThreads, 0, stream_>>>(p);
+  DSV4_LAUNCH_CHECK();
 }
 
 }  // namespace dsv4

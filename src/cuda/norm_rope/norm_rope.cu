@@ -1,15 +1,153 @@
-// norm_rope family (CUDA)
-#include "core/error.h"
+// norm_rope family (CUDA): RMSNorm (weighted or not) and interleaved partial RoPE, the same functions as
+// src/cpu/norm_rope.cpp.
+//
+// rms_norm: one block per row, each thread sums the squares of its packs in fp32, warp shuffles then one
+// shared-memory step finish the sum; then y = γ·(x·inv) with inv = 1 / sqrt(Σx²/dim + eps), the CPU's order
+// (only the summation order differs). x and y may alias: a thread rewrites exactly the elements it read.
+//
+// rope: a block covers consecutive rows; the cos/sin of each (position, pair) it needs are computed once into
+// shared memory (fp64 sin/cos of the fp32 angle, rounded to fp32, as the CPU does), then each thread rotates
+// one pair of one row with unfused fp32 multiplies and adds, so the result matches the CPU bit for bit up to
+// the (rare) last-bit differences between CUDA's and the host's fp64 sin/cos.
+#include <algorithm>
+
+#include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/elementwise/pack.cuh"
 
 namespace dsv4 {
 
-void CudaOps::rms_norm(const float*, const std::vector<float>*, int64_t, int64_t, float*) {
-  fail("CUDA backend: rms_norm is not implemented yet");
+namespace {
+
+using cuda::Pack;
+
+// ---- rms_norm
+
+constexpr int kNormMaxThreads = 256;
+
+struct RmsNormParams {
+  const float* x;      // [rows, dim]
+  const float* gamma;  // [dim] or nullptr (unweighted)
+  float* y;            // [rows, dim], may alias x
+  int64_t dim;
+  float eps;
+};
+
+// Sum over the block of one value per thread; every thread gets the total. blockDim.x is a multiple of 32.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float warp_sums[kNormMaxThreads / 32];
+  __shared__ float total;
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float s = lane < warps ? warp_sums[lane] : 0.0f;
+    for (int offset = 16; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  return total;
 }
 
-void CudaOps::rope(float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, RopeKind, bool) {
-  fail("CUDA backend: rope is not implemented yet");
+template <int N>
+__global__ void __launch_bounds__(kNormMaxThreads) rms_norm_kernel(RmsNormParams p) {
+  const float* x = p.x + int64_t(blockIdx.x) * p.dim;
+  float* y = p.y + int64_t(blockIdx.x) * p.dim;
+  float sum = 0.0f;
+  for (int64_t c = int64_t(threadIdx.x) * N; c < p.dim; c += int64_t(blockDim.x) * N) {
+    const Pack<N> v = cuda::load_pack<N>(x + c);
+#pragma unroll
+    for (int k = 0; k < N; ++k) sum += v.v[k] * v.v[k];
+  }
+  const float inv = 1.0f / sqrtf(block_sum(sum) / float(p.dim) + p.eps);
+  for (int64_t c = int64_t(threadIdx.x) * N; c < p.dim; c += int64_t(blockDim.x) * N) {
+    Pack<N> v = cuda::load_pack<N>(x + c);
+    if (p.gamma) {
+      const Pack<N> g = cuda::load_pack<N>(p.gamma + c);
+#pragma unroll
+      for (int k = 0; k < N; ++k) v.v[k] = g.v[k] * (v.v[k] * inv);
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; ++k) v.v[k] = v.v[k] * inv;
+    }
+    cuda::store_pack<N>(y + c, v);
+  }
+}
+
+// ---- rope
+
+constexpr int kRopeThreads = 256;
+
+struct RopeParams {
+  float* x;                // [rows, row_stride], channels [offset, offset + 2·pairs) rotated in place
+  const float* inv_freq;   // [pairs]
+  int64_t rows, row_stride, offset;
+  int64_t rows_per_pos;    // rows r .. share the position pos0 + (r / rows_per_pos) · pos_stride
+  int64_t pos0, pos_stride;
+  int pairs;
+  int rows_per_block;      // kRopeThreads / pairs
+  bool inverse;
+};
+
+__global__ void __launch_bounds__(kRopeThreads) rope_kernel(RopeParams p) {
+  // cos/sin per (position slot, pair): a block's rows span at most rows_per_block distinct positions.
+  __shared__ float cos_table[kRopeThreads], sin_table[kRopeThreads];
+  const int64_t row0 = int64_t(blockIdx.x) * p.rows_per_block;
+  const int64_t group0 = row0 / p.rows_per_pos;
+  const int64_t last_row = min(row0 + p.rows_per_block, p.rows) - 1;
+  const int slots = int(last_row / p.rows_per_pos - group0) + 1;
+  const int local = threadIdx.x / p.pairs, pair = threadIdx.x % p.pairs;
+  if (local < slots) {
+    const int64_t pos = p.pos0 + (group0 + local) * p.pos_stride;
+    const float angle = __fmul_rn(float(pos), p.inv_freq[pair]);  // fp32 angle, as the reference computes it
+    double s, c;
+    sincos(double(angle), &s, &c);
+    cos_table[threadIdx.x] = float(c);
+    sin_table[threadIdx.x] = p.inverse ? -float(s) : float(s);
+  }
+  __syncthreads();
+  const int64_t r = row0 + local;
+  if (local >= p.rows_per_block || r >= p.rows) return;
+  const int slot = int(r / p.rows_per_pos - group0);
+  const float c = cos_table[slot * p.pairs + pair], s = sin_table[slot * p.pairs + pair];
+  float* v = p.x + r * p.row_stride + p.offset + 2 * pair;
+  const float a = v[0], b = v[1];
+  // Unfused, like the CPU: an FMA would round a·c − b·s once instead of three times.
+  v[0] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+  v[1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+}
+
+}  // namespace
+
+void CudaOps::rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y) {
+  DSV4_CHECK(rows >= 0 && dim >= 1, "rms_norm: bad shape rows=", rows, " dim=", dim);
+  DSV4_CHECK(!gamma || int64_t(gamma->size()) == dim, "rms_norm: gain has ", gamma ? gamma->size() : 0,
+             " elements, the rows have ", dim);
+  if (rows == 0) return;
+  const float* g = gamma ? dev(*gamma) : nullptr;
+  const RmsNormParams p{x, g, y, dim, float(config_.norm_eps)};
+  const bool vec = dim % 4 == 0 && cuda::aligned16(x) && cuda::aligned16(y) && (!g || cuda::aligned16(g));
+  const int64_t packs = vec ? dim / 4 : dim;
+  const int threads = int(std::clamp<int64_t>(cuda::ceil_div(packs, 32) * 32, 32, kNormMaxThreads));
+  if (vec) rms_norm_kernel<4><<<unsigned(rows), threads, 0, stream_>>>(p);
+  else rms_norm_kernel<1><<<unsigned(rows), threads, 0, stream_>>>(p);
+  DSV4_LAUNCH_CHECK();
+}
+
+void CudaOps::rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, int64_t rows_per_pos, int64_t pos0,
+                   int64_t pos_stride, RopeKind kind, bool inverse) {
+  const int64_t pairs = config_.rope_dim / 2;
+  DSV4_CHECK(pairs >= 1 && pairs <= kRopeThreads, "rope: rope_dim ", config_.rope_dim, " outside [2, ",
+             2 * kRopeThreads, "]");
+  DSV4_CHECK(rows >= 0 && rows_per_pos >= 1 && offset >= 0 && offset + 2 * pairs <= row_stride,
+             "rope: bad arguments rows=", rows, " rows_per_pos=", rows_per_pos, " channels [", offset, ", ",
+             offset + 2 * pairs, ") in rows of ", row_stride);
+  if (rows == 0) return;
+  RopeParams p{x, inv_freq(kind), rows, row_stride, offset, rows_per_pos, pos0, pos_stride, int(pairs),
+               int(kRopeThreads / pairs), inverse};
+  rope_kernel<<<unsigned(cuda::ceil_div(rows, p.rows_per_block)), kRopeThreads, 0, stream_>>>(p);
+  DSV4_LAUNCH_CHECK();
 }
 
 }  // namespace dsv4

@@ -1,0 +1,394 @@
+// gemm family, tensor-core path (src/cuda/gemm/gemm_tc.cu: wgmma + TMA on sm_90a) against the CPU reference.
+//
+// The kernel rounds the fp32 activations to the weight's format before the tensor cores see them, so each case
+// is checked twice, on sampled rows (every row for small n), against CpuOps:
+//
+// kernel check — reference: CpuOps::linear on the SAME rounded activations (x → bf16 round-to-nearest-even, or
+//   CpuOps::sim_fp8(x, block 128), which is DeepSeek's act_quant). Only the summation differs.
+//   BF16: bf16 × bf16 products are exact in fp32; the tensor core adds each 16-wide K step (16 products and the
+//     accumulator) aligned to the largest and truncated to fp32's 24 bits. Per element that is at most
+//     K·2^-23·Σ|x·w| ≤ K·2^-23·‖x_r‖·‖w_c‖ (Cauchy–Schwarz): the per-element bound. Truncation always shrinks
+//     the running sum, by half an ulp on average, so the error grows linearly with the K/16 steps: whole-tensor
+//     relative error ≈ (K/16)·2^-24·(mean |partial sum| / |sum|) ≤ (K/16)·2^-24 (1.5e-5 at K = 4096): the
+//     norm bound. (Split-K CTAs sum shorter runs: smaller still.)
+//   FP8: the e4m3 tensor-core accumulator keeps ~14 significant bits; each 128-long K slice is summed there in
+//     4 steps of 32 products and then promoted to fp32 with the scales. With RMS ≈ √(33/12)·2^-13·|partial sum|
+//     per step the whole-tensor relative error is ≈ 2·1.66·2^-13 ≈ 4e-4; bound 2e-3. Per element, a sanity
+//     bound of 2^-10·‖x_r‖·‖w_c‖: far above that noise (≈ 1e-5 in these units at K = 4096), far below a wrong
+//     or unwritten element (≈ |y| ≈ ‖x‖‖w‖/√K ≥ 1e-2).
+// format check — reference: CpuOps::linear on the fp32 activations (what the reference model computes). The
+//   relative norm error is the activation rounding carried through dot products of independent terms:
+//   BF16 keeps 8 significant bits: for values spread over a binade the x²-weighted RMS relative error is
+//     2^-8/√3/1.53 ≈ 1.5e-3 → bound 5e-3.
+//   FP8 e4m3 keeps 4: x uniform in a 128-block whose amax is scaled into [224, 448] has RMS relative error
+//     ≈ 2^-4/√3/1.53 ≈ 2.4e-2 → bound 4e-2.
+//
+// Also: outputs poisoned (NaN) before the call; every output element must be written and finite, and the
+// padding columns of y (ldy > N) must stay untouched.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "cuda/gpu.h"
+
+#if DSV4_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/common/check.h"
+#include "cuda/gemm/gemm.h"
+#endif
+
+namespace dsv4::test {
+namespace {
+
+#if DSV4_HAVE_CUDA
+
+uint64_t splitmix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [-1, 1), element i of stream `seed`: independent of thread count, so big tensors fill in parallel.
+float uniform_at(uint64_t seed, uint64_t i) {
+  return float(splitmix64(seed ^ splitmix64(i)) >> 40) * 0x1p-23f - 1.0f;
+}
+
+std::vector<float> random_matrix(int64_t rows, int64_t cols, uint64_t seed) {
+  std::vector<float> v(size_t(rows * cols));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows * cols; ++i) v[size_t(i)] = uniform_at(seed, uint64_t(i));
+  return v;
+}
+
+// A checkpoint matrix in host memory: BF16, or FP8 e4m3 with f32 128×128 block scales (not powers of two, so
+// the weight-scale multiply is exercised).
+struct HostWeight {
+  std::vector<uint8_t> data, scale;
+  Weight w;
+};
+
+HostWeight random_weight(DType dtype, int64_t rows, int64_t cols, uint64_t seed) {
+  HostWeight h;
+  h.w.dtype = dtype;
+  h.w.rows = rows;
+  h.w.cols = cols;
+  if (dtype == DType::kBF16) {
+    h.data.resize(size_t(rows * cols * 2));
+    auto* bits = reinterpret_cast<uint16_t*>(h.data.data());
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rows * cols; ++i) bits[i] = f32_to_bf16(uniform_at(seed, uint64_t(i)));
+    h.w.row_stride = cols * 2;
+  } else if (dtype == DType::kF8E4M3) {
+    h.data.resize(size_t(rows * cols));
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rows * cols; ++i) h.data[size_t(i)] = f32_to_e4m3(448.0f * uniform_at(seed, uint64_t(i)));
+    const int64_t srows = (rows + 127) / 128, scols = (cols + 127) / 128;
+    std::vector<float> s(size_t(srows * scols));
+    for (size_t i = 0; i < s.size(); ++i) s[i] = 1e-3f * (1.5f + uniform_at(seed + 1, i));
+    h.scale.resize(s.size() * 4);
+    std::memcpy(h.scale.data(), s.data(), h.scale.size());
+    h.w.row_stride = cols;
+    h.w.scale_dtype = DType::kF32;
+    h.w.scale_block_rows = h.w.scale_block_cols = 128;
+    h.w.scale_stride = scols;
+  } else if (dtype == DType::kF32) {
+    h.data.resize(size_t(rows * cols * 4));
+    const std::vector<float> v = random_matrix(rows, cols, seed);
+    std::memcpy(h.data.data(), v.data(), h.data.size());
+    h.w.row_stride = cols * 4;
+  } else {  // packed FP4 e2m1 with e8m0 1×32 scales
+    h.data.resize(size_t(rows * cols / 2));
+    for (size_t i = 0; i < h.data.size(); ++i) h.data[i] = uint8_t(splitmix64(seed + i));
+    h.scale.assign(size_t(rows * cols / 32), 124);
+    h.w.row_stride = cols / 2;
+    h.w.scale_dtype = DType::kF8E8M0;
+    h.w.scale_block_rows = 1;
+    h.w.scale_block_cols = 32;
+    h.w.scale_stride = cols / 32;
+  }
+  h.w.data = h.data.data();
+  h.w.scale = h.scale.empty() ? nullptr : h.scale.data();
+  return h;
+}
+
+// ops.alloc clears on ops' stream; wait for that before the (default-stream) copy lands.
+float* upload_floats(CudaOps& ops, const std::vector<float>& host) {
+  float* d = ops.alloc(host.size());
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));
+  DSV4_CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return d;
+}
+
+void poison_on_stream(CudaOps& ops, float* d, size_t count) {
+  DSV4_CUDA_CHECK(cudaMemsetAsync(d, 0xFF, count * sizeof(float), ops.stream()));
+}
+
+struct Case {
+  std::string name;
+  DType dtype;
+  int64_t n, rows, cols;  // tokens, W [rows, cols]
+  int64_t groups = 1;
+  int64_t ldx_pad = 0, ldy_pad = 0;  // extra row stride beyond the minimum
+};
+
+std::vector<int64_t> sampled_rows(int64_t n, uint64_t seed) {
+  std::vector<int64_t> rows;
+  if (n <= 48) {
+    for (int64_t r = 0; r < n; ++r) rows.push_back(r);
+    return rows;
+  }
+  rows = {0, n - 1, n - 2};  // the last (partial) activation tile
+  for (uint64_t i = 0; rows.size() < 48; ++i) {
+    const int64_t r = int64_t(splitmix64(seed + 77 + i) % uint64_t(n));
+    if (std::find(rows.begin(), rows.end(), r) == rows.end()) rows.push_back(r);
+  }
+  std::sort(rows.begin(), rows.end());
+  return rows;
+}
+
+double relative_norm_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = double(got[i]) - want[i];
+    num += d * d;
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / den);
+}
+
+void run_case(const Case& c) {
+  SCOPED_TRACE(c.name);
+  const uint64_t seed = dsv4::test::seed() ^ splitmix64(std::hash<std::string>{}(c.name));
+  const bool fp8 = c.dtype == DType::kF8E4M3;
+  const int64_t k_total = c.groups * c.cols, ldx = k_total + c.ldx_pad, ldy = c.rows + c.ldy_pad;
+  const int64_t out_g = c.rows / c.groups;
+
+  const HostWeight hw = random_weight(c.dtype, c.rows, c.cols, seed);
+  const std::vector<float> x = random_matrix(c.n, ldx, seed + 2);
+
+  ModelConfig config;
+  CudaOps ops(config);
+  const cuda::DeviceWeight& dw = ops.upload(hw.w);
+  float* x_d = upload_floats(ops, x);
+  float* y_d = ops.alloc(size_t(c.n * ldy));
+  poison_on_stream(ops, y_d, size_t(c.n * ldy));
+  const cuda::GemmParams p{x_d, ldx, dw, c.n, y_d, ldy, c.groups};
+  ASSERT_TRUE(cuda::gemm_tensor_core(p, ops)) << "the tensor-core path declined a shape it covers";
+  const std::vector<float> y = to_host(ops, y_d, size_t(c.n * ldy));
+
+  // Every output written and finite; padding untouched.
+  for (int64_t r = 0; r < c.n; ++r)
+    for (int64_t col = 0; col < ldy; ++col) {
+      const float v = y[size_t(r * ldy + col)];
+      if (col < c.rows) ASSERT_TRUE(std::isfinite(v)) << "y[" << r << ", " << col << "] = " << v;
+      else ASSERT_TRUE(std::isnan(v)) << "padding y[" << r << ", " << col << "] overwritten with " << v;
+    }
+
+  // References on sampled rows: fp32 activations, and the same activations rounded as the kernel rounds them.
+  const std::vector<int64_t> rows = sampled_rows(c.n, seed);
+  const int64_t S = int64_t(rows.size());
+  std::vector<float> xs(size_t(S * k_total)), got(size_t(S * c.rows));
+  for (int64_t i = 0; i < S; ++i) {
+    std::copy_n(x.begin() + rows[i] * ldx, k_total, xs.begin() + i * k_total);
+    std::copy_n(y.begin() + rows[i] * ldy, c.rows, got.begin() + i * c.rows);
+  }
+  std::vector<float> xr = xs;
+  CpuOps cpu(config);
+  if (fp8) cpu.sim_fp8(xr.data(), S, k_total, k_total, 128);
+  else
+    for (float& v : xr) v = bf16_to_f32(f32_to_bf16(v));
+  std::vector<float> want(size_t(S * c.rows)), want_fp32(size_t(S * c.rows));
+  if (c.groups == 1) {
+    cpu.linear(xr.data(), k_total, hw.w, S, want.data(), c.rows);
+    cpu.linear(xs.data(), k_total, hw.w, S, want_fp32.data(), c.rows);
+  } else {
+    cpu.linear_grouped(xr.data(), hw.w, c.groups, S, want.data());
+    cpu.linear_grouped(xs.data(), hw.w, c.groups, S, want_fp32.data());
+  }
+
+  // Per-element bound: tolerance · ‖x_r (its group's slice)‖ · ‖w_c‖.
+  std::vector<double> w_norm(size_t(c.rows)), x_norm(size_t(S * c.groups));
+#pragma omp parallel
+  {
+    std::vector<float> row(size_t(c.cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < c.rows; ++r) {
+      dequant_row(hw.w, r, row.data());
+      double s = 0.0;
+      for (float v : row) s += double(v) * v;
+      w_norm[size_t(r)] = std::sqrt(s);
+    }
+  }
+  for (int64_t i = 0; i < S * c.groups; ++i) {
+    double s = 0.0;
+    for (int64_t k = i * c.cols; k < (i + 1) * c.cols; ++k) s += double(xr[size_t(k)]) * xr[size_t(k)];
+    x_norm[size_t(i)] = std::sqrt(s);
+  }
+  const double element_tol = fp8 ? std::ldexp(1.0, -10) : double(c.cols) * std::ldexp(1.0, -23);
+  const double kernel_tol = fp8 ? 2e-3 : double(c.cols / 16) * std::ldexp(1.0, -24);
+  const double format_tol = fp8 ? 4e-2 : 5e-3;
+  double worst_ratio = 0.0;
+  int64_t worst = 0;
+  for (int64_t i = 0; i < S; ++i)
+    for (int64_t col = 0; col < c.rows; ++col) {
+      const size_t e = size_t(i * c.rows + col);
+      const double scale = x_norm[size_t(i * c.groups + col / out_g)] * w_norm[size_t(col)];
+      const double ratio = std::fabs(double(got[e]) - want[e]) / scale;
+      if (!(ratio <= worst_ratio)) {
+        worst_ratio = ratio;
+        worst = int64_t(e);
+      }
+    }
+  const double kernel_err = relative_norm_error(got, want), format_err = relative_norm_error(got, want_fp32);
+  std::printf("[ %-34s ] n %5lld  W [%6lld, %5lld] g %lld: kernel rel %.2e (≤ %.1e), worst elem %.2e·‖x‖‖w‖ (≤ %.1e) "
+              "at row %lld col %lld got %.6g want %.6g; format rel %.2e (≤ %.0e)\n",
+              c.name.c_str(), (long long)c.n, (long long)c.rows, (long long)c.cols, (long long)c.groups, kernel_err,
+              kernel_tol, worst_ratio, element_tol, (long long)rows[size_t(worst / c.rows)],
+              (long long)(worst % c.rows), got[size_t(worst)], want[size_t(worst)], format_err, format_tol);
+  EXPECT_LE(worst_ratio, element_tol) << "element " << worst / c.rows << "/" << worst % c.rows;
+  EXPECT_LE(kernel_err, kernel_tol);
+  EXPECT_LE(format_err, format_tol);
+}
+
+bool hopper(std::string* why) {
+  ModelConfig config;
+  CudaOps ops(config);
+  if (ops.props().major == 9) return true;
+  *why = std::string("the tensor-core path is sm_90a only; this GPU is ") + ops.props().name;
+  return false;
+}
+
+#define DSV4_REQUIRE_HOPPER()                              \
+  do {                                                     \
+    std::string dsv4_why_;                                 \
+    if (!hopper(&dsv4_why_)) GTEST_SKIP() << dsv4_why_;    \
+  } while (0)
+
+// Odd token counts (partial activation tiles), odd widths (partial weight tiles), padded and unaligned row
+// strides (ldx + 3: the scalar activation loads), a K that splits unevenly across CTAs, more tiles than SMs
+// (each persistent CTA runs several).
+std::vector<Case> odd_cases(DType dtype, const std::string& tag) {
+  return {
+      {tag + " n17 [200,384]", dtype, 17, 200, 384},
+      {tag + " n100 [1000,640] strided", dtype, 100, 1000, 640, 1, 3, 6},
+      {tag + " n333 [520,1152]", dtype, 333, 520, 1152},
+      {tag + " n4096 [264,256]", dtype, 4096, 264, 256},
+      {tag + " n4096 [1000,256] 256 tiles", dtype, 4096, 1000, 256},
+      {tag + " n100 [392,2176] split-K", dtype, 100, 392, 2176},
+  };
+}
+
+// V4-Flash projections at prefill sizes: wq_a, wq_b, wo_b, wkv, shared expert w1 (w3 alike), w2.
+std::vector<Case> v4_cases(DType dtype, const std::string& tag) {
+  std::vector<Case> cases;
+  for (int64_t n : {512, 4096}) {
+    const std::string t = tag + " n" + std::to_string(n) + " ";
+    cases.push_back({t + "wq_a", dtype, n, 1024, 4096});
+    cases.push_back({t + "wq_b", dtype, n, 32768, 1024});
+    cases.push_back({t + "wo_b", dtype, n, 4096, 8192});
+    cases.push_back({t + "wkv", dtype, n, 512, 4096});
+    cases.push_back({t + "shared w1", dtype, n, 2048, 4096});
+    cases.push_back({t + "shared w2", dtype, n, 4096, 2048});
+  }
+  return cases;
+}
+
+// Grouped projections: a small one whose group width (384) is not a multiple of the BF16 tile, and V4-Flash's
+// wo_a (8 groups × o_lora 1024, in 64·512/8 = 4096 per group).
+std::vector<Case> grouped_cases(DType dtype, const std::string& tag) {
+  return {
+      {tag + " grouped n100 2x[384,256]", dtype, 100, 768, 256, 2},
+      {tag + " grouped n512 wo_a 8x[1024,4096]", dtype, 512, 8192, 4096, 8},
+  };
+}
+
+#endif  // DSV4_HAVE_CUDA
+
+TEST(CudaGemmTc, Bf16OddShapes) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  DSV4_REQUIRE_HOPPER();
+  for (const Case& c : odd_cases(DType::kBF16, "bf16")) run_case(c);
+#endif
+}
+
+TEST(CudaGemmTc, Fp8OddShapes) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  DSV4_REQUIRE_HOPPER();
+  for (const Case& c : odd_cases(DType::kF8E4M3, "fp8")) run_case(c);
+#endif
+}
+
+TEST(CudaGemmTc, Bf16Grouped) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  DSV4_REQUIRE_HOPPER();
+  for (const Case& c : grouped_cases(DType::kBF16, "bf16")) run_case(c);
+#endif
+}
+
+TEST(CudaGemmTc, Fp8Grouped) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  DSV4_REQUIRE_HOPPER();
+  for (const Case& c : grouped_cases(DType::kF8E4M3, "fp8")) run_case(c);
+#endif
+}
+
+TEST(CudaGemmTc, Bf16V4FlashPrefill) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  DSV4_REQUIRE_HOPPER();
+  for (const Case& c : v4_cases(DType::kBF16, "bf16")) run_case(c);
+#endif
+}
+
+TEST(CudaGemmTc, Fp8V4FlashPrefill) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  DSV4_REQUIRE_HOPPER();
+  for (const Case& c : v4_cases(DType::kF8E4M3, "fp8")) run_case(c);
+#endif
+}
+
+TEST(CudaGemmTc, Bf16LmHead) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  DSV4_REQUIRE_HOPPER();
+  for (int64_t n : {512, 4096}) run_case({"bf16 n" + std::to_string(n) + " lm head", DType::kBF16, n, 129280, 4096});
+#endif
+}
+
+// F32 and FP4 weights, and K not a multiple of 128, are gemm_generic's: the call returns false and leaves y alone.
+TEST(CudaGemmTc, DeclinesWhatItDoesNotCover) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  DSV4_REQUIRE_HOPPER();
+  ModelConfig config;
+  const int64_t n = 40, rows = 256;
+  for (const auto& [dtype, cols] : std::vector<std::pair<DType, int64_t>>{
+           {DType::kF32, 256}, {DType::kI8, 256}, {DType::kBF16, 200}, {DType::kF8E4M3, 320}}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)) + " cols " + std::to_string(cols));
+    CudaOps ops(config);  // fresh: uploads are keyed by host address, which the previous weight may have had
+    const HostWeight hw = random_weight(dtype, rows, cols, seed() + uint64_t(cols));
+    const cuda::DeviceWeight& dw = ops.upload(hw.w);
+    float* x_d = upload_floats(ops, random_matrix(n, cols, seed() + 5));
+    float* y_d = ops.alloc(size_t(n * rows));
+    poison_on_stream(ops, y_d, size_t(n * rows));
+    EXPECT_FALSE(cuda::gemm_tensor_core({x_d, cols, dw, n, y_d, rows, 1}, ops));
+    const std::vector<float> y = to_host(ops, y_d, size_t(n * rows));
+    EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](float v) { return std::isnan(v); })) << "y was written";
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace dsv4::test

@@ -1,0 +1,198 @@
+// hc family: hc_pre, hc_post and hc_head on the GPU against CpuOps, at V4-Flash sizes (hc 4 × dim 4096,
+// fn [24, 16384] F32) and odd ones.
+#include <cmath>
+#include <cstring>
+#include <deque>
+
+#include "core/dtype.h"
+#include "cuda/gpu.h"
+#if DSV4_HAVE_CUDA
+#include "cuda/common/check.h"
+#endif
+
+namespace dsv4::test {
+namespace {
+
+ModelConfig hc_config(int64_t hc, int64_t dim) {
+  ModelConfig c;
+  c.dim = dim;
+  c.hc_mult = hc;
+  c.hc_sinkhorn_iters = 20;
+  c.hc_eps = 1e-6;
+  c.norm_eps = 1e-6;
+  return c;
+}
+
+// A matrix [rows, cols] in host memory, F32 or BF16, entries uniform in ±bound.
+struct HostMatrix {
+  std::vector<uint8_t> data;
+  Weight w;
+};
+
+HostMatrix random_matrix(DType dtype, int64_t rows, int64_t cols, float bound, std::mt19937_64& rng) {
+  HostMatrix m;
+  const auto f = random_floats(size_t(rows * cols), rng, -bound, bound);
+  const size_t elem = dtype == DType::kF32 ? 4 : 2;
+  m.data.resize(f.size() * elem);
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (dtype == DType::kF32) {
+      std::memcpy(m.data.data() + 4 * i, &f[i], 4);
+    } else {
+      const uint16_t b = f32_to_bf16(f[i]);
+      std::memcpy(m.data.data() + 2 * i, &b, 2);
+    }
+  }
+  m.w.dtype = dtype;
+  m.w.rows = rows;
+  m.w.cols = cols;
+  m.w.row_stride = cols * int64_t(elem);
+  m.w.data = m.data.data();
+  return m;
+}
+
+#if DSV4_HAVE_CUDA
+// ops.alloc() clears its buffer asynchronously on the op stream, while poison() and cudaMemcpy() go through the
+// legacy default stream, which the (non-blocking) op stream is not ordered with; a pageable cudaMemcpy may even
+// return before its DMA lands. So the device is synchronised after each allocation and after each such write.
+void settle() { DSV4_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+template <class T>
+T* settled(CudaOps&, T* p) {
+  settle();
+  return p;
+}
+
+float* uploaded(CudaOps& ops, const std::vector<float>& host, size_t shift) {
+  float* p = settled(ops, ops.alloc(host.size() + shift) + shift);
+  DSV4_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  settle();
+  return p;
+}
+
+float* poisoned(CudaOps& ops, size_t count, size_t shift) {
+  float* p = settled(ops, ops.alloc(count + shift) + shift);
+  poison(p, count);
+  settle();
+  return p;
+}
+#endif
+
+struct Case {
+  int64_t hc, dim, n;
+  DType fn_dtype;
+  size_t shift;  // 1: X and x shifted off 16-byte alignment (element-wise path)
+};
+
+// The cases of both hc_pre and hc_head: V4 decode and prefill, batches crossing the 8-token tile, other hc
+// counts (other rows-per-warp splits of fn), a BF16 fn, odd dims and unaligned buffers.
+const Case kCases[] = {
+    {4, 4096, 1, DType::kF32, 0},   {4, 4096, 19, DType::kF32, 0}, {4, 4096, 64, DType::kF32, 0},
+    {4, 4096, 3, DType::kBF16, 0},  {4, 100, 9, DType::kF32, 1},   {4, 37, 5, DType::kF32, 0},
+    {2, 260, 3, DType::kF32, 0},    {1, 64, 2, DType::kF32, 0},    {3, 129, 11, DType::kF32, 1},
+};
+
+// Tolerances for hc_pre / hc_head. The mixing logits m are fp32 dot products over hc·D = 16384 terms; the CPU
+// sums them in 8 strided partial sums, the GPU per lane, by warp trees and across chunks in fp64. With fn
+// entries ~1/sqrt(hc·D) and streams in [−1, 1], m is O(1) and each order carries ~sqrt(hc·D)·2^−24·|m| ≈ 1e-5
+// relative at worst in practice (typically far less); rinv is fp64 on both sides. pre, post and the Sinkhorn
+// projection are Lipschitz ≤ 1 in m·scale here (sigmoid slope ≤ 1/4, the softmax/normalisations contract),
+// and expf differs from the host's by ≤ 2 ulp: coefficients in [0, 2] agree to 2e-5 absolute. x = Σ_j pre[j]·X[j]
+// then carries hc·2e-5·|X| ≤ 8e-5 absolute: 1e-4 absolute, 1e-5 relative.
+const Tolerance kCoefTol{2e-5, 0.0};
+const Tolerance kCollapseTol{1e-4, 1e-5};
+
+TEST(CudaHc, HcPreMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  for (const Case& c : kCases) {
+    const ModelConfig cfg = hc_config(c.hc, c.dim);
+    CudaOps ops(cfg);
+    CpuOps cpu(cfg);
+    const int64_t K = c.hc * c.dim, M = (2 + c.hc) * c.hc;
+    HcWeights w;
+    const HostMatrix fn = random_matrix(c.fn_dtype, M, K, std::sqrt(3.0f / float(K)), rng);
+    w.fn = fn.w;
+    w.base = random_floats(size_t(M), rng);
+    w.scale = random_floats(3, rng, 0.5f, 2.0f);
+    ops.upload(w.fn);
+    ops.upload(w.base);
+    ops.upload(w.scale);
+    settle();
+    const auto X = random_floats(size_t(c.n * K), rng);
+    std::vector<float> x(size_t(c.n * c.dim)), post(size_t(c.n * c.hc)), comb(size_t(c.n * c.hc * c.hc));
+    cpu.hc_pre(X.data(), w, c.n, x.data(), post.data(), comb.data());
+
+    float* dx = poisoned(ops, x.size(), c.shift);
+    float* dpost = poisoned(ops, post.size(), 0);
+    float* dcomb = poisoned(ops, comb.size(), 0);
+    ops.hc_pre(uploaded(ops, X, c.shift), w, c.n, dx, dpost, dcomb);
+    const std::string what = cat("hc=", c.hc, " dim=", c.dim, " n=", c.n, " fn ", dtype_name(c.fn_dtype),
+                                 " shift=", c.shift);
+    EXPECT_TRUE(compare(to_host(ops, dpost, post.size()), post, kCoefTol, "post " + what));
+    EXPECT_TRUE(compare(to_host(ops, dcomb, comb.size()), comb, kCoefTol, "comb " + what));
+    EXPECT_TRUE(compare(to_host(ops, dx, x.size()), x, kCollapseTol, "x " + what));
+  }
+#endif
+}
+
+TEST(CudaHc, HcHeadMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  for (const Case& c : kCases) {
+    const ModelConfig cfg = hc_config(c.hc, c.dim);
+    CudaOps ops(cfg);
+    CpuOps cpu(cfg);
+    const int64_t K = c.hc * c.dim;
+    HcHeadWeights w;
+    const HostMatrix fn = random_matrix(c.fn_dtype, c.hc, K, std::sqrt(3.0f / float(K)), rng);
+    w.fn = fn.w;
+    w.base = random_floats(size_t(c.hc), rng);
+    w.scale = random_floats(1, rng, 0.5f, 2.0f);
+    ops.upload(w.fn);
+    ops.upload(w.base);
+    ops.upload(w.scale);
+    settle();
+    const auto X = random_floats(size_t(c.n * K), rng);
+    std::vector<float> y(size_t(c.n * c.dim));
+    cpu.hc_head(X.data(), w, c.n, y.data());
+    float* dy = poisoned(ops, y.size(), c.shift);
+    ops.hc_head(uploaded(ops, X, c.shift), w, c.n, dy);
+    EXPECT_TRUE(compare(to_host(ops, dy, y.size()), y, kCollapseTol,
+                        cat("hc_head hc=", c.hc, " dim=", c.dim, " n=", c.n, " fn ", dtype_name(c.fn_dtype),
+                            " shift=", c.shift)));
+  }
+#endif
+}
+
+// hc_post runs the CPU's operations in the CPU's order (unfused fp32 products, sums over j in order), so the
+// results are bit-identical unless the host compiler contracts a·b + c into an FMA: one rounding of a sum of
+// hc + 1 terms of size ≤ 2, ≤ 2.4e-7 each; 1e-6 absolute.
+TEST(CudaHc, HcPostMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  for (const Case& c : kCases) {
+    const ModelConfig cfg = hc_config(c.hc, c.dim);
+    CudaOps ops(cfg);
+    CpuOps cpu(cfg);
+    const auto f = random_floats(size_t(c.n * c.dim), rng);
+    const auto post = random_floats(size_t(c.n * c.hc), rng, 0.0f, 2.0f);
+    const auto comb = random_floats(size_t(c.n * c.hc * c.hc), rng, 0.0f, 1.0f);
+    const auto X = random_floats(size_t(c.n * c.hc * c.dim), rng);
+    std::vector<float> want = X;
+    cpu.hc_post(f.data(), post.data(), comb.data(), c.n, want.data());
+    float* dX = uploaded(ops, X, c.shift);
+    ops.hc_post(uploaded(ops, f, c.shift), uploaded(ops, post, 0), uploaded(ops, comb, 0), c.n, dX);
+    EXPECT_TRUE(compare(to_host(ops, dX, want.size()), want, Tolerance{1e-6, 0.0},
+                        cat("hc_post hc=", c.hc, " dim=", c.dim, " n=", c.n, " shift=", c.shift)));
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace dsv4::test

@@ -1,0 +1,142 @@
+// norm_rope family: rms_norm and rope on the GPU against CpuOps, at V4-Flash shapes and odd ones.
+#include <cmath>
+#include <cstdio>
+#include <deque>
+
+#include "cuda/gpu.h"
+#if DSV4_HAVE_CUDA
+#include "cuda/common/check.h"
+#endif
+
+namespace dsv4::test {
+namespace {
+
+// V4-Flash's RoPE and norm settings (spec §3.2): rope_dim 64, θ 10000 on sliding layers, 160000 with YaRN
+// (factor 16 over 65536 original positions) on compressed layers.
+ModelConfig v4_config() {
+  ModelConfig c;
+  c.dim = 4096;
+  c.head_dim = 512;
+  c.rope_dim = 64;
+  c.n_heads = 64;
+  c.rope_theta = 10000.0;
+  c.compress_rope_theta = 160000.0;
+  c.yarn = YarnConfig{true, 16.0, 65536, 32.0, 1.0};
+  c.norm_eps = 1e-6;
+  return c;
+}
+
+#if DSV4_HAVE_CUDA
+// ops.alloc() clears its buffer asynchronously on the op stream, while poison() and cudaMemcpy() go through the
+// legacy default stream, which the (non-blocking) op stream is not ordered with; a pageable cudaMemcpy may even
+// return before its DMA lands. So the device is synchronised after each allocation and after each such write.
+void settle() { DSV4_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+template <class T>
+T* settled(CudaOps&, T* p) {
+  settle();
+  return p;
+}
+
+float* uploaded(CudaOps& ops, const std::vector<float>& host, size_t shift) {
+  float* p = settled(ops, ops.alloc(host.size() + shift) + shift);
+  DSV4_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  settle();
+  return p;
+}
+#endif
+
+// RMSNorm: fp32 everywhere in the same operation order; only the order of the sum of squares differs
+// (the CPU's 8 strided partial sums vs per-thread sums, warp trees and a block step). Each ordering has a
+// relative error below ~log2(dim)·2^−24 ≈ 1e-6 on Σx² (all terms positive), which reaches the output
+// halved through the square root; 1e-5 relative leaves a 10× margin, and 1e-6 absolute covers outputs
+// near zero.
+TEST(CudaNormRope, RmsNormMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  const ModelConfig cfg = v4_config();
+  CudaOps ops(cfg);
+  CpuOps cpu(cfg);
+  const Tolerance tol{1e-6, 1e-5};
+  // Uploads are keyed by host address: every gain stays alive so no later one reuses an address.
+  std::deque<std::vector<float>> gains;
+  struct Case { int64_t rows, dim; bool weighted, in_place; size_t shift; };
+  for (const Case& c : {Case{1, 4096, true, false, 0},       // attn_norm / ffn_norm at decode
+                        Case{19, 4096, true, true, 0},       // prefill rows, in place
+                        Case{3, 1024, true, true, 0},        // q_norm (q_lora 1024)
+                        Case{3 * 64, 512, false, true, 0},   // per-head q normalisation, unweighted
+                        Case{7, 7168, true, false, 0},       // the larger V4 dim
+                        Case{5, 129, true, false, 0},        // odd dim: element-wise path
+                        Case{4, 100, false, false, 1},       // unaligned rows
+                        Case{2, 1, true, false, 0}}) {
+    const auto x = random_floats(size_t(c.rows * c.dim), rng, -3.0f, 3.0f);
+    const std::vector<float>& gamma = gains.emplace_back(random_floats(size_t(c.dim), rng, 0.5f, 1.5f));
+    const std::vector<float>* g = c.weighted ? &gamma : nullptr;
+    if (g) ops.upload(gamma);
+    settle();
+    std::vector<float> want(x.size());
+    cpu.rms_norm(x.data(), g, c.rows, c.dim, want.data());
+    float* dx = uploaded(ops, x, c.shift);
+    float* y = dx;
+    if (!c.in_place) {
+      y = settled(ops, ops.alloc(x.size() + c.shift) + c.shift);
+      poison(y, x.size());
+      settle();
+    }
+    ops.rms_norm(dx, g, c.rows, c.dim, y);
+    EXPECT_TRUE(compare(to_host(ops, y, x.size()), want, tol,
+                        cat("rms_norm rows=", c.rows, " dim=", c.dim, c.weighted ? " weighted" : " unweighted",
+                            c.in_place ? " in place" : "", " shift=", c.shift)));
+  }
+#endif
+}
+
+// RoPE: the same fp32 angle, fp64 sin/cos rounded to fp32, and unfused fp32 products and sums as the CPU, so
+// results are bit-identical unless CUDA's and the host's fp64 sin/cos round to different fp32 values (their
+// errors are ~1 fp64 ulp: rare). Such a flip changes c or s by one fp32 ulp (≤ 6e-8), the output by at most
+// (|a| + |b|)·6e-8 ≤ 2.4e-7 for inputs in [−2, 2]: 5e-7 absolute. Channels outside the rotated range must
+// come back unchanged (they are compared too).
+TEST(CudaNormRope, RopeMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  const ModelConfig cfg = v4_config();
+  CudaOps ops(cfg);
+  CpuOps cpu(cfg);
+  const Tolerance tol{5e-7, 0.0};
+  struct Case {
+    const char* what;
+    int64_t rows, row_stride, offset, rows_per_pos, pos0, pos_stride;
+    RopeKind kind;
+    bool inverse;
+    size_t shift;
+  };
+  for (const Case& c : {
+           Case{"q decode, 64 heads", 64, 512, 448, 64, 4095, 1, RopeKind::kPlain, false, 0},
+           Case{"q prefill, compressed", 19 * 64, 512, 448, 64, 1000, 1, RopeKind::kCompressed, false, 0},
+           Case{"attention output, inverse", 5 * 64, 512, 448, 64, 70000, 1, RopeKind::kCompressed, true, 0},
+           Case{"kv rows", 19, 512, 448, 1, 0, 1, RopeKind::kPlain, false, 0},
+           Case{"indexer q (64 heads × 128)", 3 * 64, 128, 64, 64, 123456, 1, RopeKind::kCompressed, false, 0},
+           Case{"compressed entry at w·m", 1, 512, 448, 1, 128 * 511, 0, RopeKind::kCompressed, false, 0},
+           Case{"odd layout", 19, 77, 5, 3, 7, 4, RopeKind::kPlain, true, 1},
+           Case{"far position", 6, 64, 0, 2, 1000000, 3, RopeKind::kPlain, false, 0},
+       }) {
+    const auto x = random_floats(size_t(c.rows * c.row_stride), rng, -2.0f, 2.0f);
+    std::vector<float> want = x;
+    cpu.rope(want.data(), c.rows, c.row_stride, c.offset, c.rows_per_pos, c.pos0, c.pos_stride, c.kind, c.inverse);
+    float* dx = uploaded(ops, x, c.shift);
+    ops.rope(dx, c.rows, c.row_stride, c.offset, c.rows_per_pos, c.pos0, c.pos_stride, c.kind, c.inverse);
+    const auto got = to_host(ops, dx, x.size());
+    size_t differing = 0;
+    for (size_t i = 0; i < got.size(); ++i) differing += got[i] != want[i];
+    EXPECT_TRUE(compare(got, want, tol, c.what)) << differing << " elements not bit-identical";
+    if (differing) std::printf("rope '%s': %zu of %zu elements differ in the last bits\n", c.what, differing, got.size());
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace dsv4::test
