@@ -5,7 +5,8 @@
 // in L2); hot = back-to-back calls. Also: a sweep of the key-split count, and the lightning indexer at the
 // same contexts.
 //
-//   bench_attention [--iters N]
+//   bench_attention [--iters N] [--profile]
+// --profile: one direct call each of CSA decode attention at 32K and the indexer at 32K, nothing else (for ncu).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -129,10 +130,12 @@ float* to_device(CudaOps& ops, const std::vector<float>& h) {
 
 int main(int argc, char** argv) {
   int iters = 200;
+  bool profile = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
+    else if (std::strcmp(argv[i], "--profile") == 0) profile = true;
     else {
-      std::fprintf(stderr, "usage: bench_attention [--iters N]\n");
+      std::fprintf(stderr, "usage: bench_attention [--iters N] [--profile]\n");
       return 1;
     }
   }
@@ -142,7 +145,7 @@ int main(int argc, char** argv) {
     config.rope_dim = 64;
     CudaOps ops(config);
     std::mt19937_64 rng(7);
-    const double copy_gbs = copy_bandwidth_gbs(ops);
+    const double copy_gbs = profile ? 1.0 : copy_bandwidth_gbs(ops);
     const size_t flush_bytes = size_t(512) << 20;  // > 10× the 50 MB L2
     void* flush = nullptr;
     DSV4_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
@@ -158,7 +161,7 @@ int main(int argc, char** argv) {
     float* out = ops.alloc(size_t(kHeads * kHeadDim));
     int32_t* selected = ops.alloc_i32(size_t(kTopK));
 
-    {  // the floor of any one-op graph here: a 4-byte memset
+    if (!profile) {  // the floor of any one-op graph here: a 4-byte memset
       const auto tiny = [&] { DSV4_CUDA_CHECK(cudaMemsetAsync(flush, 0, 4, ops.stream())); };
       const Timing f = measure(ops, tiny, iters, flush, flush_bytes);
       std::printf("one 4-byte memset: cold %.2f µs, graph replay %.2f µs, stream %.2f µs\n\n", f.cold, f.graph,
@@ -173,6 +176,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> sweeps;
     for (const Row r : {Row{"CSA", 4096}, Row{"CSA", 32768}, Row{"CSA", 131072}, Row{"HCA", 4096},
                         Row{"HCA", 32768}, Row{"HCA", 131072}}) {
+      if (profile && (std::strcmp(r.layer, "CSA") != 0 || r.context != 32768)) continue;
       const bool csa = std::strcmp(r.layer, "CSA") == 0;
       const int64_t t = r.context - 1, ratio = csa ? 4 : 128, visible = (t + 1) / ratio;
       if (csa) {  // a spread-out selection, as the indexer's would be
@@ -203,6 +207,11 @@ int main(int argc, char** argv) {
       const double kv_bytes = double(keys * kHeadDim) * sizeof(float);
       const int splits = cuda::attention_default_splits(ops, p);
       const auto run = [&] { ops.attention(p); };
+      if (profile) {
+        run();
+        DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));
+        continue;
+      }
       const Timing tm = measure(ops, run, iters, flush, flush_bytes);
       const double cold = tm.cold;
       std::string sweep = std::string(r.layer) + " " + std::to_string(r.context / 1024) + "K:";
@@ -235,6 +244,7 @@ int main(int argc, char** argv) {
     float* iw = to_device(ops, random_floats(size_t(kIndexHeads), rng, -0.02f, 0.02f));
     float* ikeys = to_device(ops, random_floats(size_t(max_context / 4 * kIndexDim), rng));
     for (int64_t context : {4096, 32768, 131072}) {
+      if (profile && context != 32768) continue;
       IndexerParams ip;
       ip.q = iq;
       ip.weights = iw;
@@ -247,6 +257,11 @@ int main(int argc, char** argv) {
       ip.top_k = kTopK;
       ip.selected = selected;
       const auto run = [&] { ops.indexer_topk(ip); };
+      if (profile) {
+        run();
+        DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));
+        continue;
+      }
       const Timing tm = measure(ops, run, iters, flush, flush_bytes);
       const double bytes = double(context / 4 * kIndexDim) * sizeof(float);
       std::printf("| CSA | %lldK | %lld | %.2f MB | %.2f | %.0f | %.2f | %.2f |\n",

@@ -309,6 +309,7 @@ struct CompressorCase {
   bool overlap;
   int64_t start;  // position of the first chunk; > 0 starts from a random mid-sequence state
   std::vector<int64_t> chunks;
+  EntrySim sim = EntrySim::kNone;  // for the end-to-end test (the pooling test always finishes with kNone)
 };
 
 struct HostCompressor {
@@ -408,19 +409,107 @@ void check_compressor_pool(const CompressorCase& c) {
 
 const std::vector<CompressorCase>& compressor_cases() {
   static const std::vector<CompressorCase> cases = {
-      {"csa_odd_c72", 48, 4, 72, true, 0, {1, 2, 1, 4, 3, 7, 1, 1, 13, 5, 9, 2}},
+      {"csa_odd_c72", 48, 4, 72, true, 0, {1, 2, 1, 4, 3, 7, 1, 1, 13, 5, 9, 2}, EntrySim::kFp8NoPe},
+      {"csa_indexer_odd_c64", 40, 4, 64, true, 0, {3, 1, 4, 1, 5, 9, 2, 6}, EntrySim::kHadamardFp4},
       {"hca_odd_ratio8_c96", 40, 8, 96, false, 0, {3, 5, 1, 8, 17, 2, 1, 40}},
       {"csa_mid_sequence_pos1001", 48, 4, 72, true, 1001, {1, 1, 2, 6, 1, 11}},
-      {"hca_mid_sequence_pos1000_ratio128", 32, 128, 72, false, 1000, {3, 20, 1, 130, 2}},
+      {"hca_mid_sequence_pos1000_ratio128", 32, 128, 72, false, 1000, {3, 20, 1, 130, 2}, EntrySim::kFp8NoPe},
       {"hca_ratio128_c72", 64, 128, 72, false, 0, {1, 100, 27, 1, 130, 255, 3, 1, 6}},
-      {"v4_csa_main", 4096, 4, 512, true, 0, {5, 1, 1, 1, 1, 16, 3, 33}},
-      {"v4_csa_indexer", 4096, 4, 128, true, 0, {5, 1, 1, 1, 1, 16, 3, 33}},
-      {"v4_hca", 4096, 128, 512, false, 0, {1, 126, 1, 129, 127, 1, 2}},
+      {"v4_csa_main", 4096, 4, 512, true, 0, {5, 1, 1, 1, 1, 16, 3, 33}, EntrySim::kFp8NoPe},
+      {"v4_csa_indexer", 4096, 4, 128, true, 0, {5, 1, 1, 1, 1, 16, 3, 33}, EntrySim::kHadamardFp4},
+      {"v4_hca", 4096, 128, 512, false, 0, {1, 126, 1, 129, 127, 1, 2}, EntrySim::kFp8NoPe},
   };
   return cases;
 }
 
+// End to end: CudaOps::compressor (its own kv / gate projections, norm, RoPE and FP8 / FP4 simulation) against
+// CpuOps::compressor, chunk by chunk.
+//   State: kv and gate come from two fp32 GEMMs over D in different orders: ≈ 2e-6 apart at D = 4096 (unit-size
+//   outputs), worst of ~1e5 values ≲ 1e-5; the state adds ape exactly → 3e-5 abs + 1e-5 rel.
+//   Entries: that noise moves the softmax weights by ≈ 2e-6 relatively; RMSNorm divides by the pooled vector's
+//   RMS (≳ 0.1 for 128-token windows) and multiplies by γ ≤ 1.5 → 2e-4 abs + 1e-4 rel.
+//   With FP8 / FP4 simulation an element sitting on a rounding midpoint may land one code away (an FP8 step is
+//   2⁻³ relative, an FP4 step up to 2× a block's scale, a block whose amax crosses a power of two rescales all
+//   32): at most 1% of the elements may exceed the tolerance, and the whole must keep cosine ≥ 0.999. Without
+//   the simulation (or on the wrong channels) nearly every simulated element would differ.
+::testing::AssertionResult compare_simulated(const std::vector<float>& got, const std::vector<float>& want,
+                                             const Tolerance& tol, EntrySim sim, const std::string& what) {
+  if (sim == EntrySim::kNone) return compare(got, want, tol, what);
+  size_t off = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i]) != std::isnan(want[i]))
+      return ::testing::AssertionFailure() << what << ": NaN mismatch at " << i << ": got " << got[i] << ", want "
+                                           << want[i];
+    if (std::fabs(double(got[i]) - want[i]) > tol.abs + tol.rel * std::fabs(double(want[i]))) ++off;
+  }
+  const Diff d = diff(got.data(), want.data(), got.size());
+  std::printf("[compressor] %-30s %zu of %zu simulated elements a code away, cosine %.9f\n", what.c_str(), off,
+              got.size(), d.cosine);
+  if (off * 100 > got.size() || d.cosine < 0.999)
+    return ::testing::AssertionFailure() << what << ": " << off << " of " << got.size()
+                                         << " elements beyond the tolerance, cosine " << d.cosine << "; worst element "
+                                         << d.worst << ": got " << got[d.worst] << ", want " << want[d.worst];
+  return ::testing::AssertionSuccess();
+}
+
+void check_compressor(const CompressorCase& c) {
+  SCOPED_TRACE(c.name + " seed " + std::to_string(seed()));
+  std::mt19937_64 rng(case_seed(c.name));
+  const ModelConfig config = attention_config(c.dim);
+  const HostCompressor hc = make_compressor(c, rng);
+  const CompressorWeights& w = hc.w;
+  const int64_t m = c.ratio, cw = c.width, width = (c.overlap ? 2 : 1) * cw, rows = (c.overlap ? 2 : 1) * m;
+  const int64_t end = c.start + std::accumulate(c.chunks.begin(), c.chunks.end(), int64_t(0));
+  const int64_t max_entries = end / m + 1;
+  std::vector<float> kv(size_t(rows * width), 0.0f), score(size_t(rows * width), -kInf);
+  if (c.start > 0) {
+    kv = random_floats(kv.size(), rng);
+    score = random_floats(score.size(), rng, -2.0f, 2.0f);
+  }
+  std::vector<float> entries(size_t(max_entries * cw), kNaN);
+  CompressorState cs{kv.data(), score.data(), entries.data(), max_entries};
+
+  CpuOps cpu(config);
+  CudaOps gpu(config);
+  gpu.upload(w.wkv);
+  gpu.upload(w.wgate);
+  gpu.upload(w.ape);
+  gpu.upload(w.norm);
+  CompressorState gs{to_device(gpu, kv), to_device(gpu, score), gpu.alloc(entries.size()), max_entries};
+  poison(gs.entries, entries.size());
+
+  int64_t pos = c.start;
+  for (int64_t n : c.chunks) {
+    SCOPED_TRACE("chunk at " + std::to_string(pos) + " of " + std::to_string(n));
+    const std::vector<float> x = random_floats(size_t(n * c.dim), rng);
+    cpu.compressor(w, cs, x.data(), pos, n, c.sim);
+    gpu.compressor(w, gs, to_device(gpu, x), pos, n, c.sim);
+    pos += n;
+    EXPECT_TRUE(compare(to_host(gpu, gs.kv, kv.size()), kv, {3e-5, 1e-5}, c.name + " state kv"));
+    EXPECT_TRUE(compare(to_host(gpu, gs.score, score.size()), score, {3e-5, 1e-5}, c.name + " state score"));
+    // Every entry emitted so far: earlier ones must be left alone. Rows before the case's first window are
+    // never written (NaN on both sides).
+    const size_t from = size_t(c.start / m * cw), to = size_t(pos / m * cw);
+    const std::vector<float> all = to_host(gpu, gs.entries, to);
+    const std::vector<float> got(all.begin() + int64_t(from), all.end());
+    const std::vector<float> want(entries.begin() + int64_t(from), entries.begin() + int64_t(to));
+    if (pos == end) {
+      const Diff dd = diff(got.data(), want.data(), got.size());
+      std::printf("[compressor] %-30s pos %6lld: entries %lld, max |diff| %.3g\n", c.name.c_str(),
+                  static_cast<long long>(pos), static_cast<long long>(pos / m), dd.max_abs);
+    }
+    EXPECT_TRUE(compare_simulated(got, want, {2e-4, 1e-4}, c.sim, c.name + " entries"));
+  }
+}
+
 #endif  // DSV4_HAVE_CUDA
+
+TEST(CudaCompressor, MatchesCpuStepByStep) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  for (const CompressorCase& c : compressor_cases()) check_compressor(c);
+#endif
+}
 
 TEST(CudaCompressor, PoolingAndStateMatchCpuStepByStep) {
   DSV4_REQUIRE_GPU();

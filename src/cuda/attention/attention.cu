@@ -88,7 +88,8 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
   const int d4 = p.head_dim / 4;
   float4* q_s = smem4;                            // [16][d/4] this block's query heads (zeros past the last)
   float4* k_s = q_s + kHeadsPerBlock * d4;        // [32][d/4] the current key tile (zeros for masked rows)
-  float* p_s = reinterpret_cast<float*>(k_s + kTileKeys * d4);  // [16][32] logits, then probabilities
+  // [32 keys][16 heads] logits, then probabilities (key-major: PV reads a head quad as one float4)
+  float* p_s = reinterpret_cast<float*>(k_s + kTileKeys * d4);
   __shared__ const float* rows_s[kTileKeys];
   __shared__ float m_s[kHeadsPerBlock], l_s[kHeadsPerBlock], alpha_s[kHeadsPerBlock];
   pdl_wait();
@@ -140,6 +141,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
     {
       float s[4][4] = {};
       if (qk_kq * 4 < tile_keys) {
+#pragma unroll 2
         for (int f = qk_slice; f < d4; f += 8) {
           float4 qv[4], kv[4];
 #pragma unroll
@@ -171,7 +173,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
           if ((a * 4 + b) / 2 == qk_slice) {
             const int head = qk_hq * 4 + a, key = qk_kq * 4 + b;
             const bool live = key < tile_keys && rows_s[key] != nullptr && head < heads_here;
-            p_s[head * kTileKeys + key] = live ? s[a][b] * p.scale : -INFINITY;
+            p_s[key * kHeadsPerBlock + head] = live ? s[a][b] * p.scale : -INFINITY;
           }
     }
     __syncthreads();
@@ -180,11 +182,11 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int head = warp * 2 + hh;
-      const float v = p_s[head * kTileKeys + lane];
+      const float v = p_s[lane * kHeadsPerBlock + head];
       const float m_old = m_s[head], m_new = fmaxf(m_old, warp_max(v));
       const float e = m_new == -INFINITY ? 0.0f : expf(v - m_new);
       const float sum = warp_sum(e);
-      p_s[head * kTileKeys + lane] = e;
+      p_s[lane * kHeadsPerBlock + head] = e;
       if (lane == 0) {
         const float alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
         alpha_s[head] = alpha;
@@ -206,10 +208,10 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
         acc[a][r].w *= alpha;
       }
     }
+#pragma unroll 4
     for (int key = 0; key < tile_keys; ++key) {
-      float pr[4];
-#pragma unroll
-      for (int a = 0; a < 4; ++a) pr[a] = p_s[(pv_hq * 4 + a) * kTileKeys + key];
+      const float4 p4 = reinterpret_cast<const float4*>(p_s)[key * (kHeadsPerBlock / 4) + pv_hq];
+      const float pr[4] = {p4.x, p4.y, p4.z, p4.w};
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int f = pv_col + 64 * r;

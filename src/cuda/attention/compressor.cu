@@ -150,7 +150,7 @@ void CudaOps::compressor(const CompressorWeights& w, CompressorState& state, con
                  w.wgate.cols == config_.dim,
              "compressor: wkv [", w.wkv.rows, ", ", w.wkv.cols, "] / wgate [", w.wgate.rows, ", ", w.wgate.cols,
              "], expected [", width, ", ", config_.dim, "]");
-  DSV4_CHECK(c > config_.rope_dim, "compressor: width ", c, " leaves no room for ", config_.rope_dim, " rope channels");
+  DSV4_CHECK(c >= config_.rope_dim, "compressor: width ", c, " is narrower than ", config_.rope_dim, " rope channels");
   if (n == 0) return;
   auto* kv = static_cast<float*>(workspace(cuda::kWsCompressorProj, size_t(2 * n * width) * sizeof(float)));
   float* gate = kv + n * width;
