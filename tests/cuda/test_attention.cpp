@@ -119,8 +119,9 @@ void check_attention(const AttnCase& c) {
   pg.selected = c.layer == Layer::kCsa ? to_device(gpu, selected) : nullptr;
   float* out = gpu.alloc(want.size());
   pg.out = out;
-  // 0 = CudaOps::attention's own choice; 1 = the prefill path (no combine); others force split-KV.
-  for (int splits : {0, 1, 3, 64}) {
+  // 0 = CudaOps::attention's own choice; 1 = the prefill path (no combine); others force split-KV (100: the
+  // combine kernel's second batch of loads).
+  for (int splits : {0, 1, 3, 64, 100}) {
     SCOPED_TRACE("splits " + std::to_string(splits) + " (default " +
                  std::to_string(cuda::attention_default_splits(gpu, pg)) + ")");
     poison(out, want.size());

@@ -24,9 +24,11 @@ constexpr int kHeadsPerBlock = 16;
 constexpr int kTileKeys = 32;
 constexpr int kAttnThreads = 256;
 constexpr int kMaxHeadDim = 512;  // PV: 64 threads × 2 float4 columns per head quad
-constexpr int kCombineThreads = kMaxHeadDim / 4;
-constexpr int kMinKeysPerSplit = 16;
+constexpr int kMinKeysPerSplit = 10;
 constexpr int kMaxSplits = 256;
+constexpr int kCombineGroups = 8;     // split groups of a combine block
+constexpr int kCombinePerThread = 6;  // partial loads in flight per combine thread (64 registers at 1024 threads)
+constexpr int kCombineThreads = kCombineGroups * kMaxHeadDim / 4;
 
 struct AttnKernelParams {
   const float* q;           // [n, H, d]
@@ -260,54 +262,76 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
 }
 
 // grid (H, n), kCombineThreads threads: out[i, h] = Σ_s e^(m_s−M) o_s / (Σ_s e^(m_s−M) l_s + e^(sink−M)).
-// NOTE: the split statistics go through shared memory first so that the partial-output loads of all splits
-// are independent (issued back to back), not a chain of L2 round trips.
+// Thread (g, f) owns float4 column f of splits g, g + 8, ...; thread t < splits owns split t's statistics.
+// NOTE: latency, not bandwidth, bounds this kernel: every thread issues its partial-output loads together
+// with the statistics loads (one memory round trip for up to 48 splits), the weights follow from two block
+// reductions, and the 8 split groups are summed in shared memory.
 __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(AttnKernelParams p) {
   __shared__ float weight_s[kMaxSplits];
+  __shared__ float4 group_s[kCombineGroups - 1][kMaxHeadDim / 4];
   __shared__ float red_s[kCombineThreads / 32];
   pdl_wait();
   const int h = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, d4 = p.head_dim / 4;
+  const int f = tid % (kMaxHeadDim / 4), g = tid / (kMaxHeadDim / 4);
   const int64_t i = blockIdx.y;
-  const float sink = p.sinks[h];
-  const float2* ml = p.part_ml + i * p.splits * p.heads + h;  // stride H between splits
+  const bool column = f < d4;
+  const int64_t stride = int64_t(p.heads) * d4;  // between splits, in float4
+  const float4* o_col = p.part_o + (i * p.splits * p.heads + h) * d4 + f;
 
-  float big = sink;
-  for (int s = tid; s < p.splits; s += kCombineThreads) big = fmaxf(big, ml[s * p.heads].x);
-  big = warp_max(big);
-  if (lane == 0) red_s[warp] = big;
-  __syncthreads();
-  big = red_s[0];
-  for (int w = 1; w < kCombineThreads / 32; ++w) big = fmaxf(big, red_s[w]);
-  __syncthreads();  // red_s is reused below
-
-  float denom = 0.0f;
-  for (int s = tid; s < p.splits; s += kCombineThreads) {
-    const float2 part = ml[s * p.heads];
-    const float w = part.x == -INFINITY ? 0.0f : expf(part.x - big);  // −inf: a split without live keys
-    weight_s[s] = w;
-    denom += part.y * w;
+  float4 v[kCombinePerThread];
+#pragma unroll
+  for (int k = 0; k < kCombinePerThread; ++k) {
+    const int s = g + kCombineGroups * k;
+    v[k] = column && s < p.splits ? o_col[s * stride] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  denom = warp_sum(denom);
-  if (lane == 0) red_s[warp] = denom;
-  __syncthreads();
-  denom = expf(sink - big);
-  for (int w = 0; w < kCombineThreads / 32; ++w) denom += red_s[w];
+  const float sink = p.sinks[h];
+  const float2 part = tid < p.splits ? p.part_ml[(i * p.splits + tid) * p.heads + h] : make_float2(-INFINITY, 0.0f);
 
-  if (tid >= d4) return;
-  const float4* o_s = p.part_o + (i * p.splits * p.heads + h) * d4 + tid;  // stride H·d/4 between splits
-  const int64_t stride = int64_t(p.heads) * d4;
+  const auto block_reduce = [&](float x, bool is_max) {
+    x = is_max ? warp_max(x) : warp_sum(x);
+    if (lane == 0) red_s[warp] = x;
+    __syncthreads();
+    float r = red_s[0];
+    for (int w = 1; w < kCombineThreads / 32; ++w) r = is_max ? fmaxf(r, red_s[w]) : r + red_s[w];
+    __syncthreads();  // red_s is reused by the next reduction
+    return r;
+  };
+  const float big = fmaxf(sink, block_reduce(part.x, true));
+  const float w = part.x == -INFINITY ? 0.0f : expf(part.x - big);  // −inf: a split without live keys
+  if (tid < p.splits) weight_s[tid] = w;
+  const float denom = expf(sink - big) + block_reduce(part.y * w, false);  // its barriers publish weight_s
+
   float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
-  for (int s = 0; s < p.splits; ++s) {
-    const float w = weight_s[s];
-    const float4 v = o_s[s * stride];  // finite even for empty splits (written as zeros)
-    o.x = fmaf(w, v.x, o.x);
-    o.y = fmaf(w, v.y, o.y);
-    o.z = fmaf(w, v.z, o.z);
-    o.w = fmaf(w, v.w, o.w);
+  for (int base = 0; base < p.splits; base += kCombineGroups * kCombinePerThread) {
+    if (base > 0) {  // more than 48 splits: the next batch of loads
+#pragma unroll
+      for (int k = 0; k < kCombinePerThread; ++k) {
+        const int s = base + g + kCombineGroups * k;
+        v[k] = column && s < p.splits ? o_col[s * stride] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kCombinePerThread; ++k) {
+      const int s = base + g + kCombineGroups * k;
+      const float ws = s < p.splits ? weight_s[s] : 0.0f;
+      o.x = fmaf(ws, v[k].x, o.x);
+      o.y = fmaf(ws, v[k].y, o.y);
+      o.z = fmaf(ws, v[k].z, o.z);
+      o.w = fmaf(ws, v[k].w, o.w);
+    }
+  }
+  if (g > 0) group_s[g - 1][f] = o;
+  __syncthreads();
+  if (g > 0 || !column) return;
+  for (int k = 0; k < kCombineGroups - 1; ++k) {
+    const float4 u = group_s[k][f];
+    o.x += u.x;
+    o.y += u.y;
+    o.z += u.z;
+    o.w += u.w;
   }
   const float inv = 1.0f / denom;
-  reinterpret_cast<float4*>(p.out + (i * p.heads + h) * p.head_dim)[tid] =
+  reinterpret_cast<float4*>(p.out + (i * p.heads + h) * p.head_dim)[f] =
       make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
 }
 
@@ -318,10 +342,11 @@ size_t attn_smem_bytes(int64_t head_dim) {
 // Key counts never shrink with t (window and HCA parts grow, CSA's is fixed): the step's last row has the most.
 int64_t max_keys(const AttentionParams& p) { return attention_keys(p, p.pos0 + p.n - 1); }
 
-// Split count that fills the device twice (two blocks fit an SM) without slices under kMinKeysPerSplit keys.
+// Split count that gives every SM one block (measured on H200: one wave beats two, whose extra partials cost
+// more than the shorter slices save) without slices under kMinKeysPerSplit keys.
 int64_t heuristic_splits(int sms, int64_t blocks_per_split, int64_t keys) {
   if (blocks_per_split >= sms) return 1;
-  const int64_t want = std::min<int64_t>(ceil_div(2 * sms, blocks_per_split), kMaxSplits);
+  const int64_t want = std::min<int64_t>(ceil_div(sms, blocks_per_split), kMaxSplits);
   return std::max<int64_t>(1, std::min(want, ceil_div(keys, kMinKeysPerSplit)));
 }
 

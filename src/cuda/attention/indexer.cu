@@ -27,8 +27,8 @@ namespace cuda {
 namespace {
 
 constexpr int kScoreEntries = 64;                            // entries per score block
-constexpr int kHeadsPerThread = 16;
-constexpr int kMaxIndexerHeads = 64;                         // 4 head groups of 16
+constexpr int kHeadsPerThread = 8;                           // 8 independent dot chains per thread
+constexpr int kMaxIndexerHeads = 64;                         // 8 head groups of 8
 constexpr int kScoreThreads = kScoreEntries * kMaxIndexerHeads / kHeadsPerThread;
 constexpr int kMaxIndexerHeadDim = 256;                      // q of all heads in shared memory: ≤ 64 KiB
 constexpr int kBins = 2048;                                  // 11-bit radix digits
@@ -36,6 +36,7 @@ constexpr int kTopBitsShift = 32 - 11;                       // the score kernel
 constexpr int kSelectThreads = kBins / 2;                    // pick_bin: two bins per thread
 constexpr int kMaxTopK = 2048;
 constexpr int kCandidates = 8192;                            // one bin's members kept in shared memory
+constexpr int kSelectBatch = 4;                              // row loads in flight per thread
 constexpr size_t kScoreBudgetBytes = size_t(32) << 20;      // score rows per launch batch
 
 struct ScoreParams {
@@ -69,7 +70,7 @@ __device__ __forceinline__ uint64_t composite(uint32_t key, int64_t e) {
 __device__ __forceinline__ int32_t composite_index(uint64_t v) { return int32_t(~uint32_t(v)); }
 
 // grid (ceil(visible_max / 64), rows), kScoreThreads threads, dynamic smem heads · head_dim floats.
-// Thread (entry el, head group g) runs the 16 dot products of its heads against key[e0 + el]; the head sum
+// Thread (entry el, head group g) runs the 8 dot products of its heads against key[e0 + el]; the head sum
 // then goes in order through shared memory.
 __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreParams p) {
   extern __shared__ float4 q_s[];  // [heads][head_dim / 4]
@@ -199,16 +200,25 @@ __global__ void __launch_bounds__(kSelectThreads) indexer_select_kernel(SelectPa
     const BinPick top = pick_bin(hist_s, uint32_t(k), warp_s, &pick_s);
     const bool resolved = top.count == top.need;  // the whole top bin is selected
     const bool gather = !resolved && top.count <= kCandidates;
-    for (int64_t base = 0; base < visible; base += kSelectThreads) {
-      const int64_t e = base + tid;
-      const uint32_t key = e < visible ? row[e] : 0u, bin = key >> kTopBitsShift;
-      const bool live = e < visible;
-      const bool take = live && (bin > top.bin || (resolved && bin == top.bin));
-      const uint32_t s = append_slot(take, &nsel_s);
-      if (take) sel_s[s] = composite(key, e);
-      const bool keep = live && gather && bin == top.bin;
-      const uint32_t c = append_slot(keep, &ncand_s);
-      if (keep) cand_s[c] = composite(key, e);
+    for (int64_t base = 0; base < visible; base += kSelectThreads * kSelectBatch) {
+      uint32_t keys[kSelectBatch];  // loaded first: kSelectBatch loads in flight, not one round trip each
+#pragma unroll
+      for (int b = 0; b < kSelectBatch; ++b) {
+        const int64_t e = base + b * kSelectThreads + tid;
+        keys[b] = e < visible ? row[e] : 0u;
+      }
+#pragma unroll
+      for (int b = 0; b < kSelectBatch; ++b) {
+        const int64_t e = base + b * kSelectThreads + tid;
+        const uint32_t key = keys[b], bin = key >> kTopBitsShift;
+        const bool live = e < visible;
+        const bool take = live && (bin > top.bin || (resolved && bin == top.bin));
+        const uint32_t s = append_slot(take, &nsel_s);
+        if (take) sel_s[s] = composite(key, e);
+        const bool keep = live && gather && bin == top.bin;
+        const uint32_t c = append_slot(keep, &ncand_s);
+        if (keep) cand_s[c] = composite(key, e);
+      }
     }
     __syncthreads();
 
