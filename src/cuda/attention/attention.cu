@@ -189,6 +189,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
       const float e = m_new == -INFINITY ? 0.0f : expf(v - m_new);
       const float sum = warp_sum(e);
       p_s[lane * kHeadsPerBlock + head] = e;
+      __syncwarp();  // every lane has read m_s[head] before lane 0 replaces it
       if (lane == 0) {
         const float alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
         alpha_s[head] = alpha;
