@@ -1,11 +1,439 @@
-// attention family: attention (CUDA)
-#include "core/error.h"
+// attention family (CUDA): CudaOps::attention, one softmax per query row and head over
+// {sink_h} ∪ sliding-window keys (ring) ∪ compressed entries (CSA: selected ids, HCA: every visible entry),
+// K = V, exact fp32 (spec §6.3–6.4; CPU reference: src/cpu/attention.cpp).
+//
+// NOTE: MQA layout. All H heads share the single K = V head, so a block takes 16 heads of one query row and a
+// contiguous slice ("split") of that row's key list; key rows stream through shared memory in tiles of 32 and
+// every row loaded is used by all 16 heads (QK: 4 heads × 4 keys per 8-thread group, PV: 4 heads × 8 channels
+// per thread). Online softmax (running max m, denominator l) across tiles.
+//   Decode (few rows): the key list is split across many blocks so that every SM works; each block writes an
+//   unnormalised partial (o, m, l) and attn_combine_kernel merges the splits with the sink (flash-decoding).
+//   Prefill (many rows): one split per row; the block adds the sink, normalises and writes the output itself.
+#include <cmath>
+
+#include "cuda/attention/attention.h"
+#include "cuda/attention/launch.cuh"
+#include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 
 namespace dsv4 {
+namespace cuda {
+namespace {
 
-void CudaOps::attention(const AttentionParams&) {
-  fail("CUDA backend: attention is not implemented yet");
+constexpr int kHeadsPerBlock = 16;
+constexpr int kTileKeys = 32;
+constexpr int kAttnThreads = 256;
+constexpr int kMaxHeadDim = 512;  // PV: 64 threads × 2 float4 columns per head quad
+constexpr int kMinKeysPerSplit = 10;
+constexpr int kMaxSplits = 256;
+constexpr int kCombineGroups = 8;     // split groups of a combine block
+constexpr int kCombinePerThread = 6;  // partial loads in flight per combine thread (64 registers at 1024 threads)
+constexpr int kCombineThreads = kCombineGroups * kMaxHeadDim / 4;
+
+struct AttnKernelParams {
+  const float* q;           // [n, H, d]
+  const float* window;      // [ring_slots, d]
+  const float* entries;     // [*, d] or nullptr (sliding layers)
+  const int32_t* selected;  // [n, top_k] or nullptr (HCA: every visible entry)
+  const float* sinks;       // [H]
+  float* out;               // [n, H, d]
+  float4* part_o;           // [n, splits, H, d/4] unnormalised partial outputs (splits > 1)
+  float2* part_ml;          // [n, splits, H] (running max, denominator) of each partial
+  int64_t ring_slots, window_size, top_k, ratio, pos0;
+  int n, heads, head_dim, splits, keys_per_split;
+  float scale;
+};
+
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
+  const unsigned dst = unsigned(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// Keys of query position t, in the CPU's order: window positions max(0, t − W + 1) .. t, then the compressed
+// part (CSA: the top_k selected slots, −1 = masked; HCA: entries 0 .. (t+1)/ratio − 1).
+__host__ __device__ __forceinline__ int64_t window_keys(int64_t window_size, int64_t t) {
+  return window_size < t + 1 ? window_size : t + 1;
+}
+__host__ __device__ __forceinline__ int64_t compressed_keys(bool has_entries, bool has_selected, int64_t top_k,
+                                                            int64_t ratio, int64_t t) {
+  if (!has_entries) return 0;
+  return has_selected ? top_k : (t + 1) / ratio;
+}
+
+// Row j of query row i's key list (nullptr = masked).
+__device__ __forceinline__ const float* key_row(const AttnKernelParams& p, int64_t i, int64_t t, int64_t nw,
+                                                int64_t j) {
+  if (j < nw) return p.window + ((t - nw + 1 + j) % p.ring_slots) * p.head_dim;
+  j -= nw;
+  if (p.selected) {
+    const int32_t e = p.selected[i * p.top_k + j];
+    return e < 0 ? nullptr : p.entries + int64_t(e) * p.head_dim;
+  }
+  return p.entries + j * p.head_dim;
+}
+
+// grid (ceil(H/16), splits, n), kAttnThreads threads, dynamic smem attn_smem_bytes(d).
+// Block (g, s, i): heads 16g .. 16g+15 of query row i over keys [s·keys_per_split, (s+1)·keys_per_split).
+__global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelParams p) {
+  extern __shared__ float4 smem4[];
+  const int d4 = p.head_dim / 4;
+  float4* q_s = smem4;                            // [16][d/4] this block's query heads (zeros past the last)
+  float4* k_s = q_s + kHeadsPerBlock * d4;        // [32][d/4] the current key tile (zeros for masked rows)
+  // [32 keys][16 heads] logits, then probabilities (key-major: PV reads a head quad as one float4)
+  float* p_s = reinterpret_cast<float*>(k_s + kTileKeys * d4);
+  __shared__ const float* rows_s[kTileKeys];
+  __shared__ float m_s[kHeadsPerBlock], l_s[kHeadsPerBlock], alpha_s[kHeadsPerBlock];
+  pdl_wait();
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int head0 = blockIdx.x * kHeadsPerBlock, split = blockIdx.y;
+  const int64_t i = blockIdx.z, t = p.pos0 + i;
+  const int heads_here = min(kHeadsPerBlock, p.heads - head0);
+  const int64_t nw = window_keys(p.window_size, t);
+  const int64_t total = nw + compressed_keys(p.entries != nullptr, p.selected != nullptr, p.top_k, p.ratio, t);
+  const int64_t begin = int64_t(split) * p.keys_per_split;
+  const int64_t end = total < begin + p.keys_per_split ? total : begin + p.keys_per_split;
+
+  const float4* q4 = reinterpret_cast<const float4*>(p.q + (i * p.heads + head0) * p.head_dim);
+  for (int x = tid; x < kHeadsPerBlock * d4; x += kAttnThreads) {
+    if (x / d4 < heads_here) cp_async16(q_s + x, q4 + x);
+    else q_s[x] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  cp_async_commit();
+  if (tid < kHeadsPerBlock) {
+    m_s[tid] = -INFINITY;
+    l_s[tid] = 0.0f;
+  }
+
+  // QK roles: 8-thread group (hq, kq) computes heads 4hq..4hq+3 × keys 4kq..4kq+3, thread `slice` of the
+  // group takes float4 columns slice, slice + 8, ... (8 consecutive float4 per access: no bank conflicts).
+  // A warp holds the 4 groups of one kq, so skipping key quads past the tile is warp-uniform.
+  const int qk_slice = tid % 8, qk_hq = (tid / 8) % 4, qk_kq = tid / 32;
+  // PV roles: heads 4·pv_hq .. +3, float4 columns pv_col and pv_col + 64 (64 consecutive float4 per warp pair).
+  const int pv_hq = tid / 64, pv_col = tid % 64;
+  float4 acc[4][2];
+  for (auto& a : acc) a[0] = a[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+  for (int64_t tile0 = begin; tile0 < end; tile0 += kTileKeys) {
+    const int tile_keys = end - tile0 < kTileKeys ? int(end - tile0) : kTileKeys;
+    __syncthreads();  // the previous tile's PV is done with k_s, p_s, rows_s
+    if (tid < kTileKeys) rows_s[tid] = tid < tile_keys ? key_row(p, i, t, nw, tile0 + tid) : nullptr;
+    __syncthreads();
+    for (int x = tid; x < tile_keys * d4; x += kAttnThreads) {
+      const float* src = rows_s[x / d4];
+      if (src) cp_async16(k_s + x, reinterpret_cast<const float4*>(src) + x % d4);
+      else k_s[x] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+
+    // ---- logits s[h][key] = scale · q_h · k_key
+    {
+      float s[4][4] = {};
+      if (qk_kq * 4 < tile_keys) {
+#pragma unroll 2
+        for (int f = qk_slice; f < d4; f += 8) {
+          float4 qv[4], kv[4];
+#pragma unroll
+          for (int a = 0; a < 4; ++a) qv[a] = q_s[(qk_hq * 4 + a) * d4 + f];
+#pragma unroll
+          for (int b = 0; b < 4; ++b) kv[b] = k_s[(qk_kq * 4 + b) * d4 + f];
+#pragma unroll
+          for (int a = 0; a < 4; ++a)
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+              s[a][b] = fmaf(qv[a].x, kv[b].x, s[a][b]);
+              s[a][b] = fmaf(qv[a].y, kv[b].y, s[a][b]);
+              s[a][b] = fmaf(qv[a].z, kv[b].z, s[a][b]);
+              s[a][b] = fmaf(qv[a].w, kv[b].w, s[a][b]);
+            }
+        }
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+          for (int b = 0; b < 4; ++b)
+#pragma unroll
+            for (int off = 1; off < 8; off <<= 1) s[a][b] += __shfl_xor_sync(0xffffffffu, s[a][b], off);
+      }
+      // Every slice holds all 16 sums; slice writes pairs (a, b) with a·4 + b ∈ {2·slice, 2·slice + 1}.
+#pragma unroll
+      for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+          if ((a * 4 + b) / 2 == qk_slice) {
+            const int head = qk_hq * 4 + a, key = qk_kq * 4 + b;
+            const bool live = key < tile_keys && rows_s[key] != nullptr && head < heads_here;
+            p_s[key * kHeadsPerBlock + head] = live ? s[a][b] * p.scale : -INFINITY;
+          }
+    }
+    __syncthreads();
+
+    // ---- online softmax: warp w updates heads 2w, 2w + 1; lane = key
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int head = warp * 2 + hh;
+      const float v = p_s[lane * kHeadsPerBlock + head];
+      const float m_old = m_s[head], m_new = fmaxf(m_old, warp_max(v));
+      const float e = m_new == -INFINITY ? 0.0f : expf(v - m_new);
+      const float sum = warp_sum(e);
+      p_s[lane * kHeadsPerBlock + head] = e;
+      __syncwarp();  // every lane has read m_s[head] before lane 0 replaces it
+      if (lane == 0) {
+        const float alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
+        alpha_s[head] = alpha;
+        m_s[head] = m_new;
+        l_s[head] = l_s[head] * alpha + sum;
+      }
+    }
+    __syncthreads();
+
+    // ---- acc = alpha · acc + Σ_key p · k
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+      const float alpha = alpha_s[pv_hq * 4 + a];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        acc[a][r].x *= alpha;
+        acc[a][r].y *= alpha;
+        acc[a][r].z *= alpha;
+        acc[a][r].w *= alpha;
+      }
+    }
+#pragma unroll 4
+    for (int key = 0; key < tile_keys; ++key) {
+      const float4 p4 = reinterpret_cast<const float4*>(p_s)[key * (kHeadsPerBlock / 4) + pv_hq];
+      const float pr[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int f = pv_col + 64 * r;
+        if (f < d4) {
+          const float4 kv = k_s[key * d4 + f];
+#pragma unroll
+          for (int a = 0; a < 4; ++a) {
+            acc[a][r].x = fmaf(pr[a], kv.x, acc[a][r].x);
+            acc[a][r].y = fmaf(pr[a], kv.y, acc[a][r].y);
+            acc[a][r].z = fmaf(pr[a], kv.z, acc[a][r].z);
+            acc[a][r].w = fmaf(pr[a], kv.w, acc[a][r].w);
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait_all();  // a block without keys still has its q copy in flight
+  __syncthreads();      // m_s / l_s final (also for blocks without keys)
+
+  for (int a = 0; a < 4; ++a) {
+    const int head = pv_hq * 4 + a;
+    if (head >= heads_here) break;
+    const int64_t row = i * p.heads + head0 + head;  // index of (i, h) in [n, H]
+    const float m = m_s[head], l = l_s[head];
+    if (p.splits == 1) {
+      // The sink joins the denominator only: out = Σ e^(s−M) k / (Σ e^(s−M) + e^(sink−M)), M over all.
+      const float sink = p.sinks[head0 + head], big = fmaxf(m, sink);
+      const float keep = m == -INFINITY ? 0.0f : expf(m - big);
+      const float factor = keep / (l * keep + expf(sink - big));
+      float4* out4 = reinterpret_cast<float4*>(p.out + row * p.head_dim);
+      for (int r = 0; r < 2; ++r) {
+        const int f = pv_col + 64 * r;
+        if (f < d4)
+          out4[f] = make_float4(acc[a][r].x * factor, acc[a][r].y * factor, acc[a][r].z * factor,
+                                acc[a][r].w * factor);
+      }
+    } else {
+      const int64_t part = (i * p.splits + split) * p.heads + head0 + head;  // [n, splits, H]
+      for (int r = 0; r < 2; ++r) {
+        const int f = pv_col + 64 * r;
+        if (f < d4) p.part_o[part * d4 + f] = acc[a][r];
+      }
+      if (pv_col == 0) p.part_ml[part] = make_float2(m, l);
+    }
+  }
+}
+
+// grid (H, n), kCombineThreads threads: out[i, h] = Σ_s e^(m_s−M) o_s / (Σ_s e^(m_s−M) l_s + e^(sink−M)).
+// Thread (g, f) owns float4 column f of splits g, g + 8, ...; thread t < splits owns split t's statistics.
+// NOTE: latency, not bandwidth, bounds this kernel: every thread issues its partial-output loads together
+// with the statistics loads (one memory round trip for up to 48 splits), the weights follow from two block
+// reductions, and the 8 split groups are summed in shared memory.
+__global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(AttnKernelParams p) {
+  __shared__ float weight_s[kMaxSplits];
+  __shared__ float4 group_s[kCombineGroups - 1][kMaxHeadDim / 4];
+  __shared__ float red_s[kCombineThreads / 32];
+  pdl_wait();
+  const int h = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, d4 = p.head_dim / 4;
+  const int f = tid % (kMaxHeadDim / 4), g = tid / (kMaxHeadDim / 4);
+  const int64_t i = blockIdx.y;
+  const bool column = f < d4;
+  const int64_t stride = int64_t(p.heads) * d4;  // between splits, in float4
+  const float4* o_col = p.part_o + (i * p.splits * p.heads + h) * d4 + f;
+
+  float4 v[kCombinePerThread];
+#pragma unroll
+  for (int k = 0; k < kCombinePerThread; ++k) {
+    const int s = g + kCombineGroups * k;
+    v[k] = column && s < p.splits ? o_col[s * stride] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  const float sink = p.sinks[h];
+  const float2 part = tid < p.splits ? p.part_ml[(i * p.splits + tid) * p.heads + h] : make_float2(-INFINITY, 0.0f);
+
+  const auto block_reduce = [&](float x, bool is_max) {
+    x = is_max ? warp_max(x) : warp_sum(x);
+    if (lane == 0) red_s[warp] = x;
+    __syncthreads();
+    float r = red_s[0];
+    for (int w = 1; w < kCombineThreads / 32; ++w) r = is_max ? fmaxf(r, red_s[w]) : r + red_s[w];
+    __syncthreads();  // red_s is reused by the next reduction
+    return r;
+  };
+  const float big = fmaxf(sink, block_reduce(part.x, true));
+  const float w = part.x == -INFINITY ? 0.0f : expf(part.x - big);  // −inf: a split without live keys
+  if (tid < p.splits) weight_s[tid] = w;
+  const float denom = expf(sink - big) + block_reduce(part.y * w, false);  // its barriers publish weight_s
+
+  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int base = 0; base < p.splits; base += kCombineGroups * kCombinePerThread) {
+    if (base > 0) {  // more than 48 splits: the next batch of loads
+#pragma unroll
+      for (int k = 0; k < kCombinePerThread; ++k) {
+        const int s = base + g + kCombineGroups * k;
+        v[k] = column && s < p.splits ? o_col[s * stride] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kCombinePerThread; ++k) {
+      const int s = base + g + kCombineGroups * k;
+      const float ws = s < p.splits ? weight_s[s] : 0.0f;
+      o.x = fmaf(ws, v[k].x, o.x);
+      o.y = fmaf(ws, v[k].y, o.y);
+      o.z = fmaf(ws, v[k].z, o.z);
+      o.w = fmaf(ws, v[k].w, o.w);
+    }
+  }
+  if (g > 0) group_s[g - 1][f] = o;
+  __syncthreads();
+  if (g > 0 || !column) return;
+  for (int k = 0; k < kCombineGroups - 1; ++k) {
+    const float4 u = group_s[k][f];
+    o.x += u.x;
+    o.y += u.y;
+    o.z += u.z;
+    o.w += u.w;
+  }
+  const float inv = 1.0f / denom;
+  reinterpret_cast<float4*>(p.out + (i * p.heads + h) * p.head_dim)[f] =
+      make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+}
+
+size_t attn_smem_bytes(int64_t head_dim) {
+  return size_t((kHeadsPerBlock + kTileKeys) * head_dim + kHeadsPerBlock * kTileKeys) * sizeof(float);
+}
+
+// Key counts never shrink with t (window and HCA parts grow, CSA's is fixed): the step's last row has the most.
+int64_t max_keys(const AttentionParams& p) { return attention_keys(p, p.pos0 + p.n - 1); }
+
+// Split count that gives every SM one block (measured on H200: one wave beats two, whose extra partials cost
+// more than the shorter slices save) without slices under kMinKeysPerSplit keys.
+int64_t heuristic_splits(int sms, int64_t blocks_per_split, int64_t keys) {
+  if (blocks_per_split >= sms) return 1;
+  const int64_t want = std::min<int64_t>(ceil_div(sms, blocks_per_split), kMaxSplits);
+  return std::max<int64_t>(1, std::min(want, ceil_div(keys, kMinKeysPerSplit)));
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+int64_t attention_keys(const AttentionParams& p, int64_t t) {
+  return window_keys(p.window_size, t) +
+         compressed_keys(p.entries != nullptr, p.selected != nullptr, p.top_k, p.ratio, t);
+}
+
+int attention_default_splits(const CudaOps& ops, const AttentionParams& p) {
+  const int64_t groups = ceil_div(p.heads, kHeadsPerBlock);
+  return int(heuristic_splits(ops.props().multiProcessorCount, groups * p.n, max_keys(p)));
+}
+
+void attention_split_kv(CudaOps& ops, const AttentionParams& p, int splits) {
+  DSV4_CHECK(p.n >= 0 && p.heads >= 1 && p.pos0 >= 0, "attention: n ", p.n, ", heads ", p.heads, ", pos0 ", p.pos0);
+  DSV4_CHECK(p.head_dim >= 4 && p.head_dim <= kMaxHeadDim && p.head_dim % 4 == 0, "attention: head_dim ",
+             p.head_dim, " (the CUDA kernel takes multiples of 4 up to ", kMaxHeadDim, ")");
+  DSV4_CHECK(p.window_size >= 1 && p.ring_slots >= p.window_size + p.n - 1, "attention: a ring of ",
+             p.ring_slots, " slots cannot hold window ", p.window_size, " for a step of ", p.n, " tokens");
+  DSV4_CHECK(!p.entries || p.selected || p.ratio >= 1, "attention: HCA entries need ratio >= 1, got ", p.ratio);
+  DSV4_CHECK(!p.entries || !p.selected || p.top_k >= 0, "attention: top_k ", p.top_k);
+  DSV4_CHECK(p.q && p.window && p.sinks && p.out, "attention: q, window, sinks and out are required");
+  DSV4_CHECK(aligned16(p.q) && aligned16(p.window) && aligned16(p.out) && (!p.entries || aligned16(p.entries)),
+             "attention: q, window, entries and out must be 16-byte aligned");
+  DSV4_CHECK(splits >= 1 && splits <= kMaxSplits, "attention: ", splits, " key splits (1..", kMaxSplits, ")");
+  if (p.n == 0) return;
+
+  const int64_t keys = max_keys(p);
+  const int64_t keys_per_split = std::max<int64_t>(1, ceil_div(keys, splits));
+  splits = int(std::max<int64_t>(1, ceil_div(keys, keys_per_split)));  // no split left without keys
+  const int64_t groups = ceil_div(p.heads, kHeadsPerBlock);
+  DSV4_CHECK(p.n <= 65535, "attention: ", p.n, " query rows in one step (at most 65535)");
+
+  AttnKernelParams k{};
+  k.q = p.q;
+  k.window = p.window;
+  k.entries = p.entries;
+  k.selected = p.entries ? p.selected : nullptr;
+  k.sinks = ops.dev_floats(p.sinks);
+  k.out = p.out;
+  k.ring_slots = p.ring_slots;
+  k.window_size = p.window_size;
+  k.top_k = p.top_k;
+  k.ratio = p.ratio;
+  k.pos0 = p.pos0;
+  k.n = int(p.n);
+  k.heads = int(p.heads);
+  k.head_dim = int(p.head_dim);
+  k.splits = splits;
+  k.keys_per_split = int(keys_per_split);
+  k.scale = p.scale;
+  if (splits > 1) {
+    // Sized for the most splits the heuristic can pick at this n, so decode does not regrow it as the
+    // context deepens.
+    const int64_t sms = ops.props().multiProcessorCount;
+    const int64_t cap = std::max<int64_t>(splits, heuristic_splits(int(sms), groups * p.n, INT64_MAX / 4));
+    const size_t o_bytes = size_t(p.n * cap * p.heads * p.head_dim) * sizeof(float);
+    const size_t ml_bytes = size_t(p.n * cap * p.heads) * sizeof(float2);
+    auto* base = static_cast<char*>(ops.workspace(kWsAttentionPartials, o_bytes + ml_bytes));
+    k.part_o = reinterpret_cast<float4*>(base);
+    k.part_ml = reinterpret_cast<float2*>(base + o_bytes);
+  }
+
+  const size_t smem = attn_smem_bytes(p.head_dim);
+  static const bool smem_opted_in = [] {
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(attn_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(attn_smem_bytes(kMaxHeadDim))));
+    return true;
+  }();
+  (void)smem_opted_in;
+  const bool pdl = ops.props().major >= 9;
+  const dim3 grid(unsigned(groups), unsigned(splits), unsigned(p.n));
+  launch_pdl(attn_split_kernel, grid, dim3(kAttnThreads), smem, ops.stream(), pdl, k);
+  if (splits > 1)
+    launch_pdl(attn_combine_kernel, dim3(unsigned(p.heads), unsigned(p.n)), dim3(kCombineThreads), 0, ops.stream(),
+               pdl, k);
+}
+
+}  // namespace cuda
+
+void CudaOps::attention(const AttentionParams& p) {
+  cuda::attention_split_kv(*this, p, cuda::attention_default_splits(*this, p));
 }
 
 }  // namespace dsv4

@@ -1,11 +1,169 @@
-// attention family: compressor (CUDA)
-#include "core/error.h"
+// attention family (CUDA): CudaOps::compressor, the streaming KV compressor (spec §7; CPU reference:
+// src/cpu/attention.cpp). A chunk of n tokens at positions pos0 .. pos0+n−1:
+//   1. kv / gate projections of the chunk (this->linear, the gemm family);
+//   2. compressor_pool_kernel: every window completed inside the chunk is pooled (softmax over positions, per
+//      channel), reading its tokens from the chunk or, for tokens before pos0, from the state;
+//   3. compressor_state_kernel: the state becomes what the CPU's token-by-token loop leaves behind;
+//   4. the emitted entries are RMS-normed, RoPE'd at w·m and simulated per EntrySim (norm_rope / quant ops).
+//
+// State layout (CompressorState, width = coff·c): rows base + k hold token k of the current window
+// (base = m with overlap, 0 without); with overlap, rows 0..m−1 hold the previous complete window (the CPU
+// copies the current rows there when a window completes). Scores include ape.
+#include "cuda/attention/attention.h"
+#include "cuda/attention/launch.cuh"
+#include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 
 namespace dsv4 {
+namespace cuda {
+namespace {
 
-void CudaOps::compressor(const CompressorWeights&, CompressorState&, const float*, int64_t, int64_t, EntrySim) {
-  fail("CUDA backend: compressor is not implemented yet");
+constexpr int kPoolThreads = 128;
+constexpr int kStateThreads = 256;
+
+struct CompressorKernelParams {
+  const float* kv;           // [n, width] the chunk's projections
+  const float* gate;         // [n, width] the chunk's gate logits, ape not added
+  const float* ape;          // [m, width]
+  const float* state_kv;     // [coff·m, width] state at the start of the chunk
+  const float* state_score;  // [coff·m, width]
+  float* new_kv;             // [coff·m, width] state after the chunk (compressor_state_kernel only)
+  float* new_score;          // [coff·m, width]
+  float* entries;            // [max_entries, c]
+  int64_t pos0, n, m, c, width, first_entry;
+  bool overlap;
+};
+
+// Token kk (0 ≤ kk < m) of window ww, column col: its kv value and score, from the chunk when it is in it,
+// else from the state as it was at the start of the chunk (window pos0/m: current rows; the one before:
+// previous rows, which also hold the initial (0, −inf) before the first window completes).
+__device__ __forceinline__ float2 window_cell(const CompressorKernelParams& p, int64_t ww, int64_t kk, int64_t col) {
+  const int64_t pos = ww * p.m + kk;
+  if (pos >= p.pos0) {
+    const int64_t at = (pos - p.pos0) * p.width + col;
+    return make_float2(p.kv[at], __fadd_rn(p.gate[at], p.ape[kk * p.width + col]));
+  }
+  const int64_t row = ww == p.pos0 / p.m ? (p.overlap ? p.m : 0) + kk : kk;
+  return make_float2(p.state_kv[row * p.width + col], p.state_score[row * p.width + col]);
+}
+
+// Candidate k of entry w, channel ch, in the CPU's order: overlap → the previous window's A-half (columns
+// [0, c)) then the current window's B-half (columns [c, 2c)); else the window's m tokens.
+__device__ __forceinline__ float2 candidate(const CompressorKernelParams& p, int64_t w, int64_t k, int64_t ch) {
+  if (!p.overlap) return window_cell(p, w, k, ch);
+  return k < p.m ? window_cell(p, w - 1, k, ch) : window_cell(p, w, k - p.m, p.c + ch);
+}
+
+// grid (ceil(c / kPoolThreads), entries completed in the chunk); thread = one channel of one entry.
+// Same order and roundings as the CPU (products rounded before the adds); only expf's last bit may differ.
+__global__ void __launch_bounds__(kPoolThreads) compressor_pool_kernel(CompressorKernelParams p) {
+  pdl_wait();
+  const int64_t ch = int64_t(blockIdx.x) * kPoolThreads + threadIdx.x;
+  if (ch >= p.c) return;
+  const int64_t w = p.first_entry + blockIdx.y, n_cand = p.overlap ? 2 * p.m : p.m;
+  float mx = -INFINITY;
+  for (int64_t k = 0; k < n_cand; ++k) mx = fmaxf(mx, candidate(p, w, k, ch).y);
+  float denom = 0.0f, num = 0.0f;
+  for (int64_t k = 0; k < n_cand; ++k) {
+    const float2 cell = candidate(p, w, k, ch);
+    const float e = expf(cell.y - mx);
+    denom = __fadd_rn(denom, e);
+    num = __fadd_rn(num, __fmul_rn(e, cell.x));
+  }
+  p.entries[w * p.c + ch] = num / denom;
+}
+
+// grid ceil(m · width / kStateThreads): thread = column col of in-window slot kk, for both the current row
+// and (overlap) the previous row, so reading the old current row and rewriting it cannot race.
+__global__ void __launch_bounds__(kStateThreads) compressor_state_kernel(CompressorKernelParams p) {
+  pdl_wait();
+  const int64_t cell = int64_t(blockIdx.x) * kStateThreads + threadIdx.x;
+  if (cell >= p.m * p.width) return;
+  const int64_t kk = cell / p.width, col = cell % p.width;
+  const int64_t end = p.pos0 + p.n, window_at_start = p.pos0 / p.m;
+  const int64_t cur = ((p.overlap ? p.m : 0) + kk) * p.width + col;
+  float2 current = make_float2(p.state_kv[cur], p.state_score[cur]);
+  // With overlap, the last window completed in the chunk (if any) becomes the previous window.
+  if (p.overlap && end / p.m > window_at_start) {
+    const float2 prev = window_cell(p, end / p.m - 1, kk, col);
+    p.new_kv[kk * p.width + col] = prev.x;
+    p.new_score[kk * p.width + col] = prev.y;
+  }
+  // The current row of slot kk holds the chunk's last token at a position ≡ kk (mod m), if there is one.
+  if (end - 1 >= kk) {
+    const int64_t last = end - 1 - (end - 1 - kk) % p.m;
+    if (last >= p.pos0) current = window_cell(p, last / p.m, kk, col);
+  }
+  p.new_kv[cur] = current.x;
+  p.new_score[cur] = current.y;
+}
+
+}  // namespace
+
+CompressorChunk compressor_pool(CudaOps& ops, const CompressorWeights& w, CompressorState& state, const float* kv,
+                                const float* gate, int64_t pos0, int64_t n) {
+  const int64_t m = w.ratio, c = w.width, width = (w.overlap ? 2 : 1) * c;
+  DSV4_CHECK(m >= 1 && c >= 1, "compressor: ratio ", m, ", width ", c);
+  DSV4_CHECK(int64_t(w.ape.size()) == m * width, "compressor: ape has ", w.ape.size(), " values, expected ",
+             m * width);
+  DSV4_CHECK(state.kv && state.score && state.entries, "compressor: state buffers are required");
+  DSV4_CHECK(pos0 >= 0 && n >= 0, "compressor: pos0 ", pos0, ", n ", n);
+  const CompressorChunk chunk{pos0 / m, (pos0 + n) / m - pos0 / m};
+  DSV4_CHECK(chunk.first_entry + chunk.count <= state.max_entries, "compressor: entry ",
+             chunk.first_entry + chunk.count - 1, " is past the state's ", state.max_entries, " entries");
+  if (n == 0) return chunk;
+
+  CompressorKernelParams p{};
+  p.kv = kv;
+  p.gate = gate;
+  p.ape = ops.dev(w.ape);
+  p.state_kv = state.kv;
+  p.state_score = state.score;
+  p.new_kv = state.kv;  // in place: each state cell is read and written by one thread of the state kernel
+  p.new_score = state.score;
+  p.entries = state.entries;
+  p.pos0 = pos0;
+  p.n = n;
+  p.m = m;
+  p.c = c;
+  p.width = width;
+  p.first_entry = chunk.first_entry;
+  p.overlap = w.overlap;
+  const bool pdl = ops.props().major >= 9;
+  if (chunk.count > 0) {
+    DSV4_CHECK(chunk.count <= 65535, "compressor: ", chunk.count, " entries in one chunk");
+    const dim3 grid(unsigned(ceil_div(c, kPoolThreads)), unsigned(chunk.count));
+    launch_pdl(compressor_pool_kernel, grid, dim3(kPoolThreads), 0, ops.stream(), pdl, p);
+  }
+  // Runs after the pool kernel (same stream), which reads the state as it was at the start of the chunk.
+  launch_pdl(compressor_state_kernel, dim3(unsigned(ceil_div(m * width, kStateThreads))), dim3(kStateThreads), 0,
+             ops.stream(), pdl, p);
+  return chunk;
+}
+
+}  // namespace cuda
+
+void CudaOps::compressor(const CompressorWeights& w, CompressorState& state, const float* x, int64_t pos0, int64_t n,
+                         EntrySim sim) {
+  const int64_t m = w.ratio, c = w.width, width = (w.overlap ? 2 : 1) * c;
+  DSV4_CHECK(w.wkv.rows == width && w.wgate.rows == width && w.wkv.cols == config_.dim &&
+                 w.wgate.cols == config_.dim,
+             "compressor: wkv [", w.wkv.rows, ", ", w.wkv.cols, "] / wgate [", w.wgate.rows, ", ", w.wgate.cols,
+             "], expected [", width, ", ", config_.dim, "]");
+  DSV4_CHECK(c >= config_.rope_dim, "compressor: width ", c, " is narrower than ", config_.rope_dim, " rope channels");
+  if (n == 0) return;
+  auto* kv = static_cast<float*>(workspace(cuda::kWsCompressorProj, size_t(2 * n * width) * sizeof(float)));
+  float* gate = kv + n * width;
+  linear(x, config_.dim, w.wkv, n, kv, width);
+  linear(x, config_.dim, w.wgate, n, gate, width);
+  const cuda::CompressorChunk chunk = cuda::compressor_pool(*this, w, state, kv, gate, pos0, n);
+  if (chunk.count == 0) return;
+  float* out = state.entries + chunk.first_entry * c;
+  rms_norm(out, &w.norm, chunk.count, c, out);
+  // RoPE at each window's FIRST token position, w·m.
+  rope(out, chunk.count, c, c - config_.rope_dim, 1, chunk.first_entry * m, m, RopeKind::kCompressed, false);
+  if (sim == EntrySim::kFp8NoPe) sim_fp8(out, chunk.count, c, c - config_.rope_dim, 64);
+  if (sim == EntrySim::kHadamardFp4) hadamard_sim_fp4(out, chunk.count, c);
 }
 
 }  // namespace dsv4

@@ -1,11 +1,338 @@
-// attention family: lightning indexer top-k (CUDA)
-#include "core/error.h"
+// attention family (CUDA): CudaOps::indexer_topk, the lightning indexer's scores and top-k (spec §8; CPU
+// reference: src/cpu/attention.cpp).
+//
+//   s(t, e) = Σ_h w[t, h] · relu(q[t, h] · key[e])   for the visible entries e < (t + 1) / ratio,
+//   selected[t] = the min(top_k, visible) best e, by score descending then index ascending; −1 padded.
+//
+// NOTE: the scores are computed in the CPU's exact order and rounding (each product rounded, then added: the
+// reference is built without FMA contraction; dot over j in order, then the head sum in order), so they are
+// bit-identical to the CPU's and the selection — order included — is the CPU's, ties and near-ties too. This
+// costs a multiply and an add per term instead of one FMA.
+//
+// Selection: a radix select on 64-bit composites (order-preserving score bits << 32 | ~index), so every
+// composite is distinct and "larger" is exactly the CPU's order. The score kernel histograms the top 11 bits;
+// the select kernel (one block per row) keeps the bins above the k-th composite's bin, gathers that bin's
+// members into shared memory (or rescans the row when the bin is too big) and resolves the remaining bits
+// 11 at a time, then sorts the k winners (bitonic, in shared memory).
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/attention/attention.h"
+#include "cuda/attention/launch.cuh"
+#include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 
 namespace dsv4 {
+namespace cuda {
+namespace {
 
-void CudaOps::indexer_topk(const IndexerParams&) {
-  fail("CUDA backend: indexer_topk is not implemented yet");
+constexpr int kScoreEntries = 64;                            // entries per score block
+constexpr int kHeadsPerThread = 8;                           // 8 independent dot chains per thread
+constexpr int kMaxIndexerHeads = 64;                         // 8 head groups of 8
+constexpr int kScoreThreads = kScoreEntries * kMaxIndexerHeads / kHeadsPerThread;
+constexpr int kMaxIndexerHeadDim = 256;                      // q of all heads in shared memory: ≤ 64 KiB
+constexpr int kBins = 2048;                                  // 11-bit radix digits
+constexpr int kTopBitsShift = 32 - 11;                       // the score kernel's digit: key bits 31..21
+constexpr int kSelectThreads = kBins / 2;                    // pick_bin: two bins per thread
+constexpr int kMaxTopK = 2048;
+constexpr int kCandidates = 8192;                            // one bin's members kept in shared memory
+constexpr int kSelectBatch = 4;                              // row loads in flight per thread
+constexpr size_t kScoreBudgetBytes = size_t(32) << 20;      // score rows per launch batch
+
+struct ScoreParams {
+  const float* q;        // [rows, heads, head_dim]
+  const float* weights;  // [rows, heads]
+  const float* keys;     // [*, head_dim]
+  uint32_t* score_keys;  // [rows, v_stride] order-preserving bits of each score
+  uint32_t* hist;        // [rows, kBins] counts of the score keys' top 11 bits (zeroed by the launcher)
+  int64_t pos0, ratio, v_stride;  // pos0: position of row 0
+  int heads, head_dim;
+};
+
+struct SelectParams {
+  const uint32_t* score_keys;  // [rows, v_stride]
+  const uint32_t* hist;        // [rows, kBins]
+  int32_t* selected;           // [rows, top_k]
+  int64_t pos0, ratio, v_stride, top_k;
+};
+
+// Float bits → unsigned with the same order (−0 folded onto +0, which the CPU's comparison treats as equal).
+__device__ __forceinline__ uint32_t order_key(float f) {
+  uint32_t u = __float_as_uint(f);
+  if (u == 0x80000000u) u = 0;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Larger composite = earlier in the CPU's order (higher score, then lower index).
+__device__ __forceinline__ uint64_t composite(uint32_t key, int64_t e) {
+  return (uint64_t(key) << 32) | uint64_t(~uint32_t(e));
+}
+__device__ __forceinline__ int32_t composite_index(uint64_t v) { return int32_t(~uint32_t(v)); }
+
+// grid (ceil(visible_max / 64), rows), kScoreThreads threads, dynamic smem heads · head_dim floats.
+// Thread (entry el, head group g) runs the 8 dot products of its heads against key[e0 + el]; the head sum
+// then goes in order through shared memory.
+__global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreParams p) {
+  extern __shared__ float4 q_s[];  // [heads][head_dim / 4]
+  __shared__ float w_s[kMaxIndexerHeads];
+  __shared__ float term_s[kScoreEntries][kMaxIndexerHeads + 1];  // +1: conflict-free column access
+  __shared__ uint32_t hist_s[kBins];
+  pdl_wait();
+
+  const int64_t r = blockIdx.y, visible = (p.pos0 + r + 1) / p.ratio;
+  const int64_t e0 = int64_t(blockIdx.x) * kScoreEntries;
+  if (e0 >= visible) return;  // the whole block: rows before the batch's last see fewer entries
+  const int tid = threadIdx.x, d4 = p.head_dim / 4;
+  const float4* q4 = reinterpret_cast<const float4*>(p.q + r * p.heads * p.head_dim);
+  for (int x = tid; x < p.heads * d4; x += kScoreThreads) q_s[x] = q4[x];
+  for (int h = tid; h < p.heads; h += kScoreThreads) w_s[h] = p.weights[r * p.heads + h];
+  for (int b = tid; b < kBins; b += kScoreThreads) hist_s[b] = 0;
+  __syncthreads();
+
+  // A warp = 32 entries of one head group: q reads are broadcasts.
+  const int el = tid % kScoreEntries, group = tid / kScoreEntries;
+  const int64_t e = e0 + el;
+  float dot[kHeadsPerThread];
+#pragma unroll
+  for (int hh = 0; hh < kHeadsPerThread; ++hh) dot[hh] = 0.0f;
+  if (e < visible) {
+    const float4* key = reinterpret_cast<const float4*>(p.keys + e * p.head_dim);
+    for (int j4 = 0; j4 < d4; ++j4) {
+      const float4 k = __ldg(key + j4);
+#pragma unroll
+      for (int hh = 0; hh < kHeadsPerThread; ++hh) {
+        const int h = group * kHeadsPerThread + hh;
+        if (h < p.heads) {
+          const float4 q = q_s[h * d4 + j4];
+          dot[hh] = __fadd_rn(dot[hh], __fmul_rn(q.x, k.x));
+          dot[hh] = __fadd_rn(dot[hh], __fmul_rn(q.y, k.y));
+          dot[hh] = __fadd_rn(dot[hh], __fmul_rn(q.z, k.z));
+          dot[hh] = __fadd_rn(dot[hh], __fmul_rn(q.w, k.w));
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int hh = 0; hh < kHeadsPerThread; ++hh) {
+    const int h = group * kHeadsPerThread + hh;
+    // std::max(d, 0.0f) is (d < 0 ? 0 : d)
+    if (h < p.heads) term_s[el][h] = __fmul_rn(w_s[h], dot[hh] < 0.0f ? 0.0f : dot[hh]);
+  }
+  __syncthreads();
+  if (tid < kScoreEntries && e0 + tid < visible) {
+    float total = 0.0f;
+    for (int h = 0; h < p.heads; ++h) total = __fadd_rn(total, term_s[tid][h]);
+    const uint32_t key = order_key(total);
+    p.score_keys[r * p.v_stride + e0 + tid] = key;
+    atomicAdd(&hist_s[key >> kTopBitsShift], 1u);
+  }
+  __syncthreads();
+  for (int b = tid; b < kBins; b += kScoreThreads)
+    if (hist_s[b]) atomicAdd(&p.hist[r * kBins + b], hist_s[b]);
+}
+
+// Slot for this lane in a shared list (warp-aggregated: one atomic per warp). All 32 lanes must call.
+__device__ __forceinline__ uint32_t append_slot(bool flag, uint32_t* count) {
+  const unsigned ballot = __ballot_sync(0xffffffffu, flag);
+  if (ballot == 0) return 0;
+  const int lane = threadIdx.x % 32, leader = __ffs(ballot) - 1;
+  uint32_t base = 0;
+  if (lane == leader) base = atomicAdd(count, uint32_t(__popc(ballot)));
+  base = __shfl_sync(0xffffffffu, base, leader);
+  return base + uint32_t(__popc(ballot & ((1u << lane) - 1u)));
+}
+
+struct BinPick {
+  uint32_t bin, need, count;  // the bin holding the need-th largest, how many to take from it, its size
+};
+
+// Called by all kSelectThreads threads: the bin b with above(b) < need ≤ above(b) + hist[b], where above(b)
+// counts the members of bins > b. Thread t owns bins 2047 − 2t and 2046 − 2t (descending order).
+__device__ BinPick pick_bin(const uint32_t* hist, uint32_t need, uint32_t* warp_s, BinPick* pick_s) {
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const uint32_t hi = kBins - 1 - 2 * tid, c_hi = hist[hi], c_lo = hist[hi - 1];
+  uint32_t incl = c_hi + c_lo;
+  for (int off = 1; off < 32; off <<= 1) {
+    const uint32_t v = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += v;
+  }
+  if (lane == 31) warp_s[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    uint32_t v = warp_s[lane];
+    for (int off = 1; off < 32; off <<= 1) {
+      const uint32_t u = __shfl_up_sync(0xffffffffu, v, off);
+      if (lane >= off) v += u;
+    }
+    warp_s[lane] = v;
+  }
+  __syncthreads();
+  const uint32_t above = (warp ? warp_s[warp - 1] : 0u) + incl - c_hi - c_lo;
+  if (above < need && need <= above + c_hi) *pick_s = {hi, need - above, c_hi};
+  else if (above + c_hi < need && need <= above + c_hi + c_lo) *pick_s = {hi - 1, need - above - c_hi, c_lo};
+  __syncthreads();
+  const BinPick pick = *pick_s;
+  __syncthreads();  // warp_s and pick_s are reused by the next call
+  return pick;
+}
+
+// grid rows, kSelectThreads threads, dynamic smem kCandidates composites.
+__global__ void __launch_bounds__(kSelectThreads) indexer_select_kernel(SelectParams p) {
+  extern __shared__ uint64_t cand_s[];  // [kCandidates] members of the k-th composite's top bin
+  __shared__ uint64_t sel_s[kMaxTopK];
+  __shared__ uint32_t hist_s[kBins];
+  __shared__ uint32_t warp_s[32];
+  __shared__ BinPick pick_s;
+  __shared__ uint32_t nsel_s, ncand_s;
+  pdl_wait();
+
+  const int tid = threadIdx.x;
+  const int64_t r = blockIdx.x, visible = (p.pos0 + r + 1) / p.ratio;
+  const int64_t k = p.top_k < visible ? p.top_k : visible;
+  const uint32_t* row = p.score_keys + r * p.v_stride;
+  if (tid == 0) nsel_s = ncand_s = 0;
+  for (int b = tid; b < kBins; b += kSelectThreads) hist_s[b] = k < visible ? p.hist[r * kBins + b] : 0u;
+  __syncthreads();
+
+  if (k == visible) {  // every visible entry is selected (also k = 0)
+    for (int64_t e = tid; e < visible; e += kSelectThreads) sel_s[e] = composite(row[e], e);
+  } else {
+    const BinPick top = pick_bin(hist_s, uint32_t(k), warp_s, &pick_s);
+    const bool resolved = top.count == top.need;  // the whole top bin is selected
+    const bool gather = !resolved && top.count <= kCandidates;
+    for (int64_t base = 0; base < visible; base += kSelectThreads * kSelectBatch) {
+      uint32_t keys[kSelectBatch];  // loaded first: kSelectBatch loads in flight, not one round trip each
+#pragma unroll
+      for (int b = 0; b < kSelectBatch; ++b) {
+        const int64_t e = base + b * kSelectThreads + tid;
+        keys[b] = e < visible ? row[e] : 0u;
+      }
+#pragma unroll
+      for (int b = 0; b < kSelectBatch; ++b) {
+        const int64_t e = base + b * kSelectThreads + tid;
+        const uint32_t key = keys[b], bin = key >> kTopBitsShift;
+        const bool live = e < visible;
+        const bool take = live && (bin > top.bin || (resolved && bin == top.bin));
+        const uint32_t s = append_slot(take, &nsel_s);
+        if (take) sel_s[s] = composite(key, e);
+        const bool keep = live && gather && bin == top.bin;
+        const uint32_t c = append_slot(keep, &ncand_s);
+        if (keep) cand_s[c] = composite(key, e);
+      }
+    }
+    __syncthreads();
+
+    if (!resolved) {
+      // Candidates: the gathered bin, or (too big to gather) the whole row filtered by the prefix.
+      const int64_t n_cand = gather ? int64_t(ncand_s) : visible;
+      const auto candidate = [&](int64_t c) { return gather ? cand_s[c] : composite(row[c], c); };
+      uint64_t prefix = uint64_t(top.bin) << 53, mask = ~uint64_t(0) << 53;
+      uint32_t need = top.need;
+      constexpr int kShift[5] = {42, 32, 21, 10, 0}, kWidth[5] = {11, 10, 11, 11, 10};
+#pragma unroll
+      for (int digit = 0; digit < 5; ++digit) {
+        const int shift = kShift[digit];
+        const uint64_t digit_mask = (uint64_t(1) << kWidth[digit]) - 1;
+        for (int b = tid; b < kBins; b += kSelectThreads) hist_s[b] = 0;
+        __syncthreads();
+        for (int64_t c = tid; c < n_cand; c += kSelectThreads) {
+          const uint64_t v = candidate(c);
+          if ((v & mask) == prefix) atomicAdd(&hist_s[(v >> shift) & digit_mask], 1u);
+        }
+        __syncthreads();
+        const BinPick pick = pick_bin(hist_s, need, warp_s, &pick_s);
+        prefix |= uint64_t(pick.bin) << shift;
+        mask |= digit_mask << shift;
+        need = pick.need;
+        if (pick.count == pick.need) break;  // everything at or above the prefix is in; uniform
+      }
+      // The top bin's members at or above the prefix: the need-th one is the k-th composite.
+      for (int64_t base = 0; base < n_cand; base += kSelectThreads) {
+        const int64_t c = base + tid;
+        const uint64_t v = c < n_cand ? candidate(c) : 0u;
+        const bool take = c < n_cand && (v >> 53) == top.bin && (v & mask) >= prefix;
+        const uint32_t s = append_slot(take, &nsel_s);
+        if (take) sel_s[s] = v;
+      }
+    }
+  }
+  __syncthreads();
+
+  // Bitonic sort of the k winners, descending; zero padding (below every real composite) sorts last.
+  int sorted = 1;
+  while (sorted < k) sorted <<= 1;
+  for (int64_t x = k + tid; x < sorted; x += kSelectThreads) sel_s[x] = 0;
+  __syncthreads();
+  for (int size = 2; size <= sorted; size <<= 1)
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
+      for (int x = tid; x < sorted / 2; x += kSelectThreads) {
+        const int a = 2 * x - (x & (stride - 1)), b = a + stride;
+        const bool descending = (a & size) == 0;
+        const uint64_t va = sel_s[a], vb = sel_s[b];
+        if ((va < vb) == descending) {
+          sel_s[a] = vb;
+          sel_s[b] = va;
+        }
+      }
+      __syncthreads();
+    }
+  int32_t* out = p.selected + r * p.top_k;
+  for (int64_t j = tid; j < p.top_k; j += kSelectThreads) out[j] = j < k ? composite_index(sel_s[j]) : -1;
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+}  // namespace cuda
+
+void CudaOps::indexer_topk(const IndexerParams& p) {
+  using namespace cuda;
+  DSV4_CHECK(p.n >= 0 && p.pos0 >= 0 && p.ratio >= 1, "indexer_topk: n ", p.n, ", pos0 ", p.pos0, ", ratio ",
+             p.ratio);
+  DSV4_CHECK(p.heads >= 1 && p.heads <= kMaxIndexerHeads, "indexer_topk: ", p.heads, " heads (the CUDA kernel takes 1..",
+             kMaxIndexerHeads, ")");
+  DSV4_CHECK(p.head_dim >= 4 && p.head_dim <= kMaxIndexerHeadDim && p.head_dim % 4 == 0, "indexer_topk: head_dim ",
+             p.head_dim, " (the CUDA kernel takes multiples of 4 up to ", kMaxIndexerHeadDim, ")");
+  DSV4_CHECK(p.top_k >= 0 && p.top_k <= kMaxTopK, "indexer_topk: top_k ", p.top_k, " (the CUDA kernel takes up to ",
+             kMaxTopK, ")");
+  DSV4_CHECK(p.q && p.weights && p.keys && p.selected, "indexer_topk: q, weights, keys and selected are required");
+  DSV4_CHECK(aligned16(p.q) && aligned16(p.keys), "indexer_topk: q and keys must be 16-byte aligned");
+  DSV4_CHECK((p.pos0 + p.n) / p.ratio < (int64_t(1) << 31), "indexer_topk: more than 2^31 visible entries");
+  if (p.n == 0 || p.top_k == 0) return;
+
+  static const bool smem_opted_in = [] {
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(kMaxIndexerHeads * kMaxIndexerHeadDim * sizeof(float))));
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(kCandidates * sizeof(uint64_t))));
+    return true;
+  }();
+  (void)smem_opted_in;
+
+  const bool pdl = props_.major >= 9;
+  // Rows go in batches whose score keys fit a fixed budget, so the workspace is sized once.
+  const int64_t v_stride = std::max<int64_t>(1, (p.pos0 + p.n) / p.ratio);  // the last row sees the most
+  const size_t row_bytes = size_t(v_stride + kBins) * sizeof(uint32_t);
+  const size_t budget = std::max(kScoreBudgetBytes, row_bytes);
+  const int64_t batch = std::min<int64_t>({p.n, int64_t(budget / row_bytes), 65535});
+  auto* score_keys = static_cast<uint32_t*>(workspace(kWsIndexerScores, budget));
+  uint32_t* hist = score_keys + batch * v_stride;
+
+  for (int64_t row0 = 0; row0 < p.n; row0 += batch) {
+    const int64_t rows = std::min(batch, p.n - row0), pos0 = p.pos0 + row0;
+    const int64_t visible_max = (pos0 + rows) / p.ratio;
+    if (visible_max > 0) {
+      DSV4_CUDA_CHECK(cudaMemsetAsync(hist, 0, size_t(rows * kBins) * sizeof(uint32_t), stream_));
+      ScoreParams s{p.q + row0 * p.heads * p.head_dim, p.weights + row0 * p.heads, p.keys, score_keys, hist,
+                    pos0, p.ratio, v_stride, int(p.heads), int(p.head_dim)};
+      const dim3 grid(unsigned(ceil_div(visible_max, kScoreEntries)), unsigned(rows));
+      const size_t smem = size_t(p.heads * p.head_dim) * sizeof(float);
+      launch_pdl(indexer_score_kernel, grid, dim3(kScoreThreads), smem, stream_, pdl, s);
+    }
+    SelectParams sel{score_keys, hist, p.selected + row0 * p.top_k, pos0, p.ratio, v_stride, p.top_k};
+    launch_pdl(indexer_select_kernel, dim3(unsigned(rows)), dim3(kSelectThreads), kCandidates * sizeof(uint64_t),
+               stream_, pdl, sel);
+  }
 }
 
 }  // namespace dsv4

@@ -1,0 +1,277 @@
+// Decode attention of V4-Flash (64 heads × 512, window 128, one query row) on a CSA layer (window + 512
+// selected entries) and an HCA layer (window + every visible entry) at 4K / 32K / 128K context, against the
+// HBM floor: bytes of KV actually read / the copy bandwidth measured here (2 GiB D2D cudaMemcpyAsync,
+// read + write counted). Cold = L2 flushed before every call (decode's real case: 43 layers of KV do not stay
+// in L2); hot = back-to-back calls. Also: a sweep of the key-split count, and the lightning indexer at the
+// same contexts.
+//
+//   bench_attention [--iters N] [--profile]
+// --profile: one direct call each of CSA decode attention at 32K and the indexer at 32K, nothing else (for ncu).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/attention/attention.h"
+#include "cuda/common/check.h"
+#include "cuda/cuda_ops.h"
+
+namespace {
+
+using namespace dsv4;
+
+constexpr int64_t kHeads = 64, kHeadDim = 512, kWindow = 128, kTopK = 512;
+constexpr int64_t kIndexHeads = 64, kIndexDim = 128;
+
+struct Timer {
+  cudaEvent_t start, stop;
+  Timer() {
+    DSV4_CUDA_CHECK(cudaEventCreate(&start));
+    DSV4_CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~Timer() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+};
+
+// µs per call of fn(), averaged over `iters` calls.
+struct Timing {
+  double cold = 0.0;   // CUDA graph of one call, L2 flushed before each (decode's real case)
+  double graph = 0.0;  // the same graph replayed back to back (no host launch cost, warm L2)
+  double hot = 0.0;    // direct stream launches back to back (warm L2, host launch cost included)
+};
+
+template <class Fn>
+Timing measure(CudaOps& ops, Fn&& fn, int iters, void* flush, size_t flush_bytes) {
+  Timer t;
+  cudaStream_t s = ops.stream();
+  for (int i = 0; i < 3; ++i) fn();  // warm-up: workspaces and one-time kernel attributes settle here
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  fn();
+  DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  DSV4_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const auto elapsed_ms = [&] {
+    DSV4_CUDA_CHECK(cudaEventSynchronize(t.stop));
+    float ms = 0.0f;
+    DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
+    return double(ms);
+  };
+  Timing r;
+  for (int i = 0; i < iters; ++i) {
+    DSV4_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, s));
+    DSV4_CUDA_CHECK(cudaEventRecord(t.start, s));
+    DSV4_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    DSV4_CUDA_CHECK(cudaEventRecord(t.stop, s));
+    r.cold += 1e3 * elapsed_ms() / iters;
+  }
+  DSV4_CUDA_CHECK(cudaEventRecord(t.start, s));
+  for (int i = 0; i < iters; ++i) DSV4_CUDA_CHECK(cudaGraphLaunch(exec, s));
+  DSV4_CUDA_CHECK(cudaEventRecord(t.stop, s));
+  r.graph = 1e3 * elapsed_ms() / iters;
+  DSV4_CUDA_CHECK(cudaEventRecord(t.start, s));
+  for (int i = 0; i < iters; ++i) fn();
+  DSV4_CUDA_CHECK(cudaEventRecord(t.stop, s));
+  r.hot = 1e3 * elapsed_ms() / iters;
+  DSV4_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  DSV4_CUDA_CHECK(cudaGraphDestroy(graph));
+  return r;
+}
+
+// Copy bandwidth, read + write counted: 2 GiB device to device.
+double copy_bandwidth_gbs(CudaOps& ops) {
+  const size_t bytes = size_t(2) << 30;
+  void *src = nullptr, *dst = nullptr;
+  DSV4_CUDA_CHECK(cudaMalloc(&src, bytes));
+  DSV4_CUDA_CHECK(cudaMalloc(&dst, bytes));
+  DSV4_CUDA_CHECK(cudaMemset(src, 1, bytes));
+  Timer t;
+  for (int i = 0; i < 2; ++i)
+    DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ops.stream()));
+  DSV4_CUDA_CHECK(cudaEventRecord(t.start, ops.stream()));
+  const int iters = 10;
+  for (int i = 0; i < iters; ++i)
+    DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ops.stream()));
+  DSV4_CUDA_CHECK(cudaEventRecord(t.stop, ops.stream()));
+  DSV4_CUDA_CHECK(cudaEventSynchronize(t.stop));
+  float ms = 0.0f;
+  DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
+  const double us = 1e3 * double(ms) / iters;
+  DSV4_CUDA_CHECK(cudaFree(src));
+  DSV4_CUDA_CHECK(cudaFree(dst));
+  return 2.0 * double(bytes) / (us * 1e3);
+}
+
+std::vector<float> random_floats(size_t n, std::mt19937_64& rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+float* to_device(CudaOps& ops, const std::vector<float>& h) {
+  float* d = ops.alloc(h.size());
+  DSV4_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // the ops' stream does not wait for the legacy stream
+  return d;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iters = 200;
+  bool profile = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
+    else if (std::strcmp(argv[i], "--profile") == 0) profile = true;
+    else {
+      std::fprintf(stderr, "usage: bench_attention [--iters N] [--profile]\n");
+      return 1;
+    }
+  }
+  try {
+    ModelConfig config;
+    config.dim = 4096;
+    config.rope_dim = 64;
+    CudaOps ops(config);
+    std::mt19937_64 rng(7);
+    const double copy_gbs = profile ? 1.0 : copy_bandwidth_gbs(ops);
+    const size_t flush_bytes = size_t(512) << 20;  // > 10× the 50 MB L2
+    void* flush = nullptr;
+    DSV4_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
+    std::printf("# attention decode, %s (%d SMs), copy bandwidth %.0f GB/s (2 GiB D2D, read + write)\n\n",
+                ops.props().name, ops.props().multiProcessorCount, copy_gbs);
+
+    const std::vector<float> sinks = random_floats(kHeads, rng);
+    ops.upload(sinks);
+    const int64_t max_context = 131072;
+    float* q = to_device(ops, random_floats(size_t(kHeads * kHeadDim), rng, -2.0f, 2.0f));
+    float* ring = to_device(ops, random_floats(size_t(kWindow * kHeadDim), rng));
+    float* entries = to_device(ops, random_floats(size_t(max_context / 4 * kHeadDim), rng));
+    float* out = ops.alloc(size_t(kHeads * kHeadDim));
+    int32_t* selected = ops.alloc_i32(size_t(kTopK));
+
+    if (!profile) {  // the floor of any one-op graph here: a 4-byte memset
+      const auto tiny = [&] { DSV4_CUDA_CHECK(cudaMemsetAsync(flush, 0, 4, ops.stream())); };
+      const Timing f = measure(ops, tiny, iters, flush, flush_bytes);
+      std::printf("one 4-byte memset: cold %.2f µs, graph replay %.2f µs, stream %.2f µs\n\n", f.cold, f.graph,
+                  f.hot);
+    }
+    std::printf("| layer | context | keys | KV bytes | splits | cold µs | cold GB/s | %% of copy BW | graph µs | "
+                "stream µs | best splits (cold µs) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    struct Row {
+      const char* layer;
+      int64_t context;
+    };
+    std::vector<std::string> sweeps;
+    for (const Row r : {Row{"CSA", 4096}, Row{"CSA", 32768}, Row{"CSA", 131072}, Row{"HCA", 4096},
+                        Row{"HCA", 32768}, Row{"HCA", 131072}}) {
+      if (profile && (std::strcmp(r.layer, "CSA") != 0 || r.context != 32768)) continue;
+      const bool csa = std::strcmp(r.layer, "CSA") == 0;
+      const int64_t t = r.context - 1, ratio = csa ? 4 : 128, visible = (t + 1) / ratio;
+      if (csa) {  // a spread-out selection, as the indexer's would be
+        std::vector<int32_t> ids(static_cast<size_t>(visible));
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        ids.resize(size_t(kTopK));
+        DSV4_CUDA_CHECK(cudaMemcpy(selected, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+        DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+      }
+      AttentionParams p;
+      p.q = q;
+      p.window = ring;
+      p.ring_slots = kWindow;
+      p.window_size = kWindow;
+      p.entries = entries;
+      p.selected = csa ? selected : nullptr;
+      p.top_k = kTopK;
+      p.ratio = ratio;
+      p.sinks = sinks.data();
+      p.pos0 = t;
+      p.n = 1;
+      p.heads = kHeads;
+      p.head_dim = kHeadDim;
+      p.scale = float(1.0 / std::sqrt(double(kHeadDim)));
+      p.out = out;
+      const int64_t keys = cuda::attention_keys(p, t);
+      const double kv_bytes = double(keys * kHeadDim) * sizeof(float);
+      const int splits = cuda::attention_default_splits(ops, p);
+      const auto run = [&] { ops.attention(p); };
+      if (profile) {
+        run();
+        DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));
+        continue;
+      }
+      const Timing tm = measure(ops, run, iters, flush, flush_bytes);
+      const double cold = tm.cold;
+      std::string sweep = std::string(r.layer) + " " + std::to_string(r.context / 1024) + "K:";
+      int best_splits = splits;
+      double best = cold;
+      for (int s : {1, 4, 8, 16, 24, 33, 40, 48, 66, 80, 100, 132}) {
+        const auto run_s = [&] { cuda::attention_split_kv(ops, p, s); };
+        const double us = measure(ops, run_s, std::max(1, iters / 2), flush, flush_bytes).cold;
+        char cell[48];
+        std::snprintf(cell, sizeof cell, " %d:%.1f", s, us);
+        sweep += cell;
+        if (us < best) {
+          best = us;
+          best_splits = s;
+        }
+      }
+      sweeps.push_back(sweep);
+      const double gbs = kv_bytes / (cold * 1e3);
+      std::printf("| %s | %lldK | %lld | %.2f MB | %d | %.2f | %.0f | %.1f%% | %.2f | %.2f | %d (%.2f) |\n",
+                  r.layer, static_cast<long long>(r.context / 1024), static_cast<long long>(keys), kv_bytes / 1e6,
+                  splits, cold, gbs, 100.0 * gbs / copy_gbs, tm.graph, tm.hot, best_splits, best);
+    }
+    std::printf("\nsplit sweep, cold µs per split count:\n");
+    for (const std::string& s : sweeps) std::printf("  %s\n", s.c_str());
+
+    // Lightning indexer, decode: 64 heads × 128 over every visible entry, top 512.
+    std::printf("\n| indexer | context | entries | key bytes | cold µs | GB/s | graph µs | stream µs |\n"
+                "|---|---|---|---|---|---|---|---|\n");
+    float* iq = to_device(ops, random_floats(size_t(kIndexHeads * kIndexDim), rng));
+    float* iw = to_device(ops, random_floats(size_t(kIndexHeads), rng, -0.02f, 0.02f));
+    float* ikeys = to_device(ops, random_floats(size_t(max_context / 4 * kIndexDim), rng));
+    for (int64_t context : {4096, 32768, 131072}) {
+      if (profile && context != 32768) continue;
+      IndexerParams ip;
+      ip.q = iq;
+      ip.weights = iw;
+      ip.keys = ikeys;
+      ip.pos0 = context - 1;
+      ip.n = 1;
+      ip.heads = kIndexHeads;
+      ip.head_dim = kIndexDim;
+      ip.ratio = 4;
+      ip.top_k = kTopK;
+      ip.selected = selected;
+      const auto run = [&] { ops.indexer_topk(ip); };
+      if (profile) {
+        run();
+        DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));
+        continue;
+      }
+      const Timing tm = measure(ops, run, iters, flush, flush_bytes);
+      const double bytes = double(context / 4 * kIndexDim) * sizeof(float);
+      std::printf("| CSA | %lldK | %lld | %.2f MB | %.2f | %.0f | %.2f | %.2f |\n",
+                  static_cast<long long>(context / 1024), static_cast<long long>(context / 4), bytes / 1e6, tm.cold,
+                  bytes / (tm.cold * 1e3), tm.graph, tm.hot);
+    }
+    DSV4_CUDA_CHECK(cudaFree(flush));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_attention: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

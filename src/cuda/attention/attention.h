@@ -1,0 +1,40 @@
+// attention family (CUDA): launch functions beyond the Ops seam, for benchmarks and tests, and the family's
+// workspace slots.
+#pragma once
+
+#include <cstdint>
+
+#include "model/ops.h"
+
+namespace dsv4 {
+class CudaOps;
+}
+
+namespace dsv4::cuda {
+
+// CudaOps::workspace slots of this family. NOTE: a slot's contents live for one op call only; the compressor
+// holds its slot across its calls to linear(), so no other family may use these numbers.
+enum AttentionWorkspace : int {
+  kWsAttentionPartials = 40,  // split-KV partial outputs and softmax statistics
+  kWsIndexerScores = 41,      // per-row score keys and top-bits histograms
+  kWsCompressorProj = 42,     // the chunk's kv and gate projections
+};
+
+// Keys of query position t: its window plus its compressed entries (CSA: the top_k slots, −1 ones included).
+int64_t attention_keys(const AttentionParams& p, int64_t t);
+
+// The number of key splits CudaOps::attention uses for these parameters on this device.
+int attention_default_splits(const CudaOps& ops, const AttentionParams& p);
+
+// CudaOps::attention with an explicit number of key splits (1 = each block finishes its query row itself).
+void attention_split_kv(CudaOps& ops, const AttentionParams& p, int splits);
+
+// Compressor steps 2–3 (pooling of the windows the chunk completes, state update) on precomputed projections
+// kv, gate [n, coff·c]: leaves the pooled entries raw (before norm, RoPE and simulation) in state.entries.
+struct CompressorChunk {
+  int64_t first_entry = 0, count = 0;  // entries first_entry .. first_entry + count − 1 were emitted
+};
+CompressorChunk compressor_pool(CudaOps& ops, const CompressorWeights& w, CompressorState& state, const float* kv,
+                                const float* gate, int64_t pos0, int64_t n);
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,38 @@
+// attention family: kernel launches with programmatic dependent launch (PDL, sm_90+). A kernel launched this
+// way may be scheduled while its predecessor in the stream drains (hiding the launch gap between the small
+// kernels of a decode step); it must call pdl_wait() before touching anything an earlier kernel wrote.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/common/check.h"
+
+namespace dsv4::cuda {
+
+// Waits for the predecessor grid to complete (its memory visible), then lets this grid's successor launch.
+// A no-op without PDL (sm_80, or a launch without the attribute).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// pdl: the device supports it (compute capability ≥ 9); the kernel must begin with pdl_wait().
+template <class Params>
+void launch_pdl(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
+                const Params& p) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = pdl ? 1 : 0;
+  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,523 @@
+// attention family: the CUDA attention, indexer_topk and compressor against the CPU reference (CpuOps), on
+// fresh random inputs with odd sizes and the V4-Flash sizes, outputs poisoned before every call.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <numeric>
+#include <string>
+
+#include "cuda/gpu.h"
+
+#if DSV4_HAVE_CUDA
+#include "cuda/attention/attention.h"
+#include "cuda/common/check.h"
+#endif
+
+namespace dsv4::test {
+namespace {
+
+#if DSV4_HAVE_CUDA
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// A seed per case: fresh each run (DSV4_TEST_SEED replays), different for every case of a run.
+uint64_t case_seed(const std::string& name) { return seed() ^ std::hash<std::string>{}(name); }
+
+ModelConfig attention_config(int64_t dim) {
+  ModelConfig c;
+  c.dim = dim;
+  c.rope_dim = 64;
+  c.norm_eps = 1e-6;
+  c.compress_rope_theta = 160000.0;
+  c.yarn = {true, 16.0, 65536, 32.0, 1.0};
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// attention
+
+enum class Layer { kSliding, kCsa, kHca };
+
+struct AttnCase {
+  std::string name;
+  Layer layer;
+  int64_t heads, head_dim, window, n, pos0;
+  int64_t ratio = 4, top_k = 0;
+  int64_t extra_ring = 0;  // ring slots beyond window + n − 1 (they hold positions no query sees: NaN)
+};
+
+// Tolerance: fp32 against fp32 with another summation order. The CPU's sequential 512-term dot carries
+// ≈ ε·√(Σ partial²) ≈ 2e-5 of rounding noise (|q| ≤ 2, |k| ≤ 1), i.e. ≈ 1e-6 per logit after the scale; the
+// softmax weights inherit it relatively and the output, a weighted mean of |k| ≤ 1 values accumulated over
+// ≤ 1200 keys, differs by a few 1e-6. 1e-5 absolute + 1e-5 relative leaves a margin of ~3×.
+constexpr Tolerance kAttnTol{1e-5, 1e-5};
+
+void check_attention(const AttnCase& c) {
+  SCOPED_TRACE(c.name + " seed " + std::to_string(seed()));
+  std::mt19937_64 rng(case_seed(c.name));
+  const int64_t H = c.heads, d = c.head_dim, last = c.pos0 + c.n - 1;
+  const int64_t ring = c.window + c.n - 1 + c.extra_ring;
+  const bool compressed = c.layer != Layer::kSliding;
+  const int64_t visible_max = (last + 1) / c.ratio;
+
+  std::vector<float> q = random_floats(size_t(c.n * H * d), rng, -2.0f, 2.0f);
+  std::vector<float> window = random_floats(size_t(ring * d), rng);
+  // Ring slots of positions no query of the step can see must never be read.
+  std::vector<bool> seen(size_t(ring), false);
+  for (int64_t pos = std::max<int64_t>(0, c.pos0 - c.window + 1); pos <= last; ++pos) seen[size_t(pos % ring)] = true;
+  for (int64_t s = 0; s < ring; ++s)
+    if (!seen[size_t(s)]) std::fill_n(window.begin() + s * d, d, kNaN);
+  // Entries past the last visible one must never be read either.
+  const int64_t n_entries = visible_max + 3;
+  std::vector<float> entries = random_floats(size_t(n_entries * d), rng);
+  std::fill(entries.begin() + visible_max * d, entries.end(), kNaN);
+  std::vector<float> sinks = random_floats(size_t(H), rng, -1.0f, 2.0f);
+  std::vector<int32_t> selected;
+  if (c.layer == Layer::kCsa) {
+    selected.assign(size_t(c.n * c.top_k), -1);
+    std::vector<int32_t> ids;
+    for (int64_t i = 0; i < c.n; ++i) {
+      const int64_t visible = (c.pos0 + i + 1) / c.ratio, k = std::min(c.top_k, visible);
+      ids.resize(size_t(visible));
+      std::iota(ids.begin(), ids.end(), 0);
+      for (int64_t j = 0; j < k; ++j) std::swap(ids[size_t(j)], ids[size_t(j + int64_t(rng() % uint64_t(visible - j)))]);
+      for (int64_t j = 0; j < k; ++j)  // ~5% masked slots inside the list too
+        selected[size_t(i * c.top_k + j)] = rng() % 20 == 0 ? -1 : ids[size_t(j)];
+    }
+  }
+
+  AttentionParams p;
+  p.ring_slots = ring;
+  p.window_size = c.window;
+  p.top_k = c.top_k;
+  p.ratio = c.ratio;
+  p.pos0 = c.pos0;
+  p.n = c.n;
+  p.heads = H;
+  p.head_dim = d;
+  p.scale = float(1.0 / std::sqrt(double(d)));
+  p.sinks = sinks.data();  // host address: the CUDA backend looks its uploaded copy up
+
+  ModelConfig config = attention_config(64);
+  CpuOps cpu(config);
+  std::vector<float> want(size_t(c.n * H * d), kNaN);
+  AttentionParams pc = p;
+  pc.q = q.data();
+  pc.window = window.data();
+  pc.entries = compressed ? entries.data() : nullptr;
+  pc.selected = c.layer == Layer::kCsa ? selected.data() : nullptr;
+  pc.out = want.data();
+  cpu.attention(pc);
+
+  CudaOps gpu(config);
+  gpu.upload(sinks);
+  AttentionParams pg = p;
+  pg.q = to_device(gpu, q);
+  pg.window = to_device(gpu, window);
+  pg.entries = compressed ? to_device(gpu, entries) : nullptr;
+  pg.selected = c.layer == Layer::kCsa ? to_device(gpu, selected) : nullptr;
+  float* out = gpu.alloc(want.size());
+  pg.out = out;
+  // 0 = CudaOps::attention's own choice; 1 = the prefill path (no combine); others force split-KV (100: the
+  // combine kernel's second batch of loads).
+  for (int splits : {0, 1, 3, 64, 100}) {
+    SCOPED_TRACE("splits " + std::to_string(splits) + " (default " +
+                 std::to_string(cuda::attention_default_splits(gpu, pg)) + ")");
+    poison(out, want.size());
+    if (splits == 0) gpu.attention(pg);
+    else cuda::attention_split_kv(gpu, pg, splits);
+    const std::vector<float> got = to_host(gpu, out, want.size());
+    const Diff dd = diff(got.data(), want.data(), got.size());
+    std::printf("[attention] %-34s splits %2d: max |diff| %.3g at %zu, cosine %.9f\n", c.name.c_str(), splits,
+                dd.max_abs, dd.worst, dd.cosine);
+    EXPECT_TRUE(compare(got, want, kAttnTol, c.name));
+  }
+}
+
+#endif  // DSV4_HAVE_CUDA
+
+TEST(CudaAttention, OddSizes) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  const std::vector<AttnCase> cases = {
+      {"sliding_h3_d64_w5_n1_pos0", Layer::kSliding, 3, 64, 5, 1, 0},
+      {"sliding_h3_d64_w5_n7_pos1000", Layer::kSliding, 3, 64, 5, 7, 1000, 4, 0, 3},
+      {"sliding_h3_d100_w5_n33_pos2", Layer::kSliding, 3, 100, 5, 33, 2},
+      {"csa_h3_d128_w5_n7_pos0", Layer::kCsa, 3, 128, 5, 7, 0, 4, 7},
+      {"csa_h3_d512_w5_n33_pos5000", Layer::kCsa, 3, 512, 5, 33, 5000, 4, 19, 2},
+      {"csa_h17_d64_w5_n1_pos77", Layer::kCsa, 17, 64, 5, 1, 77, 4, 33},
+      {"hca_h19_d192_w5_n33_pos0_ratio4", Layer::kHca, 19, 192, 5, 33, 0, 4},
+      {"hca_h19_d68_w5_n7_pos3000_ratio128", Layer::kHca, 19, 68, 5, 7, 3000, 128},
+      {"hca_h5_d256_w5_n1_pos100000_ratio128", Layer::kHca, 5, 256, 5, 1, 100000, 128},
+  };
+  for (const AttnCase& c : cases) check_attention(c);
+#endif
+}
+
+TEST(CudaAttention, V4FlashDecode) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  const std::vector<AttnCase> cases = {
+      {"v4_csa_decode_32k", Layer::kCsa, 64, 512, 128, 1, 32767, 4, 512},
+      {"v4_hca_decode_32k", Layer::kHca, 64, 512, 128, 1, 32767, 128},
+      {"v4_csa_decode_128k", Layer::kCsa, 64, 512, 128, 1, 131071, 4, 512},
+      {"v4_hca_decode_128k", Layer::kHca, 64, 512, 128, 1, 131071, 128},
+      {"v4_sliding_decode_n2_mtp", Layer::kSliding, 64, 512, 128, 2, 9000},
+  };
+  for (const AttnCase& c : cases) check_attention(c);
+#endif
+}
+
+TEST(CudaAttention, V4FlashPrefillChunks) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  const std::vector<AttnCase> cases = {
+      {"v4_csa_prefill_n33_pos4000", Layer::kCsa, 64, 512, 128, 33, 4000, 4, 512},
+      {"v4_hca_prefill_n64_pos0", Layer::kHca, 64, 512, 128, 64, 0, 128},
+      {"v4_hca_prefill_n7_pos20000", Layer::kHca, 64, 512, 128, 7, 20000, 128},
+  };
+  for (const AttnCase& c : cases) check_attention(c);
+#endif
+}
+
+#if DSV4_HAVE_CUDA
+// ---------------------------------------------------------------------------------------------------------
+// indexer_topk: the CUDA scores are bit-identical to the CPU's (same order and roundings), so the selection
+// must equal the CPU's exactly, order included, ties and all.
+
+enum class Keys { kRandom, kAllZeroScores, kDuplicateRows, kOneBin };
+
+struct IndexerCase {
+  std::string name;
+  int64_t heads, head_dim, ratio, top_k, n, pos0;
+  Keys keys = Keys::kRandom;
+};
+
+void check_indexer(const IndexerCase& c) {
+  SCOPED_TRACE(c.name + " seed " + std::to_string(seed()));
+  std::mt19937_64 rng(case_seed(c.name));
+  const int64_t nI = c.heads, dI = c.head_dim, visible_max = (c.pos0 + c.n) / c.ratio;
+  const int64_t n_keys = visible_max + 2;
+  std::vector<float> q = random_floats(size_t(c.n * nI * dI), rng);
+  std::vector<float> weights = random_floats(size_t(c.n * nI), rng, -0.02f, 0.02f);
+  std::vector<float> keys = random_floats(size_t(n_keys * dI), rng);
+  switch (c.keys) {
+    case Keys::kRandom: break;
+    case Keys::kAllZeroScores:  // every q·k < 0: relu zeroes every head, all scores tie at 0
+      for (float& x : q) x = std::fabs(x) + 0.01f;
+      for (float& x : keys) x = -std::fabs(x) - 0.01f;
+      break;
+    case Keys::kDuplicateRows:  // 37 distinct rows repeated: exact ties at every rank
+      for (int64_t e = 37; e < n_keys; ++e)
+        std::copy_n(keys.begin() + int64_t(rng() % 37) * dI, dI, keys.begin() + e * dI);
+      break;
+    case Keys::kOneBin:  // distinct scores that all share their top 11 bits (one radix bin for the whole row)
+      for (float& x : q) x = 1.0f;
+      for (float& x : weights) x = 0.5f;
+      for (float& x : keys) x = 1.0f + 0.001f * std::fabs(x);
+      break;
+  }
+  std::fill(keys.begin() + visible_max * dI, keys.end(), kNaN);  // never visible to any row
+
+  IndexerParams p;
+  p.pos0 = c.pos0;
+  p.n = c.n;
+  p.heads = nI;
+  p.head_dim = dI;
+  p.ratio = c.ratio;
+  p.top_k = c.top_k;
+
+  ModelConfig config = attention_config(64);
+  CpuOps cpu(config);
+  std::vector<int32_t> want(size_t(c.n * c.top_k), 0x7F7F7F7F);
+  IndexerParams pc = p;
+  pc.q = q.data();
+  pc.weights = weights.data();
+  pc.keys = keys.data();
+  pc.selected = want.data();
+  cpu.indexer_topk(pc);
+
+  CudaOps gpu(config);
+  IndexerParams pg = p;
+  pg.q = to_device(gpu, q);
+  pg.weights = to_device(gpu, weights);
+  pg.keys = to_device(gpu, keys);
+  int32_t* sel = gpu.alloc_i32(want.size());
+  poison(sel, want.size());
+  pg.selected = sel;
+  gpu.indexer_topk(pg);
+  const std::vector<int32_t> got = to_host(gpu, sel, want.size());
+  size_t mismatches = 0, first = got.size();
+  for (size_t j = 0; j < got.size(); ++j)
+    if (got[j] != want[j] && mismatches++ == 0) first = j;
+  std::printf("[indexer]   %-34s visible ≤ %lld: %zu of %zu ids differ\n", c.name.c_str(),
+              static_cast<long long>(visible_max), mismatches, got.size());
+  EXPECT_EQ(mismatches, 0u) << c.name << ": first difference at row " << first / size_t(c.top_k) << " slot "
+                            << first % size_t(c.top_k) << ": got " << got[first] << ", want " << want[first];
+}
+
+#endif  // DSV4_HAVE_CUDA
+
+TEST(CudaIndexer, OddSizes) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  const std::vector<IndexerCase> cases = {
+      {"h3_d64_k7_n1_pos0", 3, 64, 4, 7, 1, 0},
+      {"h3_d64_k7_n7_pos0", 3, 64, 4, 7, 7, 0},
+      {"h3_d64_k7_n33_pos3000", 3, 64, 4, 7, 33, 3000},
+      {"h5_d128_ratio128_k19_n7_pos10000", 5, 128, 128, 19, 7, 10000},
+      {"h17_d20_k100_n5_pos390", 17, 20, 4, 100, 5, 390},  // visible 97 .. 98 < top_k: all, sorted
+  };
+  for (const IndexerCase& c : cases) check_indexer(c);
+#endif
+}
+
+TEST(CudaIndexer, TiesAndOneBinRows) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  const std::vector<IndexerCase> cases = {
+      {"all_zero_scores", 4, 32, 4, 37, 3, 999, Keys::kAllZeroScores},
+      {"duplicate_rows", 8, 64, 4, 100, 5, 4000, Keys::kDuplicateRows},
+      // 40000 entries in one top-bits bin: more than the shared-memory candidate list holds.
+      {"one_bin_40k", 1, 16, 4, 512, 2, 160000, Keys::kOneBin},
+      {"all_zero_40k", 2, 16, 4, 512, 2, 160000, Keys::kAllZeroScores},
+  };
+  for (const IndexerCase& c : cases) check_indexer(c);
+#endif
+}
+
+TEST(CudaIndexer, V4Flash) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  const std::vector<IndexerCase> cases = {
+      {"v4_decode_32k", 64, 128, 4, 512, 1, 32767},
+      {"v4_decode_128k_mtp", 64, 128, 4, 512, 2, 131070},
+      {"v4_prefill_n33_pos2040", 64, 128, 4, 512, 33, 2040},  // visible 510 .. 518: crosses top_k
+  };
+  for (const IndexerCase& c : cases) check_indexer(c);
+#endif
+}
+
+#if DSV4_HAVE_CUDA
+// ---------------------------------------------------------------------------------------------------------
+// compressor: a token sequence fed in chunks; the emitted entries and the state are compared with the CPU's
+// after every chunk.
+
+struct CompressorCase {
+  std::string name;
+  int64_t dim, ratio, width;
+  bool overlap;
+  int64_t start;  // position of the first chunk; > 0 starts from a random mid-sequence state
+  std::vector<int64_t> chunks;
+  EntrySim sim = EntrySim::kNone;  // for the end-to-end test (the pooling test always finishes with kNone)
+};
+
+struct HostCompressor {
+  CompressorWeights w;
+  std::vector<float> wkv, wgate;  // [coff·c, D] f32 storage behind w.wkv / w.wgate
+};
+
+HostCompressor make_compressor(const CompressorCase& c, std::mt19937_64& rng) {
+  HostCompressor h;
+  const int64_t width = (c.overlap ? 2 : 1) * c.width;
+  const float a = 3.0f / std::sqrt(float(c.dim));  // projections of x ∈ [−1, 1] come out with unit spread
+  h.wkv = random_floats(size_t(width * c.dim), rng, -a, a);
+  h.wgate = random_floats(size_t(width * c.dim), rng, -a, a);
+  for (auto [weight, data] : {std::pair{&h.w.wkv, &h.wkv}, std::pair{&h.w.wgate, &h.wgate}}) {
+    weight->dtype = DType::kF32;
+    weight->rows = width;
+    weight->cols = c.dim;
+    weight->data = reinterpret_cast<const uint8_t*>(data->data());
+    weight->row_stride = c.dim * int64_t(sizeof(float));
+  }
+  h.w.ape = random_floats(size_t(c.ratio * width), rng);
+  h.w.norm = random_floats(size_t(c.width), rng, 0.5f, 1.5f);
+  h.w.ratio = c.ratio;
+  h.w.width = c.width;
+  h.w.overlap = c.overlap;
+  return h;
+}
+
+// Steps 2–3 of the CUDA compressor (pooling, state update) on the CPU's own projections: the state must come
+// out bit-identical (copies and one fp32 add), the pooled entries differ only by expf's last bit before the
+// (CPU) norm and RoPE.
+void check_compressor_pool(const CompressorCase& c) {
+  SCOPED_TRACE(c.name + " seed " + std::to_string(seed()));
+  std::mt19937_64 rng(case_seed(c.name));
+  const ModelConfig config = attention_config(c.dim);
+  const HostCompressor hc = make_compressor(c, rng);
+  const CompressorWeights& w = hc.w;
+  const int64_t m = c.ratio, cw = c.width, width = (c.overlap ? 2 : 1) * cw, rows = (c.overlap ? 2 : 1) * m;
+  const int64_t end = c.start + std::accumulate(c.chunks.begin(), c.chunks.end(), int64_t(0));
+  const int64_t max_entries = end / m + 1;
+
+  // Initial state: (0, −inf), or a random one standing for the tokens before `start`.
+  std::vector<float> kv(size_t(rows * width), 0.0f), score(size_t(rows * width), -kInf);
+  if (c.start > 0) {
+    kv = random_floats(kv.size(), rng);
+    score = random_floats(score.size(), rng, -2.0f, 2.0f);
+  }
+  std::vector<float> entries(size_t(max_entries * cw), kNaN);
+  CompressorState cs{kv.data(), score.data(), entries.data(), max_entries};
+
+  CpuOps cpu(config);
+  CudaOps gpu(config);
+  gpu.upload(w.ape);
+  CompressorState gs{to_device(gpu, kv), to_device(gpu, score), gpu.alloc(entries.size()), max_entries};
+  poison(gs.entries, entries.size());
+
+  int64_t pos = c.start;
+  for (int64_t n : c.chunks) {
+    SCOPED_TRACE("chunk at " + std::to_string(pos) + " of " + std::to_string(n));
+    const std::vector<float> x = random_floats(size_t(n * c.dim), rng);
+    std::vector<float> pkv(size_t(n * width)), pgate(size_t(n * width));
+    cpu.linear(x.data(), c.dim, w.wkv, n, pkv.data(), width);
+    cpu.linear(x.data(), c.dim, w.wgate, n, pgate.data(), width);
+    cpu.compressor(w, cs, x.data(), pos, n, EntrySim::kNone);
+    const cuda::CompressorChunk chunk =
+        cuda::compressor_pool(gpu, w, gs, to_device(gpu, pkv), to_device(gpu, pgate), pos, n);
+    EXPECT_EQ(chunk.first_entry, pos / m);
+    EXPECT_EQ(chunk.count, (pos + n) / m - pos / m);
+    pos += n;
+
+    EXPECT_TRUE(compare(to_host(gpu, gs.kv, kv.size()), kv, {0.0, 0.0}, c.name + " state kv"));
+    EXPECT_TRUE(compare(to_host(gpu, gs.score, score.size()), score, {0.0, 0.0}, c.name + " state score"));
+    // Entries emitted so far (earlier ones must be left alone), finished on the CPU.
+    const int64_t done = pos / m;
+    std::vector<float> got = to_host(gpu, gs.entries, size_t(done * cw));
+    if (chunk.count > 0) {
+      float* fresh = got.data() + chunk.first_entry * cw;
+      cpu.rms_norm(fresh, &w.norm, chunk.count, cw, fresh);
+      cpu.rope(fresh, chunk.count, cw, cw - config.rope_dim, 1, chunk.first_entry * m, m, RopeKind::kCompressed,
+               false);
+    }
+    // Only expf's last bit differs (≈1e-7 relative in the pooled value); RMSNorm keeps it relative.
+    const std::vector<float> want(entries.begin(), entries.begin() + done * cw);
+    const size_t fresh_from = size_t(c.start / m * cw);  // rows before the case's first window stay NaN
+    const Diff dd = diff(got.data() + fresh_from, want.data() + fresh_from, got.size() - fresh_from);
+    if (pos == end)
+      std::printf("[compressor-pool] %-28s pos %6lld: entries %lld, max |diff| %.3g\n", c.name.c_str(),
+                  static_cast<long long>(pos), static_cast<long long>(done), dd.max_abs);
+    EXPECT_TRUE(compare(got, want, {1e-5, 1e-5}, c.name + " entries"));
+    // Keep the GPU's earlier entries identical to the CPU's for the next chunks' comparisons.
+    if (chunk.count > 0)
+      DSV4_CUDA_CHECK(cudaMemcpy(gs.entries + chunk.first_entry * cw, want.data() + chunk.first_entry * cw,
+                                 size_t(chunk.count * cw) * sizeof(float), cudaMemcpyHostToDevice));
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // the ops' stream does not wait for the legacy stream
+  }
+}
+
+const std::vector<CompressorCase>& compressor_cases() {
+  static const std::vector<CompressorCase> cases = {
+      {"csa_odd_c72", 48, 4, 72, true, 0, {1, 2, 1, 4, 3, 7, 1, 1, 13, 5, 9, 2}, EntrySim::kFp8NoPe},
+      {"csa_indexer_odd_c64", 40, 4, 64, true, 0, {3, 1, 4, 1, 5, 9, 2, 6}, EntrySim::kHadamardFp4},
+      {"hca_odd_ratio8_c96", 40, 8, 96, false, 0, {3, 5, 1, 8, 17, 2, 1, 40}},
+      {"csa_mid_sequence_pos1001", 48, 4, 72, true, 1001, {1, 1, 2, 6, 1, 11}},
+      {"hca_mid_sequence_pos1000_ratio128", 32, 128, 72, false, 1000, {3, 20, 1, 130, 2}, EntrySim::kFp8NoPe},
+      {"hca_ratio128_c72", 64, 128, 72, false, 0, {1, 100, 27, 1, 130, 255, 3, 1, 6}},
+      {"v4_csa_main", 4096, 4, 512, true, 0, {5, 1, 1, 1, 1, 16, 3, 33}, EntrySim::kFp8NoPe},
+      {"v4_csa_indexer", 4096, 4, 128, true, 0, {5, 1, 1, 1, 1, 16, 3, 33}, EntrySim::kHadamardFp4},
+      {"v4_hca", 4096, 128, 512, false, 0, {1, 126, 1, 129, 127, 1, 2}, EntrySim::kFp8NoPe},
+  };
+  return cases;
+}
+
+// End to end: CudaOps::compressor (its own kv / gate projections, norm, RoPE and FP8 / FP4 simulation) against
+// CpuOps::compressor, chunk by chunk.
+//   State: kv and gate come from two fp32 GEMMs over D in different orders: ≈ 2e-6 apart at D = 4096 (unit-size
+//   outputs), worst of ~1e5 values ≲ 1e-5; the state adds ape exactly → 3e-5 abs + 1e-5 rel.
+//   Entries: that noise moves the softmax weights by ≈ 2e-6 relatively; RMSNorm divides by the pooled vector's
+//   RMS (≳ 0.1 for 128-token windows) and multiplies by γ ≤ 1.5 → 2e-4 abs + 1e-4 rel.
+//   With FP8 / FP4 simulation an element sitting on a rounding midpoint may land one code away (an FP8 step is
+//   2⁻³ relative, an FP4 step up to 2× a block's scale, a block whose amax crosses a power of two rescales all
+//   32): at most 1% of the elements may exceed the tolerance, and the whole must keep cosine ≥ 0.999. Without
+//   the simulation (or on the wrong channels) nearly every simulated element would differ.
+::testing::AssertionResult compare_simulated(const std::vector<float>& got, const std::vector<float>& want,
+                                             const Tolerance& tol, EntrySim sim, const std::string& what) {
+  if (sim == EntrySim::kNone) return compare(got, want, tol, what);
+  size_t off = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i]) != std::isnan(want[i]))
+      return ::testing::AssertionFailure() << what << ": NaN mismatch at " << i << ": got " << got[i] << ", want "
+                                           << want[i];
+    if (std::fabs(double(got[i]) - want[i]) > tol.abs + tol.rel * std::fabs(double(want[i]))) ++off;
+  }
+  const Diff d = diff(got.data(), want.data(), got.size());
+  std::printf("[compressor] %-30s %zu of %zu simulated elements a code away, cosine %.9f\n", what.c_str(), off,
+              got.size(), d.cosine);
+  if (off * 100 > got.size() || d.cosine < 0.999)
+    return ::testing::AssertionFailure() << what << ": " << off << " of " << got.size()
+                                         << " elements beyond the tolerance, cosine " << d.cosine << "; worst element "
+                                         << d.worst << ": got " << got[d.worst] << ", want " << want[d.worst];
+  return ::testing::AssertionSuccess();
+}
+
+void check_compressor(const CompressorCase& c) {
+  SCOPED_TRACE(c.name + " seed " + std::to_string(seed()));
+  std::mt19937_64 rng(case_seed(c.name));
+  const ModelConfig config = attention_config(c.dim);
+  const HostCompressor hc = make_compressor(c, rng);
+  const CompressorWeights& w = hc.w;
+  const int64_t m = c.ratio, cw = c.width, width = (c.overlap ? 2 : 1) * cw, rows = (c.overlap ? 2 : 1) * m;
+  const int64_t end = c.start + std::accumulate(c.chunks.begin(), c.chunks.end(), int64_t(0));
+  const int64_t max_entries = end / m + 1;
+  std::vector<float> kv(size_t(rows * width), 0.0f), score(size_t(rows * width), -kInf);
+  if (c.start > 0) {
+    kv = random_floats(kv.size(), rng);
+    score = random_floats(score.size(), rng, -2.0f, 2.0f);
+  }
+  std::vector<float> entries(size_t(max_entries * cw), kNaN);
+  CompressorState cs{kv.data(), score.data(), entries.data(), max_entries};
+
+  CpuOps cpu(config);
+  CudaOps gpu(config);
+  gpu.upload(w.wkv);
+  gpu.upload(w.wgate);
+  gpu.upload(w.ape);
+  gpu.upload(w.norm);
+  CompressorState gs{to_device(gpu, kv), to_device(gpu, score), gpu.alloc(entries.size()), max_entries};
+  poison(gs.entries, entries.size());
+
+  int64_t pos = c.start;
+  for (int64_t n : c.chunks) {
+    SCOPED_TRACE("chunk at " + std::to_string(pos) + " of " + std::to_string(n));
+    const std::vector<float> x = random_floats(size_t(n * c.dim), rng);
+    cpu.compressor(w, cs, x.data(), pos, n, c.sim);
+    gpu.compressor(w, gs, to_device(gpu, x), pos, n, c.sim);
+    pos += n;
+    EXPECT_TRUE(compare(to_host(gpu, gs.kv, kv.size()), kv, {3e-5, 1e-5}, c.name + " state kv"));
+    EXPECT_TRUE(compare(to_host(gpu, gs.score, score.size()), score, {3e-5, 1e-5}, c.name + " state score"));
+    // Every entry emitted so far: earlier ones must be left alone. Rows before the case's first window are
+    // never written (NaN on both sides).
+    const size_t from = size_t(c.start / m * cw), to = size_t(pos / m * cw);
+    const std::vector<float> all = to_host(gpu, gs.entries, to);
+    const std::vector<float> got(all.begin() + int64_t(from), all.end());
+    const std::vector<float> want(entries.begin() + int64_t(from), entries.begin() + int64_t(to));
+    if (pos == end) {
+      const Diff dd = diff(got.data(), want.data(), got.size());
+      std::printf("[compressor] %-30s pos %6lld: entries %lld, max |diff| %.3g\n", c.name.c_str(),
+                  static_cast<long long>(pos), static_cast<long long>(pos / m), dd.max_abs);
+    }
+    EXPECT_TRUE(compare_simulated(got, want, {2e-4, 1e-4}, c.sim, c.name + " entries"));
+  }
+}
+
+#endif  // DSV4_HAVE_CUDA
+
+TEST(CudaCompressor, MatchesCpuStepByStep) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  for (const CompressorCase& c : compressor_cases()) check_compressor(c);
+#endif
+}
+
+TEST(CudaCompressor, PoolingAndStateMatchCpuStepByStep) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  for (const CompressorCase& c : compressor_cases()) check_compressor_pool(c);
+#endif
+}
+
+}  // namespace
+}  // namespace dsv4::test
