@@ -18,6 +18,22 @@
 
 namespace dsv4 {
 
+namespace cuda {
+// CudaOps::workspace slots, one registry for every family: an op may hold its slot while it calls another
+// op (the compressor calls linear), so two families must never share a number.
+enum WorkspaceSlot : int {
+  kWsGemmActivations,       // tensor-core path: activations rounded to bf16 / e4m3
+  kWsGemmActivationScales,  // tensor-core path: per-128 activation scales (FP8)
+  kWsGemmPartials,          // tensor-core path: split-K partial sums
+  kWsHcPartials,            // hc_pre / hc_head: per-slice partial mixes
+  kWsAttentionPartials,     // split-KV partial outputs and softmax statistics
+  kWsIndexerScores,         // per-row score keys and top-bits histograms
+  kWsCompressorProj,        // the chunk's kv and gate projections (held across linear())
+  kWsMoeStep,               // moe: routing, grouping and intermediate activations of one call
+  kWsMoeTables,             // moe: device tables of expert weight pointers
+};
+}  // namespace cuda
+
 class CudaOps final : public Ops {
  public:
   explicit CudaOps(const ModelConfig& config, int device = 0);

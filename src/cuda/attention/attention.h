@@ -12,14 +12,6 @@ class CudaOps;
 
 namespace dsv4::cuda {
 
-// CudaOps::workspace slots of this family. NOTE: a slot's contents live for one op call only; the compressor
-// holds its slot across its calls to linear(), so no other family may use these numbers.
-enum AttentionWorkspace : int {
-  kWsAttentionPartials = 40,  // split-KV partial outputs and softmax statistics
-  kWsIndexerScores = 41,      // per-row score keys and top-bits histograms
-  kWsCompressorProj = 42,     // the chunk's kv and gate projections
-};
-
 // Keys of query position t: its window plus its compressed entries (CSA: the top_k slots, −1 ones included).
 int64_t attention_keys(const AttentionParams& p, int64_t t);
 

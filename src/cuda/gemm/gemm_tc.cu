@@ -41,9 +41,6 @@ namespace {
 
 // Workspace slots of this path (CudaOps::workspace): the rounded activations, their FP8 scales, the
 // split-K partial tiles.
-constexpr int kSlotActivations = 40;
-constexpr int kSlotActivationScales = 41;
-constexpr int kSlotPartials = 42;
 
 constexpr int kThreads = 384;       // producer warpgroup + two consumer warpgroups
 constexpr int kScaleBlock = 128;    // FP8 scales: weights per 128×128 block, activations per 1×128
@@ -448,7 +445,7 @@ void launch(const GemmParams& p, const TcActivations& a, const Grid& g, CudaOps&
     tp.ld_out = p.ldy;
   } else {
     tp.split_stride = int64_t(n) * p.w.rows;
-    tp.out = static_cast<float*>(ops.workspace(kSlotPartials, size_t(g.splits) * size_t(tp.split_stride) * 4));
+    tp.out = static_cast<float*>(ops.workspace(kWsGemmPartials, size_t(g.splits) * size_t(tp.split_stride) * 4));
     tp.ld_out = p.w.rows;
   }
   tp.x_scale = a.scale;
@@ -500,16 +497,16 @@ TcActivations tc_round_activations(const GemmParams& p, CudaOps& ops) {
   const bool vector_loads = p.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   TcActivations a;
   if (p.w.format == WFormat::kFP8) {
-    auto* xq = static_cast<uint8_t*>(ops.workspace(kSlotActivations, size_t(n) * size_t(k_total)));
+    auto* xq = static_cast<uint8_t*>(ops.workspace(kWsGemmActivations, size_t(n) * size_t(k_total)));
     auto* scale =
-        static_cast<float*>(ops.workspace(kSlotActivationScales, size_t(n) * size_t(k_total / kScaleBlock) * 4));
+        static_cast<float*>(ops.workspace(kWsGemmActivationScales, size_t(n) * size_t(k_total / kScaleBlock) * 4));
     const unsigned blocks = grid_for(int64_t(n) * (k_total / kScaleBlock) * 32, 256);
     if (vector_loads) quantize_e4m3_kernel<true><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xq, scale);
     else quantize_e4m3_kernel<false><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xq, scale);
     a.data = xq;
     a.scale = scale;
   } else {
-    auto* xb = static_cast<__nv_bfloat16*>(ops.workspace(kSlotActivations, size_t(n) * size_t(k_total) * 2));
+    auto* xb = static_cast<__nv_bfloat16*>(ops.workspace(kWsGemmActivations, size_t(n) * size_t(k_total) * 2));
     const unsigned blocks = grid_for(int64_t(n) * k_total / 8, 256);
     if (vector_loads) round_bf16_kernel<true><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xb);
     else round_bf16_kernel<false><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xb);

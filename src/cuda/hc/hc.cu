@@ -28,7 +28,6 @@ constexpr int kMixWarps = 8;
 constexpr int kMixTokens = 8;             // tokens per hc_mix block: fn is re-read once per tile
 constexpr int kFinishThreads = 256;
 constexpr int kPostThreads = 128;
-constexpr int kPartialWorkspace = 16;     // workspace slot of the hc_mix partials (only live inside one op)
 
 // ---- hc_mix: partial fn·v and Σ v² per column chunk
 
@@ -270,7 +269,7 @@ void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std:
   const int64_t target_chunks = cuda::ceil_div(2 * int64_t(ops.props().multiProcessorCount), tiles);
   const int64_t sweeps = std::max<int64_t>(1, cuda::ceil_div(cuda::ceil_div(K, 32 * pack), target_chunks));
   const int64_t chunk_cols = 32 * pack * sweeps, chunks = cuda::ceil_div(K, chunk_cols);
-  auto* partial = static_cast<float*>(ops.workspace(kPartialWorkspace, size_t(chunks * n * (M + 1)) * sizeof(float)));
+  auto* partial = static_cast<float*>(ops.workspace(cuda::kWsHcPartials, size_t(chunks * n * (M + 1)) * sizeof(float)));
 
   const HcMixParams mix{X, fn, partial, n, K, int(M), chunk_cols};
   const int rows_per_warp = int(cuda::ceil_div(M + 1, kMixWarps));
