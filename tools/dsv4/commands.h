@@ -9,5 +9,6 @@ int cmd_perplexity(int argc, char** argv);
 int cmd_info(int argc, char** argv);
 int cmd_logits(int argc, char** argv);
 int cmd_quantize(int argc, char** argv);
+int cmd_serve(int argc, char** argv);
 
 }  // namespace dsv4::cli
