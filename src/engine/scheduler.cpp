@@ -108,9 +108,21 @@ void Scheduler::admit_locked() {
 }
 
 void Scheduler::retire(Active& a, FinishReason reason, const std::string& error) {
-  a.sink({std::nullopt, reason, error});
+  finals_.push_back({std::move(a.sink), {std::nullopt, reason, error}});
   model_.reset(*slots_[a.slot]);
   free_slots_.push_back(a.slot);
+}
+
+void Scheduler::update_stats_locked() {
+  stats_.running = int64_t(running_.size());
+  stats_.waiting = int64_t(waiting_.size());
+  stats_.tokens_in_slots = 0;
+  for (auto& a : running_) stats_.tokens_in_slots += slots_[a->slot]->position;
+}
+
+void Scheduler::deliver_finals() {
+  for (auto& [sink, event] : finals_) sink(event);
+  finals_.clear();
 }
 
 void Scheduler::run() {
@@ -123,7 +135,7 @@ void Scheduler::run() {
       for (RequestId id : cancelled_) {
         const auto waiting = std::find_if(waiting_.begin(), waiting_.end(), [&](auto& a) { return a->id == id; });
         if (waiting != waiting_.end()) {
-          (*waiting)->sink({std::nullopt, FinishReason::kCancelled, {}});
+          finals_.push_back({std::move((*waiting)->sink), {std::nullopt, FinishReason::kCancelled, {}}});
           waiting_.erase(waiting);
         }
         const auto running = std::find_if(running_.begin(), running_.end(), [&](auto& a) { return a->id == id; });
@@ -134,16 +146,18 @@ void Scheduler::run() {
       }
       cancelled_.clear();
       admit_locked();
-      stats_.running = int64_t(running_.size());
-      stats_.waiting = int64_t(waiting_.size());
+      update_stats_locked();
     }
+    deliver_finals();
     if (running_.empty()) continue;
     step(members);
-    std::lock_guard lock(mutex_);
-    stats_.running = int64_t(running_.size());
-    stats_.tokens_in_slots = 0;
-    for (auto& a : running_) stats_.tokens_in_slots += slots_[a->slot]->position;
-    ++stats_.steps;
+    {
+      std::lock_guard lock(mutex_);
+      update_stats_locked();
+      ++stats_.steps;
+    }
+    // Final events go out once the stats no longer count their requests.
+    deliver_finals();
   }
 }
 

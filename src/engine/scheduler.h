@@ -87,7 +87,10 @@ class Scheduler {
   void run();
   void admit_locked();
   void step(std::vector<Active*>& batch_members);
+  // Frees the slot; the final event waits in finals_ until the stats are updated.
   void retire(Active& a, FinishReason reason, const std::string& error = {});
+  void update_stats_locked();
+  void deliver_finals();
 
   DeepseekV4& model_;
   SchedulerOptions options_;
@@ -103,6 +106,7 @@ class Scheduler {
   SchedulerStats stats_;                         // guarded by mutex_
 
   std::vector<std::unique_ptr<Active>> running_;  // engine thread only, in admission order
+  std::vector<std::pair<EventSink, GenerationEvent>> finals_;  // engine thread only
   std::thread thread_;
 };
 

@@ -1,16 +1,17 @@
 #include "server/metrics.h"
 
 #include <algorithm>
-#include <cstdio>
+#include <charconv>
 
 namespace dsv4::server {
 
 namespace {
 
+// The shortest text that reads back as v ("0.005", not "0.0050000000000000001").
 std::string number(double v) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
+  const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+  return std::string(buf, end);
 }
 
 void metric(std::string& out, const std::string& name, const char* type, const std::string& help) {
