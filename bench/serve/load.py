@@ -72,18 +72,23 @@ async def run(args):
     results = []
     limit = asyncio.Semaphore(args.concurrency)
 
+    failures = []
+
     async def limited(p):
         async with limit:
-            await one_request(client, model, p, args.output_len, results)
+            try:
+                await one_request(client, model, p, args.output_len, results)
+            except (openai.OpenAIError, RuntimeError) as e:
+                failures.append(repr(e))
 
     start = time.perf_counter()
     await asyncio.gather(*(limited(p) for p in prompts))
     duration = time.perf_counter() - start
     await client.close()
-    return model, results, duration
+    return model, results, failures, duration
 
 
-def report(args, model, results, duration):
+def report(args, model, results, failures, duration):
     ms = 1000.0
     ttft = [r["ttft"] * ms for r in results]
     tpot = [r["tpot"] * ms for r in results]
@@ -101,6 +106,7 @@ def report(args, model, results, duration):
     print()
     print("| throughput | value |")
     print("|---|---|")
+    print(f"| successful / failed requests | {len(results)} / {len(failures)} |")
     print(f"| duration (s) | {duration:.2f} |")
     print(f"| requests/s | {len(results) / duration:.2f} |")
     print(f"| output tokens/s | {out_tokens / duration:.1f} |")
@@ -120,8 +126,12 @@ def main():
     args = parser.parse_args()
     if min(args.concurrency, args.num_prompts, args.input_len, args.output_len) < 1:
         sys.exit("load.py: --concurrency, --num-prompts, --input-len and --output-len must be at least 1")
-    model, results, duration = asyncio.run(run(args))
-    report(args, model, results, duration)
+    model, results, failures, duration = asyncio.run(run(args))
+    if not results:
+        sys.exit(f"load.py: every request failed, e.g. {failures[0]}")
+    for failure in sorted(set(failures)):
+        print(f"failed: {failure}", file=sys.stderr)
+    report(args, model, results, failures, duration)
 
 
 if __name__ == "__main__":

@@ -72,12 +72,13 @@ std::optional<Scheduler::RequestId> Scheduler::submit(GenerationRequest request,
   for (int32_t t : request.prompt)
     DSV4_CHECK(t >= 0 && t < c.vocab_size, "token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")");
   validate(request.sampling);
+  auto active = std::make_unique<Active>(0, std::move(request), std::move(sink), c.vocab_size);  // allocates
   std::unique_lock lock(mutex_);
   // Room for the free slots (admitted at the next step) plus max_waiting queued behind the running ones.
   const int64_t free_slots = options_.max_seqs - stats_.running;
   if (int64_t(waiting_.size()) >= options_.max_waiting + free_slots) return std::nullopt;
-  const RequestId id = next_id_++;
-  waiting_.push_back(std::make_unique<Active>(id, std::move(request), std::move(sink), c.vocab_size));
+  const RequestId id = active->id = next_id_++;
+  waiting_.push_back(std::move(active));
   stats_.waiting = int64_t(waiting_.size());
   lock.unlock();
   wake_.notify_all();

@@ -1,8 +1,11 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 
 #include "core/error.h"
@@ -56,6 +59,12 @@ HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
   const int threads = options.threads;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   http.set_payload_max_length(size_t(64) << 20);
+  // Remember the listening socket: Debian's compiled httplib listens with a backlog of 5, and a burst of new
+  // clients overflows it (the kernel then answers with SYN cookies and resets), so bind() raises it.
+  http.set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_socket_ = sock;
+  });
 
   const auto completion = [this](Endpoint endpoint) {
     return [this, endpoint](const httplib::Request& req, httplib::Response& res) {
@@ -104,6 +113,8 @@ int HttpServer::bind() {
   if (port == 0) port = http_->bind_to_any_port(options_.host);
   else if (!http_->bind_to_port(options_.host, port)) port = -1;
   DSV4_CHECK(port > 0, "cannot listen on ", options_.host, ":", options_.port, " (address in use or not available)");
+  // listen() again on a listening socket only changes its backlog (SOMAXCONN: capped by net.core.somaxconn).
+  DSV4_CHECK(::listen(listen_socket_, SOMAXCONN) == 0, "cannot set the listen backlog: ", std::strerror(errno));
   return port;
 }
 

@@ -33,6 +33,7 @@ class HttpServer {
   CompletionService& service_;
   HttpOptions options_;
   std::unique_ptr<httplib::Server> http_;
+  int listen_socket_ = -1;
 };
 
 }  // namespace dsv4::server
