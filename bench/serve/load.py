@@ -16,9 +16,11 @@ The venv comes from tools/setup (the `openai` package). Sends traffic only to --
 import argparse
 import asyncio
 import random
+import re
 import statistics
 import sys
 import time
+import urllib.request
 
 import openai
 
@@ -30,6 +32,18 @@ def percentile(values, q):
     k = (len(ordered) - 1) * q / 100
     lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def engine_counters(base_url):
+    """dsv4's engine counters from /metrics (steps, their tokens and busy seconds); None from other servers."""
+    try:
+        with urllib.request.urlopen(base_url.rstrip("/") + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    names = ("dsv4:engine_steps_total", "dsv4:engine_step_tokens_total", "dsv4:engine_step_seconds_total")
+    values = [re.search("^" + re.escape(n) + r" (\S+)$", text, re.M) for n in names]
+    return [float(v.group(1)) for v in values] if all(values) else None
 
 
 async def one_request(client, model, prompt, output_len, results):
@@ -81,14 +95,17 @@ async def run(args):
             except (openai.OpenAIError, RuntimeError) as e:
                 failures.append(repr(e))
 
+    before = engine_counters(args.base_url)
     start = time.perf_counter()
     await asyncio.gather(*(limited(p) for p in prompts))
     duration = time.perf_counter() - start
+    after = engine_counters(args.base_url)
     await client.close()
-    return model, results, failures, duration
+    engine = [b - a for a, b in zip(before, after)] if before and after else None
+    return model, results, failures, duration, engine
 
 
-def report(args, model, results, failures, duration):
+def report(args, model, results, failures, duration, engine):
     ms = 1000.0
     ttft = [r["ttft"] * ms for r in results]
     tpot = [r["tpot"] * ms for r in results]
@@ -111,6 +128,12 @@ def report(args, model, results, failures, duration):
     print(f"| requests/s | {len(results) / duration:.2f} |")
     print(f"| output tokens/s | {out_tokens / duration:.1f} |")
     print(f"| total tokens/s (input + output) | {(in_tokens + out_tokens) / duration:.1f} |")
+    if engine and engine[0] > 0:
+        steps, rows, busy = engine
+        # The server's own view: how long its forward steps took, apart from HTTP, clients and queueing.
+        print(f"| engine steps / mean tokens per step | {steps:.0f} / {rows / steps:.1f} |")
+        print(f"| engine mean step (ms) | {busy / steps * ms:.1f} |")
+        print(f"| engine busy (% of duration) | {100 * busy / duration:.0f} |")
 
 
 def main():
@@ -126,12 +149,12 @@ def main():
     args = parser.parse_args()
     if min(args.concurrency, args.num_prompts, args.input_len, args.output_len) < 1:
         sys.exit("load.py: --concurrency, --num-prompts, --input-len and --output-len must be at least 1")
-    model, results, failures, duration = asyncio.run(run(args))
+    model, results, failures, duration, engine = asyncio.run(run(args))
     if not results:
         sys.exit(f"load.py: every request failed, e.g. {failures[0]}")
     for failure in sorted(set(failures)):
         print(f"failed: {failure}", file=sys.stderr)
-    report(args, model, results, failures, duration)
+    report(args, model, results, failures, duration, engine)
 
 
 if __name__ == "__main__":

@@ -151,18 +151,22 @@ void Scheduler::run() {
     }
     deliver_finals();
     if (running_.empty()) continue;
-    step(members);
+    const auto start = std::chrono::steady_clock::now();
+    const int64_t rows = step(members);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     {
       std::lock_guard lock(mutex_);
       update_stats_locked();
       ++stats_.steps;
+      stats_.step_tokens += rows;
+      stats_.step_seconds += seconds;
     }
     // Final events go out once the stats no longer count their requests.
     deliver_finals();
   }
 }
 
-void Scheduler::step(std::vector<Active*>& members) {
+int64_t Scheduler::step(std::vector<Active*>& members) {
   members.clear();
   std::vector<StepInput> batch;
   int64_t budget = model_.max_step();
@@ -193,7 +197,7 @@ void Scheduler::step(std::vector<Active*>& members) {
       retire(*a, FinishReason::kError, error);
       return true;
     });
-    return;
+    return model_.max_step() - budget;
   }
   const int32_t eos = int32_t(model_.config().eos_token_id);
   for (size_t i = 0; i < members.size(); ++i)
@@ -212,6 +216,7 @@ void Scheduler::step(std::vector<Active*>& members) {
     retire(a, *done);
     return true;
   });
+  return model_.max_step() - budget;
 }
 
 }  // namespace dsv4

@@ -58,6 +58,8 @@ struct SchedulerStats {
   int64_t slots = 0;
   int64_t tokens_in_slots = 0;  // Σ positions of the running sequences (state actually filled)
   int64_t steps = 0;            // forward steps run so far
+  int64_t step_tokens = 0;      // rows of those steps (prompt chunk tokens + decode tokens)
+  double step_seconds = 0;      // time in those steps, sampling included: the engine's busy time
 };
 
 class Scheduler {
@@ -86,7 +88,7 @@ class Scheduler {
   struct Active;
   void run();
   void admit_locked();
-  void step(std::vector<Active*>& batch_members);
+  int64_t step(std::vector<Active*>& batch_members);  // returns the rows stepped
   // Frees the slot; the final event waits in finals_ until the stats are updated.
   void retire(Active& a, FinishReason reason, const std::string& error = {});
   void update_stats_locked();

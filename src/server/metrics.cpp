@@ -96,6 +96,10 @@ std::string Metrics::render(const SchedulerStats& s, int64_t max_context) const 
   counter(out, "dsv4:prompt_tokens_total", "Prompt tokens of admitted requests.", double(prompt_tokens_));
   counter(out, "dsv4:generation_tokens_total", "Generated tokens.", double(generation_tokens_));
   counter(out, "dsv4:engine_steps_total", "Batched forward steps run.", double(s.steps));
+  counter(out, "dsv4:engine_step_tokens_total", "Tokens (rows) of those steps: prompt chunks and decodes.",
+          double(s.step_tokens));
+  counter(out, "dsv4:engine_step_seconds_total", "Time spent in forward steps and sampling (engine busy time).",
+          s.step_seconds);
   metric(out, "dsv4:request_success_total", "counter", "Finished sequences by finish reason.");
   for (const auto& [reason, count] : finished_)
     out += "dsv4:request_success_total{finished_reason=\"" + reason + "\"} " + std::to_string(count) + "\n";
