@@ -16,6 +16,7 @@ constexpr const char* kUsage = R"(usage: dsv4 <command> [options]
 commands:
   generate   write text (or token ids) continuing a prompt
   chat       talk to the model, one message per line
+  serve      an OpenAI-compatible HTTP server with continuous batching
   perplexity score a text file
   info       show the compiled backends and visible GPUs
   logits     write the logits of every prompt position to a file
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
   try {
     if (command == "generate") return dsv4::cli::cmd_generate(argc, argv);
     if (command == "chat") return dsv4::cli::cmd_chat(argc, argv);
+    if (command == "serve") return dsv4::cli::cmd_serve(argc, argv);
     if (command == "perplexity") return dsv4::cli::cmd_perplexity(argc, argv);
     if (command == "info") return dsv4::cli::cmd_info(argc, argv);
     if (command == "logits") return dsv4::cli::cmd_logits(argc, argv);

@@ -1,0 +1,287 @@
+#include "server/completion_service.h"
+
+#include <ctime>
+#include <random>
+
+#include "chat/chat_encoding.h"
+#include "core/error.h"
+
+namespace dsv4::server {
+
+using clock = std::chrono::steady_clock;
+
+namespace {
+double seconds(clock::duration d) { return std::chrono::duration<double>(d).count(); }
+}  // namespace
+
+// Engine events waiting for the HTTP thread, filled by the scheduler's sinks on the engine thread.
+struct CompletionJob::Inbox {
+  struct Item {
+    size_t choice;
+    GenerationEvent event;
+    clock::time_point at;
+  };
+  std::mutex mutex;
+  std::condition_variable ready;
+  std::deque<Item> items;
+};
+
+struct CompletionJob::Choice {
+  int64_t index = 0;
+  Scheduler::RequestId id = 0;
+  OutputDecoder decoder;
+  int64_t generated = 0;
+  bool first_chunk = true;
+  bool finished = false;
+  std::string finish_reason;
+  clock::time_point last_token;
+  Choice(int64_t i, OutputDecoder d) : index(i), decoder(std::move(d)) {}
+};
+
+CompletionService::CompletionService(Scheduler& scheduler, const Tokenizer& tokenizer, Metrics& metrics,
+                                     ServiceOptions options)
+    : scheduler_(scheduler), tokenizer_(tokenizer), metrics_(metrics), options_(std::move(options)),
+      created_(int64_t(std::time(nullptr))) {}
+
+Json CompletionService::models() const {
+  Json model{{"id", options_.model_name},
+             {"object", "model"},
+             {"created", created_},
+             {"owned_by", "dsv4"},
+             {"max_model_len", scheduler_.options().max_context}};
+  return Json{{"object", "list"}, {"data", Json::array({model})}};
+}
+
+std::string CompletionService::metrics() const {
+  return metrics_.render(scheduler_.stats(), scheduler_.options().max_context);
+}
+
+std::unique_ptr<CompletionJob> CompletionService::start(Endpoint endpoint, const std::string& body) {
+  CompletionRequest request = parse_request(endpoint, body, options_.defaults);
+  if (request.model != options_.model_name)
+    throw ApiError(404, "The model '" + request.model + "' does not exist; this server serves '" +
+                            options_.model_name + "'",
+                   "invalid_request_error", "model", "model_not_found");
+  const int64_t slots = scheduler_.options().max_seqs;
+  if (request.n * int64_t(std::max<size_t>(request.prompts.size(), 1)) > slots)
+    throw invalid_request("n × prompts may be at most " + std::to_string(slots) + " (the server's --max-seqs)", "n");
+  return std::unique_ptr<CompletionJob>(new CompletionJob(*this, std::move(request)));
+}
+
+CompletionJob::CompletionJob(CompletionService& service, CompletionRequest request)
+    : service_(service), request_(std::move(request)), arrival_(clock::now()), inbox_(std::make_shared<Inbox>()) {
+  const bool chat = request_.endpoint == Endpoint::kChatCompletions;
+  const char* object = !chat ? "text_completion" : request_.stream ? "chat.completion.chunk" : "chat.completion";
+  header_ = {random_id(chat ? "chatcmpl-" : "cmpl-"), object, int64_t(std::time(nullptr)), service_.options_.model_name};
+  const Tokenizer& tokenizer = service_.tokenizer_;
+
+  // The prompts as tokens.
+  std::vector<std::vector<int32_t>> prompts;
+  try {
+    if (chat) {
+      prompts.push_back(tokenizer.encode(chat::encode_chat(request_.messages, request_.tools, request_.chat_options)));
+    } else {
+      for (const auto& p : request_.prompts)
+        prompts.push_back(p.is_tokens ? p.tokens : tokenizer.encode(p.text, /*add_bos=*/true));
+    }
+  } catch (const Error& e) {
+    throw invalid_request(e.what(), chat ? "messages" : "prompt");
+  }
+  const int64_t context = service_.scheduler_.options().max_context;
+  for (const auto& p : prompts) {
+    const int64_t length = int64_t(p.size());
+    const int64_t wanted = length + request_.max_tokens.value_or(1);
+    if (wanted > context) {
+      throw invalid_request("This model's maximum context length is " + std::to_string(context) +
+                                " tokens. However, you requested " + std::to_string(wanted) + " tokens (" +
+                                std::to_string(length) + " in the " + (chat ? "messages" : "prompt") + ", " +
+                                std::to_string(wanted - length) +
+                                " in the completion). Please reduce the length of the input or of max_tokens.",
+                            chat ? "messages" : "prompt", "context_length_exceeded");
+    }
+    prompt_lengths_.push_back(length);
+  }
+
+  // One scheduler request per choice: prompt-major, as OpenAI numbers the choices of a batch of prompts.
+  // A throw from a constructor skips the destructor, so a refused submission cancels the queued ones here.
+  try {
+    submit_all(prompts, chat);
+  } catch (...) {
+    cancel();
+    throw;
+  }
+  int64_t prompt_tokens = 0;
+  for (int64_t l : prompt_lengths_) prompt_tokens += l * request_.n;
+  service_.metrics_.add_prompt_tokens(prompt_tokens);
+}
+
+void CompletionJob::submit_all(const std::vector<std::vector<int32_t>>& prompts, bool chat) {
+  const int64_t context = service_.scheduler_.options().max_context;
+  const uint64_t seed = request_.seed_given ? request_.sampling.seed : std::random_device{}();
+  for (const auto& prompt : prompts) {
+    for (int64_t j = 0; j < request_.n; ++j) {
+      const size_t index = choices_.size();
+      choices_.push_back(std::make_unique<Choice>(
+          int64_t(index), OutputDecoder(service_.tokenizer_, chat, request_.chat_options.thinking, request_.stop)));
+      Choice& c = *choices_.back();
+      GenerationRequest g;
+      g.prompt = prompt;
+      g.max_tokens = request_.max_tokens.value_or(context - int64_t(prompt.size()));
+      g.sampling = request_.sampling;
+      g.sampling.seed = seed + uint64_t(index);
+      g.stop_at_eos = !request_.ignore_eos;
+      c.finished = true;  // until the scheduler has it
+      std::optional<Scheduler::RequestId> id;
+      try {
+        id = service_.scheduler_.submit(std::move(g), [inbox = inbox_, index](const GenerationEvent& e) {
+          {
+            std::lock_guard lock(inbox->mutex);
+            inbox->items.push_back({index, e, clock::now()});
+          }
+          inbox->ready.notify_one();
+        });
+      } catch (const Error& e) {
+        throw invalid_request(e.what());
+      }
+      if (!id) {
+        throw ApiError(429, "The server is overloaded: every sequence slot is busy and the queue is full. Retry later.",
+                       "rate_limit_error", "", "rate_limit_exceeded");
+      }
+      c.id = *id;
+      c.finished = false;
+    }
+  }
+}
+
+CompletionJob::~CompletionJob() { cancel(); }
+
+void CompletionJob::cancel() {
+  for (auto& c : choices_) {
+    if (c->finished) continue;
+    service_.scheduler_.cancel(c->id);
+    c->finished = true;
+    c->finish_reason = "abort";
+    service_.metrics_.finished("abort");
+  }
+}
+
+bool CompletionJob::all_finished() const {
+  for (const auto& c : choices_)
+    if (!c->finished) return false;
+  return true;
+}
+
+void CompletionJob::finish_choice(Choice& c, const std::string& reason, std::vector<std::string>& out) {
+  const ChatDelta rest = c.decoder.finish();
+  c.finished = true;
+  // A model that ended its turn after tool calls asks for them to be run.
+  c.finish_reason = reason == "stop" && !c.decoder.output().tool_calls.empty() ? "tool_calls" : reason;
+  service_.metrics_.observe_e2e(seconds(clock::now() - arrival_));
+  service_.metrics_.finished(c.finish_reason);
+  if (!request_.stream) return;
+  Json chunk = response_envelope(header_);
+  const bool chat = request_.endpoint == Endpoint::kChatCompletions;
+  if (!rest.empty()) {
+    chunk["choices"] = Json::array({chat ? chat_chunk_choice_json(c.index, rest, c.first_chunk, "")
+                                         : text_choice_json(c.index, rest.content, "")});
+    c.first_chunk = false;
+    out.push_back(chunk.dump());
+  }
+  chunk["choices"] = Json::array({chat ? chat_chunk_choice_json(c.index, {}, c.first_chunk, c.finish_reason)
+                                       : text_choice_json(c.index, "", c.finish_reason)});
+  c.first_chunk = false;
+  out.push_back(chunk.dump());
+}
+
+void CompletionJob::handle(size_t index, const GenerationEvent& event, clock::time_point at,
+                           std::vector<std::string>& out) {
+  Choice& c = *choices_[index];
+  if (c.finished) return;  // stopped here (stop string, cancel) before the engine heard of it
+  Metrics& metrics = service_.metrics_;
+  if (event.token) {
+    metrics.add_generation_tokens(1);
+    if (c.generated == 0) metrics.observe_ttft(seconds(at - arrival_));
+    else metrics.observe_itl(seconds(at - c.last_token));
+    c.last_token = at;
+    ++c.generated;
+    const ChatDelta delta = c.decoder.push(*event.token);
+    const bool chat = request_.endpoint == Endpoint::kChatCompletions;
+    if (request_.stream && (!delta.empty() || (chat && c.first_chunk))) {
+      Json chunk = response_envelope(header_);
+      chunk["choices"] = Json::array({chat ? chat_chunk_choice_json(c.index, delta, c.first_chunk, "")
+                                           : text_choice_json(c.index, delta.content, "")});
+      c.first_chunk = false;
+      out.push_back(chunk.dump());
+    }
+    if (c.decoder.stopped()) {
+      service_.scheduler_.cancel(c.id);
+      finish_choice(c, "stop", out);
+    }
+    return;
+  }
+  switch (*event.finished) {
+    case FinishReason::kLength: finish_choice(c, "length", out); break;
+    case FinishReason::kEos: finish_choice(c, "stop", out); break;
+    case FinishReason::kCancelled: finish_choice(c, "abort", out); break;
+    case FinishReason::kError:
+      error_ = event.error;
+      finish_choice(c, "error", out);
+      if (request_.stream) {
+        out.push_back(error_body(ApiError(500, "generation failed: " + event.error, "server_error")).dump());
+      }
+      break;
+  }
+}
+
+std::vector<std::string> CompletionJob::drain(std::chrono::milliseconds wait) {
+  std::deque<Inbox::Item> items;
+  {
+    std::unique_lock lock(inbox_->mutex);
+    inbox_->ready.wait_for(lock, wait, [&] { return !inbox_->items.empty(); });
+    items.swap(inbox_->items);
+  }
+  std::vector<std::string> out;
+  for (const auto& item : items) handle(item.choice, item.event, item.at, out);
+  return out;
+}
+
+std::vector<std::string> CompletionJob::poll(std::chrono::milliseconds wait) {
+  if (done_sent_) return {};
+  std::vector<std::string> out = drain(wait);
+  if (all_finished()) {
+    if (request_.include_usage) {
+      Json chunk = response_envelope(header_);
+      chunk["choices"] = Json::array();
+      Usage usage;
+      for (int64_t l : prompt_lengths_) usage.prompt_tokens += l;
+      for (const auto& c : choices_) usage.completion_tokens += c->generated;
+      chunk["usage"] = usage_json(usage);
+      out.push_back(chunk.dump());
+    }
+    out.push_back("[DONE]");
+    done_sent_ = true;
+  }
+  return out;
+}
+
+Json CompletionJob::wait() {
+  while (!all_finished()) drain(std::chrono::seconds(1));
+  if (!error_.empty()) throw ApiError(500, "generation failed: " + error_, "server_error");
+  Json body = response_envelope(header_);
+  Json choices = Json::array();
+  Usage usage;
+  for (int64_t l : prompt_lengths_) usage.prompt_tokens += l;
+  for (const auto& c : choices_) {
+    ChatChoice out = c->decoder.output();
+    out.finish_reason = c->finish_reason;
+    choices.push_back(request_.endpoint == Endpoint::kChatCompletions ? chat_choice_json(c->index, out)
+                                                                      : text_choice_json(c->index, out.content,
+                                                                                         out.finish_reason));
+    usage.completion_tokens += c->generated;
+  }
+  body["choices"] = choices;
+  body["usage"] = usage_json(usage);
+  return body;
+}
+
+}  // namespace dsv4::server

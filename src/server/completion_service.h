@@ -1,0 +1,89 @@
+// Between the API and the engine queue: turns a parsed request into prompt tokens and scheduler requests (one
+// per choice), and the scheduler's token events back into OpenAI responses or stream chunks. Knows nothing of
+// HTTP: the transport hands it a body and gets back JSON, or SSE payloads to send as they come.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/scheduler.h"
+#include "server/metrics.h"
+#include "server/openai_api.h"
+#include "server/output_decoder.h"
+#include "tokenizer/tokenizer.h"
+
+namespace dsv4::server {
+
+struct ServiceOptions {
+  std::string model_name;   // what /v1/models lists and requests must name
+  SamplingParams defaults;  // sampling for fields a request leaves out (the model's generation_config.json)
+};
+
+class CompletionJob;
+
+class CompletionService {
+ public:
+  CompletionService(Scheduler& scheduler, const Tokenizer& tokenizer, Metrics& metrics, ServiceOptions options);
+
+  // Parses and validates a request body and queues its choices. Throws ApiError: 400 for a bad request or a
+  // prompt that does not fit the context, 404 for an unknown model, 429 when the queue is full.
+  std::unique_ptr<CompletionJob> start(Endpoint endpoint, const std::string& body);
+
+  Json models() const;         // GET /v1/models
+  std::string metrics() const;  // GET /metrics
+
+ private:
+  friend class CompletionJob;
+  Scheduler& scheduler_;
+  const Tokenizer& tokenizer_;
+  Metrics& metrics_;
+  ServiceOptions options_;
+  int64_t created_;  // the model's "created" time in /v1/models
+};
+
+// One request in flight: its choices in the scheduler and their output so far. Used by one HTTP thread.
+class CompletionJob {
+ public:
+  ~CompletionJob();  // cancels the choices still generating
+  bool stream() const { return request_.stream; }
+
+  // Streaming: waits up to `wait` for tokens and returns the SSE data payloads they produced (chunk JSON
+  // texts, an error object if the engine failed, the usage chunk, and "[DONE]" last). Empty on timeout.
+  std::vector<std::string> poll(std::chrono::milliseconds wait);
+  bool done() const { return done_sent_; }
+  // Non-streaming: waits for every choice and returns the response body. Throws ApiError (500) when the
+  // engine failed.
+  Json wait();
+  // The client went away: stop generating (frees the slots).
+  void cancel();
+
+ private:
+  friend class CompletionService;
+  struct Inbox;
+  struct Choice;
+  CompletionJob(CompletionService& service, CompletionRequest request);
+  void submit_all(const std::vector<std::vector<int32_t>>& prompts, bool chat);
+  // Applies one engine event to its choice; stream chunks go to `out` when streaming.
+  void handle(size_t choice, const GenerationEvent& event, std::chrono::steady_clock::time_point at,
+              std::vector<std::string>& out);
+  void finish_choice(Choice& c, const std::string& reason, std::vector<std::string>& out);
+  bool all_finished() const;
+  std::vector<std::string> drain(std::chrono::milliseconds wait);
+
+  CompletionService& service_;
+  CompletionRequest request_;
+  ResponseHeader header_;
+  std::chrono::steady_clock::time_point arrival_;
+  std::shared_ptr<Inbox> inbox_;  // shared with the scheduler's sinks, which may outlive the job
+  std::vector<std::unique_ptr<Choice>> choices_;
+  std::vector<int64_t> prompt_lengths_;  // per prompt (usage counts each prompt once, not once per choice)
+  std::string error_;                    // the engine's error, if any choice failed
+  bool done_sent_ = false;
+};
+
+}  // namespace dsv4::server

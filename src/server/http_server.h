@@ -1,0 +1,39 @@
+// The HTTP transport (cpp-httplib): routes, JSON bodies, Server-Sent Events for streams, and OpenAI-shaped
+// errors for everything that goes wrong. A client that disconnects mid-stream is noticed when a write fails
+// (an idle stream sends an SSE comment every second to find out) and its request is cancelled.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "server/completion_service.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace dsv4::server {
+
+struct HttpOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0: any free port
+  int threads = 64;  // concurrent connections served; a stream holds one for its whole length
+};
+
+class HttpServer {
+ public:
+  HttpServer(CompletionService& service, const HttpOptions& options);
+  ~HttpServer();
+
+  int bind();   // binds the socket; returns the port (useful with port 0). Throws Error when it cannot.
+  void serve();  // blocks until stop()
+  void stop();   // from any thread
+
+ private:
+  CompletionService& service_;
+  HttpOptions options_;
+  std::unique_ptr<httplib::Server> http_;
+  int listen_socket_ = -1;
+};
+
+}  // namespace dsv4::server

@@ -1,0 +1,112 @@
+#include "server/metrics.h"
+
+#include <algorithm>
+#include <charconv>
+
+namespace dsv4::server {
+
+namespace {
+
+// The shortest text that reads back as v ("0.005", not "0.0050000000000000001").
+std::string number(double v) {
+  char buf[64];
+  const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+  return std::string(buf, end);
+}
+
+void metric(std::string& out, const std::string& name, const char* type, const std::string& help) {
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+void gauge(std::string& out, const std::string& name, const std::string& help, double value) {
+  metric(out, name, "gauge", help);
+  out += name + " " + number(value) + "\n";
+}
+
+void counter(std::string& out, const std::string& name, const std::string& help, double value) {
+  metric(out, name, "counter", help);
+  out += name + " " + number(value) + "\n";
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double seconds) {
+  const size_t bucket = size_t(std::lower_bound(bounds_.begin(), bounds_.end(), seconds) - bounds_.begin());
+  ++counts_[bucket];
+  sum_ += seconds;
+  ++count_;
+}
+
+void Histogram::render(std::string& out, const std::string& name, const std::string& help) const {
+  metric(out, name, "histogram", help);
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < counts_.size(); ++i) {
+    cumulative += counts_[i];
+    const std::string le = i < bounds_.size() ? number(bounds_[i]) : "+Inf";
+    out += name + "_bucket{le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  out += name + "_sum " + number(sum_) + "\n" + name + "_count " + std::to_string(count_) + "\n";
+}
+
+// Buckets as vLLM's: first token and end-to-end spread over minutes, inter-token latency over milliseconds.
+Metrics::Metrics()
+    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+             80.0, 160.0, 640.0, 2560.0}),
+      itl_({0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}),
+      e2e_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+            960.0, 1920.0, 7680.0}) {}
+
+void Metrics::add_prompt_tokens(int64_t n) {
+  std::lock_guard lock(mutex_);
+  prompt_tokens_ += n;
+}
+void Metrics::add_generation_tokens(int64_t n) {
+  std::lock_guard lock(mutex_);
+  generation_tokens_ += n;
+}
+void Metrics::observe_ttft(double s) {
+  std::lock_guard lock(mutex_);
+  ttft_.observe(s);
+}
+void Metrics::observe_itl(double s) {
+  std::lock_guard lock(mutex_);
+  itl_.observe(s);
+}
+void Metrics::observe_e2e(double s) {
+  std::lock_guard lock(mutex_);
+  e2e_.observe(s);
+}
+void Metrics::finished(const std::string& reason) {
+  std::lock_guard lock(mutex_);
+  ++finished_[reason];
+}
+
+std::string Metrics::render(const SchedulerStats& s, int64_t max_context) const {
+  std::lock_guard lock(mutex_);
+  std::string out;
+  gauge(out, "dsv4:num_requests_running", "Sequences in the running batch (prefilling or decoding).", double(s.running));
+  gauge(out, "dsv4:num_requests_waiting", "Sequences queued for a free slot.", double(s.waiting));
+  gauge(out, "dsv4:kv_cache_usage_perc",
+        "Fraction of the preallocated sequence slots (KV and compressor state) in use, 0 to 1.",
+        s.slots ? double(s.running) / double(s.slots) : 0.0);
+  gauge(out, "dsv4:kv_cache_tokens_usage_perc", "Fraction of the slots' token capacity filled by running sequences.",
+        s.slots ? double(s.tokens_in_slots) / double(s.slots * max_context) : 0.0);
+  counter(out, "dsv4:prompt_tokens_total", "Prompt tokens of admitted requests.", double(prompt_tokens_));
+  counter(out, "dsv4:generation_tokens_total", "Generated tokens.", double(generation_tokens_));
+  counter(out, "dsv4:engine_steps_total", "Batched forward steps run.", double(s.steps));
+  counter(out, "dsv4:engine_step_tokens_total", "Tokens (rows) of those steps: prompt chunks and decodes.",
+          double(s.step_tokens));
+  counter(out, "dsv4:engine_step_seconds_total", "Time spent in forward steps and sampling (engine busy time).",
+          s.step_seconds);
+  metric(out, "dsv4:request_success_total", "counter", "Finished sequences by finish reason.");
+  for (const auto& [reason, count] : finished_)
+    out += "dsv4:request_success_total{finished_reason=\"" + reason + "\"} " + std::to_string(count) + "\n";
+  ttft_.render(out, "dsv4:time_to_first_token_seconds", "Time to first token.");
+  itl_.render(out, "dsv4:inter_token_latency_seconds", "Time between consecutive generated tokens.");
+  e2e_.render(out, "dsv4:e2e_request_latency_seconds", "End-to-end request latency.");
+  return out;
+}
+
+}  // namespace dsv4::server

@@ -1,0 +1,120 @@
+// The OpenAI API schema: request bodies of /v1/chat/completions and /v1/completions parsed and validated into
+// plain structs, and the response objects, stream chunks and errors serialized. No HTTP and no engine here:
+// every problem with a request becomes an ApiError carrying the status and the OpenAI error fields.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "chat/chat_encoding.h"
+#include "sampler/sampler.h"
+
+namespace dsv4::server {
+
+// Ordered: responses keep the field order of OpenAI's documentation, and tool schemas keep theirs (the prompt
+// renders them in the order given).
+using Json = nlohmann::ordered_json;
+
+// {"error": {"message", "type", "param", "code"}} with an HTTP status.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, std::string message, std::string type, std::string param = {}, std::string code = {})
+      : std::runtime_error(message), status(status), type(std::move(type)), param(std::move(param)),
+        code(std::move(code)) {}
+  int status;
+  std::string type;
+  std::string param;  // the offending request field, empty when none
+  std::string code;
+};
+
+// 400 invalid_request_error about `param`.
+ApiError invalid_request(const std::string& message, const std::string& param = {},
+                         const std::string& code = "invalid_value");
+Json error_body(const ApiError& error);
+
+enum class Endpoint { kChatCompletions, kCompletions };
+
+struct CompletionRequest {
+  Endpoint endpoint = Endpoint::kChatCompletions;
+  std::string model;
+
+  // /v1/chat/completions
+  std::vector<chat::Message> messages;
+  std::vector<chat::Tool> tools;       // empty with tool_choice "none"
+  chat::ChatOptions chat_options;      // thinking mode and reasoning effort
+
+  // /v1/completions: one entry per prompt, each either text or token ids
+  struct Prompt {
+    std::string text;
+    std::vector<int32_t> tokens;
+    bool is_tokens = false;
+  };
+  std::vector<Prompt> prompts;
+
+  std::optional<int64_t> max_tokens;  // absent: as many as the context allows
+  SamplingParams sampling;            // fields not given keep the server's defaults
+  bool seed_given = false;
+  std::vector<std::string> stop;
+  int64_t n = 1;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool ignore_eos = false;
+};
+
+// Parses a request body; `defaults` are the sampling parameters used for fields the request leaves out.
+// Throws ApiError (400) naming the field on malformed JSON, missing or wrong-typed fields and values out of
+// range, and for features this server does not implement (logprobs, echo, suffix, best_of > n, ...).
+CompletionRequest parse_request(Endpoint endpoint, const std::string& body, const SamplingParams& defaults);
+
+// One streamed piece of a chat choice's output.
+struct ToolCallDelta {
+  int64_t index = 0;  // position of the call in the choice's tool_calls
+  std::string id;     // set on the call's first delta, with the name
+  std::string name;
+  std::string arguments;  // the newly arrived part of the JSON arguments text
+};
+struct ChatDelta {
+  std::string reasoning;
+  std::string content;
+  std::vector<ToolCallDelta> tool_calls;
+  bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty(); }
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+Json usage_json(const Usage& usage);
+
+// The envelope shared by responses and chunks: id, object, created, model.
+struct ResponseHeader {
+  std::string id;  // "chatcmpl-…" / "cmpl-…"
+  std::string object;
+  int64_t created = 0;
+  std::string model;
+};
+Json response_envelope(const ResponseHeader& header);
+
+// A finished chat choice: {"index", "message": {"role", "content", ["reasoning_content"], ["tool_calls"]},
+// "logprobs": null, "finish_reason"}.
+struct ChatChoice {
+  std::string reasoning;
+  std::string content;
+  std::vector<chat::ToolCall> tool_calls;  // id, name, arguments
+  std::string finish_reason;
+};
+Json chat_choice_json(int64_t index, const ChatChoice& choice);
+// A chat.completion.chunk choice: {"index", "delta": {...}, "logprobs": null, "finish_reason"}.
+Json chat_chunk_choice_json(int64_t index, const ChatDelta& delta, bool first, const std::string& finish_reason);
+// A text_completion choice (whole or streamed): {"index", "text", "logprobs": null, "finish_reason"}.
+Json text_choice_json(int64_t index, const std::string& text, const std::string& finish_reason);
+
+// prefix + 24 random alphanumerics, as OpenAI's ids look ("chatcmpl-…", "call_…").
+std::string random_id(const std::string& prefix);
+
+}  // namespace dsv4::server

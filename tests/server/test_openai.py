@@ -1,0 +1,408 @@
+"""`dsv4 serve` driven by the official `openai` Python client (and raw HTTP where the client would hide the
+details), on the shipped tiny model on the CPU.
+
+Run by ctest (tests/server/tests.cmake) with the venv that tools/setup makes:
+    DSV4_CLI=build/bin/dsv4 build/venv/bin/python -m unittest -v tests/server/test_openai.py
+Each test class starts its own server on a free port and stops it at the end.
+"""
+
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+import unittest
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+
+DSV4 = os.environ.get("DSV4_CLI", os.path.join(os.path.dirname(__file__), "../../build/bin/dsv4"))
+MODEL = "tiny"
+
+
+class Server:
+    """A `dsv4 serve` subprocess on a free port (--port 0; the port is read from its first stderr line)."""
+
+    def __init__(self, *args):
+        self.proc = subprocess.Popen([DSV4, "serve", "--backend", "cpu", "--port", "0", *args],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.log = []
+        line = self.proc.stderr.readline()
+        match = re.search(r"listening on (http://\S+)", line)
+        if not match:
+            self.proc.kill()
+            raise RuntimeError(f"dsv4 serve did not start: {line}{self.proc.stderr.read()}")
+        self.url = match.group(1)
+        threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        self.http = httpx.Client(base_url=self.url, timeout=300)
+
+    def metric(self, name):
+        text = self.http.get("/metrics").text
+        match = re.search(r"^" + re.escape(name) + r" (\S+)$", text, re.M)
+        return float(match.group(1)) if match else None
+
+    def stop(self):
+        self.http.close()
+        self.client.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return self.proc.returncode
+
+
+def chat(text):
+    return [{"role": "user", "content": text}]
+
+
+PROMPTS = [
+    "It is a truth universally acknowledged",
+    "Mr. Darcy",
+    "Elizabeth walked",
+    "The ball at Netherfield",
+    "My dear Miss Bennet, said he,",
+    "Emma Woodhouse, handsome, clever, and rich,",
+    "She was",
+    "Captain Wentworth",
+]
+
+
+class ServerCase(unittest.TestCase):
+    server_args = ()
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server(*cls.server_args)
+        cls.client = cls.server.client
+
+    @classmethod
+    def tearDownClass(cls):
+        code = cls.server.stop()
+        if code != 0:
+            raise AssertionError(f"dsv4 serve exited with {code}:\n{''.join(cls.server.log)}")
+
+
+class TestApi(ServerCase):
+    """Endpoints, streaming, sampling parameters, thinking mode and tools, one request at a time."""
+
+    def test_models_health_metrics(self):
+        self.assertEqual([m.id for m in self.client.models.list()], [MODEL])
+        self.assertEqual(self.server.http.get("/health").status_code, 200)
+        self.client.completions.create(model=MODEL, prompt="Mr. Darcy", max_tokens=3, temperature=0)
+        text = self.server.http.get("/metrics").text
+        for name in ["dsv4:num_requests_running", "dsv4:num_requests_waiting", "dsv4:kv_cache_usage_perc",
+                     "dsv4:prompt_tokens_total", "dsv4:generation_tokens_total",
+                     "dsv4:time_to_first_token_seconds_bucket", "dsv4:inter_token_latency_seconds_bucket",
+                     "dsv4:e2e_request_latency_seconds_count"]:
+            self.assertIn(name, text)
+        self.assertGreaterEqual(self.server.metric("dsv4:generation_tokens_total"), 3)
+
+    def test_chat_non_streaming_and_streaming_agree(self):
+        whole = self.client.chat.completions.create(model=MODEL, messages=chat("How do you do?"), max_tokens=12,
+                                                    temperature=0)
+        choice = whole.choices[0]
+        self.assertEqual(whole.object, "chat.completion")
+        self.assertEqual(choice.message.role, "assistant")
+        self.assertEqual(choice.finish_reason, "length")
+        self.assertTrue(choice.message.content)
+        self.assertEqual(whole.usage.completion_tokens, 12)
+        self.assertEqual(whole.usage.total_tokens, whole.usage.prompt_tokens + 12)
+
+        stream = self.client.chat.completions.create(model=MODEL, messages=chat("How do you do?"), max_tokens=12,
+                                                     temperature=0, stream=True,
+                                                     stream_options={"include_usage": True})
+        chunks = list(stream)
+        self.assertTrue(all(c.object == "chat.completion.chunk" for c in chunks))
+        self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        self.assertEqual(text, choice.message.content)
+        self.assertEqual([c.choices[0].finish_reason for c in chunks if c.choices][-1], "length")
+        self.assertEqual(chunks[-1].choices, [])
+        self.assertEqual(chunks[-1].usage.completion_tokens, 12)
+        self.assertEqual(chunks[-1].usage.prompt_tokens, whole.usage.prompt_tokens)
+
+    def test_completions_non_streaming_and_streaming_agree(self):
+        whole = self.client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0)
+        self.assertEqual(whole.object, "text_completion")
+        self.assertEqual(whole.choices[0].finish_reason, "length")
+        self.assertEqual(whole.usage.completion_tokens, 16)
+        chunks = list(self.client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0,
+                                                     stream=True))
+        self.assertEqual("".join(c.choices[0].text for c in chunks), whole.choices[0].text)
+        self.assertEqual(chunks[-1].choices[0].finish_reason, "length")
+        # The same greedy continuation as the CLI.
+        cli = subprocess.run([DSV4, "generate", "--backend", "cpu", "-p", PROMPTS[0], "--max-tokens", "16",
+                              "--temperature", "0"], capture_output=True, text=True, check=True).stdout
+        self.assertEqual(cli.rstrip("\n"), PROMPTS[0] + whole.choices[0].text)
+
+    def test_raw_stream_ends_with_done(self):
+        body = {"model": MODEL, "prompt": "She was", "max_tokens": 4, "temperature": 0, "stream": True}
+        with self.server.http.stream("POST", "/v1/completions", json=body) as r:
+            self.assertEqual(r.status_code, 200)
+            self.assertTrue(r.headers["content-type"].startswith("text/event-stream"))
+            events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+        self.assertEqual(events[-1], "[DONE]")
+        self.assertEqual(len([e for e in events[:-1] if json.loads(e)["choices"][0]["text"]]), 4)
+
+    def test_prompt_as_token_ids_and_batches(self):
+        ids = [0, 422, 318, 257]  # BOS and three tokens of the tiny vocabulary
+        single = self.client.completions.create(model=MODEL, prompt=ids, max_tokens=5, temperature=0)
+        batch = self.client.completions.create(model=MODEL, prompt=[ids, PROMPTS[1]], max_tokens=5, temperature=0)
+        self.assertEqual(single.usage.prompt_tokens, 4)
+        self.assertEqual([c.index for c in batch.choices], [0, 1])
+        self.assertEqual(batch.choices[0].text, single.choices[0].text)
+
+    def test_stop_strings(self):
+        full = self.client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0)
+        text = full.choices[0].text
+        stop = text[len(text) // 2:len(text) // 2 + 3]
+        cut = self.client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0,
+                                             stop=[stop])
+        self.assertEqual(cut.choices[0].finish_reason, "stop")
+        self.assertEqual(cut.choices[0].text, text[:text.index(stop)])
+        streamed = self.client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0,
+                                                  stop=stop, stream=True)
+        self.assertEqual("".join(c.choices[0].text for c in streamed), cut.choices[0].text)
+
+    def test_sampling_parameters(self):
+        kw = dict(model=MODEL, prompt=PROMPTS[2], max_tokens=10, temperature=1.0, top_p=0.9, seed=1234,
+                  frequency_penalty=0.5, presence_penalty=0.3,
+                  extra_body={"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1})
+        a = self.client.completions.create(**kw)
+        b = self.client.completions.create(**kw)
+        self.assertEqual(a.choices[0].text, b.choices[0].text)  # seeded: reproducible
+        n = self.client.completions.create(**{**kw, "n": 3})
+        self.assertEqual([c.index for c in n.choices], [0, 1, 2])
+        self.assertEqual(n.choices[0].text, a.choices[0].text)  # choice i draws with seed + i
+        self.assertEqual(n.usage.completion_tokens, 30)
+        ignore = self.client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=40, temperature=0,
+                                                extra_body={"ignore_eos": True})
+        self.assertEqual(ignore.usage.completion_tokens, 40)
+
+    def test_thinking_mode(self):
+        plain = self.client.chat.completions.create(model=MODEL, messages=chat("Why?"), max_tokens=8, temperature=0)
+        self.assertIsNone((plain.choices[0].message.model_extra or {}).get("reasoning_content"))
+        for extra in ({"chat_template_kwargs": {"thinking": True}}, {"reasoning_effort": "max"}):
+            with self.subTest(extra=extra):
+                r = self.client.chat.completions.create(model=MODEL, messages=chat("Why?"), max_tokens=8,
+                                                        temperature=0, extra_body=extra)
+                message = r.choices[0].message
+                # The tiny model never closes </think>: everything it writes is reasoning.
+                self.assertTrue(message.model_extra["reasoning_content"])
+                self.assertFalse(message.content)
+                stream = self.client.chat.completions.create(model=MODEL, messages=chat("Why?"), max_tokens=8,
+                                                             temperature=0, extra_body=extra, stream=True)
+                reasoning = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or ""
+                                    for c in stream if c.choices)
+                self.assertEqual(reasoning, message.model_extra["reasoning_content"])
+        # "max" adds DeepSeek's maximum-effort paragraph to the prompt.
+        high = self.client.chat.completions.create(model=MODEL, messages=chat("Why?"), max_tokens=1,
+                                                   reasoning_effort="high")
+        most = self.client.chat.completions.create(model=MODEL, messages=chat("Why?"), max_tokens=1,
+                                                   reasoning_effort="max")
+        self.assertGreater(most.usage.prompt_tokens, high.usage.prompt_tokens + 20)
+
+    def test_tool_call_round_trip(self):
+        tools = [{"type": "function", "function": {
+            "name": "get_weather", "description": "Weather of a town",
+            "parameters": {"type": "object", "properties": {"town": {"type": "string"}}, "required": ["town"]}}}]
+        ask = chat("What is the weather in Bath?")
+        first = self.client.chat.completions.create(model=MODEL, messages=ask, tools=tools, max_tokens=6,
+                                                    temperature=0)
+        none = self.client.chat.completions.create(model=MODEL, messages=ask, tools=tools, tool_choice="none",
+                                                   max_tokens=6, temperature=0)
+        # The tool schemas are part of the prompt unless tool_choice is "none".
+        self.assertGreater(first.usage.prompt_tokens, none.usage.prompt_tokens + 50)
+        # The assistant's call and the tool's result go back in, as a client does after running the tool.
+        call = {"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"town": "Bath"})}}
+        history = ask + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": "call_1", "content": "Rain, 12 degrees"}]
+        second = self.client.chat.completions.create(model=MODEL, messages=history, tools=tools, max_tokens=6,
+                                                     temperature=0)
+        self.assertEqual(second.choices[0].finish_reason, "length")
+        self.assertGreater(second.usage.prompt_tokens, first.usage.prompt_tokens)
+        streamed = self.client.chat.completions.create(model=MODEL, messages=history, tools=tools, max_tokens=6,
+                                                       temperature=0, stream=True)
+        self.assertEqual("".join(c.choices[0].delta.content or "" for c in streamed if c.choices),
+                         second.choices[0].message.content)
+        # The model's own DSML tool calls become tool_calls: tests/server/test_server.cpp (the tiny model never
+        # writes DSML, so that direction is tested below the HTTP layer with the same code path).
+
+
+class TestConcurrency(ServerCase):
+    """32 clients at once give the same greedy outputs as the same requests one at a time."""
+    server_args = ("--max-seqs", "16")  # 32 clients: half run, half queue
+
+    def requests(self):
+        long_prompt = " ".join(PROMPTS) * 2  # ~150 tokens: three prefill chunks of the 64-token step
+        out = []
+        for i in range(32):
+            prompt = long_prompt if i % 8 == 3 else PROMPTS[i % len(PROMPTS)] + " " * (i // 8)
+            kind = ("chat", "completion")[i % 2]
+            out.append((kind, prompt, 6 + i % 4, i % 3 == 0))
+        return out
+
+    def run_one(self, kind, prompt, max_tokens, stream):
+        if kind == "chat":
+            kw = dict(model=MODEL, messages=chat(prompt), max_tokens=max_tokens, temperature=0)
+            if not stream:
+                return self.client.chat.completions.create(**kw).choices[0].message.content
+            return "".join(c.choices[0].delta.content or ""
+                           for c in self.client.chat.completions.create(**kw, stream=True) if c.choices)
+        kw = dict(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0)
+        if not stream:
+            return self.client.completions.create(**kw).choices[0].text
+        return "".join(c.choices[0].text for c in self.client.completions.create(**kw, stream=True))
+
+    def test_concurrent_equals_sequential(self):
+        reqs = self.requests()
+        sequential = [self.run_one(*r) for r in reqs]
+        steps_before = self.server.metric("dsv4:engine_steps_total")
+        with ThreadPoolExecutor(max_workers=32) as pool:
+            concurrent = list(pool.map(lambda r: self.run_one(*r), reqs))
+        for i, (a, b) in enumerate(zip(sequential, concurrent)):
+            self.assertEqual(a, b, f"request {i} {reqs[i]}")
+        # They really were batched: far fewer steps than the tokens generated.
+        steps = self.server.metric("dsv4:engine_steps_total") - steps_before
+        tokens = sum(r[2] for r in reqs)
+        self.assertLess(steps, tokens / 2)
+        self.assertEqual(self.server.metric("dsv4:num_requests_running"), 0)
+
+
+class TestRobustness(ServerCase):
+    """Bad requests get OpenAI errors with the right status, a vanished client frees its slot, the server
+    stays up."""
+    server_args = ("--max-context", "512")
+
+    def post(self, path, body):
+        content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+        return self.server.http.post(path, content=content, headers={"content-type": "application/json"})
+
+    def assert_error(self, response, status, param=None):
+        self.assertEqual(response.status_code, status, response.text)
+        error = response.json()["error"]
+        self.assertEqual(set(error), {"message", "type", "param", "code"})
+        self.assertTrue(error["message"])
+        if param is not None:
+            self.assertEqual(error["param"], param)
+        return error
+
+    def test_bad_requests(self):
+        ok = {"model": MODEL, "messages": chat("Hello"), "max_tokens": 4}
+        cases = [
+            ("/v1/chat/completions", "{not json", 400, None),
+            ("/v1/chat/completions", "[1, 2]", 400, None),
+            ("/v1/chat/completions", {"model": MODEL}, 400, "messages"),
+            ("/v1/chat/completions", {"messages": chat("Hi")}, 400, "model"),
+            ("/v1/chat/completions", {**ok, "model": 7}, 400, "model"),
+            ("/v1/chat/completions", {**ok, "messages": "Hello"}, 400, "messages"),
+            ("/v1/chat/completions", {**ok, "messages": []}, 400, "messages"),
+            ("/v1/chat/completions", {**ok, "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0]"),
+            ("/v1/chat/completions", {**ok, "messages": [{"content": "x"}]}, 400, "messages[0]"),
+            ("/v1/chat/completions", {**ok, "messages": [{"role": "user", "content": 5}]}, 400, "messages[0]"),
+            ("/v1/chat/completions", {**ok, "temperature": "hot"}, 400, "temperature"),
+            ("/v1/chat/completions", {**ok, "temperature": -1}, 400, "temperature"),
+            ("/v1/chat/completions", {**ok, "top_p": 0}, 400, "top_p"),
+            ("/v1/chat/completions", {**ok, "top_k": 2.5}, 400, "top_k"),
+            ("/v1/chat/completions", {**ok, "stream": "yes"}, 400, "stream"),
+            ("/v1/chat/completions", {**ok, "stream_options": {"include_usage": True}}, 400, "stream_options"),
+            ("/v1/chat/completions", {**ok, "stop": 5}, 400, "stop"),
+            ("/v1/chat/completions", {**ok, "n": 0}, 400, "n"),
+            ("/v1/chat/completions", {**ok, "seed": "x"}, 400, "seed"),
+            ("/v1/chat/completions", {**ok, "max_tokens": -5}, 400, "max_tokens"),
+            ("/v1/chat/completions", {**ok, "max_tokens": 0}, 400, "max_tokens"),
+            ("/v1/chat/completions", {**ok, "max_tokens": 2.5}, 400, "max_tokens"),
+            ("/v1/chat/completions", {**ok, "max_tokens": 10 ** 30}, 400, "max_tokens"),
+            ("/v1/chat/completions", {**ok, "max_tokens": 100000}, 400, "messages"),  # beyond the context
+            ("/v1/chat/completions", {**ok, "messages": chat("word " * 2000)}, 400, "messages"),
+            ("/v1/chat/completions", {**ok, "tools": [{"type": "function"}]}, 400, "tools[0]"),
+            ("/v1/chat/completions", {**ok, "tool_choice": "required"}, 400, "tool_choice"),
+            ("/v1/chat/completions", {**ok, "reasoning_effort": "extreme"}, 400, "reasoning_effort"),
+            ("/v1/chat/completions", {**ok, "logprobs": True}, 400, "logprobs"),
+            ("/v1/chat/completions", {**ok, "messages": [{"role": "system", "content": "x"}]}, 400, "messages"),
+            ("/v1/completions", {"model": MODEL, "max_tokens": 4}, 400, "prompt"),
+            ("/v1/completions", {"model": MODEL, "prompt": ""}, 400, "prompt"),
+            ("/v1/completions", {"model": MODEL, "prompt": [1, -2]}, 400, "prompt"),
+            ("/v1/completions", {"model": MODEL, "prompt": [99999999]}, 400, None),  # outside the vocabulary
+            ("/v1/completions", {"model": MODEL, "prompt": "word " * 2000}, 400, "prompt"),
+            ("/v1/completions", {"model": MODEL, "prompt": "x", "echo": True}, 400, "echo"),
+            ("/v1/chat/completions", {**ok, "model": "gpt-4"}, 404, "model"),
+            ("/v1/completions", {"model": "gpt-4", "prompt": "x"}, 404, "model"),
+        ]
+        for path, body, status, param in cases:
+            with self.subTest(path=path, body=str(body)[:80]):
+                self.assert_error(self.post(path, body), status, param)
+        ctx = self.assert_error(self.post("/v1/completions", {"model": MODEL, "prompt": "word " * 2000}), 400)
+        self.assertEqual(ctx["code"], "context_length_exceeded")
+        self.assert_error(self.server.http.get("/v1/nothing"), 404)
+        self.assert_error(self.server.http.get("/v1/chat/completions"), 404)
+        # The official client raises the matching exceptions.
+        with self.assertRaises(openai.NotFoundError):
+            self.client.chat.completions.create(model="gpt-4", messages=chat("Hi"), max_tokens=2)
+        with self.assertRaises(openai.BadRequestError):
+            self.client.completions.create(model=MODEL, prompt="Hi", max_tokens=-1)
+        # Still serving.
+        self.assertEqual(self.server.http.get("/health").status_code, 200)
+        r = self.client.chat.completions.create(model=MODEL, messages=chat("Hi"), max_tokens=3)
+        self.assertEqual(r.usage.completion_tokens, 3)
+
+    def wait_idle(self):
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.server.metric("dsv4:num_requests_running") == 0 and \
+                    self.server.metric("dsv4:num_requests_waiting") == 0:
+                return True
+            time.sleep(0.1)
+        return False
+
+    def test_client_disconnects_mid_stream(self):
+        aborted = 'dsv4:request_success_total{finished_reason="abort"}'
+        before = self.server.metric(aborted) or 0
+        steps_before = self.server.metric("dsv4:engine_steps_total")
+        for path, fields in (("/v1/chat/completions", {"messages": chat("Tell me a long story")}),
+                             ("/v1/completions", {"prompt": PROMPTS[3]})):
+            body = {"model": MODEL, "max_tokens": 400, "temperature": 0, "stream": True, "ignore_eos": True, **fields}
+            with httpx.Client(base_url=self.server.url, timeout=60) as http:
+                with http.stream("POST", path, json=body) as r:
+                    events = 0
+                    for line in r.iter_lines():
+                        events += line.startswith("data: ")
+                        if events == 3:
+                            break
+            # Closed after 3 of 400 tokens: the request must leave the batch well before it could finish.
+            self.assertTrue(self.wait_idle(), "the cancelled request still holds its slot")
+        self.assertGreaterEqual(self.server.metric(aborted), before + 2)
+        # Uncancelled, the two requests would have taken 800 steps.
+        self.assertLess(self.server.metric("dsv4:engine_steps_total") - steps_before, 200)
+        r = self.client.completions.create(model=MODEL, prompt="She was", max_tokens=3)
+        self.assertEqual(r.usage.completion_tokens, 3)
+
+
+class TestOverload(ServerCase):
+    """One slot and no queue: a second request while the first streams is refused with 429, and the server
+    serves again once the first is gone."""
+    server_args = ("--max-seqs", "1", "--max-waiting", "0")
+
+    def test_overload_is_429(self):
+        body = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 400, "stream": True, "ignore_eos": True}
+        with httpx.Client(base_url=self.server.url, timeout=60) as http:
+            with http.stream("POST", "/v1/completions", json=body) as r:
+                next(line for line in r.iter_lines() if line.startswith("data: "))
+                with self.assertRaises(openai.RateLimitError) as refused:
+                    self.client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+                self.assertEqual(refused.exception.status_code, 429)
+        deadline = time.time() + 30
+        while self.server.metric("dsv4:num_requests_running") != 0 and time.time() < deadline:
+            time.sleep(0.1)
+        r = self.client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+        self.assertEqual(r.usage.completion_tokens, 2)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,288 @@
+// The server below HTTP: the continuous-batching scheduler on the shipped tiny model (batched = alone,
+// cancellation, queue limit), the output decoder (DSML tool calls and reasoning streamed as deltas, stop
+// strings), request parsing and the metrics text. The HTTP layer is tested with the real openai client in
+// test_openai.py.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include "core/error.h"
+#include "engine/backend.h"
+#include "harness/files.h"
+#include "loader/weight_map.h"
+#include "server/metrics.h"
+#include "server/openai_api.h"
+#include "server/output_decoder.h"
+
+namespace dsv4::test {
+namespace {
+
+using server::ChatDelta;
+using server::OutputDecoder;
+
+// Collects one request's events; wait() blocks until its final event.
+struct Collector {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::vector<int32_t> tokens;
+  std::optional<FinishReason> finished;
+
+  Scheduler::EventSink sink() {
+    return [this](const GenerationEvent& e) {
+      std::lock_guard lock(mutex);
+      if (e.token) tokens.push_back(*e.token);
+      if (e.finished) finished = e.finished;
+      cv.notify_all();
+    };
+  }
+  void wait_for_tokens(size_t n) {
+    std::unique_lock lock(mutex);
+    cv.wait(lock, [&] { return tokens.size() >= n || finished; });
+  }
+  FinishReason wait() {
+    std::unique_lock lock(mutex);
+    cv.wait(lock, [&] { return finished.has_value(); });
+    return *finished;
+  }
+};
+
+class TinyModel : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    weights_ = load_model(source_path("models/tiny")).release();
+    ops_ = make_backend("cpu", *weights_).release();
+  }
+  static void TearDownTestSuite() {
+    delete ops_;
+    delete weights_;
+  }
+  // A fresh model (activation arena) with a step capacity of 16 tokens, so prompts take several chunks.
+  std::unique_ptr<DeepseekV4> model() { return std::make_unique<DeepseekV4>(*weights_, *ops_, Numerics::kReference, 256, 16); }
+
+  static GenerationRequest request(size_t prompt_length, int64_t max_tokens, uint32_t salt) {
+    GenerationRequest r;
+    r.prompt.push_back(0);
+    for (size_t i = 1; i < prompt_length; ++i) r.prompt.push_back(int32_t(16 + (i * 7919 + salt * 104729) % 4000));
+    r.max_tokens = max_tokens;
+    r.sampling.temperature = 0;
+    r.stop_at_eos = false;
+    return r;
+  }
+
+  static inline const ModelWeights* weights_ = nullptr;
+  static inline Ops* ops_ = nullptr;
+};
+
+TEST_F(TinyModel, BatchedRequestsGenerateWhatTheyGenerateAlone) {
+  const std::vector<std::pair<size_t, int64_t>> shapes = {{40, 6}, {3, 9}, {17, 4}, {1, 7}, {33, 5}, {9, 8}};
+  auto m = model();
+  SchedulerOptions options;
+  options.max_seqs = 4;  // six requests: two wait for a slot
+  options.max_context = 256;
+  std::vector<std::vector<int32_t>> alone;
+  {
+    Scheduler scheduler(*m, options);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      Collector c;
+      ASSERT_TRUE(scheduler.submit(request(shapes[i].first, shapes[i].second, uint32_t(i)), c.sink()));
+      EXPECT_EQ(c.wait(), FinishReason::kLength);
+      alone.push_back(c.tokens);
+    }
+  }
+  Scheduler scheduler(*m, options);
+  std::vector<Collector> together(shapes.size());
+  for (size_t i = 0; i < shapes.size(); ++i)
+    ASSERT_TRUE(scheduler.submit(request(shapes[i].first, shapes[i].second, uint32_t(i)), together[i].sink()));
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    EXPECT_EQ(together[i].wait(), FinishReason::kLength);
+    EXPECT_EQ(together[i].tokens, alone[i]) << "request " << i;
+    EXPECT_EQ(int64_t(together[i].tokens.size()), shapes[i].second);
+  }
+  // Six requests of 39 tokens in all, batched: far fewer steps than when they ran one by one.
+  EXPECT_LT(scheduler.stats().steps, 30);
+  EXPECT_EQ(scheduler.stats().running, 0);
+}
+
+TEST_F(TinyModel, CancelFreesTheSlot) {
+  auto m = model();
+  SchedulerOptions options;
+  options.max_seqs = 1;
+  options.max_context = 256;
+  Scheduler scheduler(*m, options);
+  Collector first, second;
+  const auto id = scheduler.submit(request(5, 200, 1), first.sink());
+  ASSERT_TRUE(id);
+  ASSERT_TRUE(scheduler.submit(request(5, 3, 2), second.sink()));  // waits for the only slot
+  first.wait_for_tokens(2);
+  scheduler.cancel(*id);
+  EXPECT_EQ(first.wait(), FinishReason::kCancelled);
+  EXPECT_LT(first.tokens.size(), 200u);
+  EXPECT_EQ(second.wait(), FinishReason::kLength);
+  EXPECT_EQ(second.tokens.size(), 3u);
+  scheduler.cancel(*id);  // already gone: ignored
+  scheduler.cancel(12345);
+  EXPECT_EQ(scheduler.stats().running, 0);
+}
+
+TEST_F(TinyModel, FullQueueRefusesAndBadRequestsThrow) {
+  auto m = model();
+  SchedulerOptions options;
+  options.max_seqs = 1;
+  options.max_waiting = 1;
+  options.max_context = 64;
+  Scheduler scheduler(*m, options);
+  Collector a, b, c;
+  const auto first = scheduler.submit(request(4, 50, 1), a.sink());
+  ASSERT_TRUE(first);
+  ASSERT_TRUE(scheduler.submit(request(4, 2, 2), b.sink()));
+  EXPECT_FALSE(scheduler.submit(request(4, 2, 3), c.sink()));  // one running, one waiting: full
+  scheduler.cancel(*first);
+  EXPECT_EQ(b.wait(), FinishReason::kLength);
+
+  Collector d;
+  EXPECT_THROW(scheduler.submit(request(60, 10, 4), d.sink()), Error);  // 70 tokens > 64 of context
+  GenerationRequest empty = request(1, 2, 5);
+  empty.prompt.clear();
+  EXPECT_THROW(scheduler.submit(empty, d.sink()), Error);
+  GenerationRequest outside = request(3, 2, 6);
+  outside.prompt[1] = 99999;
+  EXPECT_THROW(scheduler.submit(outside, d.sink()), Error);
+  EXPECT_THROW(Scheduler(*m, {.max_seqs = 17, .max_context = 64, .max_waiting = 0}), Error);  // > step of 16
+}
+
+// Streams `text` through the decoder one token at a time; returns the deltas joined per field.
+struct Streamed {
+  std::string reasoning, content;
+  std::map<int64_t, std::string> arguments;  // per tool call index
+  std::map<int64_t, std::string> names;
+  std::map<int64_t, std::string> ids;
+};
+Streamed stream_text(OutputDecoder& decoder, const Tokenizer& tokenizer, const std::string& text) {
+  Streamed s;
+  const auto take = [&](const ChatDelta& d) {
+    s.reasoning += d.reasoning;
+    s.content += d.content;
+    for (const auto& t : d.tool_calls) {
+      if (!t.id.empty()) {
+        EXPECT_FALSE(s.ids.count(t.index)) << "id sent twice";
+        s.ids[t.index] = t.id;
+        s.names[t.index] = t.name;
+      }
+      EXPECT_TRUE(s.ids.count(t.index)) << "arguments before the call's first delta";
+      s.arguments[t.index] += t.arguments;
+    }
+  };
+  for (int32_t id : tokenizer.encode(text)) take(decoder.push(id));
+  take(decoder.finish());
+  return s;
+}
+
+TEST(OutputDecoder, StreamsDsmlToolCallsAsOpenAiDeltas) {
+  const Tokenizer tokenizer = Tokenizer::from_file(source_path("models/tiny"));
+  const std::string text =
+      "I shall ask.\n\n<｜DSML｜tool_calls>\n"
+      "<｜DSML｜invoke name=\"get_weather\">\n"
+      "<｜DSML｜parameter name=\"town\" string=\"true\">Bath</｜DSML｜parameter>\n"
+      "<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n"
+      "</｜DSML｜invoke>\n"
+      "<｜DSML｜invoke name=\"get_time\">\n"
+      "</｜DSML｜invoke>\n"
+      "</｜DSML｜tool_calls>";
+  OutputDecoder decoder(tokenizer, /*chat=*/true, /*thinking=*/false, {});
+  const Streamed s = stream_text(decoder, tokenizer, text);
+  EXPECT_EQ(s.content, "I shall ask.");
+  ASSERT_EQ(s.ids.size(), 2u);
+  EXPECT_EQ(s.names.at(0), "get_weather");
+  EXPECT_EQ(s.arguments.at(0), "{\"town\": \"Bath\", \"days\": 3}");
+  EXPECT_EQ(s.names.at(1), "get_time");
+  EXPECT_EQ(s.arguments.at(1), "{}");
+  EXPECT_EQ(s.ids.at(0).rfind("call_", 0), 0u);
+  // The whole response says the same.
+  const server::ChatChoice& out = decoder.output();
+  ASSERT_EQ(out.tool_calls.size(), 2u);
+  EXPECT_EQ(out.tool_calls[0].id, s.ids.at(0));
+  EXPECT_EQ(out.tool_calls[0].arguments, s.arguments.at(0));
+  const server::Json message = server::chat_choice_json(0, out)["message"];
+  EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(message["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(message["content"], "I shall ask.");
+  // A first tool-call delta as a stream chunk: index, id, type, name and the arguments so far.
+  server::ChatDelta d;
+  d.tool_calls.push_back({0, "call_x", "get_weather", "{\"to"});
+  const server::Json chunk = server::chat_chunk_choice_json(0, d, false, "");
+  EXPECT_EQ(chunk["delta"]["tool_calls"][0].dump(),
+            R"({"index":0,"id":"call_x","type":"function","function":{"name":"get_weather","arguments":"{\"to"}})");
+}
+
+TEST(OutputDecoder, ReasoningContentAndStopStrings) {
+  const Tokenizer tokenizer = Tokenizer::from_file(source_path("models/tiny"));
+  OutputDecoder thinking(tokenizer, true, /*thinking=*/true, {});
+  const Streamed s = stream_text(thinking, tokenizer, "She considered it.</think>Yes, indeed.");
+  EXPECT_EQ(s.reasoning, "She considered it.");
+  EXPECT_EQ(s.content, "Yes, indeed.");
+
+  OutputDecoder stop(tokenizer, false, false, {"Darcy"});
+  std::string shown;
+  for (int32_t id : tokenizer.encode("Mr. Bingley and Mr. Darcy were friends.")) {
+    shown += stop.push(id).content;
+    if (stop.stopped()) break;
+  }
+  shown += stop.finish().content;
+  EXPECT_TRUE(stop.stopped());
+  EXPECT_EQ(shown, "Mr. Bingley and Mr. ");
+}
+
+TEST(OpenAiApi, RequestsParseAndErrorsNameTheField) {
+  const SamplingParams defaults;
+  const auto r = server::parse_request(server::Endpoint::kChatCompletions, R"({"model": "m",
+      "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0, "top_k": -1,
+      "stop": "x", "stream": true, "stream_options": {"include_usage": true},
+      "chat_template_kwargs": {"thinking": true}})",
+                                       defaults);
+  EXPECT_EQ(r.max_tokens, 5);
+  EXPECT_EQ(r.sampling.temperature, 0.0f);
+  EXPECT_EQ(r.sampling.top_k, 0);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
+  EXPECT_TRUE(r.stream && r.include_usage && r.chat_options.thinking);
+
+  const auto param_of = [&](server::Endpoint e, const std::string& body) {
+    try {
+      server::parse_request(e, body, defaults);
+    } catch (const server::ApiError& err) {
+      EXPECT_EQ(err.status, 400);
+      return err.param;
+    }
+    return std::string("<accepted>");
+  };
+  const auto chat = server::Endpoint::kChatCompletions;
+  EXPECT_EQ(param_of(chat, "{"), "");
+  EXPECT_EQ(param_of(chat, R"({"model": "m"})"), "messages");
+  EXPECT_EQ(param_of(chat, R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 1.5})"), "top_p");
+  EXPECT_EQ(param_of(chat, R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1})"),
+            "max_tokens");
+  EXPECT_EQ(param_of(server::Endpoint::kCompletions, R"({"model": "m", "prompt": [[1], 2]})"), "prompt");
+  const server::Json e = server::error_body(server::invalid_request("bad", "n"))["error"];
+  EXPECT_EQ(e.dump(), R"({"message":"bad","type":"invalid_request_error","param":"n","code":"invalid_value"})");
+}
+
+TEST(Metrics, PrometheusText) {
+  server::Metrics m;
+  m.observe_ttft(0.003);
+  m.observe_ttft(0.5);
+  m.add_generation_tokens(7);
+  m.finished("stop");
+  const std::string text = m.render({.running = 2, .waiting = 1, .slots = 4, .tokens_in_slots = 64}, 64);
+  EXPECT_NE(text.find("dsv4:num_requests_running 2\n"), std::string::npos);
+  EXPECT_NE(text.find("dsv4:kv_cache_usage_perc 0.5\n"), std::string::npos);
+  EXPECT_NE(text.find("dsv4:generation_tokens_total 7\n"), std::string::npos);
+  EXPECT_NE(text.find("dsv4:time_to_first_token_seconds_bucket{le=\"0.001\"} 0\n"), std::string::npos);
+  EXPECT_NE(text.find("dsv4:time_to_first_token_seconds_bucket{le=\"0.005\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("dsv4:time_to_first_token_seconds_bucket{le=\"+Inf\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("dsv4:time_to_first_token_seconds_count 2\n"), std::string::npos);
+  EXPECT_NE(text.find("dsv4:request_success_total{finished_reason=\"stop\"} 1\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dsv4::test

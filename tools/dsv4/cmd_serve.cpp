@@ -1,0 +1,133 @@
+// dsv4 serve: an OpenAI-compatible HTTP server (chat and text completions, streaming, tools, thinking mode)
+// over the continuous-batching scheduler. The layers: http_server (transport) -> completion_service (API <->
+// queue) -> scheduler (engine thread, batched steps) -> model.
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "args.h"
+#include "commands.h"
+#include "core/error.h"
+#include "engine/backend.h"
+#include "engine/scheduler.h"
+#include "loader/hf_config.h"
+#include "model_options.h"
+#include "server/completion_service.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "tokenizer/tokenizer.h"
+
+namespace dsv4::cli {
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: dsv4 serve [options]
+
+Serves the model over HTTP with OpenAI's API: POST /v1/chat/completions, POST /v1/completions (streaming with
+"stream": true), GET /v1/models, GET /health, GET /metrics (Prometheus). Requests are batched continuously:
+every forward step decodes one token for each running request and reads prompt chunks of the others.
+
+  --host H             address to listen on (default 127.0.0.1)
+  --port P             port (default 8000; 0 = any free port, printed on stderr)
+  --max-seqs N         sequences generated at once; their state is allocated at start (default 16, at most --step)
+  --max-context N      tokens per sequence, prompt + output (default: the model's context, at most 4096)
+  --max-waiting N      requests queued for a free sequence before answering 429 (default 256)
+  --served-model-name NAME
+                       the model id clients send (default: the model directory's name)
+  --http-threads N     connections served at once; a stream holds one (default: max(64, 2 × (max-seqs + 8)))
+
+Sampling defaults for fields a request leaves out come from the model's generation_config.json.
+--step is the token budget of one forward step (decodes + prompt chunks).
+)";
+
+// temperature / top_p / top_k of generation_config.json, as vLLM uses them for requests that do not say.
+SamplingParams generation_defaults(const std::string& dir) {
+  SamplingParams s;
+  const std::filesystem::path path = std::filesystem::path(dir) / "generation_config.json";
+  if (!std::filesystem::exists(path)) return s;
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  DSV4_CHECK(j.is_object(), path.string(), ": not a JSON object");
+  if (j.contains("temperature") && j["temperature"].is_number()) s.temperature = j["temperature"].get<float>();
+  if (j.contains("top_p") && j["top_p"].is_number()) s.top_p = j["top_p"].get<float>();
+  if (j.contains("top_k") && j["top_k"].is_number_integer()) s.top_k = j["top_k"].get<int64_t>();
+  validate(s);
+  return s;
+}
+
+}  // namespace
+
+int cmd_serve(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::printf("%s%s", kUsage, kModelOptionsHelp);
+    return 0;
+  }
+  const Args args(argc, argv, 2,
+                  Args::options({{"--host", "--port", "--max-seqs", "--max-context", "--max-waiting",
+                                  "--served-model-name", "--http-threads"},
+                                 model_options()}),
+                  {});
+  const std::string dir = model_dir(args);
+  const int64_t model_context = load_config(dir).max_position_embeddings;
+  SchedulerOptions sched;
+  sched.max_context =
+      args.get_int("--max-context", model_context > 0 ? std::min<int64_t>(model_context, 4096) : 4096);
+  sched.max_seqs = args.get_int("--max-seqs", 16);
+  sched.max_waiting = args.get_int("--max-waiting", 256);
+  server::HttpOptions http_options;
+  http_options.host = args.get("--host", "127.0.0.1");
+  http_options.port = int(args.get_int("--port", 8000));
+  http_options.threads = int(args.get_int("--http-threads", std::max<int64_t>(64, 2 * (sched.max_seqs + 8))));
+  DSV4_CHECK(http_options.port >= 0 && http_options.port < 65536, "--port must be between 0 and 65535");
+  DSV4_CHECK(http_options.threads >= 1, "--http-threads must be at least 1");
+  server::ServiceOptions service_options;
+  service_options.model_name =
+      args.get("--served-model-name", std::filesystem::path(dir).lexically_normal().filename().string());
+  if (service_options.model_name.empty())  // a directory given with a trailing slash
+    service_options.model_name = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
+  service_options.defaults = generation_defaults(dir);
+
+  // Signals go to one thread that stops the server; every other thread (engine, HTTP) is created after this
+  // and inherits the mask. A client that vanishes must not kill the process with SIGPIPE.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  const Tokenizer tokenizer = Tokenizer::from_file(dir);
+  LoadedModel m = load(args, sched.max_context);
+  server::Metrics metrics;
+  Scheduler scheduler(*m.forward, sched);
+  server::CompletionService service(scheduler, tokenizer, metrics, service_options);
+  server::HttpServer http(service, http_options);
+  const int port = http.bind();
+  std::fprintf(stderr,
+               "dsv4 serve: listening on http://%s:%d (model '%s', backend %s, %lld sequences of %lld tokens, "
+               "step %lld)\n",
+               http_options.host.c_str(), port, service_options.model_name.c_str(),
+               resolve_backend_name(args.get("--backend", "auto")).c_str(), (long long)sched.max_seqs,
+               (long long)sched.max_context, (long long)m.forward->max_step());
+  std::fflush(stderr);
+
+  std::thread watcher([&] {
+    int signal_number = 0;
+    sigwait(&stop_signals, &signal_number);
+    std::fprintf(stderr, "dsv4 serve: stopping (signal %d)\n", signal_number);
+    http.stop();
+  });
+  http.serve();
+  pthread_kill(watcher.native_handle(), SIGTERM);  // wakes the watcher if serve() ended on its own
+  watcher.join();
+  return 0;
+}
+
+}  // namespace dsv4::cli
