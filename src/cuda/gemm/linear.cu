@@ -1,8 +1,7 @@
-// gemm family (CUDA): CudaOps::linear and ::linear_grouped.
-// Baseline: one thread per output element through weight_at(); correct for every format, slow. The decode
-// GEMV, the generic tiled fallback and the tensor-core path replace it (gemm.h).
+// gemm family (CUDA): CudaOps::linear and ::linear_grouped validate the call and choose a path (gemm.h):
+// decode shapes (n ≤ kGemvMaxRows) take the memory-bound GEMV; larger n the tensor-core kernel where it
+// covers the shape, else the generic tiled kernel.
 #include "cuda/common/check.h"
-#include "cuda/common/dequant.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/gemm/gemm.h"
 
@@ -10,35 +9,27 @@ namespace dsv4 {
 
 namespace {
 
-__global__ void linear_naive_kernel(cuda::GemmParams p) {
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, r = blockIdx.y;
-  if (c >= p.w.rows) return;
-  const int64_t g = c / (p.w.rows / p.groups);
-  const float* x = p.x + r * p.ldx + g * p.w.cols;
-  float acc = 0.0f;
-  for (int64_t k = 0; k < p.w.cols; ++k) acc += x[k] * cuda::weight_at(p.w, c, k);
-  p.y[r * p.ldy + c] = acc;
-}
-
-void launch_linear(const cuda::GemmParams& p, cudaStream_t stream) {
+void dispatch(const cuda::GemmParams& p, CudaOps& ops) {
+  DSV4_CHECK(p.n >= 0, "linear: negative row count ", p.n);
   DSV4_CHECK(p.groups >= 1 && p.w.rows % p.groups == 0, "linear: ", p.w.rows, " rows do not split into ", p.groups,
              " groups");
   DSV4_CHECK(p.ldx >= p.groups * p.w.cols && p.ldy >= p.w.rows, "linear: row strides ", p.ldx, "/", p.ldy,
-             " too small for [", p.w.rows, ", ", p.w.cols, "]");
-  if (p.n == 0) return;
-  const dim3 grid(unsigned(cuda::ceil_div(p.w.rows, 128)), unsigned(p.n));
-  linear_naive_kernel<<<grid, 128, 0, stream>>>(p);
-  DSV4_LAUNCH_CHECK();
+             " too small for [", p.w.rows, ", ", p.w.cols, "] in ", p.groups, " groups");
+  if (p.n == 0 || p.w.rows == 0) return;
+  DSV4_CHECK(p.x && p.y, "linear: null activation or output for [", p.w.rows, ", ", p.w.cols, "]");
+  DSV4_CHECK(p.w.cols > 0, "linear: weight [", p.w.rows, ", 0] has no input columns");
+  if (p.n <= cuda::kGemvMaxRows) cuda::gemv(p, ops.stream());
+  else if (!cuda::gemm_tensor_core(p, ops)) cuda::gemm_generic(p, ops.stream());
 }
 
 }  // namespace
 
 void CudaOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
-  launch_linear({x, ldx, dev(w), n, y, ldy, 1}, stream_);
+  dispatch({x, ldx, dev(w), n, y, ldy, 1}, *this);
 }
 
 void CudaOps::linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) {
-  launch_linear({x, groups * w.cols, dev(w), n, y, w.rows, groups}, stream_);
+  dispatch({x, groups * w.cols, dev(w), n, y, w.rows, groups}, *this);
 }
 
 }  // namespace dsv4

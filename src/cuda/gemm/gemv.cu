@@ -1,0 +1,566 @@
+// gemm family, decode path: y = x · Wᵀ for n ≤ kGemvMaxRows activation rows. Memory-bound: every weight
+// byte is read once, in 16-byte loads, decoded in registers; activations and accumulation are fp32.
+//
+// NOTE: how the work is laid out.
+//  * A unit is `rows_per_unit` consecutive output rows of one group, computed by one block over its K range.
+//    The 8 warps form 8/WK row groups of WK warps; a thread owns R rows and walks K in 16-byte chunks, the
+//    32·WK lanes of a row group interleaved (local chunk lc → lane lc mod 32·WK), so each warp load
+//    instruction reads 512 contiguous bytes of a row. U chunks × R rows are in flight per thread.
+//  * x is staged in shared memory one K stage at a time, laid out [NB][Q][stage_chunks] in float4s
+//    (Q = float4s per chunk) so the lanes' float4 reads are consecutive (conflict-free); a staged value
+//    serves the R rows of a thread and every unit of the block.
+//  * Each block walks a contiguous range of units (balanced to ±1 unit). When a matrix has too few rows to
+//    fill the GPU, blocks of an sm_90 cluster split K further and reduce through distributed shared memory.
+//  * Reductions are deterministic and atomic-free: a warp butterfly reduce-scatter, then a fixed-order sum
+//    over the WK warps (and cluster ranks) in shared memory. K stages after the first add into y; the same
+//    thread writes the same output element every stage, so program order makes this safe.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "cuda/common/check.h"
+#include "cuda/common/dequant.cuh"
+#include "cuda/gemm/gemm.h"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxCluster = 8;      // portable cluster size
+// Dynamic shared memory ceiling per block (x stage + partial sums). One stage holds x for K up to
+// 24k columns at n = 1; larger n·K runs in several stages.
+constexpr int kMaxSmemBytes = 96 * 1024;
+
+constexpr int elems_per_chunk(WFormat f) {
+  return f == WFormat::kF32 ? 4 : f == WFormat::kBF16 ? 8 : f == WFormat::kFP8 ? 16 : 32;
+}
+// NB: activation rows per launch, 1, 2, 4 or 8; n = 9..16 runs as two launches (at n > 8 the kernel is
+// FMA-bound, and 16 rows' accumulators do not fit the register budget).
+constexpr int kMaxNb = 8;
+// R: rows per thread. R·NB accumulators and R decoded weight groups must stay in registers (no spills at the
+// register budgets below), and R·NB ≤ 32 (one value per lane after the reduce-scatter). Larger R reuses each
+// staged x value more.
+constexpr int rows_per_thread(WFormat f, int nb) {
+  if (f == WFormat::kFP8) return nb == 1 ? 4 : 2;
+  if (f == WFormat::kFP4) return nb <= 2 ? 4 : 2;
+  return 4;
+}
+// Register budget (65536 per SM / (256 threads · blocks)): n = 1 is purely memory-bound and wants 32 warps
+// in flight; larger n needs registers for R·NB accumulators. Before sm_89 there is no e4m3 conversion
+// instruction, and the software decode needs the larger budget (sm_80 is the portable path, not the tuned one).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+constexpr int min_blocks_per_sm(int) { return 2; }
+#else
+constexpr int min_blocks_per_sm(int nb) { return nb == 1 ? 4 : nb <= 4 ? 3 : 2; }
+#endif
+// U: 16-byte chunks per row loaded before the first is used (U·R loads in flight per thread). With ≥ 24
+// warps per SM, R loads per thread already cover the memory latency; n = 1 has registers for two.
+constexpr int chunks_in_flight(WFormat f, int nb) { return f != WFormat::kFP4 && nb == 1 ? 2 : 1; }
+
+struct GemvParams {
+  const float* x = nullptr;  // [n, ldx]; group g reads columns g·in_g .. g·in_g + in_g
+  int64_t ldx = 0;
+  int x_aligned = 0;         // x and ldx allow 16-byte copies of 4 consecutive activations
+  DeviceWeight w;            // [groups·out_g, in_g], rows a multiple of 16 bytes
+  int n = 0;                 // ≤ NB
+  float* y = nullptr;        // [n, ldy]
+  int64_t ldy = 0;
+  // Row and chunk counts fit in int (checked by the launcher); byte offsets are formed in 64 bits. 32-bit
+  // bookkeeping keeps the kernels within their register budget.
+  int out_g = 0;           // output rows per group
+  int chunks = 0;          // 16-byte chunks per weight row
+  int warps_per_row = 1;   // WK ∈ {1, 2, 4, 8}
+  int units_per_group = 0;
+  int units = 0;           // groups · units_per_group
+  int slice_chunks = 0;    // K chunks per cluster rank
+  int stage_chunks = 0;    // K chunks per shared-memory stage
+  int stages = 0;          // ceil(slice_chunks / stage_chunks): the same for every rank
+};
+
+namespace cg = cooperative_groups;
+
+// Weights are streamed once: keep them out of L1.
+__device__ __forceinline__ uint4 load_streaming(const uint8_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// Two e4m3 bytes (low byte first) to floats, exactly (hardware cvt on sm_89+).
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xFFFFu), __NV_E4M3);
+  return __half22float2(__half2(h));
+}
+
+// FP4 nibbles k and k+4 of a word (elements k and k+4 of its 8) as a half2 holding e2m1 · 2^−14, exactly:
+// the 3 magnitude bits land in the half's low exponent bits and top mantissa bit, the sign in bit 15. For
+// exponent e ≥ 1 the half is 2^(e−15)·(1 + m/2) = e2m1 · 2^−14; for e = 0 the half subnormal m·2^−15 is too.
+template <int k>
+__device__ __forceinline__ float2 e2m1_pair_scaled(uint32_t w) {
+  uint32_t mag;
+  if constexpr (k == 3) mag = (w >> 3) & 0x0E000E00u;
+  else mag = (w << (9 - 4 * k)) & 0x0E000E00u;
+  const uint32_t bits = mag | ((w << (12 - 4 * k)) & 0x80008000u);
+  __half2 h;
+  memcpy(&h, &bits, sizeof h);
+  return __half22float2(h);
+}
+constexpr float kE2m1Unscale = 16384.0f;  // 2^14: FP4 kernels stage x · 2^14 to undo it (exact)
+
+// Butterfly reduce-scatter of V values over a warp: afterwards lane l holds the warp total of value
+// l / (32/V); lanes with l mod (32/V) = 0 own a distinct value. V shuffles fewer than V plain reductions.
+template <int V>
+__device__ __forceinline__ float warp_reduce_scatter(float (&v)[V], int lane) {
+  static_assert(V >= 1 && V <= 32 && (V & (V - 1)) == 0, "V must be a power of two ≤ 32");
+  int count = V;  // values still held per lane; constant after unrolling
+#pragma unroll
+  for (int offset = 16; offset >= 1; offset /= 2) {
+    if (count > 1) {
+      // Lanes with this offset bit set keep the upper half and receive it from their partner.
+      const bool upper = lane & offset;
+      const int half = count / 2;
+#pragma unroll
+      for (int j = 0; j < V / 2; ++j)
+        if (j < half) {
+          const float send = upper ? v[j] : v[j + half];
+          const float keep = upper ? v[j + half] : v[j];
+          v[j] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, offset);
+        }
+      count = half;
+    } else {
+      v[0] += __shfl_xor_sync(0xFFFFFFFFu, v[0], offset);
+    }
+  }
+  return v[0];
+}
+
+__device__ __forceinline__ void copy_async(float* dst, const float* src, int bytes16) {
+  const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
+  if (bytes16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+  else
+    for (int e = 0; e < 4; ++e)
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d + 4 * e), "l"(src + e) : "memory");
+}
+
+// Stages x[0..NB) for chunks [c0, c0 + len) of group g (rows ≥ n as zeros): float4 (i, q, lc) at
+// xs[(i·Q + q)·stage_chunks + lc]. Asynchronous copies put every element in flight at once (one memory
+// round trip per stage). FP4 kernels stage x · 2^14 (exact for |x| < 2^113), see fma_chunk; each thread
+// scales the elements it copied. The caller's barrier publishes the stage.
+template <WFormat F, int NB>
+__device__ void stage_x(const GemvParams& p, float* xs, int g, int c0, int len) {
+  constexpr int Q = elems_per_chunk(F) / 4;
+  const int per_row = len * Q;  // float4s per activation row
+  const float* src = p.x + int64_t(g) * p.w.cols + int64_t(c0) * Q * 4;
+  for (int e = threadIdx.x; e < NB * per_row; e += kThreads) {
+    const int i = e / per_row, f = e - i * per_row, lc = f / Q, q = f % Q;
+    float* dst = xs + ((i * Q + q) * p.stage_chunks + lc) * 4;
+    if (i < p.n) copy_async(dst, src + i * p.ldx + f * 4, p.x_aligned);
+    else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  if constexpr (F == WFormat::kFP4)
+    for (int e = threadIdx.x; e < p.n * per_row; e += kThreads) {
+      const int i = e / per_row, f = e - i * per_row;
+      float4& v = reinterpret_cast<float4*>(xs)[(i * Q + f % Q) * p.stage_chunks + f / Q];
+      v.x *= kE2m1Unscale;
+      v.y *= kE2m1Unscale;
+      v.z *= kE2m1Unscale;
+      v.w *= kE2m1Unscale;
+    }
+}
+
+// Pulls the first chunks a thread will load for rows row0 .. row0 + R into L2, so the loads of a block's
+// first unit overlap the staging of x, and those of the next unit the work on this one.
+template <WFormat F, int NB, int R>
+__device__ __forceinline__ void prefetch_unit(const GemvParams& p, int row0, int row_end, int c0, int len,
+                                              int k_lane, int k_step) {
+  constexpr int U = chunks_in_flight(F, NB);
+  const uint8_t* base = p.w.data + int64_t(row0) * p.w.row_bytes() + int64_t(c0) * 16;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int c = k_lane + u * k_step;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (row0 + r < row_end && c < len)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + r * p.w.row_bytes() + c * 16));
+  }
+}
+
+// acc[r][i] += Σ over one chunk of x[i, ·] · W[row r, ·]. wv: the chunk of each row, sc: its scale.
+// x4 points at float4 (i = 0, q = 0) of the chunk; float4 (i, q) is x4[(i·Q + q)·q_stride]. Each group of
+// weights is decoded into registers once, then the NB activation rows stream past it.
+template <WFormat F, int NB, int R>
+__device__ __forceinline__ void fma_chunk(const uint4 (&wv)[R], const float (&sc)[R], const float4* x4,
+                                          int q_stride, float (&acc)[R][NB]) {
+  constexpr int Q = elems_per_chunk(F) / 4;
+  if constexpr (F != WFormat::kFP4) {
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {  // elements 4q .. 4q+3
+      float w[R][4];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if constexpr (F == WFormat::kF32) {
+          w[r][0] = __uint_as_float(wv[r].x);
+          w[r][1] = __uint_as_float(wv[r].y);
+          w[r][2] = __uint_as_float(wv[r].z);
+          w[r][3] = __uint_as_float(wv[r].w);
+        } else if constexpr (F == WFormat::kBF16) {
+          const uint32_t lo = word(wv[r], 2 * q), hi = word(wv[r], 2 * q + 1);
+          w[r][0] = __uint_as_float(lo << 16);
+          w[r][1] = __uint_as_float(lo & 0xFFFF0000u);
+          w[r][2] = __uint_as_float(hi << 16);
+          w[r][3] = __uint_as_float(hi & 0xFFFF0000u);
+        } else {
+          // W = e4m3 · block scale rounded to fp32 per element, then the product: the reference's arithmetic.
+          const uint32_t u = word(wv[r], q);
+          const float2 a = e4m3x2_to_float2(u), b = e4m3x2_to_float2(u >> 16);
+          w[r][0] = a.x * sc[r];
+          w[r][1] = a.y * sc[r];
+          w[r][2] = b.x * sc[r];
+          w[r][3] = b.y * sc[r];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NB; ++i) {
+        const float4 xv = x4[(i * Q + q) * q_stride];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          acc[r][i] = fmaf(xv.x, w[r][0], acc[r][i]);
+          acc[r][i] = fmaf(xv.y, w[r][1], acc[r][i]);
+          acc[r][i] = fmaf(xv.z, w[r][2], acc[r][i]);
+          acc[r][i] = fmaf(xv.w, w[r][3], acc[r][i]);
+        }
+      }
+    }
+  } else {
+    // One chunk is exactly one 32-element scale block. x was staged × 2^14, so x' · (e2m1 · 2^−14) is the
+    // product x · e2m1 exactly. For small NB the block sum is scaled once (s is a power of two: exact);
+    // for larger NB, registers are scarcer than multiplies, and w = (e2m1 · 2^−14) · s per element.
+    constexpr bool kBlockSum = NB <= 2;
+    float block[R][NB];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int i = 0; i < NB; ++i) block[r][i] = kBlockSum ? 0.0f : acc[r][i];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // word j: elements 8j .. 8j+7 = float4s 2j (nibbles 0..3), 2j+1 (4..7)
+      float w[R][8];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint32_t u = word(wv[r], j);
+        const float2 f0 = e2m1_pair_scaled<0>(u), f1 = e2m1_pair_scaled<1>(u);
+        const float2 f2 = e2m1_pair_scaled<2>(u), f3 = e2m1_pair_scaled<3>(u);
+        const float m = kBlockSum ? 1.0f : sc[r];
+        w[r][0] = f0.x * m;
+        w[r][1] = f1.x * m;
+        w[r][2] = f2.x * m;
+        w[r][3] = f3.x * m;
+        w[r][4] = f0.y * m;
+        w[r][5] = f1.y * m;
+        w[r][6] = f2.y * m;
+        w[r][7] = f3.y * m;
+      }
+#pragma unroll
+      for (int i = 0; i < NB; ++i) {
+        const float4 xa = x4[(i * Q + 2 * j) * q_stride], xb = x4[(i * Q + 2 * j + 1) * q_stride];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float t = block[r][i];
+          t = fmaf(xa.x, w[r][0], t);
+          t = fmaf(xa.y, w[r][1], t);
+          t = fmaf(xa.z, w[r][2], t);
+          t = fmaf(xa.w, w[r][3], t);
+          t = fmaf(xb.x, w[r][4], t);
+          t = fmaf(xb.y, w[r][5], t);
+          t = fmaf(xb.z, w[r][6], t);
+          t = fmaf(xb.w, w[r][7], t);
+          block[r][i] = t;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int i = 0; i < NB; ++i) acc[r][i] = kBlockSum ? fmaf(block[r][i], sc[r], acc[r][i]) : block[r][i];
+  }
+}
+
+// Scale of (row, chunk c) for the block-scaled formats (1 otherwise).
+template <WFormat F>
+__device__ __forceinline__ float chunk_scale(const DeviceWeight& w, int row, int c) {
+  if constexpr (F == WFormat::kFP8) return w.scale_f32[int64_t(row / 128) * w.scale_cols + c / 8];
+  else if constexpr (F == WFormat::kFP4) return e8m0_bits_to_f32(w.scale_e8m0[int64_t(row) * w.scale_cols + c]);
+  else return 1.0f;
+}
+
+// One thread's share of a unit over the staged chunks [c0, c0 + len): rows row0 .. row0 + R (those below
+// row_end), local chunks k_lane, k_lane + k_step, …
+template <WFormat F, int NB, int R>
+__device__ __forceinline__ void accumulate(const GemvParams& p, const float4* xs, int row0, int row_end, int c0,
+                                           int len, int k_lane, int k_step, float (&acc)[R][NB]) {
+  constexpr int U = chunks_in_flight(F, NB);
+  const int64_t row_bytes = p.w.row_bytes();
+  const uint8_t* base = p.w.data + int64_t(row0) * row_bytes + int64_t(c0) * 16;  // (row0, chunk c0)
+  for (int lc = k_lane; lc < len; lc += U * k_step) {
+    uint4 wv[U][R];
+    float sc[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = lc + u * k_step;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const bool live = row0 + r < row_end && c < len;
+        wv[u][r] = live ? load_streaming(base + r * row_bytes + c * 16) : make_uint4(0, 0, 0, 0);
+        sc[u][r] = live ? chunk_scale<F>(p.w, row0 + r, c0 + c) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = lc + u * k_step;
+      if (c < len) fma_chunk<F, NB, R>(wv[u], sc[u], xs + c, p.stage_chunks, acc);
+    }
+  }
+}
+
+__device__ __forceinline__ void write_output(const GemvParams& p, int row, int row_end, int i, float v,
+                                             bool first_stage) {
+  if (i >= p.n || row >= row_end) return;
+  float* dst = p.y + int64_t(i) * p.ldy + row;
+  *dst = first_stage ? v : *dst + v;
+}
+
+// All threads of the block (of the cluster when it has several blocks) wait here; cluster barriers also
+// order the shared-memory writes before them for the peers reading after.
+__device__ __forceinline__ void unit_barrier(int cluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster > 1) {
+    cg::this_cluster().sync();
+    return;
+  }
+#endif
+  (void)cluster;
+  __syncthreads();
+}
+
+__device__ __forceinline__ const float* rank_shared(const float* p, int rank, int cluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster > 1) return cg::this_cluster().map_shared_rank(p, rank);
+#endif
+  (void)rank;
+  (void)cluster;
+  return p;  // clusters are only launched on sm_90+
+}
+
+// Grid: (cluster ranks S, unit ranges). Dynamic shared memory: [2][kWarps][V] partial sums, then the x stage.
+template <WFormat F, int NB>
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm(NB)) gemv_kernel(GemvParams p) {
+  constexpr int R = rows_per_thread(F, NB), V = R * NB, kSpread = 32 / V;
+  extern __shared__ float4 smem4[];
+  float* partials = reinterpret_cast<float*>(smem4);  // [2][kWarps][V]
+  float* xs = partials + 2 * kWarps * V;              // V ≥ 4: stays 16-byte aligned
+  const float4* xs4 = reinterpret_cast<const float4*>(xs);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int WK = p.warps_per_row, S = gridDim.x, rank = blockIdx.x;
+  const int row_group = warp / WK, k_lane = (warp % WK) * 32 + lane, k_step = 32 * WK;
+  const int rows_per_unit = (kWarps / WK) * R;
+  const int u_begin = int(int64_t(blockIdx.y) * p.units / gridDim.y);
+  const int u_end = int(int64_t(blockIdx.y + 1) * p.units / gridDim.y);
+  const int slice0 = min(p.chunks, rank * p.slice_chunks), slice1 = min(p.chunks, slice0 + p.slice_chunks);
+  const bool direct = WK == 1 && S == 1;  // each warp's reduce-scatter already yields final values
+  int buf = 0;
+
+  for (int u = u_begin; u < u_end;) {
+    const int g = u / p.units_per_group, seg_end = min(u_end, (g + 1) * p.units_per_group);
+    const int row_end = (g + 1) * p.out_g;
+    for (int st = 0; st < p.stages; ++st) {
+      const int c0 = min(slice1, slice0 + st * p.stage_chunks);
+      const int len = min(slice1, c0 + p.stage_chunks) - c0;  // 0 for ranks past the end of K
+      const int first_row0 = g * p.out_g + (u - g * p.units_per_group) * rows_per_unit + row_group * R;
+      prefetch_unit<F, NB, R>(p, first_row0, row_end, c0, len, k_lane, k_step);
+      __syncthreads();  // every thread is done with the previous stage
+      stage_x<F, NB>(p, xs, g, c0, len);
+      __syncthreads();
+      for (int uu = u; uu < seg_end; ++uu) {
+        const int unit_row0 = g * p.out_g + (uu - g * p.units_per_group) * rows_per_unit;
+        const int row0 = unit_row0 + row_group * R;
+        if (uu + 1 < seg_end) prefetch_unit<F, NB, R>(p, row0 + rows_per_unit, row_end, c0, len, k_lane, k_step);
+        float acc[R][NB];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int i = 0; i < NB; ++i) acc[r][i] = 0.0f;
+        accumulate<F, NB, R>(p, xs4, row0, row_end, c0, len, k_lane, k_step, acc);
+
+        float flat[V];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int i = 0; i < NB; ++i) flat[r * NB + i] = acc[r][i];
+        const float total = warp_reduce_scatter<V>(flat, lane);
+        const int v_index = lane / kSpread;
+        const bool owner = lane % kSpread == 0;
+        if (direct) {
+          if (owner) write_output(p, row0 + v_index / NB, row_end, v_index % NB, total, st == 0);
+          continue;
+        }
+        // Partials double-buffered: the barrier of unit u+1 orders unit u's reads before unit u+2's writes.
+        float* part = partials + buf * kWarps * V;
+        if (owner) part[warp * V + v_index] = total;
+        unit_barrier(S);
+        const int outputs = (kWarps / WK) * V;  // ≤ kThreads
+        const int o = threadIdx.x * S + rank;
+        if (o < outputs) {
+          const int rg = o / V, vi = o % V;
+          float sum = 0.0f;
+          for (int s = 0; s < S; ++s) {
+            const float* src = rank_shared(part, s, S);
+            for (int wk = 0; wk < WK; ++wk) sum += src[(rg * WK + wk) * V + vi];
+          }
+          write_output(p, unit_row0 + rg * R + vi / NB, row_end, vi % NB, sum, st == 0);
+        }
+        buf ^= 1;
+      }
+    }
+    u = seg_end;
+  }
+  if (S > 1) unit_barrier(S);  // peers may still read this block's partials
+}
+
+struct DeviceInfo {
+  int sms = 0, cc_major = 0, smem_per_sm = 0;
+};
+
+DeviceInfo device_info() {
+  int dev = 0;
+  DSV4_CUDA_CHECK(cudaGetDevice(&dev));
+  DeviceInfo d;
+  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
+  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, dev));
+  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  return d;
+}
+
+int register_limited_blocks(const void* kernel) {
+  int blocks = 0;
+  DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0));
+  return std::max(blocks, 1);
+}
+
+template <WFormat F, int NB>
+void launch(const GemmParams& gp, cudaStream_t stream) {
+  constexpr int E = elems_per_chunk(F), R = rows_per_thread(F, NB), V = R * NB;
+  auto* kernel = gemv_kernel<F, NB>;
+  static const int reg_blocks = register_limited_blocks(reinterpret_cast<const void*>(kernel));  // once per instantiation
+  const DeviceInfo dev = device_info();
+
+  GemvParams p;
+  p.x = gp.x;
+  p.ldx = gp.ldx;
+  p.x_aligned = reinterpret_cast<uintptr_t>(gp.x) % 16 == 0 && gp.ldx % 4 == 0;
+  p.w = gp.w;
+  p.n = int(gp.n);
+  p.y = gp.y;
+  p.ldy = gp.ldy;
+  p.out_g = int(gp.w.rows / gp.groups);
+  p.chunks = int(gp.w.cols / E);
+
+  // Wider K sharing (WK, then clusters) only while there are too few units to give every block ≥ 2, and
+  // every lane still gets a chunk of each row.
+  constexpr int kPartialBytes = 2 * kWarps * V * int(sizeof(float));
+  constexpr int kMaxStageChunks = (kMaxSmemBytes - kPartialBytes) / (NB * E * 4);
+  const auto units_for = [&](int wk) { return int(gp.groups) * int(ceil_div(p.out_g, (kWarps / wk) * R)); };
+  const auto smem_for = [&](int stage_chunks) { return kPartialBytes + NB * E * 4 * stage_chunks; };
+  const int blocks_per_sm =
+      std::max(1, std::min(reg_blocks, dev.smem_per_sm / (smem_for(std::min(p.chunks, kMaxStageChunks)) + 1024)));
+  const int target = dev.sms * blocks_per_sm;
+  int wk = 1;
+  while (wk < kWarps && units_for(wk) < 2 * target && p.chunks >= 32 * 2 * wk) wk *= 2;
+  int cluster = 1;
+  if (dev.cc_major >= 9)
+    while (cluster < kMaxCluster && units_for(wk) * cluster < target && p.chunks >= 32 * wk * 2 * cluster)
+      cluster *= 2;
+  p.warps_per_row = wk;
+  p.units_per_group = int(ceil_div(p.out_g, (kWarps / wk) * R));
+  p.units = int(gp.groups) * p.units_per_group;
+  p.slice_chunks = int(ceil_div(p.chunks, cluster));
+  p.stages = int(ceil_div(p.slice_chunks, kMaxStageChunks));
+  p.stage_chunks = int(ceil_div(p.slice_chunks, p.stages));
+  const int smem = smem_for(p.stage_chunks);
+  if (smem > 48 * 1024)  // above the default dynamic shared memory limit: opt in (per device, so every time)
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+
+  // Units per block: as even as possible over at most one wave of blocks (≤ 65535 since target is).
+  const int per_block = int(ceil_div(p.units, std::max(1, target / cluster)));
+  const int blocks = int(ceil_div(p.units, per_block));
+  const dim3 grid{unsigned(cluster), unsigned(blocks)};
+  if (cluster == 1) {
+    kernel<<<grid, kThreads, size_t(smem), stream>>>(p);
+    DSV4_LAUNCH_CHECK();
+    return;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = size_t(smem);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = unsigned(cluster);
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+}
+
+template <WFormat F>
+void launch_format(const GemmParams& p, cudaStream_t stream) {
+  for (int64_t first = 0; first < p.n; first += kMaxNb) {
+    GemmParams part = p;
+    part.x = p.x + first * p.ldx;
+    part.y = p.y + first * p.ldy;
+    part.n = std::min<int64_t>(kMaxNb, p.n - first);
+    if (part.n == 1) launch<F, 1>(part, stream);
+    else if (part.n == 2) launch<F, 2>(part, stream);
+    else if (part.n <= 4) launch<F, 4>(part, stream);
+    else launch<F, 8>(part, stream);
+  }
+}
+
+}  // namespace
+
+void gemv(const GemmParams& p, cudaStream_t stream) {
+  DSV4_CHECK(p.n >= 0 && p.n <= kGemvMaxRows, "gemv: ", p.n, " activation rows (1..", kGemvMaxRows, " supported)");
+  DSV4_CHECK(p.groups >= 1 && p.w.rows % p.groups == 0, "gemv: ", p.w.rows, " rows do not split into ", p.groups,
+             " groups");
+  DSV4_CHECK(p.ldx >= p.groups * p.w.cols && p.ldy >= p.w.rows, "gemv: row strides ", p.ldx, "/", p.ldy,
+             " too small for [", p.w.rows, ", ", p.w.cols, "] in ", p.groups, " groups");
+  if (p.n == 0 || p.w.rows == 0) return;
+  DSV4_CHECK(p.x && p.y && p.w.data && p.w.cols > 0, "gemv: missing operand for [", p.w.rows, ", ", p.w.cols, "]");
+  DSV4_CHECK(p.w.rows < (int64_t(1) << 30) && p.w.cols < (int64_t(1) << 30), "gemv: weight [", p.w.rows, ", ",
+             p.w.cols, "] too large for 32-bit row and chunk indices");
+  // 16-byte loads need 16-byte rows; the rare other shapes take the generic kernel.
+  if (p.w.row_bytes() % 16 != 0 || reinterpret_cast<uintptr_t>(p.w.data) % 16 != 0) {
+    gemm_generic(p, stream);
+    return;
+  }
+  switch (p.w.format) {
+    case WFormat::kF32: launch_format<WFormat::kF32>(p, stream); break;
+    case WFormat::kBF16: launch_format<WFormat::kBF16>(p, stream); break;
+    case WFormat::kFP8: launch_format<WFormat::kFP8>(p, stream); break;
+    case WFormat::kFP4: launch_format<WFormat::kFP4>(p, stream); break;
+  }
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,282 @@
+// gemm family: CudaOps::linear / linear_grouped against CpuOps on fresh random weights in every checkpoint
+// format (F32, BF16, FP8 e4m3 with E8M0 or F32 128×128 block scales, FP4 e2m1 with E8M0 per-32 scales).
+// Covers the three paths behind linear: the decode GEMV (n ≤ 16), the generic tiled kernel (n > 16, and
+// rows that are not a multiple of 16 bytes) and, once it lands, the tensor-core kernel (n > 16 on sm_90a).
+//
+// Tolerance: both sides compute the same fp32 products (the FP8 weight is e4m3 · scale rounded to fp32 on
+// both; FP4 products are exact up to a power-of-two factor), so only the summation order differs. The
+// rounding error of a K-term fp32 sum grows like ε·√K·|y|typ (random walk of K roundings of partial sums of
+// size ≤ |y|typ), so |got − want| ≤ tol·(rms(y) + |want|) with tol = 1e-6·√K — about 16× that estimate
+// (ε = 6e-8), and still 100× below the effect of a single wrong weight in K = 4096.
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "core/dtype.h"
+#include "cuda/gpu.h"
+
+#if DSV4_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/common/check.h"
+#endif
+
+namespace dsv4::test {
+namespace {
+
+#if DSV4_HAVE_CUDA
+
+enum class Format { kF32, kBF16, kFP8, kFP8F32Scale, kFP4 };
+
+const char* name(Format f) {
+  switch (f) {
+    case Format::kF32: return "F32";
+    case Format::kBF16: return "BF16";
+    case Format::kFP8: return "FP8";
+    case Format::kFP8F32Scale: return "FP8/f32-scale";
+    default: return "FP4";
+  }
+}
+
+// A checkpoint matrix in host memory, with its Weight view.
+struct HostWeight {
+  std::vector<uint8_t> data, scale;
+  Weight w;
+};
+
+// Random finite values around unit size; quantised formats get random codes and scales.
+HostWeight make_weight(Format f, int64_t rows, int64_t cols, std::mt19937_64& rng) {
+  HostWeight h;
+  Weight& w = h.w;
+  w.rows = rows;
+  w.cols = cols;
+  const auto bits = [&] { return uint64_t(rng()); };
+  switch (f) {
+    case Format::kF32: {
+      w.dtype = DType::kF32;
+      h.data.resize(size_t(rows * cols * 4));
+      const std::vector<float> v = random_floats(size_t(rows * cols), rng);
+      std::memcpy(h.data.data(), v.data(), h.data.size());
+      w.row_stride = cols * 4;
+      break;
+    }
+    case Format::kBF16: {
+      w.dtype = DType::kBF16;
+      h.data.resize(size_t(rows * cols * 2));
+      // Sign, exponent 2^−7 .. 2^0, any mantissa: four values per 64 random bits (the LM head is 530M values).
+      for (size_t i = 0; i < h.data.size(); i += 8) {
+        const uint64_t r = bits();
+        for (size_t j = 0; j < 8 && i + j < h.data.size(); j += 2) {
+          const uint32_t b = uint32_t(r >> (8 * j)) & 0xFFFFu;
+          const uint16_t v = uint16_t((b & 0x807Fu) | ((120u + ((b >> 7) & 7u)) << 7));
+          std::memcpy(h.data.data() + i + j, &v, 2);
+        }
+      }
+      w.row_stride = cols * 2;
+      break;
+    }
+    case Format::kFP8:
+    case Format::kFP8F32Scale: {
+      w.dtype = DType::kF8E4M3;
+      h.data.resize(size_t(rows * cols));
+      for (size_t i = 0; i < h.data.size(); i += 8) {
+        const uint64_t r = bits();
+        for (size_t j = 0; j < 8 && i + j < h.data.size(); ++j) {
+          uint8_t b = uint8_t(r >> (8 * j));
+          if ((b & 0x7F) == 0x7F) b ^= 1;  // 0x7F / 0xFF are NaN
+          h.data[i + j] = b;
+        }
+      }
+      w.row_stride = cols;
+      w.scale_block_rows = w.scale_block_cols = 128;
+      const int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+      w.scale_stride = sc;
+      if (f == Format::kFP8) {
+        w.scale_dtype = DType::kF8E8M0;
+        h.scale.resize(size_t(sr * sc));
+        for (auto& s : h.scale) s = uint8_t(120 + bits() % 8);  // 2^−7 .. 2^0
+      } else {
+        // Not powers of two: the product e4m3 · scale rounds, on both sides alike.
+        w.scale_dtype = DType::kF32;
+        const std::vector<float> s = random_floats(size_t(sr * sc), rng, 0.001f, 0.1f);
+        h.scale.resize(s.size() * 4);
+        std::memcpy(h.scale.data(), s.data(), h.scale.size());
+      }
+      break;
+    }
+    case Format::kFP4: {
+      w.dtype = DType::kI8;
+      h.data.resize(size_t(rows * cols / 2));
+      for (size_t i = 0; i < h.data.size(); i += 8) {
+        const uint64_t r = bits();
+        for (size_t j = 0; j < 8 && i + j < h.data.size(); ++j) h.data[i + j] = uint8_t(r >> (8 * j));
+      }
+      w.row_stride = cols / 2;
+      w.scale_dtype = DType::kF8E8M0;
+      w.scale_block_rows = 1;
+      w.scale_block_cols = 32;
+      w.scale_stride = cols / 32;
+      h.scale.resize(size_t(rows * cols / 32));
+      for (auto& s : h.scale) s = uint8_t(118 + bits() % 10);  // 2^−9 .. 2^0
+      break;
+    }
+  }
+  w.data = h.data.data();
+  w.scale = h.scale.empty() ? nullptr : h.scale.data();
+  return h;
+}
+
+struct Case {
+  Format format;
+  int64_t n, rows, cols;
+  int64_t groups = 1;       // > 1: linear_grouped (cols = in_g)
+  int64_t ldx_pad = 0, ldy_pad = 0;  // plain linear only: extra row stride, must stay untouched in y
+};
+
+std::string describe(const Case& c) {
+  return std::string(name(c.format)) + " n=" + std::to_string(c.n) + " [" + std::to_string(c.rows) + ", " +
+         std::to_string(c.cols) + "]" + (c.groups > 1 ? " groups=" + std::to_string(c.groups) : "") +
+         (c.ldx_pad || c.ldy_pad ? " padded" : "");
+}
+
+// Runs one case on both backends; returns the GPU output for determinism checks. A fresh CudaOps per case:
+// uploads are keyed by the host address, which a later case's weight may reuse.
+std::vector<float> check_case(const Case& c, std::mt19937_64& rng) {
+  SCOPED_TRACE(describe(c));
+  const ModelConfig config;
+  CpuOps cpu(config);
+  CudaOps gpu(config);
+  const HostWeight hw = make_weight(c.format, c.rows, c.cols, rng);
+  const int64_t in_total = c.groups * c.cols;
+  const int64_t ldx = in_total + c.ldx_pad, ldy = c.rows + c.ldy_pad;
+  const std::vector<float> x = random_floats(size_t(c.n * ldx), rng);
+
+  std::vector<float> want(size_t(c.n * ldy), NAN);
+  if (c.groups > 1) cpu.linear_grouped(x.data(), hw.w, c.groups, c.n, want.data());
+  else cpu.linear(x.data(), ldx, hw.w, c.n, want.data(), ldy);
+
+  // NOTE: alloc() zero-fills asynchronously on the backend's non-blocking stream, which does not order with
+  // the legacy stream of cudaMemcpy / cudaMemset (gpu.h's to_device / poison): fill on the backend stream.
+  gpu.upload(hw.w);
+  float* dx = gpu.alloc(x.size());
+  float* dy = gpu.alloc(size_t(c.n * ldy));
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(dx, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice, gpu.stream()));
+  DSV4_CUDA_CHECK(cudaMemsetAsync(dy, 0xFF, size_t(c.n * ldy) * sizeof(float), gpu.stream()));  // NaN poison
+  if (c.groups > 1) gpu.linear_grouped(dx, hw.w, c.groups, c.n, dy);
+  else gpu.linear(dx, ldx, hw.w, c.n, dy, ldy);
+  const std::vector<float> got = to_host(gpu, dy, size_t(c.n * ldy));
+
+  std::vector<float> got_rows, want_rows;  // the [n, rows] outputs
+  for (int64_t i = 0; i < c.n; ++i)
+    for (int64_t r = 0; r < c.rows; ++r) {
+      got_rows.push_back(got[size_t(i * ldy + r)]);
+      want_rows.push_back(want[size_t(i * ldy + r)]);
+    }
+  double sq = 0.0;
+  for (float v : want_rows) sq += double(v) * v;
+  const double rms = std::sqrt(sq / double(want_rows.size()));
+  const double tol = 1e-6 * std::sqrt(double(c.cols));
+  EXPECT_TRUE(compare(got_rows, want_rows, {tol * rms, tol}, describe(c)));
+  for (int64_t i = 0; i < c.n; ++i)
+    for (int64_t r = c.rows; r < ldy; ++r)
+      EXPECT_TRUE(std::isnan(got[size_t(i * ldy + r)])) << "padding y[" << i << ", " << r << "] was written";
+  return got;
+}
+
+const Format kFormats[] = {Format::kF32, Format::kBF16, Format::kFP8, Format::kFP8F32Scale, Format::kFP4};
+
+#endif  // DSV4_HAVE_CUDA
+
+// Odd shapes through every path: n ≤ 16 is the GEMV (cols that are not a multiple of 16 bytes fall back to
+// the generic kernel), n > 16 the tensor-core or generic kernel. FP4 needs cols % 32 == 0.
+TEST(CudaGemm, OddShapesEveryFormat) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  const int64_t shapes[][2] = {{1, 64}, {7, 96}, {33, 160}, {129, 320}, {300, 544}, {257, 1056},
+                               {19, 111}, {45, 200}, {300, 989}, {2, 4000}};
+  for (Format f : kFormats)
+    for (int64_t n : {1, 3, 16, 17, 64, 130})
+      for (const auto& s : shapes) {
+        if (f == Format::kFP4 && s[1] % 32 != 0) continue;
+        const bool padded = (s[0] + n) % 2 == 1;
+        check_case({f, n, s[0], s[1], 1, padded ? 3 : 0, padded ? 5 : 0}, rng);
+      }
+#endif
+}
+
+// Grouped projections: groups of odd sizes, x read at g·in_g.
+TEST(CudaGemm, GroupedOddShapes) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  const int64_t shapes[][3] = {{8, 16, 128}, {3, 7, 96}, {5, 60, 64}, {2, 150, 288}, {4, 33, 1024}};
+  for (Format f : kFormats)
+    for (int64_t n : {1, 3, 16, 17, 64, 130})
+      for (const auto& s : shapes) check_case({f, n, s[0] * s[1], s[2], s[0]}, rng);
+#endif
+}
+
+// Every n the GEMV takes (kernels for 1, 2, 4 and 8 rows; 9..16 in two launches) on shapes that exercise
+// several K stages, wide row groups (WK) and clusters: few rows with a long K, and many rows.
+TEST(CudaGemm, GemvEveryRowCount) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  for (Format f : kFormats)
+    for (int64_t n = 1; n <= 16; ++n) {
+      check_case({f, n, 24, 16384}, rng);
+      check_case({f, n, 1000, 2048}, rng);
+    }
+#endif
+}
+
+// The V4-Flash decode shapes (n = 1) and a small batch (n = 5).
+TEST(CudaGemm, V4FlashShapes) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  const Case shapes[] = {
+      {Format::kFP8, 0, 1024, 4096},          // wq_a
+      {Format::kFP8, 0, 32768, 1024},         // wq_b: 64 heads × 512
+      {Format::kFP8, 0, 512, 4096},           // wkv
+      {Format::kFP8, 0, 8192, 1024},          // indexer wq_b: 64 heads × 128
+      {Format::kFP8, 0, 8192, 4096, 8},       // wo_a: 8 groups × 1024, in_g = 8 heads × 512
+      {Format::kFP8, 0, 4096, 8192},          // wo_b
+      {Format::kBF16, 0, 64, 4096},           // indexer weights_proj
+      {Format::kBF16, 0, 256, 4096},          // router
+      {Format::kF32, 0, 24, 16384},           // mHC fn: (2 + 4)·4 mixes over 4 streams × 4096
+      {Format::kFP4, 0, 2048, 4096},          // routed expert w1 / w3
+      {Format::kFP4, 0, 4096, 2048},          // routed expert w2
+      {Format::kBF16, 0, 129280, 4096},       // LM head
+  };
+  for (int64_t n : {1, 5})
+    for (Case c : shapes) {
+      c.n = n;
+      check_case(c, rng);
+    }
+#endif
+}
+
+// No atomics anywhere: the same inputs give bitwise the same outputs.
+TEST(CudaGemm, Deterministic) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  for (const Case& c : {Case{Format::kF32, 1, 24, 16384}, Case{Format::kFP4, 3, 2048, 4096},
+                        Case{Format::kFP8, 40, 300, 989}}) {
+    std::mt19937_64 a(rng()), b = a;
+    const std::vector<float> first = check_case(c, a);
+    const std::vector<float> second = check_case(c, b);
+    EXPECT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0) << describe(c);
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace dsv4::test
