@@ -4,10 +4,13 @@
 // the shared expert and the gate), the achieved GB/s and its share of the copy bandwidth measured here
 // (2 GiB device-to-device cudaMemcpyAsync, read + write).
 //
-//   bench_moe [iterations=50]
+// Also: the same call back to back without the flush (L2 warm where it fits) and the host time per call.
+//
+//   bench_moe [iterations=50] [n ...=1 8 64]
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -137,6 +140,9 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   const int iterations = argc > 1 ? std::max(1, std::atoi(argv[1])) : 50;
+  std::vector<int64_t> steps;
+  for (int i = 2; i < argc; ++i) steps.push_back(std::max(1, std::atoi(argv[i])));
+  if (steps.empty()) steps = {1, 8, 64};
   try {
     ModelConfig c;
     c.dim = 4096;
@@ -208,9 +214,10 @@ int main(int argc, char** argv) {
 
     std::printf("## V4-Flash MoE decode on %s (%d SMs), copy bandwidth %.0f GB/s (2 GiB D2D, read + write)\n\n",
                 ops.props().name, ops.props().multiProcessorCount, copy_gbs);
-    std::printf("| n | µs (median of %d) | distinct experts | MB read | GB/s | %% of copy |\n", iterations);
-    std::printf("|---|---|---|---|---|---|\n");
-    for (int64_t n : {1, 8, 64}) {
+    std::printf("| n | µs (median of %d) | distinct experts | MB read | GB/s | %% of copy | µs back to back | host µs |\n",
+                iterations);
+    std::printf("|---|---|---|---|---|---|---|---|\n");
+    for (int64_t n : steps) {
       std::vector<float> x(size_t(n * D));
       for (float& v : x) v = x_dist(rng);
       float* dx = ops.alloc(x.size());
@@ -230,11 +237,22 @@ int main(int argc, char** argv) {
         ms_list.push_back(ms);
       }
       const double us = median(ms_list) * 1e3;
+      // Back to back: `iterations` calls between two events; the host time is the enqueue cost per call.
+      DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+      const auto t0 = std::chrono::steady_clock::now();
+      DSV4_CUDA_CHECK(cudaEventRecord(a, s));
+      for (int i = 0; i < iterations; ++i) ops.moe(w, dx, nullptr, n, dout);
+      DSV4_CUDA_CHECK(cudaEventRecord(b, s));
+      const double host_us =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iterations;
+      DSV4_CUDA_CHECK(cudaEventSynchronize(b));
+      float chain_ms = 0;
+      DSV4_CUDA_CHECK(cudaEventElapsedTime(&chain_ms, a, b));
       const size_t experts = distinct_experts(w, x, n, D, E, k);
       const double bytes = double(experts * expert_bytes + shared_bytes + gate_bytes);
       const double gbs = bytes / (us * 1e-6) / 1e9;
-      std::printf("| %lld | %.1f | %zu | %.1f | %.0f | %.0f%% |\n", (long long)n, us, experts, bytes / 1e6, gbs,
-                  100.0 * gbs / copy_gbs);
+      std::printf("| %lld | %.1f | %zu | %.1f | %.0f | %.0f%% | %.1f | %.1f |\n", (long long)n, us, experts,
+                  bytes / 1e6, gbs, 100.0 * gbs / copy_gbs, chain_ms * 1e3 / iterations, host_us);
     }
     return 0;
   } catch (const std::exception& e) {

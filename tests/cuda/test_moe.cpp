@@ -168,7 +168,7 @@ struct HostMoe {
   MoeWeights w;
   ModelConfig config;
 
-  HostMoe(const Shape& s, const Formats& f, bool hash, int64_t vocab, bool distinct_hash_rows, uint64_t seed) {
+  HostMoe(const Shape& s, const Formats& f, bool hash, int64_t vocab, uint64_t seed) {
     config.dim = s.D;
     config.moe_inter_dim = s.I;
     config.n_routed_experts = s.E;
@@ -193,17 +193,13 @@ struct HostMoe {
     w.shared.w3 = matrix(f.shared, s.I, s.D);
     w.shared.w2 = matrix(f.shared, s.D, s.I);
     std::mt19937_64 rng(seed);
-    if (hash) {
+    if (hash) {  // k distinct experts per row (the CPU reference sizes its buffers for that)
       w.tid2eid.resize(size_t(vocab * s.k));
       std::vector<int32_t> perm(static_cast<size_t>(s.E));
       for (int64_t v = 0; v < vocab; ++v) {
-        if (distinct_hash_rows) {
-          std::iota(perm.begin(), perm.end(), 0);
-          for (int64_t j = 0; j < s.k; ++j) std::swap(perm[size_t(j)], perm[size_t(j + int64_t(rng() % uint64_t(s.E - j)))]);
-          for (int64_t j = 0; j < s.k; ++j) w.tid2eid[size_t(v * s.k + j)] = perm[size_t(j)];
-        } else {  // repeats allowed: the CPU then runs the expert twice for the token
-          for (int64_t j = 0; j < s.k; ++j) w.tid2eid[size_t(v * s.k + j)] = int32_t(rng() % uint64_t(s.E));
-        }
+        std::iota(perm.begin(), perm.end(), 0);
+        for (int64_t j = 0; j < s.k; ++j) std::swap(perm[size_t(j)], perm[size_t(j + int64_t(rng() % uint64_t(s.E - j)))]);
+        for (int64_t j = 0; j < s.k; ++j) w.tid2eid[size_t(v * s.k + j)] = perm[size_t(j)];
       }
     } else {
       w.gate_bias = random_floats(size_t(s.E), rng, -0.3f, 0.3f);
@@ -323,7 +319,7 @@ TEST(CudaMoe, OddSizesEveryFormat) {
   };
   for (const Formats& f : formats)
     for (bool hash : {false, true}) {
-      const HostMoe m(shape, f, hash, 1000, /*distinct_hash_rows=*/false, rng());
+      const HostMoe m(shape, f, hash, 1000, rng());
       CudaOps ops(m.config);
       m.upload_to(ops);
       for (int64_t n : {1, 5, 16, 17, 200}) check_step(m, ops, n, rng, describe(shape, f, hash));
@@ -340,7 +336,7 @@ TEST(CudaMoe, UnalignedRowsNoClamp) {
   for (const Shape& shape : {Shape{99, 48, 5, 2, 0.0f, 1.0}, Shape{37, 19, 3, 1, 0.0f, 2.5}})
     for (const Formats& f : {Formats{Fmt::kF32, Fmt::kBF16, Fmt::kFP8}, Formats{Fmt::kBF16, Fmt::kFP8, Fmt::kF32}})
       for (bool hash : {false, true}) {
-        const HostMoe m(shape, f, hash, 50, false, rng());
+        const HostMoe m(shape, f, hash, 50, rng());
         CudaOps ops(m.config);
         m.upload_to(ops);
         for (int64_t n : {1, 3, 16, 33}) check_step(m, ops, n, rng, describe(shape, f, hash));
@@ -357,7 +353,7 @@ TEST(CudaMoe, PrefillFp4) {
   const Shape shape{1024, 512, 32, 6, 10.0f, 1.5};
   const Formats f{Fmt::kBF16, Fmt::kFP4, Fmt::kFP8};
   for (bool hash : {false, true}) {
-    const HostMoe m(shape, f, hash, 5000, true, rng());
+    const HostMoe m(shape, f, hash, 5000, rng());
     CudaOps ops(m.config);
     m.upload_to(ops);
     for (int64_t n : {64, 200}) check_step(m, ops, n, rng, describe(shape, f, hash));
@@ -372,7 +368,7 @@ TEST(CudaMoe, DeterministicAndEmptyStep) {
   SCOPED_TRACE(seed());
   std::mt19937_64 rng(seed());
   const Shape shape{256, 128, 16, 4, 1.0f, 1.5};
-  const HostMoe m(shape, {Fmt::kBF16, Fmt::kFP4, Fmt::kFP8}, false, 100, false, rng());
+  const HostMoe m(shape, {Fmt::kBF16, Fmt::kFP4, Fmt::kFP8}, false, 100, rng());
   CudaOps ops(m.config);
   m.upload_to(ops);
   const int64_t n = 40;
@@ -403,7 +399,7 @@ TEST(CudaMoe, V4FlashDecode) {
   const Shape shape{4096, 2048, 256, 6, 10.0f, 1.5};
   const Formats f{Fmt::kBF16, Fmt::kFP4, Fmt::kFP8};
   for (bool hash : {false, true}) {
-    const HostMoe m(shape, f, hash, 129280, true, rng());
+    const HostMoe m(shape, f, hash, 129280, rng());
     CudaOps ops(m.config);
     m.upload_to(ops);
     for (int64_t n : {1, 8}) check_step(m, ops, n, rng, describe(shape, f, hash));

@@ -30,7 +30,7 @@ __device__ Chunk chunk_at(const Plan& plan, int c) {
 
 // Work loop shared by both kernels: items c·row_blocks + b, taken from counters[counter] one at a time (the
 // next index is fetched while the current item runs). stage(chunk) fills xs; run(chunk, b) does the item;
-// after(b) runs once all warps have finished it.
+// after(b) runs once all warps have finished it and must contain a block barrier.
 template <class Stage, class Run, class After>
 __device__ void work_loop(const ExpertParams& p, int counter, Stage stage, Run run, After after) {
   __shared__ int next_item;
@@ -52,10 +52,10 @@ __device__ void work_loop(const ExpertParams& p, int counter, Stage stage, Run r
     if (threadIdx.x == 0) prefetched = atomicAdd(&p.plan.counters[counter], 1);
     run(chunk, b);
     __syncthreads();
+    // Everyone reads next_item past after()'s barrier; thread 0 rewrites it only past the next item's first.
     if (threadIdx.x == 0) next_item = prefetched;
-    after(b);  // contains a barrier
+    after(b);
     item = next_item;
-    __syncthreads();  // everyone has read next_item before thread 0 may overwrite it
   }
 }
 
@@ -203,38 +203,24 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_kernel(ExpertPa
       case WFormat::kBF16: down_item_any_rows<WFormat::kBF16>(p, mats, format.aligned, chunk, block, xs); break;
       default: down_item_any_rows<WFormat::kF32>(p, mats, format.aligned, chunk, block, xs); break;
     }
-    __threadfence();  // this item's y rows are visible GPU-wide before its arrival is counted
   };
+  // Called after a block barrier: the fence of thread 0 (cumulative) publishes every thread's y rows before
+  // the arrival is counted, and orders the last arrival's reads after everyone else's writes.
   const auto after = [&](int64_t block) {
     if (threadIdx.x == 0) {
+      __threadfence();
       const int done = atomicAdd(&p.plan.counters[3 + block], 1) + 1;
       last_arrival = done == p.plan.counters[0];
+      __threadfence();
     }
     __syncthreads();
-    if (last_arrival) {
-      __threadfence();
-      combine_rows(p, block);
-    }
+    if (last_arrival) combine_rows(p, block);
   };
   work_loop(p, 2, stage, run, after);
 }
 
-// Blocks of `kernel` resident at once on the whole GPU with `smem` dynamic bytes (and the attribute that
-// allows more than 48 KiB), computed once per kernel, device and size.
 int resident_blocks(const void* kernel, size_t smem, int sm_count) {
-  static std::mutex mutex;
-  static std::map<std::tuple<const void*, int, size_t>, int> per_sm;
-  int device = 0;
-  DSV4_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mutex);
-  auto [it, inserted] = per_sm.try_emplace({kernel, device, smem}, 0);
-  if (inserted) {
-    if (smem > 48 * 1024)
-      DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, kExpertThreads, smem));
-    DSV4_CHECK(it->second > 0, "moe: expert kernel does not fit on an SM with ", smem, " bytes of shared memory");
-  }
-  return it->second * sm_count;
+  return prepare_kernel(kernel, kExpertThreads, smem) * sm_count;
 }
 
 void check_expert_params(const ExpertParams& p) {
@@ -244,6 +230,22 @@ void check_expert_params(const ExpertParams& p) {
 }
 
 }  // namespace
+
+int prepare_kernel(const void* kernel, int threads, size_t smem) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, size_t>, int> per_sm;
+  int device = 0;
+  DSV4_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, inserted] = per_sm.try_emplace({kernel, device, smem}, 0);
+  if (inserted) {
+    if (smem > 48 * 1024)
+      DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, threads, smem));
+    DSV4_CHECK(it->second > 0, "moe: a kernel does not fit on an SM with ", smem, " bytes of shared memory");
+  }
+  return it->second;
+}
 
 void launch_expert_up(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream) {
   check_expert_params(p);

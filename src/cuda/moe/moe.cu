@@ -113,8 +113,8 @@ LayerTables build_layer(const CudaOps& ops, const MoeWeights& w, int64_t D, int6
   return t;
 }
 
-// The layer's tables and its device entries, built and uploaded on the layer's first call (never inside a
-// graph capture: warm up first, as for every workspace).
+// The layer's tables and its device entries, built and uploaded on the layer's first call (outside a graph
+// recording, like every workspace growth).
 LayerTables layer_tables(CudaOps& ops, const MoeWeights& w, int64_t D, int64_t I, const ExpertPtrs** entries) {
   std::lock_guard<std::mutex> lock(g_tables_mutex);
   OpsTables& tables = g_tables[&ops];
@@ -130,6 +130,9 @@ LayerTables layer_tables(CudaOps& ops, const MoeWeights& w, int64_t D, int64_t I
   }
   auto it = tables.layers.find(&w);
   if (it == tables.layers.end() || !(it->second.identity == identify(w))) {
+    // Nothing changes before this check: the caller aborts the recording and runs the step directly.
+    DSV4_CHECK(capture == cudaStreamCaptureStatusNone, "moe: a layer's expert table is built on its first call, "
+               "which cannot happen inside a graph recording");
     const size_t first = tables.host.size();
     LayerTables built = build_layer(ops, w, D, I, first, tables.host);
     it = tables.layers.insert_or_assign(&w, built).first;

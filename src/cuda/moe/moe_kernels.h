@@ -103,6 +103,10 @@ constexpr int kDownRowsPerItem = kDownRowsPerWarp * kExpertWarps;
 // Activation rows a pass of `count` pairs stages and multiplies: the kernels are instantiated for 1, 2 and 4.
 __host__ __device__ constexpr int rows_for(int count) { return count <= 1 ? 1 : count == 2 ? 2 : kChunk; }
 
+// Blocks of `kernel` that fit on one SM with `threads` and `smem` dynamic bytes; allows more than 48 KiB of
+// dynamic shared memory first. Computed once per kernel, device and size (host calls stay out of the steps).
+int prepare_kernel(const void* kernel, int threads, size_t smem);
+
 // pdl: launch with programmatic stream serialization (sm_90; the kernels wait for their predecessor first).
 // sm_count sizes the work-stealing grids of the expert kernels to the blocks that fit at once.
 void launch_router_logits(const RouterLogitsParams& p, bool pdl, cudaStream_t stream);

@@ -274,8 +274,7 @@ void launch_router_logits(const RouterLogitsParams& p, bool pdl, cudaStream_t st
   const int64_t token_chunks = (p.n + kChunk - 1) / kChunk;
   DSV4_CHECK(token_chunks <= 65535, "moe router: ", p.n, " tokens in one step (at most ", 65535 * kChunk, ")");
   const size_t smem = size_t(rows_for(int(std::min<int64_t>(p.n, kChunk)))) * size_t(staged_stride(p.D)) * sizeof(float);
-  if (smem > 48 * 1024)
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(router_logits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  prepare_kernel(reinterpret_cast<const void*>(router_logits_kernel), kLogitsWarps * 32, smem);
   const dim3 grid(unsigned((p.E + kGateRowsPerBlock - 1) / kGateRowsPerBlock), unsigned(token_chunks));
   launch_kernel(router_logits_kernel, grid, dim3(kLogitsWarps * 32), smem, pdl, stream, p);
 }
