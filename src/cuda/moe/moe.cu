@@ -3,6 +3,7 @@
 // (moe_kernels.h). The per-expert pointer table of a layer is built on its first call and kept on the
 // device; the step's plan, SwiGLU outputs and per-pair down projections live in one workspace.
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -25,7 +26,39 @@ using cuda::moe::MatView;
 constexpr int kWorkspaceStep = 40;
 constexpr int kWorkspaceTables = 41;
 
-MatFormat format_of(const DeviceWeight& d) { return {d.format, d.row_bytes(), d.scale_cols, d.row_bytes() % 16 == 0}; }
+// How the kernels read a matrix. tensor_cores: FP8 with 16-byte aligned rows, or FP4 whose scales all lie in
+// the window where e2m1 · scale is exact in fp16 (fp4_fits: fp4_scales_fit over the host copies).
+MatFormat format_of(const DeviceWeight& d, bool fp4_fits) {
+  const bool aligned = d.row_bytes() % 16 == 0;
+  const bool tensor_cores = (d.format == WFormat::kFP8 && aligned) || (d.format == WFormat::kFP4 && fp4_fits);
+  return {d.format, d.row_bytes(), d.scale_cols, aligned, tensor_cores};
+}
+
+// Whether every E8M0 scale of an FP4 matrix lies in [kFp4ScaleMin, kFp4ScaleMax] (F32 scales: their
+// exponent byte; the upload accepts only powers of two).
+bool fp4_scales_fit(const Weight& w) {
+  if (w.dtype != DType::kI8) return false;
+  const int64_t srows = w.rows, scols = w.cols / 32;
+  uint8_t lo = 255, hi = 0;
+  for (int64_t r = 0; r < srows; ++r) {
+    if (w.scale_dtype == DType::kF32) {
+      for (int64_t c = 0; c < scols; ++c) {
+        uint32_t bits;
+        std::memcpy(&bits, w.scale + 4 * (r * w.scale_stride + c), 4);
+        const uint8_t e = uint8_t(bits >> 23);
+        lo = std::min(lo, e);
+        hi = std::max(hi, e);
+      }
+    } else {
+      const uint8_t* row = w.scale + r * w.scale_stride;
+      for (int64_t c = 0; c < scols; ++c) {
+        lo = std::min(lo, row[c]);
+        hi = std::max(hi, row[c]);
+      }
+    }
+  }
+  return lo >= cuda::moe::kFp4ScaleMin && hi <= cuda::moe::kFp4ScaleMax;
+}
 
 const void* scale_of(const DeviceWeight& d) {
   if (d.format == WFormat::kFP8) return d.scale_f32;
@@ -39,8 +72,8 @@ bool same_layout(const DeviceWeight& a, const DeviceWeight& b) {
   return a.format == b.format && a.rows == b.rows && a.cols == b.cols && a.scale_cols == b.scale_cols;
 }
 
-// What a layer's kernels need from its weights, resolved once: 3·E + 4 weight lookups per call would cost
-// more host time than the decode kernels take.
+// What a layer's kernels need from its weights, resolved once: 3·E + 4 weight lookups (and the FP4 scale
+// scan) per call would cost more host time than the decode kernels take.
 // The host storage a MoeWeights pointed to when its table was built: a changed struct at the same address
 // gets a new table.
 struct Identity {
@@ -61,7 +94,7 @@ Identity identify(const MoeWeights& w) {
 struct LayerTables {
   Identity identity;
   DeviceWeight gate, shared_w1, shared_w3, shared_w2;
-  MatFormat routed_up, routed_down;
+  MatFormat routed_up, routed_down, shared_up, shared_down;
   size_t first_entry = 0;  // this layer's E entries in the device table
 };
 
@@ -100,8 +133,7 @@ LayerTables build_layer(const CudaOps& ops, const MoeWeights& w, int64_t D, int6
   const DeviceWeight& w2 = ops.dev(w.experts.front().w2);
   check_shape(w1, I, D, "expert 0 w1");
   check_shape(w2, D, I, "expert 0 w2");
-  t.routed_up = format_of(w1);
-  t.routed_down = format_of(w2);
+  bool up_fits = true, down_fits = true;  // FP4 scales in the tensor-core window, over all routed experts
   for (size_t e = 0; e < w.experts.size(); ++e) {
     const DeviceWeight& a = ops.dev(w.experts[e].w1);
     const DeviceWeight& b = ops.dev(w.experts[e].w3);
@@ -109,7 +141,13 @@ LayerTables build_layer(const CudaOps& ops, const MoeWeights& w, int64_t D, int6
     DSV4_CHECK(same_layout(a, w1) && same_layout(b, w1) && same_layout(c, w2), "moe: expert ", e,
                " differs in shape or format from expert 0 (one kernel serves all routed experts of a layer)");
     host.push_back({a.data, b.data, c.data, scale_of(a), scale_of(b), scale_of(c)});
+    if (a.format == WFormat::kFP4) up_fits = up_fits && fp4_scales_fit(w.experts[e].w1) && fp4_scales_fit(w.experts[e].w3);
+    if (c.format == WFormat::kFP4) down_fits = down_fits && fp4_scales_fit(w.experts[e].w2);
   }
+  t.routed_up = format_of(w1, up_fits);
+  t.routed_down = format_of(w2, down_fits);
+  t.shared_up = format_of(t.shared_w1, fp4_scales_fit(w.shared.w1) && fp4_scales_fit(w.shared.w3));
+  t.shared_down = format_of(t.shared_w2, fp4_scales_fit(w.shared.w2));
   return t;
 }
 
@@ -222,7 +260,7 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
   cuda::moe::RouterLogitsParams logits;
   logits.x = x;
   logits.gate = view_of(layer.gate);
-  logits.gate_format = format_of(layer.gate);
+  logits.gate_format = format_of(layer.gate, false);  // the router runs on fp32 FMAs
   logits.n = n;
   logits.D = D;
   logits.E = E;
@@ -250,8 +288,8 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
   ep.shared_w1 = view_of(layer.shared_w1);
   ep.shared_w3 = view_of(layer.shared_w3);
   ep.shared_w2 = view_of(layer.shared_w2);
-  ep.shared_up = format_of(layer.shared_w1);
-  ep.shared_down = format_of(layer.shared_w2);
+  ep.shared_up = layer.shared_up;
+  ep.shared_down = layer.shared_down;
   ep.n = n;
   ep.D = D;
   ep.I = I;

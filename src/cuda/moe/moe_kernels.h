@@ -15,6 +15,7 @@
 #include "cuda/common/check.h"
 #include "cuda/common/device_weight.h"
 #include "cuda/moe/weight_dot.cuh"
+#include "cuda/moe/weight_mma.cuh"
 
 namespace dsv4::cuda::moe {
 
@@ -37,7 +38,8 @@ struct MatFormat {
   WFormat format = WFormat::kF32;
   int64_t row_bytes = 0;
   int64_t scale_cols = 0;
-  bool aligned = true;  // row_bytes % 16 == 0: 16-byte loads
+  bool aligned = true;        // row_bytes % 16 == 0: 16-byte loads
+  bool tensor_cores = false;  // FP4 (scales in the fp16 window) or aligned FP8: weight_mma.cuh
 };
 
 // The step's plan, in the workspace. P = n·k routed pairs; pair p = t·k + j is token t's j-th choice.
@@ -94,9 +96,12 @@ struct ExpertParams {
   float* out = nullptr;       // [n, D]
 };
 
-constexpr int kUpRowsPerWarp = 2;    // rows of w1 and of w3 per warp
-constexpr int kDownRowsPerWarp = 4;  // rows of w2 per warp
+// Items: kUpRowsPerItem rows of w1 and w3, kDownRowsPerItem rows of w2. fp32 path: each warp owns
+// kUpRowsPerWarp / kDownRowsPerWarp whole rows; tensor-core path: the warps split K over 16-row tiles.
+constexpr int kUpRowsPerWarp = 2;
+constexpr int kDownRowsPerWarp = 4;
 constexpr int kExpertWarps = 8;
+constexpr int kMmaRows = 16, kMmaCols = 8;  // mma m16n8k16: rows of a tile, tokens
 constexpr int kUpRowsPerItem = kUpRowsPerWarp * kExpertWarps;
 constexpr int kDownRowsPerItem = kDownRowsPerWarp * kExpertWarps;
 

@@ -165,6 +165,9 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
   __shared__ int warp_counts[kRouteWarps][kMaxExperts];  // pass 1: pairs per (warp range, expert); then bases
   __shared__ int expert_offset[kMaxExperts];
   __shared__ int warp_totals[kRouteWarps];
+  // expert_up may start at once: its shared-expert items read only x (complete: router_logits waited for
+  // it before letting this kernel launch) and wait for this kernel before anything routed.
+  allow_dependents();
   wait_for_predecessor();
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const Plan& plan = p.plan;

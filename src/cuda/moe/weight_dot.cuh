@@ -296,13 +296,20 @@ __device__ __forceinline__ void stage_rows(const float* __restrict__ src, int64_
   }
 }
 
-// Programmatic dependent launch (sm_90): a kernel may start while its predecessor drains; it waits here
-// before touching anything the predecessor wrote, and lets its own successor launch early.
+// Programmatic dependent launch (sm_90): a kernel may start while its predecessor drains. It waits for the
+// predecessor (complete, memory visible) before touching anything the predecessor wrote, and lets its own
+// successor launch once every block has allowed it; the successor waits in turn before it reads.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
 __device__ __forceinline__ void wait_for_predecessor() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;");
 #endif
+  allow_dependents();
 }
 
 }  // namespace dsv4::cuda::moe
