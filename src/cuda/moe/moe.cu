@@ -1,11 +1,306 @@
-// moe family (CUDA)
+// moe family (CUDA): CudaOps::moe, the same function as CpuOps::moe (src/cpu/moe.cpp, spec §9) in four
+// launches on the stream and no host round-trip: router_logits → route → expert_up → expert_down
+// (moe_kernels.h). The per-expert pointer table of a layer is built on its first call and kept on the
+// device; the step's plan, SwiGLU outputs and per-pair down projections live in one workspace.
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
 #include "core/error.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/moe/moe_kernels.h"
 
 namespace dsv4 {
 
-void CudaOps::moe(const MoeWeights&, const float*, const int32_t*, int64_t, float*) {
-  fail("CUDA backend: moe is not implemented yet");
+namespace {
+
+using cuda::DeviceWeight;
+using cuda::WFormat;
+using cuda::moe::ExpertPtrs;
+using cuda::moe::MatFormat;
+using cuda::moe::MatView;
+
+// Workspace slots of the moe family (CudaOps::workspace): the step's buffers, and the expert tables.
+constexpr int kWorkspaceStep = 40;
+constexpr int kWorkspaceTables = 41;
+
+// How the kernels read a matrix. tensor_cores: FP8 with 16-byte aligned rows, or FP4 whose scales all lie in
+// the window where e2m1 · scale is exact in fp16 (fp4_fits: fp4_scales_fit over the host copies).
+MatFormat format_of(const DeviceWeight& d, bool fp4_fits) {
+  const bool aligned = d.row_bytes() % 16 == 0;
+  const bool tensor_cores = (d.format == WFormat::kFP8 && aligned) || (d.format == WFormat::kFP4 && fp4_fits);
+  return {d.format, d.row_bytes(), d.scale_cols, aligned, tensor_cores};
+}
+
+// Whether every E8M0 scale of an FP4 matrix lies in [kFp4ScaleMin, kFp4ScaleMax] (F32 scales: their
+// exponent byte; the upload accepts only powers of two).
+bool fp4_scales_fit(const Weight& w) {
+  if (w.dtype != DType::kI8) return false;
+  const int64_t srows = w.rows, scols = w.cols / 32;
+  uint8_t lo = 255, hi = 0;
+  for (int64_t r = 0; r < srows; ++r) {
+    if (w.scale_dtype == DType::kF32) {
+      for (int64_t c = 0; c < scols; ++c) {
+        uint32_t bits;
+        std::memcpy(&bits, w.scale + 4 * (r * w.scale_stride + c), 4);
+        const uint8_t e = uint8_t(bits >> 23);
+        lo = std::min(lo, e);
+        hi = std::max(hi, e);
+      }
+    } else {
+      const uint8_t* row = w.scale + r * w.scale_stride;
+      for (int64_t c = 0; c < scols; ++c) {
+        lo = std::min(lo, row[c]);
+        hi = std::max(hi, row[c]);
+      }
+    }
+  }
+  return lo >= cuda::moe::kFp4ScaleMin && hi <= cuda::moe::kFp4ScaleMax;
+}
+
+const void* scale_of(const DeviceWeight& d) {
+  if (d.format == WFormat::kFP8) return d.scale_f32;
+  if (d.format == WFormat::kFP4) return d.scale_e8m0;
+  return nullptr;
+}
+
+MatView view_of(const DeviceWeight& d) { return {d.data, scale_of(d), d.row_bytes(), d.scale_cols}; }
+
+bool same_layout(const DeviceWeight& a, const DeviceWeight& b) {
+  return a.format == b.format && a.rows == b.rows && a.cols == b.cols && a.scale_cols == b.scale_cols;
+}
+
+// What a layer's kernels need from its weights, resolved once: 3·E + 4 weight lookups (and the FP4 scale
+// scan) per call would cost more host time than the decode kernels take.
+// The host storage a MoeWeights pointed to when its table was built: a changed struct at the same address
+// gets a new table.
+struct Identity {
+  const void* gate = nullptr;
+  const void* shared = nullptr;
+  const void* first = nullptr;
+  const void* last = nullptr;
+  size_t experts = 0;
+  bool operator==(const Identity& o) const {
+    return gate == o.gate && shared == o.shared && first == o.first && last == o.last && experts == o.experts;
+  }
+};
+
+Identity identify(const MoeWeights& w) {
+  return {w.gate.data, w.shared.w1.data, w.experts.front().w1.data, w.experts.back().w2.data, w.experts.size()};
+}
+
+struct LayerTables {
+  Identity identity;
+  DeviceWeight gate, shared_w1, shared_w3, shared_w2;
+  MatFormat routed_up, routed_down, shared_up, shared_down;
+  size_t first_entry = 0;  // this layer's E entries in the device table
+};
+
+// NOTE: CudaOps keeps no per-family state, so the tables live here, per CudaOps. A CudaOps destroyed and
+// another created at the same address is told apart by its stream's id (unique for the process lifetime).
+struct OpsTables {
+  unsigned long long stream_id = 0;
+  std::unordered_map<const MoeWeights*, LayerTables> layers;
+  std::vector<ExpertPtrs> host;  // every layer's entries, concatenated
+  size_t device_entries = 0;     // entries the device copy has room for
+};
+
+std::mutex g_tables_mutex;
+std::unordered_map<const CudaOps*, OpsTables> g_tables;
+
+LayerTables build_layer(const CudaOps& ops, const MoeWeights& w, int64_t D, int64_t I, size_t first_entry,
+                        std::vector<ExpertPtrs>& host) {
+  LayerTables t;
+  t.identity = identify(w);
+  t.first_entry = first_entry;
+  t.gate = ops.dev(w.gate);
+  t.shared_w1 = ops.dev(w.shared.w1);
+  t.shared_w3 = ops.dev(w.shared.w3);
+  t.shared_w2 = ops.dev(w.shared.w2);
+  const auto check_shape = [&](const DeviceWeight& d, int64_t rows, int64_t cols, const char* what) {
+    DSV4_CHECK(d.rows == rows && d.cols == cols, "moe: ", what, " is [", d.rows, ", ", d.cols, "], expected [", rows,
+               ", ", cols, "]");
+    DSV4_CHECK(d.format != WFormat::kFP4 || cols % 32 == 0, "moe: FP4 ", what, " with ", cols,
+               " columns (must be a multiple of 32)");
+  };
+  check_shape(t.shared_w1, I, D, "shared expert w1");
+  check_shape(t.shared_w3, I, D, "shared expert w3");
+  check_shape(t.shared_w2, D, I, "shared expert w2");
+  DSV4_CHECK(same_layout(t.shared_w1, t.shared_w3), "moe: shared expert w1 and w3 differ in format");
+  const DeviceWeight& w1 = ops.dev(w.experts.front().w1);
+  const DeviceWeight& w2 = ops.dev(w.experts.front().w2);
+  check_shape(w1, I, D, "expert 0 w1");
+  check_shape(w2, D, I, "expert 0 w2");
+  bool up_fits = true, down_fits = true;  // FP4 scales in the tensor-core window, over all routed experts
+  for (size_t e = 0; e < w.experts.size(); ++e) {
+    const DeviceWeight& a = ops.dev(w.experts[e].w1);
+    const DeviceWeight& b = ops.dev(w.experts[e].w3);
+    const DeviceWeight& c = ops.dev(w.experts[e].w2);
+    DSV4_CHECK(same_layout(a, w1) && same_layout(b, w1) && same_layout(c, w2), "moe: expert ", e,
+               " differs in shape or format from expert 0 (one kernel serves all routed experts of a layer)");
+    host.push_back({a.data, b.data, c.data, scale_of(a), scale_of(b), scale_of(c)});
+    if (a.format == WFormat::kFP4) up_fits = up_fits && fp4_scales_fit(w.experts[e].w1) && fp4_scales_fit(w.experts[e].w3);
+    if (c.format == WFormat::kFP4) down_fits = down_fits && fp4_scales_fit(w.experts[e].w2);
+  }
+  t.routed_up = format_of(w1, up_fits);
+  t.routed_down = format_of(w2, down_fits);
+  t.shared_up = format_of(t.shared_w1, fp4_scales_fit(w.shared.w1) && fp4_scales_fit(w.shared.w3));
+  t.shared_down = format_of(t.shared_w2, fp4_scales_fit(w.shared.w2));
+  return t;
+}
+
+// The layer's tables and its device entries, built and uploaded on the layer's first call (outside a graph
+// recording, like every workspace growth).
+LayerTables layer_tables(CudaOps& ops, const MoeWeights& w, int64_t D, int64_t I, const ExpertPtrs** entries) {
+  std::lock_guard<std::mutex> lock(g_tables_mutex);
+  OpsTables& tables = g_tables[&ops];
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  DSV4_CUDA_CHECK(cudaStreamIsCapturing(ops.stream(), &capture));
+  if (capture == cudaStreamCaptureStatusNone) {
+    unsigned long long id = 0;
+    DSV4_CUDA_CHECK(cudaStreamGetId(ops.stream(), &id));
+    if (id != tables.stream_id) {
+      tables = OpsTables{};
+      tables.stream_id = id;
+    }
+  }
+  auto it = tables.layers.find(&w);
+  if (it == tables.layers.end() || !(it->second.identity == identify(w))) {
+    // Nothing changes before this check: the caller aborts the recording and runs the step directly.
+    DSV4_CHECK(capture == cudaStreamCaptureStatusNone, "moe: a layer's expert table is built on its first call, "
+               "which cannot happen inside a graph recording");
+    const size_t first = tables.host.size();
+    LayerTables built = build_layer(ops, w, D, I, first, tables.host);
+    it = tables.layers.insert_or_assign(&w, built).first;
+    const size_t bytes_per = sizeof(ExpertPtrs);
+    if (tables.host.size() > tables.device_entries) {
+      // Growth replaces the buffer: upload every layer's entries again.
+      tables.device_entries = std::max(tables.host.size(), 2 * tables.device_entries);
+      void* d = ops.workspace(kWorkspaceTables, tables.device_entries * bytes_per);
+      DSV4_CUDA_CHECK(cudaMemcpyAsync(d, tables.host.data(), tables.host.size() * bytes_per, cudaMemcpyHostToDevice,
+                                      ops.stream()));
+    } else {
+      auto* d = static_cast<ExpertPtrs*>(ops.workspace(kWorkspaceTables, tables.device_entries * bytes_per));
+      DSV4_CUDA_CHECK(cudaMemcpyAsync(d + first, tables.host.data() + first, (tables.host.size() - first) * bytes_per,
+                                      cudaMemcpyHostToDevice, ops.stream()));
+    }
+  }
+  *entries = static_cast<const ExpertPtrs*>(ops.workspace(kWorkspaceTables, tables.device_entries * sizeof(ExpertPtrs))) +
+             it->second.first_entry;
+  return it->second;
+}
+
+// Bump allocator over the step workspace (256-byte aligned regions).
+class Carve {
+ public:
+  template <class T>
+  T* take(int64_t count) {
+    const size_t at = used_;
+    used_ += (size_t(count) * sizeof(T) + 255) / 256 * 256;
+    return reinterpret_cast<T*>(base_ + at);  // base_ = 0 on the sizing pass: nothing is dereferenced
+  }
+  void set_base(void* base) { base_ = reinterpret_cast<uintptr_t>(base); used_ = 0; }
+  size_t used() const { return used_; }
+
+ private:
+  uintptr_t base_ = 0;
+  size_t used_ = 0;
+};
+
+cuda::moe::Plan carve_plan(Carve& c, int64_t n, int64_t E, int64_t k, int64_t D, int64_t I, int64_t down_blocks) {
+  const int64_t P = n * k;
+  const int64_t max_chunks = (n + cuda::moe::kChunk - 1) / cuda::moe::kChunk + (P + cuda::moe::kChunk - 1) / cuda::moe::kChunk +
+                             std::min(E, P);
+  cuda::moe::Plan plan;
+  plan.scores = c.take<float>(n * E);
+  plan.topk_expert = c.take<int32_t>(P);
+  plan.topk_weight = c.take<float>(P);
+  plan.combine_order = c.take<int32_t>(P);
+  plan.pair_token = c.take<int32_t>(P + n);
+  plan.pair_out = c.take<int32_t>(P + n);
+  plan.pair_weight = c.take<float>(P + n);
+  plan.chunk_pair = c.take<int32_t>(max_chunks);
+  plan.chunk_count = c.take<int32_t>(max_chunks);
+  plan.chunk_expert = c.take<int32_t>(max_chunks);
+  plan.counters = c.take<int32_t>(3 + down_blocks);
+  plan.h = c.take<float>((P + n) * I);
+  plan.y = c.take<float>(n * (k + 1) * D);
+  return plan;
+}
+
+}  // namespace
+
+void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) {
+  const int64_t D = config_.dim, I = config_.moe_inter_dim, E = config_.n_routed_experts;
+  const int64_t k = config_.n_experts_per_tok;
+  const bool hash = !w.tid2eid.empty();
+  DSV4_CHECK(n >= 0, "moe: negative token count ", n);
+  DSV4_CHECK(int64_t(w.experts.size()) == E && E > 0, "moe: ", w.experts.size(), " routed experts, config says ", E);
+  DSV4_CHECK(hash || int64_t(w.gate_bias.size()) == E, "moe: gate.bias has ", w.gate_bias.size(),
+             " entries, expected ", E);
+  DSV4_CHECK(!hash || int64_t(w.tid2eid.size()) % k == 0, "moe: tid2eid size ", w.tid2eid.size(),
+             " is not a multiple of k = ", k);
+  DSV4_CHECK(!hash || tokens != nullptr, "moe: a hash-routed layer needs the step's tokens");
+  if (n == 0) return;
+
+  const ExpertPtrs* experts = nullptr;
+  const LayerTables layer = layer_tables(*this, w, D, I, &experts);
+  DSV4_CHECK(layer.gate.rows == E && layer.gate.cols == D, "moe: gate is [", layer.gate.rows, ", ", layer.gate.cols,
+             "], expected [", E, ", ", D, "]");
+
+  const int64_t down_blocks = cuda::ceil_div(D, cuda::moe::kDownRowsPerItem);
+  Carve carve;
+  carve_plan(carve, n, E, k, D, I, down_blocks);  // sizes only
+  carve.set_base(workspace(kWorkspaceStep, carve.used()));
+  const cuda::moe::Plan plan = carve_plan(carve, n, E, k, D, I, down_blocks);
+
+  const bool pdl = props_.major >= 9;
+  cuda::moe::RouterLogitsParams logits;
+  logits.x = x;
+  logits.gate = view_of(layer.gate);
+  logits.gate_format = format_of(layer.gate, false);  // the router runs on fp32 FMAs
+  logits.n = n;
+  logits.D = D;
+  logits.E = E;
+  logits.logits = plan.scores;
+  cuda::moe::launch_router_logits(logits, pdl, stream_);
+
+  cuda::moe::RouteParams route;
+  route.plan = plan;
+  route.gate_bias = hash ? nullptr : dev(w.gate_bias);
+  route.tid2eid = hash ? dev(w.tid2eid) : nullptr;
+  route.tokens = hash ? tokens : nullptr;
+  route.n = n;
+  route.E = E;
+  route.k = k;
+  route.routed_scaling_factor = float(config_.routed_scaling_factor);
+  route.down_row_blocks = down_blocks;
+  cuda::moe::launch_route(route, pdl, stream_);
+
+  cuda::moe::ExpertParams ep;
+  ep.plan = plan;
+  ep.x = x;
+  ep.experts = experts;
+  ep.routed_up = layer.routed_up;
+  ep.routed_down = layer.routed_down;
+  ep.shared_w1 = view_of(layer.shared_w1);
+  ep.shared_w3 = view_of(layer.shared_w3);
+  ep.shared_w2 = view_of(layer.shared_w2);
+  ep.shared_up = layer.shared_up;
+  ep.shared_down = layer.shared_down;
+  ep.n = n;
+  ep.D = D;
+  ep.I = I;
+  ep.k = k;
+  ep.swiglu_limit = float(config_.swiglu_limit);
+  ep.staged_rows = cuda::moe::rows_for(int(std::min<int64_t>(cuda::moe::kChunk, n * k)));
+  ep.out = out;
+  ep.row_blocks = cuda::ceil_div(I, cuda::moe::kUpRowsPerItem);
+  cuda::moe::launch_expert_up(ep, props_.multiProcessorCount, pdl, stream_);
+  ep.row_blocks = down_blocks;
+  cuda::moe::launch_expert_down(ep, props_.multiProcessorCount, pdl, stream_);
 }
 
 }  // namespace dsv4

@@ -1,0 +1,262 @@
+// bench_moe: the V4-Flash MoE layer (D 4096, 256 FP4 experts of width 2048, top-6, FP8 shared expert, BF16
+// gate) on the CUDA backend, decode steps of n tokens. Reports µs per CudaOps::moe call (L2 flushed before
+// each), the weight bytes the step must read (distinct selected experts × w1, w3, w2 with their scales, plus
+// the shared expert and the gate), the achieved GB/s and its share of the copy bandwidth measured here
+// (2 GiB device-to-device cudaMemcpyAsync, read + write).
+//
+// Also: the same call back to back without the flush (L2 warm where it fits) and the host time per call.
+//
+//   bench_moe [iterations=50] [n ...=1 8 64]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "core/dtype.h"
+#include "cuda/common/check.h"
+#include "cuda/cuda_ops.h"
+
+namespace {
+
+using namespace dsv4;
+
+struct SplitMix {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  void fill(uint8_t* p, size_t n) {
+    for (size_t i = 0; i < n; i += 8) {
+      const uint64_t v = next();
+      std::memcpy(p + i, &v, std::min<size_t>(8, n - i));
+    }
+  }
+};
+
+// Random matrices in checkpoint layouts; storage owned by the bench.
+struct Storage {
+  std::vector<std::unique_ptr<std::vector<uint8_t>>> blobs;
+  SplitMix rng{12345};
+  uint8_t* blob(size_t n) {
+    blobs.push_back(std::make_unique<std::vector<uint8_t>>(n));
+    rng.fill(blobs.back()->data(), n);
+    return blobs.back()->data();
+  }
+  Weight fp4(int64_t rows, int64_t cols) {
+    Weight w;
+    w.dtype = DType::kI8;
+    w.rows = rows;
+    w.cols = cols;
+    w.data = blob(size_t(rows * cols / 2));
+    w.row_stride = cols / 2;
+    uint8_t* s = blob(size_t(rows * cols / 32));
+    for (int64_t i = 0; i < rows * cols / 32; ++i) s[i] = uint8_t(120 + s[i] % 3);
+    w.scale = s;
+    w.scale_dtype = DType::kF8E8M0;
+    w.scale_block_rows = 1;
+    w.scale_block_cols = 32;
+    w.scale_stride = cols / 32;
+    return w;
+  }
+  Weight fp8(int64_t rows, int64_t cols) {
+    Weight w;
+    w.dtype = DType::kF8E4M3;
+    w.rows = rows;
+    w.cols = cols;
+    uint8_t* d = blob(size_t(rows * cols));
+    for (int64_t i = 0; i < rows * cols; ++i)
+      if ((d[i] & 0x7F) == 0x7F) d[i] ^= 1;
+    w.data = d;
+    w.row_stride = cols;
+    const int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+    uint8_t* s = blob(size_t(sr * sc));
+    for (int64_t i = 0; i < sr * sc; ++i) s[i] = uint8_t(117 + s[i] % 3);
+    w.scale = s;
+    w.scale_dtype = DType::kF8E8M0;
+    w.scale_block_rows = w.scale_block_cols = 128;
+    w.scale_stride = sc;
+    return w;
+  }
+  Weight bf16(int64_t rows, int64_t cols) {
+    Weight w;
+    w.dtype = DType::kBF16;
+    w.rows = rows;
+    w.cols = cols;
+    auto* d = reinterpret_cast<uint16_t*>(blob(size_t(rows * cols * 2)));
+    for (int64_t i = 0; i < rows * cols; ++i) d[i] = f32_to_bf16(float(int(d[i] % 2001) - 1000) * 3e-5f);
+    w.data = reinterpret_cast<const uint8_t*>(d);
+    w.row_stride = cols * 2;
+    return w;
+  }
+};
+
+size_t weight_bytes(const Weight& w) {
+  size_t b = size_t(w.rows * w.row_stride);
+  if (w.dtype == DType::kI8) b += size_t(w.rows * (w.cols / 32));
+  if (w.dtype == DType::kF8E4M3) b += size_t(((w.rows + 127) / 128) * ((w.cols + 127) / 128)) * 4;  // f32 on device
+  return b;
+}
+
+// The experts the step selects (host replica of the router: same formula, fp32), for the byte count.
+size_t distinct_experts(const MoeWeights& w, const std::vector<float>& x, int64_t n, int64_t D, int64_t E, int64_t k) {
+  std::set<int> chosen;
+  std::vector<float> biased(static_cast<size_t>(E));
+  std::vector<int> order(static_cast<size_t>(E));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t e = 0; e < E; ++e) {
+      float z = 0;
+      for (int64_t i = 0; i < D; ++i) {
+        uint16_t b;
+        std::memcpy(&b, w.gate.data + e * w.gate.row_stride + 2 * i, 2);
+        z += bf16_to_f32(b) * x[size_t(t * D + i)];
+      }
+      biased[size_t(e)] = std::sqrt(z > 20 ? z : std::log1p(std::exp(z))) + w.gate_bias[size_t(e)];
+    }
+    for (int e = 0; e < int(E); ++e) order[size_t(e)] = e;
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int a, int b) { return biased[size_t(a)] > biased[size_t(b)]; });
+    for (int64_t j = 0; j < k; ++j) chosen.insert(order[size_t(j)]);
+  }
+  return chosen.size();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int iterations = argc > 1 ? std::max(1, std::atoi(argv[1])) : 50;
+  std::vector<int64_t> steps;
+  for (int i = 2; i < argc; ++i) steps.push_back(std::max(1, std::atoi(argv[i])));
+  if (steps.empty()) steps = {1, 8, 64};
+  try {
+    ModelConfig c;
+    c.dim = 4096;
+    c.moe_inter_dim = 2048;
+    c.n_routed_experts = 256;
+    c.n_experts_per_tok = 6;
+    c.swiglu_limit = 10.0;
+    c.routed_scaling_factor = 1.5;
+    const int64_t D = c.dim, I = c.moe_inter_dim, E = c.n_routed_experts, k = c.n_experts_per_tok;
+
+    std::fprintf(stderr, "building %lld FP4 experts...\n", (long long)E);
+    Storage st;
+    MoeWeights w;
+    w.gate = st.bf16(E, D);
+    w.experts.resize(size_t(E));
+    for (auto& e : w.experts) {
+      e.w1 = st.fp4(I, D);
+      e.w3 = st.fp4(I, D);
+      e.w2 = st.fp4(D, I);
+    }
+    w.shared = {st.fp8(I, D), st.fp8(I, D), st.fp8(D, I)};
+    std::mt19937_64 rng(7);
+    std::uniform_real_distribution<float> bias_dist(-0.05f, 0.05f), x_dist(-1.0f, 1.0f);
+    w.gate_bias.resize(size_t(E));
+    for (float& b : w.gate_bias) b = bias_dist(rng);
+
+    CudaOps ops(c);
+    std::fprintf(stderr, "uploading...\n");
+    ops.upload(w.gate);
+    for (const auto& e : w.experts) {
+      ops.upload(e.w1);
+      ops.upload(e.w3);
+      ops.upload(e.w2);
+    }
+    ops.upload(w.shared.w1);
+    ops.upload(w.shared.w3);
+    ops.upload(w.shared.w2);
+    ops.upload(w.gate_bias);
+    cudaStream_t s = ops.stream();
+
+    // Yardstick: 2 GiB device-to-device copy.
+    const size_t copy_bytes = size_t(2) << 30;
+    void *src = nullptr, *dst = nullptr, *flush = nullptr;
+    const size_t flush_bytes = size_t(256) << 20;  // several times the L2
+    DSV4_CUDA_CHECK(cudaMalloc(&src, copy_bytes));
+    DSV4_CUDA_CHECK(cudaMalloc(&dst, copy_bytes));
+    DSV4_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
+    DSV4_CUDA_CHECK(cudaMemsetAsync(src, 1, copy_bytes, s));
+    cudaEvent_t a, b;
+    DSV4_CUDA_CHECK(cudaEventCreate(&a));
+    DSV4_CUDA_CHECK(cudaEventCreate(&b));
+    std::vector<double> copy_ms;
+    for (int i = 0; i < 6; ++i) {
+      DSV4_CUDA_CHECK(cudaEventRecord(a, s));
+      DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, s));
+      DSV4_CUDA_CHECK(cudaEventRecord(b, s));
+      DSV4_CUDA_CHECK(cudaEventSynchronize(b));
+      float ms = 0;
+      DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      if (i > 0) copy_ms.push_back(ms);
+    }
+    const double copy_gbs = 2.0 * double(copy_bytes) / (median(copy_ms) * 1e-3) / 1e9;
+    DSV4_CUDA_CHECK(cudaFree(src));
+    DSV4_CUDA_CHECK(cudaFree(dst));
+
+    size_t shared_bytes = weight_bytes(w.shared.w1) + weight_bytes(w.shared.w3) + weight_bytes(w.shared.w2);
+    const size_t expert_bytes = weight_bytes(w.experts[0].w1) * 2 + weight_bytes(w.experts[0].w2);
+    const size_t gate_bytes = weight_bytes(w.gate);
+
+    std::printf("## V4-Flash MoE decode on %s (%d SMs), copy bandwidth %.0f GB/s (2 GiB D2D, read + write)\n\n",
+                ops.props().name, ops.props().multiProcessorCount, copy_gbs);
+    std::printf("| n | µs (median of %d) | distinct experts | MB read | GB/s | %% of copy | µs back to back | host µs |\n",
+                iterations);
+    std::printf("|---|---|---|---|---|---|---|---|\n");
+    for (int64_t n : steps) {
+      std::vector<float> x(size_t(n * D));
+      for (float& v : x) v = x_dist(rng);
+      float* dx = ops.alloc(x.size());
+      float* dout = ops.alloc(x.size());
+      DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+      DSV4_CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+      for (int i = 0; i < 3; ++i) ops.moe(w, dx, nullptr, n, dout);
+      std::vector<double> ms_list;
+      for (int i = 0; i < iterations; ++i) {
+        DSV4_CUDA_CHECK(cudaMemsetAsync(flush, i, flush_bytes, s));
+        DSV4_CUDA_CHECK(cudaEventRecord(a, s));
+        ops.moe(w, dx, nullptr, n, dout);
+        DSV4_CUDA_CHECK(cudaEventRecord(b, s));
+        DSV4_CUDA_CHECK(cudaEventSynchronize(b));
+        float ms = 0;
+        DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+        ms_list.push_back(ms);
+      }
+      const double us = median(ms_list) * 1e3;
+      // Back to back: `iterations` calls between two events; the host time is the enqueue cost per call.
+      DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+      const auto t0 = std::chrono::steady_clock::now();
+      DSV4_CUDA_CHECK(cudaEventRecord(a, s));
+      for (int i = 0; i < iterations; ++i) ops.moe(w, dx, nullptr, n, dout);
+      DSV4_CUDA_CHECK(cudaEventRecord(b, s));
+      const double host_us =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iterations;
+      DSV4_CUDA_CHECK(cudaEventSynchronize(b));
+      float chain_ms = 0;
+      DSV4_CUDA_CHECK(cudaEventElapsedTime(&chain_ms, a, b));
+      const size_t experts = distinct_experts(w, x, n, D, E, k);
+      const double bytes = double(experts * expert_bytes + shared_bytes + gate_bytes);
+      const double gbs = bytes / (us * 1e-6) / 1e9;
+      std::printf("| %lld | %.1f | %zu | %.1f | %.0f | %.0f%% | %.1f | %.1f |\n", (long long)n, us, experts,
+                  bytes / 1e6, gbs, 100.0 * gbs / copy_gbs, chain_ms * 1e3 / iterations, host_us);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_moe: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,411 @@
+// moe family (CUDA): the expert kernels. Both walk the plan's chunks (≤ kChunk pairs of one expert) ×
+// output row blocks as work items, taken from a device counter by persistent blocks (the shared expert's
+// chunks first: largest items first). A block stages its chunk's activation rows in shared memory once per
+// chunk change; its warps then stream the expert's rows with 16-byte loads and decode in registers, so every
+// selected expert's weights are read once per chunk. FP4 and FP8 matrices go through the tensor cores
+// (weight_mma.cuh: the 8 warps split K, partial tiles summed in a fixed order); BF16 and F32 ones, and FP4
+// blocks with scales outside the fp16 window, through fp32 FMAs (weight_dot.cuh: a warp owns whole rows).
+//   expert_up:   h[pair] = silu(min(w1·x, L)) · clamp(w3·x, −L, L) · weight     (rows of w1 and w3 together)
+//   expert_down: y[pair] = w2 · h[pair]; the block that completes an output row block last (a per-block
+//                arrival counter) sums that block's rows into out in the CPU's order: the token's experts
+//                ascending, then the shared expert. No float atomics: the result is the same every run.
+#include "cuda/moe/moe_kernels.h"
+#include "cuda/moe/weight_mma.cuh"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+namespace dsv4::cuda::moe {
+
+namespace {
+
+constexpr int kExpertThreads = kExpertWarps * 32;
+
+struct Chunk {
+  int pair0, count, expert;  // expert −1 = shared
+};
+
+__device__ Chunk chunk_at(const Plan& plan, int c) {
+  return {plan.chunk_pair[c], plan.chunk_count[c], plan.chunk_expert[c]};
+}
+
+// The shared expert's chunk c (of ceil(n / kChunk)): known without the plan (pairs P + t, t = token).
+__device__ Chunk shared_chunk(const ExpertParams& p, int c) {
+  return {int(p.n * p.k) + c * kChunk, int(std::min<int64_t>(kChunk, p.n - int64_t(c) * kChunk)), -1};
+}
+
+// Runs item c·row_blocks + b as: stage(chunk) when the block's staged chunk changes, run(chunk, b), a barrier,
+// then after(b) (which must contain a barrier). `staged` is the block's currently staged chunk.
+template <class Stage, class Run>
+__device__ void run_item(int c, int64_t b, const Chunk& chunk, int& staged, Stage& stage, Run& run) {
+  if (c != staged) {  // the previous item ended with a barrier: nobody reads the staged rows any more
+    stage(chunk);
+    staged = c;
+    __syncthreads();
+  }
+  run(chunk, b);
+  __syncthreads();
+}
+
+// Work loop over the plan's chunks first_chunk .. counters[0]−1 × row blocks, items taken from
+// counters[counter] one at a time (the next index is fetched while the current item runs).
+template <class Stage, class Run, class After>
+__device__ void work_loop(const ExpertParams& p, int counter, int first_chunk, int& staged, Stage stage, Run run,
+                          After after) {
+  __shared__ int next_item;
+  const int64_t total = int64_t(p.plan.counters[0] - first_chunk) * p.row_blocks;
+  if (threadIdx.x == 0) next_item = atomicAdd(&p.plan.counters[counter], 1);
+  __syncthreads();
+  int64_t item = next_item;
+  while (item < total) {
+    const int c = first_chunk + int(item / p.row_blocks);
+    const int64_t b = item % p.row_blocks;
+    int prefetched = 0;
+    if (threadIdx.x == 0) prefetched = atomicAdd(&p.plan.counters[counter], 1);
+    run_item(c, b, chunk_at(p.plan, c), staged, stage, run);
+    // Everyone reads next_item past after()'s barrier; thread 0 rewrites it only past the next item's first.
+    if (threadIdx.x == 0) next_item = prefetched;
+    after(b);
+    item = next_item;
+  }
+}
+
+// Shared memory of the expert kernels besides the staged rows.
+struct Scratch {
+  int shift[kChunk];                                  // tensor-core staging: x·2^shift per staged row
+  float block_max[kChunk * kExpertWarps];             // its block reduction
+  float tiles[kExpertWarps][2][kMmaRows][kMmaCols];   // tensor-core partial tiles: [warp][tile][row][token]
+};
+
+__device__ float swiglu(float g, float u, float limit, float weight) {
+  if (limit > 0.0f) {  // the CPU's std::min / std::clamp, NaN handling included
+    g = limit < g ? limit : g;
+    u = u < -limit ? -limit : (limit < u ? limit : u);
+  }
+  return g / (1.0f + expf(-g)) * u * weight;
+}
+
+// Stages the chunk's rows (row m of the chunk is src row row_index(m)) in the layout `format` reads.
+template <bool kTensorCoresOnly, class RowIndex>
+__device__ void stage_chunk(const MatFormat& format, const float* src, int64_t cols, const Chunk& chunk,
+                            RowIndex row_index, float4* smem, Scratch& scratch) {
+  const int rows = rows_for(chunk.count);
+  if (format.tensor_cores) {
+    uint4* xs = reinterpret_cast<uint4*>(smem);
+    if (format.format == WFormat::kFP4)
+      stage_rows_mma<WFormat::kFP4>(src, cols, chunk.count, rows, row_index, xs, scratch.shift, scratch.block_max);
+    else
+      stage_rows_mma<WFormat::kFP8>(src, cols, chunk.count, rows, row_index, xs, scratch.shift, scratch.block_max);
+  } else if constexpr (!kTensorCoresOnly) {
+    stage_rows(src, cols, chunk.count, rows, row_index, reinterpret_cast<float*>(smem));
+  }
+}
+
+// The item's NT tiles of 16 rows through the tensor cores, the block's warps splitting K into equal group
+// ranges; leaves each warp's partial tiles in scratch.tiles (then a barrier).
+template <WFormat F, int NT>
+__device__ void tiles_mma(const MatView (&mats)[NT], const int64_t (&row0)[NT], const int (&rows_valid)[NT],
+                          int64_t cols, const Chunk& chunk, const float4* smem, Scratch& scratch) {
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  const int64_t groups = (cols + kGroupCols<F> - 1) / kGroupCols<F>;
+  float acc[NT][4];
+  warp_mma<F, NT>(mats, row0, rows_valid, cols, groups * warp / kExpertWarps, groups * (warp + 1) / kExpertWarps,
+                  reinterpret_cast<const uint4*>(smem), mma_stride16<F>(cols), chunk.count, acc);
+  const int g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    scratch.tiles[warp][i][g][2 * c] = acc[i][0];
+    scratch.tiles[warp][i][g][2 * c + 1] = acc[i][1];
+    scratch.tiles[warp][i][g + 8][2 * c] = acc[i][2];
+    scratch.tiles[warp][i][g + 8][2 * c + 1] = acc[i][3];
+  }
+  __syncthreads();
+}
+
+// Tile i's (row r, token m) in x's units: the warps' partial sums in a fixed order, the staging shift (and
+// the FP4 offset) divided out.
+template <WFormat F>
+__device__ float tile_sum(const Scratch& scratch, int i, int r, int m) {
+  float sum = 0.0f;
+  for (int w = 0; w < kExpertWarps; ++w) sum += scratch.tiles[w][i][r][m];
+  return ldexpf(sum, -(scratch.shift[m] + (F == WFormat::kFP4 ? kFp4Offset : 0)));
+}
+
+// ---- expert_up: items of kUpRowsPerItem rows of w1 and w3
+
+template <WFormat F>
+__device__ void up_item_mma(const ExpertParams& p, const MatView (&mats)[2], const Chunk& chunk, int64_t block,
+                            const float4* smem, Scratch& scratch) {
+  static_assert(kUpRowsPerItem == kMmaRows, "an item is one tile of w1 and one of w3");
+  const int64_t row0 = block * kUpRowsPerItem;
+  const int rows_valid = int(std::min<int64_t>(kUpRowsPerItem, p.I - row0));
+  tiles_mma<F, 2>(mats, {row0, row0}, {rows_valid, rows_valid}, p.D, chunk, smem, scratch);
+  const int r = int(threadIdx.x) / kChunk, m = int(threadIdx.x) % kChunk;
+  if (r < rows_valid && m < chunk.count) {
+    const int pair = chunk.pair0 + m;
+    const float weight = chunk.expert < 0 ? 1.0f : p.plan.pair_weight[pair];  // shared: may run before route ends
+    p.plan.h[int64_t(pair) * p.I + row0 + r] =
+        swiglu(tile_sum<F>(scratch, 0, r, m), tile_sum<F>(scratch, 1, r, m), p.swiglu_limit, weight);
+  }
+}
+
+template <WFormat F, int MC>
+__device__ void up_item_fma(const ExpertParams& p, const MatView (&mats)[2], bool aligned, const Chunk& chunk,
+                            int64_t block, const float* xs) {
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  const int64_t row0 = block * kUpRowsPerItem + warp * kUpRowsPerWarp;
+  if (row0 >= p.I) return;
+  const int rows_valid = int(std::min<int64_t>(kUpRowsPerWarp, p.I - row0));
+  float acc[2][kUpRowsPerWarp][MC];
+  warp_dot<F, 2, kUpRowsPerWarp, MC>(mats, row0, rows_valid, 0, chunks_per_row<F>(p.D), aligned, xs,
+                                     staged_stride(p.D), acc);
+  warp_sum(acc);
+#pragma unroll
+  for (int r = 0; r < kUpRowsPerWarp; ++r)
+#pragma unroll
+    for (int m = 0; m < MC; ++m)
+      if (lane == r * MC + m && m < chunk.count && r < rows_valid) {
+        const int pair = chunk.pair0 + m;
+        const float weight = chunk.expert < 0 ? 1.0f : p.plan.pair_weight[pair];  // as up_item_mma
+        p.plan.h[int64_t(pair) * p.I + row0 + r] = swiglu(acc[0][r][m], acc[1][r][m], p.swiglu_limit, weight);
+      }
+}
+
+template <WFormat F>
+__device__ void up_item_fma_any_rows(const ExpertParams& p, const MatView (&mats)[2], bool aligned,
+                                     const Chunk& chunk, int64_t block, const float* xs) {
+  switch (rows_for(chunk.count)) {
+    case 1: up_item_fma<F, 1>(p, mats, aligned, chunk, block, xs); break;
+    case 2: up_item_fma<F, 2>(p, mats, aligned, chunk, block, xs); break;
+    default: up_item_fma<F, kChunk>(p, mats, aligned, chunk, block, xs); break;
+  }
+}
+
+// Persistent grid; dynamic smem: staged_rows rows of the larger of the two staging layouts.
+template <bool kTensorCoresOnly>
+__global__ void __launch_bounds__(kExpertThreads, 2) expert_up_kernel(ExpertParams p) {
+  extern __shared__ float4 smem_up[];
+  __shared__ Scratch scratch;
+  const auto format_of = [&](const Chunk& chunk) -> const MatFormat& {
+    return chunk.expert < 0 ? p.shared_up : p.routed_up;
+  };
+  const int shared_pair0 = int(p.n * p.k);  // the shared expert's pairs: token t at P + t
+  const auto stage = [&](const Chunk& chunk) {
+    stage_chunk<kTensorCoresOnly>(
+        format_of(chunk), p.x, p.D, chunk,
+        [&](int m) { return chunk.expert < 0 ? chunk.pair0 + m - shared_pair0 : p.plan.pair_token[chunk.pair0 + m]; },
+        smem_up, scratch);
+  };
+  const auto run = [&](const Chunk& chunk, int64_t block) {
+    MatView mats[2];
+    if (chunk.expert < 0) {
+      mats[0] = p.shared_w1;
+      mats[1] = p.shared_w3;
+    } else {
+      const ExpertPtrs e = p.experts[chunk.expert];
+      mats[0] = {e.w1, e.s1, p.routed_up.row_bytes, p.routed_up.scale_cols};
+      mats[1] = {e.w3, e.s3, p.routed_up.row_bytes, p.routed_up.scale_cols};
+    }
+    const MatFormat& format = format_of(chunk);
+    if (format.tensor_cores) {
+      if (format.format == WFormat::kFP4) up_item_mma<WFormat::kFP4>(p, mats, chunk, block, smem_up, scratch);
+      else up_item_mma<WFormat::kFP8>(p, mats, chunk, block, smem_up, scratch);
+    } else if constexpr (!kTensorCoresOnly) {
+      const float* xs = reinterpret_cast<const float*>(smem_up);
+      switch (format.format) {
+        case WFormat::kFP4: up_item_fma_any_rows<WFormat::kFP4>(p, mats, format.aligned, chunk, block, xs); break;
+        case WFormat::kFP8: up_item_fma_any_rows<WFormat::kFP8>(p, mats, format.aligned, chunk, block, xs); break;
+        case WFormat::kBF16: up_item_fma_any_rows<WFormat::kBF16>(p, mats, format.aligned, chunk, block, xs); break;
+        default: up_item_fma_any_rows<WFormat::kF32>(p, mats, format.aligned, chunk, block, xs); break;
+      }
+    }
+  };
+  // 1. The shared expert's items need nothing from route: they run while the router finishes, spread over
+  //    the blocks statically (its chunks are the plan's first shared_chunks).
+  const int shared_chunks = int((p.n + kChunk - 1) / kChunk);
+  int staged = -1;
+  for (int64_t item = blockIdx.x; item < shared_chunks * p.row_blocks; item += gridDim.x) {
+    const int c = int(item / p.row_blocks);
+    run_item(c, item % p.row_blocks, shared_chunk(p, c), staged, stage, run);
+  }
+  // 2. The routed chunks, once route's plan is complete.
+  wait_for_predecessor();
+  const auto after = [](int64_t) { __syncthreads(); };
+  work_loop(p, 1, shared_chunks, staged, stage, run, after);
+}
+
+// ---- expert_down: items of kDownRowsPerItem rows of w2
+
+template <WFormat F>
+__device__ void down_item_mma(const ExpertParams& p, const MatView& w2, const Chunk& chunk, int64_t block,
+                              const float4* smem, Scratch& scratch) {
+  static_assert(kDownRowsPerItem == 2 * kMmaRows, "an item is two tiles of w2");
+  const int64_t row0 = block * kDownRowsPerItem;
+  const int valid0 = int(std::min<int64_t>(kMmaRows, p.D - row0));
+  const int valid1 = int(std::max<int64_t>(0, std::min<int64_t>(kMmaRows, p.D - row0 - kMmaRows)));
+  const MatView mats[2] = {w2, w2};
+  tiles_mma<F, 2>(mats, {row0, row0 + kMmaRows}, {valid0, valid1}, p.I, chunk, smem, scratch);
+  const int t = int(threadIdx.x);
+  const int i = t / (kMmaRows * kChunk), r = t / kChunk % kMmaRows, m = t % kChunk;
+  if (i < 2 && r < (i == 0 ? valid0 : valid1) && m < chunk.count)
+    p.plan.y[int64_t(p.plan.pair_out[chunk.pair0 + m]) * p.D + row0 + i * kMmaRows + r] = tile_sum<F>(scratch, i, r, m);
+}
+
+template <WFormat F, int MC>
+__device__ void down_item_fma(const ExpertParams& p, const MatView (&mats)[1], bool aligned, const Chunk& chunk,
+                              int64_t block, const float* xs) {
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  const int64_t row0 = block * kDownRowsPerItem + warp * kDownRowsPerWarp;
+  if (row0 >= p.D) return;
+  const int rows_valid = int(std::min<int64_t>(kDownRowsPerWarp, p.D - row0));
+  float acc[1][kDownRowsPerWarp][MC];
+  warp_dot<F, 1, kDownRowsPerWarp, MC>(mats, row0, rows_valid, 0, chunks_per_row<F>(p.I), aligned, xs,
+                                       staged_stride(p.I), acc);
+  warp_sum(acc);
+#pragma unroll
+  for (int r = 0; r < kDownRowsPerWarp; ++r)
+#pragma unroll
+    for (int m = 0; m < MC; ++m)
+      if (lane == r * MC + m && m < chunk.count && r < rows_valid)
+        p.plan.y[int64_t(p.plan.pair_out[chunk.pair0 + m]) * p.D + row0 + r] = acc[0][r][m];
+}
+
+template <WFormat F>
+__device__ void down_item_fma_any_rows(const ExpertParams& p, const MatView (&mats)[1], bool aligned,
+                                       const Chunk& chunk, int64_t block, const float* xs) {
+  switch (rows_for(chunk.count)) {
+    case 1: down_item_fma<F, 1>(p, mats, aligned, chunk, block, xs); break;
+    case 2: down_item_fma<F, 2>(p, mats, aligned, chunk, block, xs); break;
+    default: down_item_fma<F, kChunk>(p, mats, aligned, chunk, block, xs); break;
+  }
+}
+
+// out[t, rows of block b] = Σ over t's choices in (expert, j) order of y[t·(k+1) + j] + y[t·(k+1) + k], the
+// CPU's accumulation order (0 + first + second …, shared expert last). y comes from other blocks: read at L2.
+__device__ void combine_rows(const ExpertParams& p, int64_t block) {
+  const int64_t d0 = block * kDownRowsPerItem;
+  const int64_t rows = std::min<int64_t>(kDownRowsPerItem, p.D - d0);
+  for (int64_t i = threadIdx.x; i < p.n * rows; i += kExpertThreads) {
+    const int64_t t = i / rows, d = d0 + i % rows;
+    const float* yt = p.plan.y + t * (p.k + 1) * p.D + d;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < p.k; ++j) sum += __ldcg(yt + int64_t(p.plan.combine_order[t * p.k + j]) * p.D);
+    sum += __ldcg(yt + p.k * p.D);
+    p.out[t * p.D + d] = sum;
+  }
+}
+
+// Persistent grid; dynamic smem: staged_rows rows of the larger of the two staging layouts.
+template <bool kTensorCoresOnly>
+__global__ void __launch_bounds__(kExpertThreads, 2) expert_down_kernel(ExpertParams p) {
+  extern __shared__ float4 smem_down[];
+  __shared__ Scratch scratch;
+  __shared__ bool last_arrival;
+  wait_for_predecessor();
+  const auto format_of = [&](const Chunk& chunk) -> const MatFormat& {
+    return chunk.expert < 0 ? p.shared_down : p.routed_down;
+  };
+  const auto stage = [&](const Chunk& chunk) {
+    stage_chunk<kTensorCoresOnly>(format_of(chunk), p.plan.h, p.I, chunk, [&](int m) { return chunk.pair0 + m; },
+                                  smem_down, scratch);
+  };
+  const auto run = [&](const Chunk& chunk, int64_t block) {
+    MatView w2;
+    if (chunk.expert < 0) {
+      w2 = p.shared_w2;
+    } else {
+      const ExpertPtrs e = p.experts[chunk.expert];
+      w2 = {e.w2, e.s2, p.routed_down.row_bytes, p.routed_down.scale_cols};
+    }
+    const MatFormat& format = format_of(chunk);
+    if (format.tensor_cores) {
+      if (format.format == WFormat::kFP4) down_item_mma<WFormat::kFP4>(p, w2, chunk, block, smem_down, scratch);
+      else down_item_mma<WFormat::kFP8>(p, w2, chunk, block, smem_down, scratch);
+    } else if constexpr (!kTensorCoresOnly) {
+      const float* xs = reinterpret_cast<const float*>(smem_down);
+      const MatView mats[1] = {w2};
+      switch (format.format) {
+        case WFormat::kFP4: down_item_fma_any_rows<WFormat::kFP4>(p, mats, format.aligned, chunk, block, xs); break;
+        case WFormat::kFP8: down_item_fma_any_rows<WFormat::kFP8>(p, mats, format.aligned, chunk, block, xs); break;
+        case WFormat::kBF16: down_item_fma_any_rows<WFormat::kBF16>(p, mats, format.aligned, chunk, block, xs); break;
+        default: down_item_fma_any_rows<WFormat::kF32>(p, mats, format.aligned, chunk, block, xs); break;
+      }
+    }
+  };
+  // Called after a block barrier: the fence of thread 0 (cumulative) publishes every thread's y rows before
+  // the arrival is counted, and orders the last arrival's reads after everyone else's writes.
+  const auto after = [&](int64_t block) {
+    if (threadIdx.x == 0) {
+      __threadfence();
+      const int done = atomicAdd(&p.plan.counters[3 + block], 1) + 1;
+      last_arrival = done == p.plan.counters[0];
+      __threadfence();
+    }
+    __syncthreads();
+    if (last_arrival) combine_rows(p, block);
+  };
+  int staged = -1;
+  work_loop(p, 2, 0, staged, stage, run, after);
+}
+
+// Bytes of one staged row of `cols` columns: the larger of the fp32 and the tensor-core layouts in use.
+size_t staged_row_bytes(int64_t cols, const MatFormat& a, const MatFormat& b) {
+  size_t bytes = 0;
+  for (const MatFormat* f : {&a, &b}) {
+    if (!f->tensor_cores) bytes = std::max(bytes, size_t(staged_stride(cols)) * sizeof(float));
+    else if (f->format == WFormat::kFP4) bytes = std::max(bytes, size_t(mma_stride16<WFormat::kFP4>(cols)) * 16);
+    else bytes = std::max(bytes, size_t(mma_stride16<WFormat::kFP8>(cols)) * 16);
+  }
+  return bytes;
+}
+
+int resident_blocks(const void* kernel, size_t smem, int sm_count) {
+  return prepare_kernel(kernel, kExpertThreads, smem) * sm_count;
+}
+
+void check_expert_params(const ExpertParams& p) {
+  DSV4_CHECK(p.n > 0 && p.D > 0 && p.I > 0 && p.k > 0, "moe experts: empty shape n=", p.n, " D=", p.D, " I=", p.I);
+  DSV4_CHECK(p.staged_rows >= 1 && p.staged_rows <= kChunk, "moe experts: staged rows ", p.staged_rows);
+  DSV4_CHECK(p.experts && p.plan.counters && p.plan.h && p.plan.y, "moe experts: missing plan buffers");
+}
+
+}  // namespace
+
+int prepare_kernel(const void* kernel, int threads, size_t smem) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, size_t>, int> per_sm;
+  int device = 0;
+  DSV4_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, inserted] = per_sm.try_emplace({kernel, device, smem}, 0);
+  if (inserted) {
+    if (smem > 48 * 1024)
+      DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, threads, smem));
+    DSV4_CHECK(it->second > 0, "moe: a kernel does not fit on an SM with ", smem, " bytes of shared memory");
+  }
+  return it->second;
+}
+
+void launch_expert_up(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream) {
+  check_expert_params(p);
+  const size_t smem = size_t(p.staged_rows) * staged_row_bytes(p.D, p.routed_up, p.shared_up);
+  const auto kernel = p.routed_up.tensor_cores && p.shared_up.tensor_cores ? expert_up_kernel<true>
+                                                                          : expert_up_kernel<false>;
+  const int grid = resident_blocks(reinterpret_cast<const void*>(kernel), smem, sm_count);
+  launch_kernel(kernel, dim3(unsigned(grid)), dim3(kExpertThreads), smem, pdl, stream, p);
+}
+
+void launch_expert_down(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream) {
+  check_expert_params(p);
+  DSV4_CHECK(p.out != nullptr, "moe experts: no output");
+  const size_t smem = size_t(p.staged_rows) * staged_row_bytes(p.I, p.routed_down, p.shared_down);
+  const auto kernel = p.routed_down.tensor_cores && p.shared_down.tensor_cores ? expert_down_kernel<true>
+                                                                              : expert_down_kernel<false>;
+  const int grid = resident_blocks(reinterpret_cast<const void*>(kernel), smem, sm_count);
+  launch_kernel(kernel, dim3(unsigned(grid)), dim3(kExpertThreads), smem, pdl, stream, p);
+}
+
+}  // namespace dsv4::cuda::moe

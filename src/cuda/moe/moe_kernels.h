@@ -1,0 +1,138 @@
+// moe family (CUDA): the launchers behind CudaOps::moe (moe.cu), in step order:
+//   router_logits  logits [n, E] = x · gateᵀ                               (route.cu)
+//   route          scores, top-k / hash choice, weights, and the grouping of (token, choice) pairs by expert
+//                  into chunks of ≤ kChunk pairs, all on the GPU (one block)  (route.cu)
+//   expert_up      h = clip-SwiGLU(w1·x, w3·x) · weight per pair             (experts.cu)
+//   expert_down    y = w2 · h per pair, then the ordered combine into out     (experts.cu)
+// Every launch reads each selected expert's weights once per chunk; the number of chunks lives on the
+// device, so nothing waits for the host between the steps.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/check.h"
+#include "cuda/common/device_weight.h"
+#include "cuda/moe/weight_dot.cuh"
+#include "cuda/moe/weight_mma.cuh"
+
+namespace dsv4::cuda::moe {
+
+constexpr int kChunk = 4;        // pairs (token rows) one pass of an expert kernel multiplies at once
+constexpr int kMaxExperts = 512;  // route keeps per-expert counters in shared memory
+constexpr int kMaxTopK = 16;
+
+// Where a routed expert's three matrices live (one entry per expert, uploaded once per layer).
+struct ExpertPtrs {
+  const uint8_t* w1;  // [I, D] data
+  const uint8_t* w3;  // [I, D]
+  const uint8_t* w2;  // [D, I]
+  const void* s1;     // their scales (nullptr for F32 / BF16)
+  const void* s3;
+  const void* s2;
+};
+
+// A family of matrices with one shape and format: the routed experts' w1/w3 (or w2), or one shared matrix.
+struct MatFormat {
+  WFormat format = WFormat::kF32;
+  int64_t row_bytes = 0;
+  int64_t scale_cols = 0;
+  bool aligned = true;        // row_bytes % 16 == 0: 16-byte loads
+  bool tensor_cores = false;  // FP4 (scales in the fp16 window) or aligned FP8: weight_mma.cuh
+};
+
+// The step's plan, in the workspace. P = n·k routed pairs; pair p = t·k + j is token t's j-th choice.
+struct Plan {
+  float* scores = nullptr;         // [n, E] router logits, then sqrt(softplus) scores in place
+  int32_t* topk_expert = nullptr;  // [n, k]
+  float* topk_weight = nullptr;    // [n, k] normalised × routed_scaling_factor
+  int32_t* combine_order = nullptr;  // [n, k] choices j sorted by (expert, j): the CPU's accumulation order
+  // Pairs sorted by expert (then by p); the n shared-expert pairs (token t, weight 1) follow at P + t.
+  int32_t* pair_token = nullptr;   // [P + n]
+  int32_t* pair_out = nullptr;     // [P + n] row of y: t·(k+1) + j, j = k for the shared expert
+  float* pair_weight = nullptr;    // [P + n]
+  // Chunks of ≤ kChunk consecutive pairs of one expert; the shared expert's chunks come first (largest work
+  // first for the work-stealing kernels).
+  int32_t* chunk_pair = nullptr;    // [max_chunks] first pair
+  int32_t* chunk_count = nullptr;   // [max_chunks] 1 .. kChunk
+  int32_t* chunk_expert = nullptr;  // [max_chunks] routed expert, −1 = shared
+  // [0] chunks, [1] expert_up's next item, [2] expert_down's next item, [3 + b] chunks done for output
+  // row block b of expert_down. route writes all of them each step.
+  int32_t* counters = nullptr;
+  float* h = nullptr;  // [P + n, I] SwiGLU output, weight applied, by pair
+  float* y = nullptr;  // [n·(k+1), D] down projections, by pair_out
+};
+
+struct RouterLogitsParams {
+  const float* x = nullptr;  // [n, D]
+  MatView gate;              // [E, D]
+  MatFormat gate_format;
+  int64_t n = 0, D = 0, E = 0;
+  float* logits = nullptr;  // [n, E]
+};
+
+struct RouteParams {
+  Plan plan;
+  const float* gate_bias = nullptr;  // [E] scored layers; nullptr on hash layers
+  const int32_t* tid2eid = nullptr;  // [V, k] hash layers; nullptr on scored layers
+  const int32_t* tokens = nullptr;   // [n] hash layers
+  int64_t n = 0, E = 0, k = 0;
+  float routed_scaling_factor = 1.0f;
+  int64_t down_row_blocks = 0;  // arrival counters to clear
+};
+
+struct ExpertParams {
+  Plan plan;
+  const float* x = nullptr;  // [n, D]
+  const ExpertPtrs* experts = nullptr;  // [E]
+  MatFormat routed_up, routed_down;     // routed w1/w3 [I, D], w2 [D, I]
+  MatView shared_w1, shared_w3, shared_w2;
+  MatFormat shared_up, shared_down;
+  int64_t n = 0, D = 0, I = 0, k = 0;
+  float swiglu_limit = 0.0f;  // 0: no clamp
+  int64_t row_blocks = 0;     // expert_up: ceil(I / rows per item); expert_down: ceil(D / rows per item)
+  int64_t staged_rows = 0;    // activation rows staged per pass: min(kChunk, n·k)
+  float* out = nullptr;       // [n, D]
+};
+
+// Items: kUpRowsPerItem rows of w1 and w3, kDownRowsPerItem rows of w2. fp32 path: each warp owns
+// kUpRowsPerWarp / kDownRowsPerWarp whole rows; tensor-core path: the warps split K over 16-row tiles.
+constexpr int kUpRowsPerWarp = 2;
+constexpr int kDownRowsPerWarp = 4;
+constexpr int kExpertWarps = 8;
+constexpr int kMmaRows = 16, kMmaCols = 8;  // mma m16n8k16: rows of a tile, tokens
+constexpr int kUpRowsPerItem = kUpRowsPerWarp * kExpertWarps;
+constexpr int kDownRowsPerItem = kDownRowsPerWarp * kExpertWarps;
+
+// Activation rows a pass of `count` pairs stages and multiplies: the kernels are instantiated for 1, 2 and 4.
+__host__ __device__ constexpr int rows_for(int count) { return count <= 1 ? 1 : count == 2 ? 2 : kChunk; }
+
+// Blocks of `kernel` that fit on one SM with `threads` and `smem` dynamic bytes; allows more than 48 KiB of
+// dynamic shared memory first. Computed once per kernel, device and size (host calls stay out of the steps).
+int prepare_kernel(const void* kernel, int threads, size_t smem);
+
+// pdl: launch with programmatic stream serialization (sm_90; the kernels wait for their predecessor first).
+// sm_count sizes the work-stealing grids of the expert kernels to the blocks that fit at once.
+void launch_router_logits(const RouterLogitsParams& p, bool pdl, cudaStream_t stream);
+void launch_route(const RouteParams& p, bool pdl, cudaStream_t stream);
+void launch_expert_up(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream);
+void launch_expert_down(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream);
+
+template <class Params>
+void launch_kernel(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem, bool pdl, cudaStream_t stream,
+                   const Params& p) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = pdl ? 1 : 0;
+  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+}
+
+}  // namespace dsv4::cuda::moe

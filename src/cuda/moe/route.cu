@@ -1,0 +1,295 @@
+// moe family (CUDA): the router. router_logits computes logits = x · gateᵀ (every gate row read once per
+// chunk of kChunk tokens, the K range split over the block's warps); route turns them into the step's plan
+// (moe_kernels.h): sqrt-softplus scores, the k experts of each token (top-k of score + bias, or the hash
+// table), their weights, and the (token, choice) pairs grouped by expert into chunks. route is one block: it
+// is tiny next to the expert weights and keeps the grouping deterministic without a host round-trip.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+#include "cuda/moe/moe_kernels.h"
+
+namespace dsv4::cuda::moe {
+
+namespace {
+
+// ---- router_logits
+
+constexpr int kLogitsWarps = 8;
+constexpr int kGateRowsPerBlock = 2;  // every warp dots both rows over its eighth of K
+
+template <WFormat F, int MC>
+__device__ void logits_chunk(const RouterLogitsParams& p, const float* xs, int64_t t0, int count, float* partials) {
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  const int64_t row0 = int64_t(blockIdx.x) * kGateRowsPerBlock;
+  const int rows_valid = int(std::min<int64_t>(kGateRowsPerBlock, p.E - row0));
+  const int64_t chunks = chunks_per_row<F>(p.D);
+  const int64_t q_begin = chunks * warp / kLogitsWarps, q_end = chunks * (warp + 1) / kLogitsWarps;
+  const MatView mats[1] = {p.gate};
+  float acc[1][kGateRowsPerBlock][MC];
+  warp_dot<F, 1, kGateRowsPerBlock, MC>(mats, row0, rows_valid, q_begin, q_end, p.gate_format.aligned, xs,
+                                        staged_stride(p.D), acc);
+  warp_sum(acc);
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < kGateRowsPerBlock; ++r)
+#pragma unroll
+      for (int m = 0; m < MC; ++m) partials[(warp * kGateRowsPerBlock + r) * kChunk + m] = acc[0][r][m];
+  __syncthreads();
+  // Fixed order over the warps: the logits do not depend on scheduling.
+  const int r = int(threadIdx.x) / kChunk, m = int(threadIdx.x) % kChunk;
+  if (r < rows_valid && m < count) {
+    float sum = 0.0f;
+    for (int w = 0; w < kLogitsWarps; ++w) sum += partials[(w * kGateRowsPerBlock + r) * kChunk + m];
+    p.logits[(t0 + m) * p.E + row0 + r] = sum;
+  }
+}
+
+template <WFormat F>
+__device__ void logits_any_rows(const RouterLogitsParams& p, const float* xs, int64_t t0, int count,
+                                float* partials) {
+  switch (rows_for(count)) {
+    case 1: logits_chunk<F, 1>(p, xs, t0, count, partials); break;
+    case 2: logits_chunk<F, 2>(p, xs, t0, count, partials); break;
+    default: logits_chunk<F, kChunk>(p, xs, t0, count, partials); break;
+  }
+}
+
+// grid (ceil(E / 2), ceil(n / kChunk)), kLogitsWarps warps; dynamic smem: rows_for(min(n, kChunk)) staged rows.
+__global__ void __launch_bounds__(kLogitsWarps * 32) router_logits_kernel(RouterLogitsParams p) {
+  extern __shared__ float4 smem_logits[];
+  float* xs = reinterpret_cast<float*>(smem_logits);
+  __shared__ float partials[kLogitsWarps * kGateRowsPerBlock * kChunk];
+  wait_for_predecessor();
+  const int64_t t0 = int64_t(blockIdx.y) * kChunk;
+  const int count = int(std::min<int64_t>(kChunk, p.n - t0));
+  stage_rows(p.x, p.D, count, rows_for(count), [&](int m) { return t0 + m; }, xs);
+  __syncthreads();
+  switch (p.gate_format.format) {
+    case WFormat::kFP4: logits_any_rows<WFormat::kFP4>(p, xs, t0, count, partials); break;
+    case WFormat::kFP8: logits_any_rows<WFormat::kFP8>(p, xs, t0, count, partials); break;
+    case WFormat::kBF16: logits_any_rows<WFormat::kBF16>(p, xs, t0, count, partials); break;
+    default: logits_any_rows<WFormat::kF32>(p, xs, t0, count, partials); break;
+  }
+}
+
+// ---- route
+
+constexpr int kRouteThreads = 512;
+constexpr int kRouteWarps = kRouteThreads / 32;
+constexpr int kScoresPerLane = kMaxExperts / 32;
+static_assert(kMaxExperts <= kRouteThreads, "route gives every expert a thread");
+
+__device__ float softplus(float z) { return z > 20.0f ? z : log1pf(expf(z)); }  // PyTorch's threshold, as the CPU
+
+// Exclusive prefix of one value per thread over the block; *total gets the sum. Called by every thread.
+__device__ int block_exclusive_scan(int v, int* warp_totals, int* total) {
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  int inclusive = v;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int y = __shfl_up_sync(0xFFFFFFFFu, inclusive, off);
+    if (lane >= off) inclusive += y;
+  }
+  if (lane == 31) warp_totals[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    int s = lane < kRouteWarps ? warp_totals[lane] : 0;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int y = __shfl_up_sync(0xFFFFFFFFu, s, off);
+      if (lane >= off) s += y;
+    }
+    if (lane < kRouteWarps) warp_totals[lane] = s;
+  }
+  __syncthreads();
+  const int before = warp > 0 ? warp_totals[warp - 1] : 0;
+  *total = warp_totals[kRouteWarps - 1];
+  __syncthreads();  // warp_totals is reused by the next scan
+  return before + inclusive - v;
+}
+
+// Token t's choices, by one warp: lane j < k ends with choice j's expert. Scores replace the logits.
+__device__ int choose_experts(const RouteParams& p, int64_t t) {
+  const int lane = int(threadIdx.x % 32);
+  float* s = p.plan.scores + t * p.E;
+  float biased[kScoresPerLane];
+#pragma unroll
+  for (int i = 0; i < kScoresPerLane; ++i) {
+    const int e = lane + 32 * i;
+    biased[i] = 0.0f;
+    if (e < p.E) {
+      const float score = sqrtf(softplus(s[e]));
+      s[e] = score;
+      biased[i] = p.gate_bias ? score + p.gate_bias[e] : score;
+    }
+  }
+  int chosen = -1;
+  if (p.tid2eid) {
+    if (lane < p.k) chosen = p.tid2eid[int64_t(p.tokens[t]) * p.k + lane];
+    return chosen;
+  }
+  // k rounds of a warp argmax over the untaken experts: larger biased score first, the lower index on an
+  // exact tie (the CPU's partial_sort order). NaN ranks as −inf.
+  uint32_t taken = 0;
+  for (int j = 0; j < p.k; ++j) {
+    float best = -INFINITY;
+    int best_e = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < kScoresPerLane; ++i) {
+      const int e = lane + 32 * i;
+      if (e < p.E && !((taken >> i) & 1u)) {
+        const float v = biased[i] != biased[i] ? -INFINITY : biased[i];
+        if (v > best || (v == best && e < best_e)) {
+          best = v;
+          best_e = e;
+        }
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ov = __shfl_xor_sync(0xFFFFFFFFu, best, off);
+      const int oe = __shfl_xor_sync(0xFFFFFFFFu, best_e, off);
+      if (ov > best || (ov == best && oe < best_e)) {
+        best = ov;
+        best_e = oe;
+      }
+    }
+    if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
+    if (lane == j) chosen = best_e;
+  }
+  return chosen;
+}
+
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
+  __shared__ int warp_counts[kRouteWarps][kMaxExperts];  // pass 1: pairs per (warp range, expert); then bases
+  __shared__ int expert_offset[kMaxExperts];
+  __shared__ int warp_totals[kRouteWarps];
+  // expert_up may start at once: its shared-expert items read only x (complete: router_logits waited for
+  // it before letting this kernel launch) and wait for this kernel before anything routed.
+  allow_dependents();
+  wait_for_predecessor();
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  const Plan& plan = p.plan;
+  const int k = int(p.k);
+
+  // 1. Per token: scores, choices, weights = score / Σ chosen scores × routed_scaling_factor (the CPU's
+  //    order: the sum runs over j = 0 .. k−1), and the combine order.
+  for (int64_t t = warp; t < p.n; t += kRouteWarps) {
+    const int chosen = choose_experts(p, t);
+    __syncwarp();  // the lanes' score writes are visible to the warp
+    const float score = lane < k ? plan.scores[t * p.E + chosen] : 0.0f;
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) sum += __shfl_sync(0xFFFFFFFFu, score, j);
+    int rank = 0;  // position of (chosen, lane) among the token's (expert, j) in ascending order
+    for (int j = 0; j < k; ++j) {
+      const int other = __shfl_sync(0xFFFFFFFFu, chosen, j);
+      if (other < chosen || (other == chosen && j < lane)) ++rank;
+    }
+    if (lane < k) {
+      const float weight = score / sum;
+      plan.topk_expert[t * k + lane] = chosen;
+      plan.topk_weight[t * k + lane] = weight * p.routed_scaling_factor;
+      plan.combine_order[t * k + rank] = lane;
+    }
+  }
+  for (int i = int(threadIdx.x); i < kRouteWarps * kMaxExperts; i += kRouteThreads) (&warp_counts[0][0])[i] = 0;
+  __syncthreads();
+
+  // 2. Group the P = n·k pairs by expert, deterministically: warp w owns the contiguous pairs [lo, hi) and
+  //    counts them per expert; bases = expert offset + the counts of the warps before; then each warp places
+  //    its pairs in order (rank among equal experts within a 32-pair step from __match_any_sync).
+  const int P = int(p.n) * k;
+  const int per_warp = (P + kRouteWarps - 1) / kRouteWarps;
+  const int lo = min(P, warp * per_warp), hi = min(P, lo + per_warp);
+  for (int base = lo; base < hi; base += 32) {
+    const int pair = base + lane;
+    const int e = pair < hi ? plan.topk_expert[pair] : -1;
+    const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
+    if (e >= 0 && lane == __ffs(peers) - 1) warp_counts[warp][e] += __popc(peers);
+    __syncwarp();
+  }
+  __syncthreads();
+  const int e = int(threadIdx.x);
+  int count = 0;
+  if (e < p.E)
+    for (int w = 0; w < kRouteWarps; ++w) {
+      const int c = warp_counts[w][e];
+      warp_counts[w][e] = count;
+      count += c;
+    }
+  int total_pairs = 0, total_chunks = 0;
+  const int offset = block_exclusive_scan(count, warp_totals, &total_pairs);
+  const int chunks = (count + kChunk - 1) / kChunk;
+  const int chunk_begin = block_exclusive_scan(chunks, warp_totals, &total_chunks);
+  const int shared_chunks = int((p.n + kChunk - 1) / kChunk);
+  if (e < p.E) {
+    expert_offset[e] = offset;
+    for (int c = 0; c < chunks; ++c) {
+      const int idx = shared_chunks + chunk_begin + c;
+      plan.chunk_pair[idx] = offset + c * kChunk;
+      plan.chunk_count[idx] = min(kChunk, count - c * kChunk);
+      plan.chunk_expert[idx] = e;
+    }
+  }
+  for (int c = int(threadIdx.x); c < shared_chunks; c += kRouteThreads) {
+    plan.chunk_pair[c] = P + c * kChunk;
+    plan.chunk_count[c] = int(std::min<int64_t>(kChunk, p.n - int64_t(c) * kChunk));
+    plan.chunk_expert[c] = -1;
+  }
+  for (int t = int(threadIdx.x); t < p.n; t += kRouteThreads) {
+    plan.pair_token[P + t] = t;
+    plan.pair_out[P + t] = t * (k + 1) + k;
+    plan.pair_weight[P + t] = 1.0f;
+  }
+  __syncthreads();
+  for (int base = lo; base < hi; base += 32) {
+    const int pair = base + lane;
+    const int ex = pair < hi ? plan.topk_expert[pair] : -1;
+    const unsigned peers = __match_any_sync(0xFFFFFFFFu, ex);
+    if (ex >= 0) {
+      const int pos = expert_offset[ex] + warp_counts[warp][ex] + __popc(peers & ((1u << lane) - 1u));
+      const int t = pair / k, j = pair % k;
+      plan.pair_token[pos] = t;
+      plan.pair_out[pos] = t * (k + 1) + j;
+      plan.pair_weight[pos] = plan.topk_weight[pair];
+    }
+    __syncwarp();
+    if (ex >= 0 && lane == __ffs(peers) - 1) warp_counts[warp][ex] += __popc(peers);
+    __syncwarp();
+  }
+
+  // 3. Counters for the expert kernels (written every step, so nothing persists between steps).
+  if (threadIdx.x == 0) {
+    plan.counters[0] = shared_chunks + total_chunks;
+    plan.counters[1] = 0;
+    plan.counters[2] = 0;
+  }
+  for (int64_t b = threadIdx.x; b < p.down_row_blocks; b += kRouteThreads) plan.counters[3 + b] = 0;
+}
+
+}  // namespace
+
+void launch_router_logits(const RouterLogitsParams& p, bool pdl, cudaStream_t stream) {
+  DSV4_CHECK(p.n > 0 && p.D > 0 && p.E > 0, "moe router: empty shape n=", p.n, " D=", p.D, " E=", p.E);
+  DSV4_CHECK(p.gate_format.format != WFormat::kFP4 || p.D % 32 == 0, "moe router: FP4 gate with ", p.D,
+             " columns (must be a multiple of 32)");
+  const int64_t token_chunks = (p.n + kChunk - 1) / kChunk;
+  DSV4_CHECK(token_chunks <= 65535, "moe router: ", p.n, " tokens in one step (at most ", 65535 * kChunk, ")");
+  const size_t smem = size_t(rows_for(int(std::min<int64_t>(p.n, kChunk)))) * size_t(staged_stride(p.D)) * sizeof(float);
+  prepare_kernel(reinterpret_cast<const void*>(router_logits_kernel), kLogitsWarps * 32, smem);
+  const dim3 grid(unsigned((p.E + kGateRowsPerBlock - 1) / kGateRowsPerBlock), unsigned(token_chunks));
+  launch_kernel(router_logits_kernel, grid, dim3(kLogitsWarps * 32), smem, pdl, stream, p);
+}
+
+void launch_route(const RouteParams& p, bool pdl, cudaStream_t stream) {
+  DSV4_CHECK(p.E > 0 && p.E <= kMaxExperts, "moe route: ", p.E, " experts (supported: 1 .. ", kMaxExperts, ")");
+  DSV4_CHECK(p.k > 0 && p.k <= kMaxTopK && p.k <= p.E, "moe route: top-", p.k, " of ", p.E,
+             " experts (supported: k <= ", kMaxTopK, ")");
+  DSV4_CHECK(p.n * p.k < (int64_t(1) << 30), "moe route: ", p.n, " tokens × ", p.k, " choices is too many");
+  DSV4_CHECK((p.tid2eid != nullptr) == (p.tokens != nullptr), "moe route: hash routing needs both tid2eid and tokens");
+  DSV4_CHECK(p.tid2eid != nullptr || p.gate_bias != nullptr, "moe route: scored routing needs gate.bias");
+  launch_kernel(route_kernel, dim3(1), dim3(kRouteThreads), 0, pdl, stream, p);
+}
+
+}  // namespace dsv4::cuda::moe

@@ -1,0 +1,230 @@
+// moe family: the tensor-core inner loop for FP4 and FP8 weights (mma.sync m16n8k16, fp16 in, fp32 out).
+// A warp multiplies 16-row tiles of a matrix by ≤ 8 activation rows (the MMA's n = 8 columns are tokens).
+//
+// Exactness (the CPU computes in fp32): every weight is exact in fp16 (e4m3 always; e2m1 × its power-of-two
+// block scale within the window checked on the host, fp4_scale_in_window), and each activation row is
+// scaled by a power of two t into [2^14, 2^15) and split into two fp16 halves, hi = fp16(x·t) and
+// lo = fp16(x·t − hi): 22 significant bits, and below hi's range lo keeps an absolute 2^-24 of 2^15, so
+// hi + lo is within 2^-23 of x·t relative to the row's largest element. Products of fp16 are exact in the fp32
+// accumulator, so W·x = (W·hi + W·lo) / t matches an fp32 dot to rounding of the sum (different order).
+//
+// Loads: lane (g, c) = (lane / 4, lane % 4) reads the 16-byte chunk 4·G + c of rows g and g + 8 of the tile
+// for each K group G (FP4: 128 columns, FP8: 64), the four lanes of a row covering 64 contiguous bytes. The
+// MMA's k slots of lane c are 2c, 2c+1, 2c+8, 2c+9; they take four elements of the lane's own chunk (the K
+// order inside a group is permuted; stage_rows_mma writes the activations in the same permuted order).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/moe/weight_dot.cuh"
+
+namespace dsv4::cuda::moe {
+
+// FP4 weights enter the MMA as fp16(e2m1 · s · 2^kFp4Offset), exact for E8M0 scale bytes in
+// [kFp4ScaleMin, kFp4ScaleMax]; the offset is divided out after the MMA.
+constexpr int kFp4Offset = 4;
+constexpr int kFp4ScaleMin = 103, kFp4ScaleMax = 132;  // normal fp16 scale, products ≥ 2^-24 and ≤ 65504
+
+template <WFormat F>
+constexpr int kGroupCols = 4 * kChunkElems<F>;  // columns of one K group: FP4 128, FP8 64
+template <WFormat F>
+constexpr int kMmasPerChunk = kChunkElems<F> / 4;  // MMAs a lane's 16-byte chunk feeds: FP4 8, FP8 4
+
+// Staged row stride in uint4 for `cols` columns: one uint4 per (group, MMA, lane) plus 4 so that token rows
+// n and n + 1 (read in the same phase of a 128-bit load) fall on different banks.
+template <WFormat F>
+__host__ __device__ constexpr int64_t mma_stride16(int64_t cols) {
+  return (cols + kGroupCols<F> - 1) / kGroupCols<F> * kMmasPerChunk<F> * 4 + 4;
+}
+
+// The four columns (relative to the lane chunk's first) whose activations feed MMA j of a chunk, in fragment
+// order: b0 = (x[a], x[b]), b1 = (x[c], x[d]). FP4 follows the decoder in warp_mma, FP8 the bytes in order.
+template <WFormat F>
+__device__ __forceinline__ void mma_columns(int j, int (&col)[4]) {
+  if constexpr (F == WFormat::kFP4) {
+    const int base = 8 * (j / 2) + 4 * (j % 2);
+    col[0] = base; col[1] = base + 2; col[2] = base + 1; col[3] = base + 3;
+  } else {
+    col[0] = 4 * j; col[1] = 4 * j + 1; col[2] = 4 * j + 2; col[3] = 4 * j + 3;
+  }
+}
+
+__device__ __forceinline__ uint32_t pack_half2(__half lo, __half hi) {
+  return uint32_t(__half_as_ushort(lo)) | (uint32_t(__half_as_ushort(hi)) << 16);
+}
+
+// Stages `count` activation rows (row m at src + row_index(m)·cols) for format F: per row the power-of-two
+// exponent shift[m] (x·2^shift in [2^14, 2^15)) and the split fp16 pairs in fragment order; rows count ..
+// rows_total−1 and columns past `cols` are zero. Called by the whole block; ends with a barrier.
+template <WFormat F, class RowIndex>
+__device__ void stage_rows_mma(const float* __restrict__ src, int64_t cols, int count, int rows_total,
+                               RowIndex row_index, uint4* xs, int* shift, float* block_max) {
+  const int64_t stride = mma_stride16<F>(cols);
+  const int64_t groups = (cols + kGroupCols<F> - 1) / kGroupCols<F>;
+  // 1. max |x| per row (block reduction through block_max[rows × warps]).
+  const int warps = int(blockDim.x / 32), lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  for (int m = 0; m < rows_total; ++m) {
+    float mx = 0.0f;
+    if (m < count) {
+      const float* row = src + int64_t(row_index(m)) * cols;
+      for (int64_t k = threadIdx.x; k < cols; k += blockDim.x) mx = fmaxf(mx, fabsf(row[k]));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
+    if (lane == 0) block_max[m * warps + warp] = mx;
+  }
+  __syncthreads();
+  if (threadIdx.x < unsigned(rows_total)) {
+    float mx = 0.0f;
+    for (int w = 0; w < warps; ++w) mx = fmaxf(mx, block_max[int(threadIdx.x) * warps + w]);
+    // ilogb of a finite positive max; 0 (or a non-finite max) leaves the row unscaled.
+    shift[threadIdx.x] = (mx > 0.0f && mx <= 3.4e38f) ? 14 - ilogbf(mx) : 0;
+  }
+  __syncthreads();
+  // 2. One uint4 per (row, group, MMA, lane): {hi(a,b), hi(c,d), lo(a,b), lo(c,d)}.
+  const int64_t slots = groups * kMmasPerChunk<F> * 4;
+  for (int m = 0; m < rows_total; ++m) {
+    const float* row = m < count ? src + int64_t(row_index(m)) * cols : nullptr;
+    const int sh = shift[m];
+    for (int64_t s = threadIdx.x; s < stride; s += blockDim.x) {
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (row && s < slots) {
+        const int64_t g = s / (kMmasPerChunk<F> * 4);
+        const int j = int(s / 4 % kMmasPerChunk<F>), c = int(s % 4);
+        const int64_t base = g * kGroupCols<F> + int64_t(c) * kChunkElems<F>;
+        int col[4];
+        mma_columns<F>(j, col);
+        __half hi[4], lo[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t k = base + col[e];
+          const float x = k < cols ? ldexpf(row[k], sh) : 0.0f;
+          hi[e] = __float2half_rn(x);
+          lo[e] = __float2half_rn(x - __half2float(hi[e]));
+        }
+        v = make_uint4(pack_half2(hi[0], hi[1]), pack_half2(hi[2], hi[3]), pack_half2(lo[0], lo[1]),
+                       pack_half2(lo[2], lo[3]));
+      }
+      xs[m * stride + s] = v;
+    }
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t two_bytes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two_bytes), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 s) {
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), s);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// One warp, NT tiles of 16 rows (tile i: rows row0[i] .. +15 of mats[i], rows_valid[i] of them real), K groups
+// [g_begin, g_end), activations xs (stride mma_stride16 per token row, ntok ≤ 8 rows). acc[i] gets the tile's
+// D fragment: d0 = (row g, token 2c), d1 = (g, 2c+1), d2 = (g+8, 2c), d3 = (g+8, 2c+1), in units of
+// (x·2^shift) · (FP4: 2^kFp4Offset; FP8: 1), block scales applied.
+template <WFormat F, int NT>
+__device__ __forceinline__ void warp_mma(const MatView (&mats)[NT], const int64_t (&row0)[NT], const int (&rows_valid)[NT],
+                                         int64_t cols, int64_t g_begin, int64_t g_end, const uint4* xs,
+                                         int64_t xs_stride, int ntok, float (&acc)[NT][4]) {
+  static_assert(F == WFormat::kFP4 || F == WFormat::kFP8, "tensor-core path: FP4 and FP8 weights");
+  const int lane = int(threadIdx.x % 32), g = lane / 4, c = lane % 4;
+  const int64_t chunks = chunks_per_row<F>(cols);
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
+  constexpr int kUnroll = 2;
+  for (int64_t g0 = g_begin; g0 < g_end; g0 += kUnroll) {
+    uint4 raw[kUnroll][NT][2];
+    __half2 fp4_scale[kUnroll][NT][2];
+    float fp8_scale[kUnroll][NT];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t q = (g0 + u) * 4 + c;
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = g + 8 * h;
+          const bool live = g0 + u < g_end && q < chunks && r < rows_valid[i];
+          const int64_t row = row0[i] + r;
+          raw[u][i][h] = live ? load_stream16(mats[i].data + row * mats[i].row_bytes + 16 * q) : make_uint4(0, 0, 0, 0);
+          if constexpr (F == WFormat::kFP4) {
+            // 2^(b − 127 + 6 + kFp4Offset) as fp16 bits: exponent field b − 127 + 6 + kFp4Offset + 15.
+            const int b = live ? static_cast<const uint8_t*>(mats[i].scale)[row * mats[i].scale_cols + q] : 127;
+            fp4_scale[u][i][h] = __half2half2(__ushort_as_half(uint16_t((b - 127 + 6 + kFp4Offset + 15) << 10)));
+          }
+        }
+        if constexpr (F == WFormat::kFP8) {  // one 128x128 block scale for the whole tile and group
+          const int64_t srow = (row0[i]) / 128, scol = (g0 + u) * kGroupCols<F> / 128;
+          fp8_scale[u][i] = g0 + u < g_end ? static_cast<const float*>(mats[i].scale)[srow * mats[i].scale_cols + scol] : 0.0f;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (g0 + u >= g_end) break;
+      const uint4* xg = xs + int64_t(g) * xs_stride + (g0 + u) * kMmasPerChunk<F> * 4 + c;
+      // FP4 carries its scales in the weights and accumulates straight into acc; FP8 scales each group's sum.
+      float part[NT][4];
+#pragma unroll
+      for (int i = 0; i < NT; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[i][e] = F == WFormat::kFP4 ? acc[i][e] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < kMmasPerChunk<F>; ++j) {
+        const uint4 b = g < ntok ? xg[j * 4] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+          uint32_t a[2][2];  // [row half h][pair]: pair 0 → k slots 2c, 2c+1; pair 1 → 2c+8, 2c+9
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint4& v = raw[u][i][h];
+            if constexpr (F == WFormat::kFP4) {
+              const int wi = j / 2;
+              const uint32_t w = wi == 0 ? v.x : wi == 1 ? v.y : wi == 2 ? v.z : v.w;
+              // As fp4_word_to_floats: e2m1 → the e4m3 byte of value × 2^-6; even bytes hold elements
+              // (0,2) | (4,6), odd bytes (1,3) | (5,7). MMA 2i takes the low halves, 2i+1 the high ones.
+              const uint32_t even = ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
+              const uint32_t odd = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
+              const int sh = (j % 2) * 16;
+              a[h][0] = hmul2_bits(e4m3x2_to_half2((even >> sh) & 0xFFFFu), fp4_scale[u][i][h]);
+              a[h][1] = hmul2_bits(e4m3x2_to_half2((odd >> sh) & 0xFFFFu), fp4_scale[u][i][h]);
+            } else {
+              const uint32_t w = j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+              a[h][0] = e4m3x2_to_half2(w & 0xFFFFu);
+              a[h][1] = e4m3x2_to_half2(w >> 16);
+            }
+          }
+          mma_f16(part[i], a[0][0], a[1][0], a[0][1], a[1][1], b.x, b.y);
+          mma_f16(part[i], a[0][0], a[1][0], a[0][1], a[1][1], b.z, b.w);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NT; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if constexpr (F == WFormat::kFP4) acc[i][e] = part[i][e];
+          else acc[i][e] = fmaf(part[i][e], fp8_scale[u][i], acc[i][e]);
+        }
+    }
+  }
+}
+
+}  // namespace dsv4::cuda::moe

@@ -1,0 +1,430 @@
+// moe family: CudaOps::moe against CpuOps::moe (the oracle) on fresh random weights in every checkpoint
+// format (FP4 e2m1 + E8M0, FP8 e4m3 + E8M0 or F32 block scales, BF16, F32), hash and scored routing, odd
+// sizes and the real V4-Flash sizes, outputs poisoned before every call.
+//
+// Tolerance: both sides compute in fp32 with the same roundings except the order of the dot-product sums
+// (and the FP8/FP4 block scale applied per chunk instead of per element, exact for powers of two) and 1-2
+// ulp in expf/log1pf. A K-term fp32 dot in two summation orders differs by about u·sqrt(K) (u = 2^-24) of
+// the magnitude of its terms, so by ≈ 4e-6 of a typical output for K = 4096; the error of h passes through
+// w2 once more. Per element: |got − want| ≤ 5e-5·rms(want) + 1e-5·|want| — a ~5x margin for the worst of up
+// to 32k elements, while a wrong expert, weight, scale or clamp moves outputs by O(rms).
+// Routing: scores differ by a few ulp, so inputs whose k-th and (k+1)-th biased scores lie within 1e-4 of
+// each other are redrawn (a near-tie either backend may break either way); exact ties take the lower
+// expert index on both.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "cuda/gpu.h"
+
+#if DSV4_HAVE_CUDA
+#include "cuda/common/check.h"
+#endif
+
+namespace dsv4::test {
+namespace {
+
+#if DSV4_HAVE_CUDA
+
+enum class Fmt { kF32, kBF16, kFP8, kFP8F32Scales, kFP4 };
+
+const char* fmt_name(Fmt f) {
+  switch (f) {
+    case Fmt::kF32: return "F32";
+    case Fmt::kBF16: return "BF16";
+    case Fmt::kFP8: return "FP8";
+    case Fmt::kFP8F32Scales: return "FP8/f32-scales";
+    default: return "FP4";
+  }
+}
+
+// Fast bytes for the ~3 GB of V4-Flash experts (std::mt19937_64 per byte would take minutes).
+struct SplitMix {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  void fill(uint8_t* p, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const uint64_t v = next();
+      std::memcpy(p + i, &v, 8);
+    }
+    for (; i < n; ++i) p[i] = uint8_t(next());
+  }
+};
+
+// rms of the values of uniformly random codes, to pick block scales that give weights of a target rms.
+double e2m1_code_rms() {
+  double s = 0;
+  for (int c = 0; c < 16; ++c) s += double(e2m1_to_f32(uint8_t(c))) * e2m1_to_f32(uint8_t(c));
+  return std::sqrt(s / 16);
+}
+double e4m3_code_rms() {
+  double s = 0;
+  for (int c = 0; c < 256; ++c)
+    if ((c & 0x7F) != 0x7F) s += double(e4m3_to_f32(uint8_t(c))) * e4m3_to_f32(uint8_t(c));
+  return std::sqrt(s / 254);
+}
+
+// One random [rows, cols] matrix in checkpoint storage with weights of about `rms`, and its Weight view.
+struct HostMatrix {
+  std::vector<uint8_t> data, scale;
+  Weight w;
+
+  HostMatrix(Fmt f, int64_t rows, int64_t cols, double rms, uint64_t seed) {
+    SplitMix rng{seed};
+    w.rows = rows;
+    w.cols = cols;
+    const auto exponent_for = [&](double code_rms) { return int(std::lround(std::log2(rms / code_rms))); };
+    switch (f) {
+      case Fmt::kF32:
+      case Fmt::kBF16: {
+        const size_t esize = f == Fmt::kF32 ? 4 : 2;
+        w.dtype = f == Fmt::kF32 ? DType::kF32 : DType::kBF16;
+        w.row_stride = cols * int64_t(esize);
+        data.resize(size_t(rows * cols) * esize);
+        const double half_width = rms * std::sqrt(3.0);
+        for (int64_t i = 0; i < rows * cols; ++i) {
+          const float v = float((double(rng.next() >> 11) * 0x1.0p-53 * 2 - 1) * half_width);
+          if (f == Fmt::kF32) {
+            std::memcpy(data.data() + 4 * i, &v, 4);
+          } else {
+            const uint16_t b = f32_to_bf16(v);
+            std::memcpy(data.data() + 2 * i, &b, 2);
+          }
+        }
+        break;
+      }
+      case Fmt::kFP8:
+      case Fmt::kFP8F32Scales: {
+        w.dtype = DType::kF8E4M3;
+        w.row_stride = cols;
+        data.resize(size_t(rows * cols));
+        rng.fill(data.data(), data.size());
+        for (uint8_t& b : data)
+          if ((b & 0x7F) == 0x7F) b ^= 1;  // no NaN codes
+        const int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+        w.scale_block_rows = w.scale_block_cols = 128;
+        w.scale_stride = sc;
+        const int e = exponent_for(e4m3_code_rms());
+        if (f == Fmt::kFP8) {
+          w.scale_dtype = DType::kF8E8M0;
+          scale.resize(size_t(sr * sc));
+          for (uint8_t& s : scale) s = uint8_t(127 + e + int(rng.next() % 3) - 1);
+        } else {  // transformers' F32 multipliers, not powers of two
+          w.scale_dtype = DType::kF32;
+          scale.resize(size_t(sr * sc) * 4);
+          for (int64_t i = 0; i < sr * sc; ++i) {
+            const float s = std::ldexp(float(0.75 + 0.5 * double(rng.next() % 1000) / 1000), e);
+            std::memcpy(scale.data() + 4 * i, &s, 4);
+          }
+        }
+        break;
+      }
+      case Fmt::kFP4: {
+        w.dtype = DType::kI8;
+        w.row_stride = cols / 2;
+        data.resize(size_t(rows * cols / 2));
+        rng.fill(data.data(), data.size());
+        w.scale_dtype = DType::kF8E8M0;
+        w.scale_block_rows = 1;
+        w.scale_block_cols = 32;
+        w.scale_stride = cols / 32;
+        scale.resize(size_t(rows * cols / 32));
+        const int e = exponent_for(e2m1_code_rms());
+        for (uint8_t& s : scale) s = uint8_t(127 + e + int(rng.next() % 3) - 1);
+        break;
+      }
+    }
+    w.data = data.data();
+    w.scale = scale.empty() ? nullptr : scale.data();
+  }
+  HostMatrix(const HostMatrix&) = delete;
+};
+
+struct Shape {
+  int64_t D, I, E, k;
+  float swiglu_limit;
+  double routed_scaling_factor;
+};
+
+struct Formats {
+  Fmt gate, routed, shared;
+};
+
+// A layer's MoeWeights over host storage owned here.
+struct HostMoe {
+  std::vector<std::unique_ptr<HostMatrix>> storage;
+  MoeWeights w;
+  ModelConfig config;
+
+  HostMoe(const Shape& s, const Formats& f, bool hash, int64_t vocab, uint64_t seed) {
+    config.dim = s.D;
+    config.moe_inter_dim = s.I;
+    config.n_routed_experts = s.E;
+    config.n_experts_per_tok = s.k;
+    config.swiglu_limit = s.swiglu_limit;
+    config.routed_scaling_factor = s.routed_scaling_factor;
+    config.vocab_size = vocab;
+    uint64_t next_seed = seed;
+    // Activations are U(−1, 1); weights of rms ≈ 2/sqrt(cols) give dots of rms ≈ 1.2 (clamps engage at 1).
+    const auto matrix = [&](Fmt fmt, int64_t rows, int64_t cols) {
+      storage.push_back(std::make_unique<HostMatrix>(fmt, rows, cols, 2.0 / std::sqrt(double(cols)), ++next_seed));
+      return storage.back()->w;
+    };
+    w.gate = matrix(f.gate, s.E, s.D);
+    w.experts.resize(size_t(s.E));
+    for (auto& e : w.experts) {
+      e.w1 = matrix(f.routed, s.I, s.D);
+      e.w3 = matrix(f.routed, s.I, s.D);
+      e.w2 = matrix(f.routed, s.D, s.I);
+    }
+    w.shared.w1 = matrix(f.shared, s.I, s.D);
+    w.shared.w3 = matrix(f.shared, s.I, s.D);
+    w.shared.w2 = matrix(f.shared, s.D, s.I);
+    std::mt19937_64 rng(seed);
+    if (hash) {  // k distinct experts per row (the CPU reference sizes its buffers for that)
+      w.tid2eid.resize(size_t(vocab * s.k));
+      std::vector<int32_t> perm(static_cast<size_t>(s.E));
+      for (int64_t v = 0; v < vocab; ++v) {
+        std::iota(perm.begin(), perm.end(), 0);
+        for (int64_t j = 0; j < s.k; ++j) std::swap(perm[size_t(j)], perm[size_t(j + int64_t(rng() % uint64_t(s.E - j)))]);
+        for (int64_t j = 0; j < s.k; ++j) w.tid2eid[size_t(v * s.k + j)] = perm[size_t(j)];
+      }
+    } else {
+      w.gate_bias = random_floats(size_t(s.E), rng, -0.3f, 0.3f);
+    }
+  }
+
+  void upload_to(CudaOps& ops) const {
+    ops.upload(w.gate);
+    for (const auto& e : w.experts) {
+      ops.upload(e.w1);
+      ops.upload(e.w3);
+      ops.upload(e.w2);
+    }
+    ops.upload(w.shared.w1);
+    ops.upload(w.shared.w3);
+    ops.upload(w.shared.w2);
+    if (!w.gate_bias.empty()) ops.upload(w.gate_bias);
+    if (!w.tid2eid.empty()) ops.upload(w.tid2eid);
+  }
+};
+
+// Redraws the rows of x whose k-th and (k+1)-th biased scores are within 1e-4 (see the file comment).
+void avoid_near_ties(const HostMoe& m, std::vector<float>& x, int64_t n, std::mt19937_64& rng) {
+  const int64_t D = m.config.dim, E = m.config.n_routed_experts, k = m.config.n_experts_per_tok;
+  if (m.w.gate_bias.empty() || k >= E) return;
+  CpuOps cpu(m.config);
+  std::vector<float> logits(static_cast<size_t>(E)), biased(static_cast<size_t>(E));
+  for (int64_t t = 0; t < n; ++t)
+    for (int attempt = 0;; ++attempt) {
+      ASSERT_LT(attempt, 100) << "token " << t << " keeps landing on a routing near-tie";
+      cpu.linear(x.data() + t * D, D, m.w.gate, 1, logits.data(), E);
+      for (int64_t e = 0; e < E; ++e) {
+        const float z = logits[size_t(e)];
+        biased[size_t(e)] = std::sqrt(z > 20.0f ? z : std::log1p(std::exp(z))) + m.w.gate_bias[size_t(e)];
+      }
+      std::nth_element(biased.begin(), biased.begin() + k, biased.end(), std::greater<float>());
+      const float kth = *std::min_element(biased.begin(), biased.begin() + k);
+      if (kth - biased[size_t(k)] > 1e-4f) break;
+      const auto row = random_floats(size_t(D), rng);
+      std::copy(row.begin(), row.end(), x.begin() + t * D);
+    }
+}
+
+float* device_copy(CudaOps& ops, const std::vector<float>& host) {
+  float* d = ops.alloc(host.size());
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));  // alloc's zero fill runs on the ops stream
+  DSV4_CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return d;
+}
+
+int32_t* device_copy(CudaOps& ops, const std::vector<int32_t>& host) {
+  int32_t* d = ops.alloc_i32(host.size());
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));
+  DSV4_CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  return d;
+}
+
+void poison_now(CudaOps& ops, float* d, size_t n) {
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));
+  poison(d, n);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+double rms_of(const std::vector<float>& v) {
+  double s = 0;
+  for (float f : v) s += double(f) * f;
+  return std::sqrt(s / double(std::max<size_t>(v.size(), 1)));
+}
+
+// Runs one step of n tokens on both backends and compares; returns the GPU output.
+std::vector<float> check_step(const HostMoe& m, CudaOps& ops, int64_t n, std::mt19937_64& rng, const std::string& what) {
+  const int64_t D = m.config.dim;
+  std::vector<float> x = random_floats(size_t(n * D), rng);
+  avoid_near_ties(m, x, n, rng);
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (auto& t : tokens) t = int32_t(rng() % uint64_t(m.config.vocab_size));
+
+  CpuOps cpu(m.config);
+  std::vector<float> want(static_cast<size_t>(n * D));
+  cpu.moe(m.w, x.data(), tokens.data(), n, want.data());
+
+  float* dx = device_copy(ops, x);
+  int32_t* dtokens = device_copy(ops, tokens);
+  float* dout = ops.alloc(size_t(n * D));
+  poison_now(ops, dout, size_t(n * D));
+  ops.moe(m.w, dx, dtokens, n, dout);
+  std::vector<float> got = to_host(ops, dout, size_t(n * D));
+
+  const double rms = rms_of(want);
+  const Diff d = diff(got.data(), want.data(), got.size());
+  std::printf("[moe] %-58s n=%-4lld rms %.4g  max|diff| %.3g (%.2e of rms) at %zu  cos %.12f\n", what.c_str(),
+              (long long)n, rms, d.max_abs, d.max_abs / rms, d.worst, d.cosine);
+  EXPECT_TRUE(compare(got, want, {5e-5 * rms, 1e-5}, what)) << "n = " << n;
+  return got;
+}
+
+std::string describe(const Shape& s, const Formats& f, bool hash) {
+  return cat(hash ? "hash" : "scored", " D", s.D, " I", s.I, " E", s.E, " k", s.k, " L", s.swiglu_limit, " gate ",
+             fmt_name(f.gate), " experts ", fmt_name(f.routed), " shared ", fmt_name(f.shared));
+}
+
+#endif  // DSV4_HAVE_CUDA
+
+// Odd sizes (D 96, I 64, E 7, k 3) in every format, both routings; n from one token to prefill sizes.
+TEST(CudaMoe, OddSizesEveryFormat) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  SCOPED_TRACE(seed());
+  std::mt19937_64 rng(seed());
+  const Shape shape{96, 64, 7, 3, 0.75f, 1.5};
+  const Formats formats[] = {
+      {Fmt::kBF16, Fmt::kFP4, Fmt::kFP8},
+      {Fmt::kFP8, Fmt::kFP8, Fmt::kBF16},
+      {Fmt::kF32, Fmt::kFP8F32Scales, Fmt::kF32},
+      {Fmt::kBF16, Fmt::kBF16, Fmt::kFP8F32Scales},
+      {Fmt::kBF16, Fmt::kF32, Fmt::kBF16},
+  };
+  for (const Formats& f : formats)
+    for (bool hash : {false, true}) {
+      const HostMoe m(shape, f, hash, 1000, rng());
+      CudaOps ops(m.config);
+      m.upload_to(ops);
+      for (int64_t n : {1, 5, 16, 17, 200}) check_step(m, ops, n, rng, describe(shape, f, hash));
+    }
+#endif
+}
+
+// Widths that are not multiples of 16 bytes (byte-wise loads), no clamp, routed_scaling_factor 1, top-1.
+TEST(CudaMoe, UnalignedRowsNoClamp) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  SCOPED_TRACE(seed());
+  std::mt19937_64 rng(seed());
+  for (const Shape& shape : {Shape{99, 48, 5, 2, 0.0f, 1.0}, Shape{37, 19, 3, 1, 0.0f, 2.5}})
+    for (const Formats& f : {Formats{Fmt::kF32, Fmt::kBF16, Fmt::kFP8}, Formats{Fmt::kBF16, Fmt::kFP8, Fmt::kF32}})
+      for (bool hash : {false, true}) {
+        const HostMoe m(shape, f, hash, 50, rng());
+        CudaOps ops(m.config);
+        m.upload_to(ops);
+        for (int64_t n : {1, 3, 16, 33}) check_step(m, ops, n, rng, describe(shape, f, hash));
+      }
+#endif
+}
+
+// An FP4 scale outside the window where the tensor cores are exact sends that matrix (w1/w3 of every
+// routed expert) through the fp32 FMA path, while w2 and the FP8 shared expert stay on the tensor cores.
+TEST(CudaMoe, Fp4ScaleOutsideTensorCoreWindow) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  SCOPED_TRACE(seed());
+  std::mt19937_64 rng(seed());
+  const Shape shape{256, 128, 8, 2, 1.0f, 1.5};
+  const Formats f{Fmt::kBF16, Fmt::kFP4, Fmt::kFP8};
+  for (uint8_t outside : {uint8_t(98), uint8_t(136)}) {
+    HostMoe m(shape, f, false, 100, rng());
+    const_cast<uint8_t*>(m.w.experts[3].w3.scale)[5] = outside;  // storage owned by m
+    CudaOps ops(m.config);
+    m.upload_to(ops);
+    for (int64_t n : {1, 6, 40}) check_step(m, ops, n, rng, cat(describe(shape, f, false), " scale byte ", int(outside)));
+  }
+#endif
+}
+
+// Prefill-sized step on a mid-sized FP4 layer: many chunks per expert, every expert busy.
+TEST(CudaMoe, PrefillFp4) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  SCOPED_TRACE(seed());
+  std::mt19937_64 rng(seed());
+  const Shape shape{1024, 512, 32, 6, 10.0f, 1.5};
+  const Formats f{Fmt::kBF16, Fmt::kFP4, Fmt::kFP8};
+  for (bool hash : {false, true}) {
+    const HostMoe m(shape, f, hash, 5000, rng());
+    CudaOps ops(m.config);
+    m.upload_to(ops);
+    for (int64_t n : {64, 200}) check_step(m, ops, n, rng, describe(shape, f, hash));
+  }
+#endif
+}
+
+// Same inputs twice: bitwise the same output (no order-dependent atomics), and n = 0 writes nothing.
+TEST(CudaMoe, DeterministicAndEmptyStep) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  SCOPED_TRACE(seed());
+  std::mt19937_64 rng(seed());
+  const Shape shape{256, 128, 16, 4, 1.0f, 1.5};
+  const HostMoe m(shape, {Fmt::kBF16, Fmt::kFP4, Fmt::kFP8}, false, 100, rng());
+  CudaOps ops(m.config);
+  m.upload_to(ops);
+  const int64_t n = 40;
+  const std::vector<float> x = random_floats(size_t(n * shape.D), rng);
+  float* dx = device_copy(ops, x);
+  float* dout = ops.alloc(size_t(n * shape.D));
+  std::vector<float> runs[2];
+  for (auto& run : runs) {
+    poison_now(ops, dout, size_t(n * shape.D));
+    ops.moe(m.w, dx, nullptr, n, dout);
+    run = to_host(ops, dout, size_t(n * shape.D));
+  }
+  ASSERT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)), 0);
+  poison_now(ops, dout, size_t(n * shape.D));
+  ops.moe(m.w, dx, nullptr, 0, dout);
+  const std::vector<float> untouched = to_host(ops, dout, size_t(n * shape.D));
+  EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](float v) { return std::isnan(v); }));
+#endif
+}
+
+// The real V4-Flash layer: D 4096, 256 FP4 experts of width 2048, top-6, FP8 shared expert, BF16 gate,
+// swiglu_limit 10, routed_scaling_factor 1.5; decode steps of 1 and 8 tokens, scored and hash routing.
+TEST(CudaMoe, V4FlashDecode) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  SCOPED_TRACE(seed());
+  std::mt19937_64 rng(seed());
+  const Shape shape{4096, 2048, 256, 6, 10.0f, 1.5};
+  const Formats f{Fmt::kBF16, Fmt::kFP4, Fmt::kFP8};
+  for (bool hash : {false, true}) {
+    const HostMoe m(shape, f, hash, 129280, rng());
+    CudaOps ops(m.config);
+    m.upload_to(ops);
+    for (int64_t n : {1, 8}) check_step(m, ops, n, rng, describe(shape, f, hash));
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace dsv4::test
