@@ -53,6 +53,8 @@ class CudaOps final : public Ops {
   // Decode steps are recorded (stream capture) and replayed as one CUDA graph: the executable graph of the
   // last step with the same node count is updated in place (cudaGraphExecUpdate: kernel arguments such as
   // positions change every token, the topology rarely does), else instantiated. DSV4_CUDA_GRAPHS=0 disables.
+  void set_numerics(Numerics numerics) override { numerics_ = numerics; }
+  Numerics numerics() const { return numerics_; }
   bool begin_graph() override;
   void end_graph() override;
   void abort_graph() override;
@@ -121,6 +123,7 @@ class CudaOps final : public Ops {
   std::vector<std::pair<void*, size_t>> workspaces_;
   float* inv_freq_plain_ = nullptr;
   float* inv_freq_compressed_ = nullptr;
+  Numerics numerics_ = Numerics::kReference;
   bool graphs_enabled_ = true;
   bool capturing_ = false;
   std::unordered_map<size_t, cudaGraphExec_t> graph_execs_;  // by node count

@@ -45,7 +45,9 @@ DeepseekV4::DeepseekV4(const ModelWeights& model, Ops& ops, Numerics numerics, i
       ops_(ops),
       numerics_(numerics),
       state_(model, ops, max_context, max_step),
-      act_(plan_activations(model.config, ops, max_step)) {}
+      act_(plan_activations(model.config, ops, max_step)) {
+  ops_.set_numerics(numerics);
+}
 
 std::unique_ptr<SequenceState> DeepseekV4::new_sequence(int64_t max_context) {
   return std::make_unique<SequenceState>(model_, ops_, max_context, act_.max_step);

@@ -67,6 +67,11 @@ class Ops {
   virtual void download(float* host, const float* src, size_t count) = 0;
   virtual void copy(const float* src, size_t count, float* dst) = 0;  // backend memory to backend memory
 
+  // The model's numerics mode, told once at construction. A backend may pick kernels by it: the CUDA backend
+  // keeps exact numerics in fp32 end to end and lets reference numerics round GEMM activations to the
+  // weight's format (bf16, or e4m3 with per-128 scales as DeepSeek's act_quant) for the tensor cores.
+  virtual void set_numerics(Numerics) {}
+
   // ---- step graphs (optional). Between begin_graph() returning true and end_graph(), a backend may record
   // the ops instead of running them, then run the recording as one unit (CUDA graphs: one launch instead of
   // hundreds). An op that cannot be recorded throws; the caller then calls abort_graph() and re-runs the ops

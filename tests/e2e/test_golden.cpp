@@ -135,10 +135,16 @@ TEST_P(RefSmall, ReferenceOddChunksMatch) {
 }
 
 TEST_P(RefSmall, DecodeEqualsPrefill) {
-  // The same sequence consumed one token at a time and in one step must give the same logits.
+  // The same sequence consumed one token at a time and in one step must give the same logits. CPU: the same
+  // fp32 loops. CUDA exact: fp32 GEMV vs fp32 tiles, summation order only. CUDA reference: the prefill's
+  // tensor cores round activations (bf16 / e4m3), so the fixture's reference-numerics rule applies.
   const size_t len = lens_.back();
-  for (const char* numerics : {"exact", "reference"})
-    EXPECT_TRUE(compare(logits(len, numerics, 1), logits(len, numerics, 64), {1e-5, 0.0}, numerics));
+  const bool cuda = backend() == "cuda";
+  EXPECT_TRUE(compare(logits(len, "exact", 1), logits(len, "exact", 64), {cuda ? 2e-4 : 1e-5, 0.0}, "exact"));
+  if (cuda)
+    expect_reference_agreement(logits(len, "reference", 1), logits(len, "reference", 64), len, f_.vocab, "reference");
+  else
+    EXPECT_TRUE(compare(logits(len, "reference", 1), logits(len, "reference", 64), {1e-5, 0.0}, "reference"));
 }
 
 TEST_P(RefSmall, MtpDraftLogitsMatch) {
