@@ -1,7 +1,6 @@
 // moe family (CUDA): the expert kernels. Both walk the plan's chunks (≤ kChunk pairs of one expert) ×
-// output row blocks as work items, taken from a device counter by persistent blocks (the shared expert's
-// chunks first: largest items first). A block stages its chunk's activation rows in shared memory once per
-// chunk change; its warps then stream the expert's rows with 16-byte loads and decode in registers, so every
+// output row blocks as work items on a persistent grid (shared_items, routed_items). A block stages its
+// chunk's activation rows in shared memory once per chunk change; its warps then stream the expert's rows with 16-byte loads and decode in registers, so every
 // selected expert's weights are read once per chunk. FP4 and FP8 matrices go through the tensor cores
 // (weight_mma.cuh: the 8 warps split K, partial tiles summed in a fixed order); BF16 and F32 ones, and FP4
 // blocks with scales outside the fp16 window, through fp32 FMAs (weight_dot.cuh: a warp owns whole rows).
@@ -36,8 +35,8 @@ __device__ Chunk shared_chunk(const ExpertParams& p, int c) {
   return {int(p.n * p.k) + c * kChunk, int(std::min<int64_t>(kChunk, p.n - int64_t(c) * kChunk)), -1};
 }
 
-// Runs item c·row_blocks + b as: stage(chunk) when the block's staged chunk changes, run(chunk, b), a barrier,
-// then after(b) (which must contain a barrier). `staged` is the block's currently staged chunk.
+// Runs item (chunk c, row block b): stage(chunk) when the block's staged chunk changes, run(chunk, b), a
+// barrier. `staged` is the block's currently staged chunk.
 template <class Stage, class Run>
 __device__ void run_item(int c, int64_t b, const Chunk& chunk, int& staged, Stage& stage, Run& run) {
   if (c != staged) {  // the previous item ended with a barrier: nobody reads the staged rows any more
@@ -49,26 +48,37 @@ __device__ void run_item(int c, int64_t b, const Chunk& chunk, int& staged, Stag
   __syncthreads();
 }
 
-// Work loop over the plan's chunks first_chunk .. counters[0]−1 × row blocks, items taken from
-// counters[counter] one at a time (the next index is fetched while the current item runs).
+// Items c·row_blocks + b. The shared expert's chunks (the plan's first ceil(n / kChunk), known without it) go
+// round-robin over the blocks; the routed chunks' items are split into equal contiguous ranges, so a block
+// keeps its staged rows over consecutive items and its schedule needs no counter. after(b) follows every
+// item and must contain a barrier if it uses shared memory.
 template <class Stage, class Run, class After>
-__device__ void work_loop(const ExpertParams& p, int counter, int first_chunk, int& staged, Stage stage, Run run,
-                          After after) {
-  __shared__ int next_item;
-  const int64_t total = int64_t(p.plan.counters[0] - first_chunk) * p.row_blocks;
-  if (threadIdx.x == 0) next_item = atomicAdd(&p.plan.counters[counter], 1);
-  __syncthreads();
-  int64_t item = next_item;
-  while (item < total) {
-    const int c = first_chunk + int(item / p.row_blocks);
-    const int64_t b = item % p.row_blocks;
-    int prefetched = 0;
-    if (threadIdx.x == 0) prefetched = atomicAdd(&p.plan.counters[counter], 1);
-    run_item(c, b, chunk_at(p.plan, c), staged, stage, run);
-    // Everyone reads next_item past after()'s barrier; thread 0 rewrites it only past the next item's first.
-    if (threadIdx.x == 0) next_item = prefetched;
+__device__ void shared_items(const ExpertParams& p, int& staged, Stage& stage, Run& run, After& after) {
+  const int row_blocks = int(p.row_blocks);  // item counts fit in 32 bits (launch_expert_* check)
+  const int items = int((p.n + kChunk - 1) / kChunk) * row_blocks;
+  for (int item = int(blockIdx.x); item < items; item += int(gridDim.x)) {
+    const int c = item / row_blocks, b = item - c * row_blocks;
+    run_item(c, b, shared_chunk(p, c), staged, stage, run);
     after(b);
-    item = next_item;
+  }
+}
+
+template <class Stage, class Run, class After>
+__device__ void routed_items(const ExpertParams& p, int& staged, Stage& stage, Run& run, After& after) {
+  const int row_blocks = int(p.row_blocks);
+  const int first = int((p.n + kChunk - 1) / kChunk);
+  const int items = (p.plan.counters[0] - first) * row_blocks;
+  const int begin = int(int64_t(items) * blockIdx.x / gridDim.x), end = int(int64_t(items) * (blockIdx.x + 1) / gridDim.x);
+  int loaded = -1;
+  Chunk chunk{};
+  for (int item = begin; item < end; ++item) {
+    const int c = first + item / row_blocks, b = item % row_blocks;
+    if (c != loaded) {
+      chunk = chunk_at(p.plan, c);
+      loaded = c;
+    }
+    run_item(c, b, chunk, staged, stage, run);
+    after(b);
   }
 }
 
@@ -222,18 +232,13 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_up_kernel(ExpertPara
       }
     }
   };
-  // 1. The shared expert's items need nothing from route: they run while the router finishes, spread over
-  //    the blocks statically (its chunks are the plan's first shared_chunks).
-  const int shared_chunks = int((p.n + kChunk - 1) / kChunk);
+  const auto after = [](int64_t) {};
   int staged = -1;
-  for (int64_t item = blockIdx.x; item < shared_chunks * p.row_blocks; item += gridDim.x) {
-    const int c = int(item / p.row_blocks);
-    run_item(c, item % p.row_blocks, shared_chunk(p, c), staged, stage, run);
-  }
-  // 2. The routed chunks, once route's plan is complete.
+  // The shared expert's items need nothing from route: they run while the router finishes. The routed ones
+  // wait for its plan.
+  shared_items(p, staged, stage, run, after);
   wait_for_predecessor();
-  const auto after = [](int64_t) { __syncthreads(); };
-  work_loop(p, 1, shared_chunks, staged, stage, run, after);
+  routed_items(p, staged, stage, run, after);
 }
 
 // ---- expert_down: items of kDownRowsPerItem rows of w2
@@ -339,7 +344,7 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_kernel(ExpertPa
   const auto after = [&](int64_t block) {
     if (threadIdx.x == 0) {
       __threadfence();
-      const int done = atomicAdd(&p.plan.counters[3 + block], 1) + 1;
+      const int done = atomicAdd(&p.plan.counters[1 + block], 1) + 1;
       last_arrival = done == p.plan.counters[0];
       __threadfence();
     }
@@ -347,7 +352,8 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_kernel(ExpertPa
     if (last_arrival) combine_rows(p, block);
   };
   int staged = -1;
-  work_loop(p, 2, 0, staged, stage, run, after);
+  shared_items(p, staged, stage, run, after);
+  routed_items(p, staged, stage, run, after);
 }
 
 // Bytes of one staged row of `cols` columns: the larger of the fp32 and the tensor-core layouts in use.
@@ -367,6 +373,8 @@ int resident_blocks(const void* kernel, size_t smem, int sm_count) {
 
 void check_expert_params(const ExpertParams& p) {
   DSV4_CHECK(p.n > 0 && p.D > 0 && p.I > 0 && p.k > 0, "moe experts: empty shape n=", p.n, " D=", p.D, " I=", p.I);
+  const int64_t max_chunks = (p.n + kChunk - 1) / kChunk + (p.n * p.k + kChunk - 1) / kChunk + p.n * p.k;
+  DSV4_CHECK(max_chunks * p.row_blocks < (int64_t(1) << 31), "moe experts: ", p.n, " tokens make too many work items");
   DSV4_CHECK(p.staged_rows >= 1 && p.staged_rows <= kChunk, "moe experts: staged rows ", p.staged_rows);
   DSV4_CHECK(p.experts && p.plan.counters && p.plan.h && p.plan.y, "moe experts: missing plan buffers");
 }

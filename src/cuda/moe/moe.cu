@@ -224,7 +224,7 @@ cuda::moe::Plan carve_plan(Carve& c, int64_t n, int64_t E, int64_t k, int64_t D,
   plan.chunk_pair = c.take<int32_t>(max_chunks);
   plan.chunk_count = c.take<int32_t>(max_chunks);
   plan.chunk_expert = c.take<int32_t>(max_chunks);
-  plan.counters = c.take<int32_t>(3 + down_blocks);
+  plan.counters = c.take<int32_t>(1 + down_blocks);
   plan.h = c.take<float>((P + n) * I);
   plan.y = c.take<float>(n * (k + 1) * D);
   return plan;

@@ -5,7 +5,7 @@
 //   expert_up      h = clip-SwiGLU(w1·x, w3·x) · weight per pair             (experts.cu)
 //   expert_down    y = w2 · h per pair, then the ordered combine into out     (experts.cu)
 // Every launch reads each selected expert's weights once per chunk; the number of chunks lives on the
-// device, so nothing waits for the host between the steps.
+// device, so nothing waits for the host between the steps. expert_up's shared-expert items overlap route.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -52,13 +52,11 @@ struct Plan {
   int32_t* pair_token = nullptr;   // [P + n]
   int32_t* pair_out = nullptr;     // [P + n] row of y: t·(k+1) + j, j = k for the shared expert
   float* pair_weight = nullptr;    // [P + n]
-  // Chunks of ≤ kChunk consecutive pairs of one expert; the shared expert's chunks come first (largest work
-  // first for the work-stealing kernels).
+  // Chunks of ≤ kChunk consecutive pairs of one expert; the shared expert's ceil(n / kChunk) chunks first.
   int32_t* chunk_pair = nullptr;    // [max_chunks] first pair
   int32_t* chunk_count = nullptr;   // [max_chunks] 1 .. kChunk
   int32_t* chunk_expert = nullptr;  // [max_chunks] routed expert, −1 = shared
-  // [0] chunks, [1] expert_up's next item, [2] expert_down's next item, [3 + b] chunks done for output
-  // row block b of expert_down. route writes all of them each step.
+  // [0] chunks, [1 + b] chunks done for output row block b of expert_down. route writes them every step.
   int32_t* counters = nullptr;
   float* h = nullptr;  // [P + n, I] SwiGLU output, weight applied, by pair
   float* y = nullptr;  // [n·(k+1), D] down projections, by pair_out

@@ -260,12 +260,8 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
   }
 
   // 3. Counters for the expert kernels (written every step, so nothing persists between steps).
-  if (threadIdx.x == 0) {
-    plan.counters[0] = shared_chunks + total_chunks;
-    plan.counters[1] = 0;
-    plan.counters[2] = 0;
-  }
-  for (int64_t b = threadIdx.x; b < p.down_row_blocks; b += kRouteThreads) plan.counters[3 + b] = 0;
+  if (threadIdx.x == 0) plan.counters[0] = shared_chunks + total_chunks;
+  for (int64_t b = threadIdx.x; b < p.down_row_blocks; b += kRouteThreads) plan.counters[1 + b] = 0;
 }
 
 }  // namespace

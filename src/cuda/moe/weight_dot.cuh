@@ -279,6 +279,7 @@ __device__ __forceinline__ void stage_rows(const float* __restrict__ src, int64_
   for (int m = 0; m < rows_total; ++m) {
     float* dst = xs + m * stride;
     const float* row = m < count ? src + int64_t(row_index(m)) * cols : nullptr;
+#pragma unroll 4
     for (int64_t k = 4 * int64_t(threadIdx.x); k < padded_cols; k += 4 * int64_t(blockDim.x)) {
       float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (row) {
