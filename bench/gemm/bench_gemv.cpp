@@ -3,7 +3,7 @@
 // copies to exceed twice the L2, so every call streams from HBM; calls are replayed from a CUDA graph, so
 // µs is device time per call including the kernel boundary. Prints a markdown table.
 //
-//   bench_gemv [--trials N]
+//   bench_gemv [--trials N] [--only NAME] [--n ROWS]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,6 +38,12 @@ const Shape kShapes[] = {
     {"lm head", WFormat::kBF16, 129280, 4096, 1},
     {"expert w1", WFormat::kFP4, 2048, 4096, 1},
     {"expert w2", WFormat::kFP4, 4096, 2048, 1},
+    // Streaming rate of each decode on long matrices (many rows per block), and the bytes of wq_b in BF16.
+    {"stream", WFormat::kFP8, 129280, 4096, 1},
+    {"stream", WFormat::kFP4, 129280, 4096, 1},
+    {"stream", WFormat::kF32, 32768, 4096, 1},
+    {"bf16 like wq_b", WFormat::kBF16, 16384, 1024, 1},
+    {"bf16 like wo_b", WFormat::kBF16, 4096, 4096, 1},
 };
 
 const char* format_name(WFormat f) {
@@ -134,10 +140,14 @@ double time_calls(cudaStream_t stream, int batch, int trials, Body body) {
 
 int main(int argc, char** argv) {
   int trials = 21;
+  std::string only;  // run only shapes whose name contains this
+  std::vector<int64_t> ns = {1, 8};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--trials") == 0 && i + 1 < argc) trials = std::max(1, std::atoi(argv[++i]));
+    else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
+    else if (std::strcmp(argv[i], "--n") == 0 && i + 1 < argc) ns = {std::max(1, std::atoi(argv[++i]))};
     else {
-      std::fprintf(stderr, "usage: bench_gemv [--trials N]\n");
+      std::fprintf(stderr, "usage: bench_gemv [--trials N] [--only NAME] [--n ROWS]\n");
       return 1;
     }
   }
@@ -153,9 +163,22 @@ int main(int argc, char** argv) {
     DSV4_CUDA_CHECK(cudaMalloc(&src, copy_bytes));
     DSV4_CUDA_CHECK(cudaMalloc(&dst, copy_bytes));
     DSV4_CUDA_CHECK(cudaMemset(src, 1, copy_bytes));
-    const double copy_s = time_calls(stream, 3, 7, [&](int) {
+    std::vector<double> copy_t;
+    for (int i = 0; i < 8; ++i) {
+      cudaEvent_t start, stop;
+      DSV4_CUDA_CHECK(cudaEventCreate(&start));
+      DSV4_CUDA_CHECK(cudaEventCreate(&stop));
+      DSV4_CUDA_CHECK(cudaEventRecord(start, stream));
       DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, stream));
-    });
+      DSV4_CUDA_CHECK(cudaEventRecord(stop, stream));
+      DSV4_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0.0f;
+      DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      if (i > 0) copy_t.push_back(double(ms) * 1e-3);  // the first is a warm-up
+      DSV4_CUDA_CHECK(cudaEventDestroy(start));
+      DSV4_CUDA_CHECK(cudaEventDestroy(stop));
+    }
+    const double copy_s = median(copy_t);
     const double copy_bw = 2.0 * double(copy_bytes) / copy_s;
     DSV4_CUDA_CHECK(cudaFree(src));
     DSV4_CUDA_CHECK(cudaFree(dst));
@@ -164,8 +187,9 @@ int main(int argc, char** argv) {
                 prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_bw * 1e-9);
     std::printf("| shape | format | n | MB read | µs | GB/s | %% of copy |\n|---|---|---|---|---|---|---|\n");
     std::mt19937_64 rng(1);
-    for (const int64_t n : {1, 8})
+    for (const int64_t n : ns)
       for (const Shape& s : kShapes) {
+        if (!only.empty() && std::string(s.name).find(only) == std::string::npos) continue;
         std::vector<void*> owned;
         DeviceWeight first;
         const int64_t weight_bytes = make_weight(s, rng, &first, &owned);

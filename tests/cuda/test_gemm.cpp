@@ -262,14 +262,17 @@ TEST(CudaGemm, V4FlashShapes) {
 #endif
 }
 
-// No atomics anywhere: the same inputs give bitwise the same outputs.
+// No atomics anywhere: the same inputs give bitwise the same outputs. The cases cover every GEMV variant
+// (clusters, wide row groups, several K stages, two launches for n > 8) and the generic kernel, small
+// enough to run under compute-sanitizer.
 TEST(CudaGemm, Deterministic) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
   std::mt19937_64 rng(seed());
   SCOPED_TRACE(seed());
   for (const Case& c : {Case{Format::kF32, 1, 24, 16384}, Case{Format::kFP4, 3, 2048, 4096},
-                        Case{Format::kFP8, 40, 300, 989}}) {
+                        Case{Format::kFP4, 8, 24, 16384}, Case{Format::kBF16, 16, 200, 8192},
+                        Case{Format::kFP8, 2, 1000, 2048}, Case{Format::kFP8, 40, 300, 989}}) {
     std::mt19937_64 a(rng()), b = a;
     const std::vector<float> first = check_case(c, a);
     const std::vector<float> second = check_case(c, b);

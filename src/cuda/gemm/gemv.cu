@@ -5,7 +5,9 @@
 //  * A unit is `rows_per_unit` consecutive output rows of one group, computed by one block over its K range.
 //    The 8 warps form 8/WK row groups of WK warps; a thread owns R rows and walks K in 16-byte chunks, the
 //    32·WK lanes of a row group interleaved (local chunk lc → lane lc mod 32·WK), so each warp load
-//    instruction reads 512 contiguous bytes of a row. U chunks × R rows are in flight per thread.
+//    instruction reads 512 contiguous bytes of a row. Loads are software-pipelined: the next chunk of R rows
+//    (of this unit, else of the next) is in flight while the current one is used, and a stage's first
+//    loads are issued before x is staged.
 //  * x is staged in shared memory one K stage at a time, laid out [NB][Q][stage_chunks] in float4s
 //    (Q = float4s per chunk) so the lanes' float4 reads are consecutive (conflict-free); a staged value
 //    serves the R rows of a thread and every unit of the block.
@@ -43,25 +45,25 @@ constexpr int elems_per_chunk(WFormat f) {
 // NB: activation rows per launch, 1, 2, 4 or 8; n = 9..16 runs as two launches (at n > 8 the kernel is
 // FMA-bound, and 16 rows' accumulators do not fit the register budget).
 constexpr int kMaxNb = 8;
-// R: rows per thread. R·NB accumulators and R decoded weight groups must stay in registers (no spills at the
-// register budgets below), and R·NB ≤ 32 (one value per lane after the reduce-scatter). Larger R reuses each
-// staged x value more.
+// R: rows per thread; R·NB ≤ 32 (one value per lane after the reduce-scatter). With the software pipeline a
+// thread holds 2·R chunks (8 registers each with the scale) besides R·NB accumulators; R = 4 keeps ~4–8
+// loads in flight per thread and reuses each staged x value 4 times.
 constexpr int rows_per_thread(WFormat f, int nb) {
-  if (f == WFormat::kFP8) return nb == 1 ? 4 : 2;
+  if (f == WFormat::kFP8) return nb <= 4 ? 4 : 2;
   if (f == WFormat::kFP4) return nb <= 2 ? 4 : 2;
   return 4;
 }
-// Register budget (65536 per SM / (256 threads · blocks)): n = 1 is purely memory-bound and wants 32 warps
-// in flight; larger n needs registers for R·NB accumulators. Before sm_89 there is no e4m3 conversion
-// instruction, and the software decode needs the larger budget (sm_80 is the portable path, not the tuned one).
+// Register budget (65536 per SM / (256 threads · blocks)), chosen for no spills: 64 registers (32 warps per
+// SM) for n = 1 with the light decodes, 80 (24 warps) with FP8, 128 (16 warps) for FP4 and larger n. Before
+// sm_89 there is no e4m3 conversion instruction; the software decode gets 128 (sm_80 is the portable path,
+// not the tuned one).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
-constexpr int min_blocks_per_sm(int) { return 2; }
+constexpr int min_blocks_per_sm(WFormat, int) { return 2; }
 #else
-constexpr int min_blocks_per_sm(int nb) { return nb == 1 ? 4 : nb <= 4 ? 3 : 2; }
+constexpr int min_blocks_per_sm(WFormat f, int nb) {
+  return nb > 1 || f == WFormat::kFP4 ? 2 : f == WFormat::kFP8 ? 3 : 4;
+}
 #endif
-// U: 16-byte chunks per row loaded before the first is used (U·R loads in flight per thread). With ≥ 24
-// warps per SM, R loads per thread already cover the memory latency; n = 1 has registers for two.
-constexpr int chunks_in_flight(WFormat f, int nb) { return f != WFormat::kFP4 && nb == 1 ? 2 : 1; }
 
 struct GemvParams {
   const float* x = nullptr;  // [n, ldx]; group g reads columns g·in_g .. g·in_g + in_g
@@ -179,120 +181,112 @@ __device__ void stage_x(const GemvParams& p, float* xs, int g, int c0, int len) 
     }
 }
 
-// Pulls the first chunks a thread will load for rows row0 .. row0 + R into L2, so the loads of a block's
-// first unit overlap the staging of x, and those of the next unit the work on this one.
-template <WFormat F, int NB, int R>
-__device__ __forceinline__ void prefetch_unit(const GemvParams& p, int row0, int row_end, int c0, int len,
-                                              int k_lane, int k_step) {
-  constexpr int U = chunks_in_flight(F, NB);
-  const uint8_t* base = p.w.data + int64_t(row0) * p.w.row_bytes() + int64_t(c0) * 16;
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int c = k_lane + u * k_step;
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (row0 + r < row_end && c < len)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + r * p.w.row_bytes() + c * 16));
+// Weights are decoded in groups that match whole float4s of x: 4 elements (x float4 j) for F32 / BF16 /
+// FP8, 8 for FP4 (float4s 2j and 2j+1, from one 32-bit word).
+template <WFormat F>
+constexpr int kGroup = F == WFormat::kFP4 ? 8 : 4;
+template <WFormat F>
+constexpr int kGroupsPerChunk = F == WFormat::kFP4 ? 4 : elems_per_chunk(F) / 4;
+
+// Group j of one row's chunk, times m. FP8: W = e4m3 · block scale rounded to fp32 per element, as the
+// reference computes it (m = the scale). FP4: e2m1 · 2^−14 · m, exact (see fma_chunk).
+template <WFormat F>
+__device__ __forceinline__ void decode_group(const uint4& wv, float m, int j, float (&w)[kGroup<F>]) {
+  if constexpr (F == WFormat::kF32) {
+    w[0] = __uint_as_float(wv.x);
+    w[1] = __uint_as_float(wv.y);
+    w[2] = __uint_as_float(wv.z);
+    w[3] = __uint_as_float(wv.w);
+  } else if constexpr (F == WFormat::kBF16) {
+    const uint32_t lo = word(wv, 2 * j), hi = word(wv, 2 * j + 1);
+    w[0] = __uint_as_float(lo << 16);
+    w[1] = __uint_as_float(lo & 0xFFFF0000u);
+    w[2] = __uint_as_float(hi << 16);
+    w[3] = __uint_as_float(hi & 0xFFFF0000u);
+  } else if constexpr (F == WFormat::kFP8) {
+    const uint32_t u = word(wv, j);
+    const float2 a = e4m3x2_to_float2(u), b = e4m3x2_to_float2(u >> 16);
+    w[0] = a.x * m;
+    w[1] = a.y * m;
+    w[2] = b.x * m;
+    w[3] = b.y * m;
+  } else {
+    const uint32_t u = word(wv, j);
+    const float2 f0 = e2m1_pair_scaled<0>(u), f1 = e2m1_pair_scaled<1>(u);
+    const float2 f2 = e2m1_pair_scaled<2>(u), f3 = e2m1_pair_scaled<3>(u);
+    w[0] = f0.x * m;
+    w[1] = f1.x * m;
+    w[2] = f2.x * m;
+    w[3] = f3.x * m;
+    w[4] = f0.y * m;
+    w[5] = f1.y * m;
+    w[6] = f2.y * m;
+    w[7] = f3.y * m;
   }
 }
 
 // acc[r][i] += Σ over one chunk of x[i, ·] · W[row r, ·]. wv: the chunk of each row, sc: its scale.
-// x4 points at float4 (i = 0, q = 0) of the chunk; float4 (i, q) is x4[(i·Q + q)·q_stride]. Each group of
-// weights is decoded into registers once, then the NB activation rows stream past it.
+// x4 points at float4 (i = 0, q = 0) of the chunk; float4 (i, q) is x4[(i·Q + q)·q_stride].
+// For NB ≤ 2 a group's x values are loaded once and each row is decoded and used in turn; for larger NB
+// all R rows are decoded first and the NB activation rows stream past them (fewer live registers each way).
 template <WFormat F, int NB, int R>
 __device__ __forceinline__ void fma_chunk(const uint4 (&wv)[R], const float (&sc)[R], const float4* x4,
                                           int q_stride, float (&acc)[R][NB]) {
-  constexpr int Q = elems_per_chunk(F) / 4;
-  if constexpr (F != WFormat::kFP4) {
+  constexpr int Q = elems_per_chunk(F) / 4, G = kGroup<F>, X = G / 4;  // X: x float4s per group
+  // FP4: one chunk is exactly one 32-element scale block. x was staged × 2^14, so x' · (e2m1 · 2^−14) is
+  // the product x · e2m1 exactly; for small NB the block sum is scaled once by s (a power of two: exact),
+  // for larger NB (registers scarcer than multiplies) each weight is (e2m1 · 2^−14) · s.
+  constexpr bool kBlockSum = F == WFormat::kFP4 && NB <= 2;
+  float sum[R][NB];
 #pragma unroll
-    for (int q = 0; q < Q; ++q) {  // elements 4q .. 4q+3
-      float w[R][4];
+  for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if constexpr (F == WFormat::kF32) {
-          w[r][0] = __uint_as_float(wv[r].x);
-          w[r][1] = __uint_as_float(wv[r].y);
-          w[r][2] = __uint_as_float(wv[r].z);
-          w[r][3] = __uint_as_float(wv[r].w);
-        } else if constexpr (F == WFormat::kBF16) {
-          const uint32_t lo = word(wv[r], 2 * q), hi = word(wv[r], 2 * q + 1);
-          w[r][0] = __uint_as_float(lo << 16);
-          w[r][1] = __uint_as_float(lo & 0xFFFF0000u);
-          w[r][2] = __uint_as_float(hi << 16);
-          w[r][3] = __uint_as_float(hi & 0xFFFF0000u);
-        } else {
-          // W = e4m3 · block scale rounded to fp32 per element, then the product: the reference's arithmetic.
-          const uint32_t u = word(wv[r], q);
-          const float2 a = e4m3x2_to_float2(u), b = e4m3x2_to_float2(u >> 16);
-          w[r][0] = a.x * sc[r];
-          w[r][1] = a.y * sc[r];
-          w[r][2] = b.x * sc[r];
-          w[r][3] = b.y * sc[r];
-        }
-      }
+    for (int i = 0; i < NB; ++i) sum[r][i] = kBlockSum ? 0.0f : acc[r][i];
 #pragma unroll
-      for (int i = 0; i < NB; ++i) {
-        const float4 xv = x4[(i * Q + q) * q_stride];
+  for (int j = 0; j < kGroupsPerChunk<F>; ++j) {
+    if constexpr (NB <= 2) {
+      float4 xv[NB][X];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          acc[r][i] = fmaf(xv.x, w[r][0], acc[r][i]);
-          acc[r][i] = fmaf(xv.y, w[r][1], acc[r][i]);
-          acc[r][i] = fmaf(xv.z, w[r][2], acc[r][i]);
-          acc[r][i] = fmaf(xv.w, w[r][3], acc[r][i]);
-        }
-      }
-    }
-  } else {
-    // One chunk is exactly one 32-element scale block. x was staged × 2^14, so x' · (e2m1 · 2^−14) is the
-    // product x · e2m1 exactly. For small NB the block sum is scaled once (s is a power of two: exact);
-    // for larger NB, registers are scarcer than multiplies, and w = (e2m1 · 2^−14) · s per element.
-    constexpr bool kBlockSum = NB <= 2;
-    float block[R][NB];
+      for (int i = 0; i < NB; ++i)
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int i = 0; i < NB; ++i) block[r][i] = kBlockSum ? 0.0f : acc[r][i];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {  // word j: elements 8j .. 8j+7 = float4s 2j (nibbles 0..3), 2j+1 (4..7)
-      float w[R][8];
+        for (int h = 0; h < X; ++h) xv[i][h] = x4[(i * Q + X * j + h) * q_stride];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const uint32_t u = word(wv[r], j);
-        const float2 f0 = e2m1_pair_scaled<0>(u), f1 = e2m1_pair_scaled<1>(u);
-        const float2 f2 = e2m1_pair_scaled<2>(u), f3 = e2m1_pair_scaled<3>(u);
-        const float m = kBlockSum ? 1.0f : sc[r];
-        w[r][0] = f0.x * m;
-        w[r][1] = f1.x * m;
-        w[r][2] = f2.x * m;
-        w[r][3] = f3.x * m;
-        w[r][4] = f0.y * m;
-        w[r][5] = f1.y * m;
-        w[r][6] = f2.y * m;
-        w[r][7] = f3.y * m;
+        float w[G];
+        decode_group<F>(wv[r], (F == WFormat::kFP8 || F == WFormat::kFP4) && !kBlockSum ? sc[r] : 1.0f, j, w);
+#pragma unroll
+        for (int i = 0; i < NB; ++i)
+#pragma unroll
+          for (int h = 0; h < X; ++h) {
+            sum[r][i] = fmaf(xv[i][h].x, w[4 * h], sum[r][i]);
+            sum[r][i] = fmaf(xv[i][h].y, w[4 * h + 1], sum[r][i]);
+            sum[r][i] = fmaf(xv[i][h].z, w[4 * h + 2], sum[r][i]);
+            sum[r][i] = fmaf(xv[i][h].w, w[4 * h + 3], sum[r][i]);
+          }
       }
+    } else {
+      float w[R][G];
 #pragma unroll
-      for (int i = 0; i < NB; ++i) {
-        const float4 xa = x4[(i * Q + 2 * j) * q_stride], xb = x4[(i * Q + 2 * j + 1) * q_stride];
+      for (int r = 0; r < R; ++r) decode_group<F>(wv[r], F == WFormat::kFP8 || F == WFormat::kFP4 ? sc[r] : 1.0f, j, w[r]);
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          float t = block[r][i];
-          t = fmaf(xa.x, w[r][0], t);
-          t = fmaf(xa.y, w[r][1], t);
-          t = fmaf(xa.z, w[r][2], t);
-          t = fmaf(xa.w, w[r][3], t);
-          t = fmaf(xb.x, w[r][4], t);
-          t = fmaf(xb.y, w[r][5], t);
-          t = fmaf(xb.z, w[r][6], t);
-          t = fmaf(xb.w, w[r][7], t);
-          block[r][i] = t;
+      for (int i = 0; i < NB; ++i)
+#pragma unroll
+        for (int h = 0; h < X; ++h) {
+          const float4 xv = x4[(i * Q + X * j + h) * q_stride];
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            sum[r][i] = fmaf(xv.x, w[r][4 * h], sum[r][i]);
+            sum[r][i] = fmaf(xv.y, w[r][4 * h + 1], sum[r][i]);
+            sum[r][i] = fmaf(xv.z, w[r][4 * h + 2], sum[r][i]);
+            sum[r][i] = fmaf(xv.w, w[r][4 * h + 3], sum[r][i]);
+          }
         }
-      }
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int i = 0; i < NB; ++i) acc[r][i] = kBlockSum ? fmaf(block[r][i], sc[r], acc[r][i]) : block[r][i];
   }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < NB; ++i) acc[r][i] = kBlockSum ? fmaf(sum[r][i], sc[r], acc[r][i]) : sum[r][i];
 }
 
 // Scale of (row, chunk c) for the block-scaled formats (1 otherwise).
@@ -303,32 +297,23 @@ __device__ __forceinline__ float chunk_scale(const DeviceWeight& w, int row, int
   else return 1.0f;
 }
 
-// One thread's share of a unit over the staged chunks [c0, c0 + len): rows row0 .. row0 + R (those below
-// row_end), local chunks k_lane, k_lane + k_step, …
-template <WFormat F, int NB, int R>
-__device__ __forceinline__ void accumulate(const GemvParams& p, const float4* xs, int row0, int row_end, int c0,
-                                           int len, int k_lane, int k_step, float (&acc)[R][NB]) {
-  constexpr int U = chunks_in_flight(F, NB);
+// One 16-byte chunk of each of a thread's R rows, with its scale: the unit of loads in flight.
+template <int R>
+struct Batch {
+  uint4 w[R];
+  float s[R];
+};
+
+// Issues the loads of local chunk lc (< len) of rows row0 .. row0 + R (those below row_end).
+template <WFormat F, int R>
+__device__ __forceinline__ void load_batch(const GemvParams& p, int row0, int row_end, int c0, int lc, Batch<R>& b) {
   const int64_t row_bytes = p.w.row_bytes();
-  const uint8_t* base = p.w.data + int64_t(row0) * row_bytes + int64_t(c0) * 16;  // (row0, chunk c0)
-  for (int lc = k_lane; lc < len; lc += U * k_step) {
-    uint4 wv[U][R];
-    float sc[U][R];
+  const uint8_t* chunk = p.w.data + int64_t(row0) * row_bytes + int64_t(c0 + lc) * 16;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int c = lc + u * k_step;
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const bool live = row0 + r < row_end && c < len;
-        wv[u][r] = live ? load_streaming(base + r * row_bytes + c * 16) : make_uint4(0, 0, 0, 0);
-        sc[u][r] = live ? chunk_scale<F>(p.w, row0 + r, c0 + c) : 0.0f;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int c = lc + u * k_step;
-      if (c < len) fma_chunk<F, NB, R>(wv[u], sc[u], xs + c, p.stage_chunks, acc);
-    }
+  for (int r = 0; r < R; ++r) {
+    const bool live = row0 + r < row_end;
+    b.w[r] = live ? load_streaming(chunk + r * row_bytes) : make_uint4(0, 0, 0, 0);
+    b.s[r] = live ? chunk_scale<F>(p.w, row0 + r, c0 + lc) : 0.0f;
   }
 }
 
@@ -363,7 +348,7 @@ __device__ __forceinline__ const float* rank_shared(const float* p, int rank, in
 
 // Grid: (cluster ranks S, unit ranges). Dynamic shared memory: [2][kWarps][V] partial sums, then the x stage.
 template <WFormat F, int NB>
-__global__ void __launch_bounds__(kThreads, min_blocks_per_sm(NB)) gemv_kernel(GemvParams p) {
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm(F, NB)) gemv_kernel(GemvParams p) {
   constexpr int R = rows_per_thread(F, NB), V = R * NB, kSpread = 32 / V;
   extern __shared__ float4 smem4[];
   float* partials = reinterpret_cast<float*>(smem4);  // [2][kWarps][V]
@@ -386,21 +371,30 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(NB)) gemv_kernel(G
     for (int st = 0; st < p.stages; ++st) {
       const int c0 = min(slice1, slice0 + st * p.stage_chunks);
       const int len = min(slice1, c0 + p.stage_chunks) - c0;  // 0 for ranks past the end of K
-      const int first_row0 = g * p.out_g + (u - g * p.units_per_group) * rows_per_unit + row_group * R;
-      prefetch_unit<F, NB, R>(p, first_row0, row_end, c0, len, k_lane, k_step);
+      // Software pipeline: one batch is in flight while the previous one is used, across units, and the
+      // first batch of a stage is issued before x is staged (weights do not depend on x).
+      const int seg_row0 = g * p.out_g + (u - g * p.units_per_group) * rows_per_unit + row_group * R;
+      Batch<R> cur;
+      if (k_lane < len) load_batch<F, R>(p, seg_row0, row_end, c0, k_lane, cur);
       __syncthreads();  // every thread is done with the previous stage
       stage_x<F, NB>(p, xs, g, c0, len);
       __syncthreads();
       for (int uu = u; uu < seg_end; ++uu) {
         const int unit_row0 = g * p.out_g + (uu - g * p.units_per_group) * rows_per_unit;
         const int row0 = unit_row0 + row_group * R;
-        if (uu + 1 < seg_end) prefetch_unit<F, NB, R>(p, row0 + rows_per_unit, row_end, c0, len, k_lane, k_step);
         float acc[R][NB];
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
           for (int i = 0; i < NB; ++i) acc[r][i] = 0.0f;
-        accumulate<F, NB, R>(p, xs4, row0, row_end, c0, len, k_lane, k_step, acc);
+        for (int lc = k_lane; lc < len; lc += k_step) {
+          Batch<R> next;
+          const bool more_here = lc + k_step < len, more_next = !more_here && uu + 1 < seg_end;
+          if (more_here) load_batch<F, R>(p, row0, row_end, c0, lc + k_step, next);
+          else if (more_next) load_batch<F, R>(p, row0 + rows_per_unit, row_end, c0, k_lane, next);
+          fma_chunk<F, NB, R>(cur.w, cur.s, xs4 + lc, p.stage_chunks, acc);
+          if (more_here || more_next) cur = next;
+        }
 
         float flat[V];
 #pragma unroll
