@@ -51,10 +51,12 @@ void CpuOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, int
   }
 
   std::fill(out, out + n * D, 0.0f);
-  std::vector<float>& xs = scratch(4, size_t(n * D));
-  std::vector<float>& gate = scratch(5, size_t(n * I));
-  std::vector<float>& up = scratch(6, size_t(n * I));
-  std::vector<float>& down = scratch(7, size_t(n * D));
+  // An expert serves at most n·k rows: a hash table row may name the same expert more than once.
+  const int64_t max_rows = n * k;
+  std::vector<float>& xs = scratch(4, size_t(max_rows * D));
+  std::vector<float>& gate = scratch(5, size_t(max_rows * I));
+  std::vector<float>& up = scratch(6, size_t(max_rows * I));
+  std::vector<float>& down = scratch(7, size_t(max_rows * D));
   // y = w2 · (silu(min(g, L)) · clamp(u, −L, L) · weight), weight applied before the down projection.
   const auto run_expert = [&](const ExpertWeights& ew, const std::vector<std::pair<int64_t, float>>& rows) {
     const int64_t m = int64_t(rows.size());

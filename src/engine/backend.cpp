@@ -33,7 +33,8 @@ std::unique_ptr<Ops> make_backend(const std::string& requested, const ModelWeigh
 Numerics parse_numerics(const std::string& name) {
   if (name == "reference") return Numerics::kReference;
   if (name == "exact") return Numerics::kExact;
-  fail(cat("unknown numerics mode '", name, "' (expected reference or exact)"));
+  if (name == "fast") return Numerics::kFast;
+  fail(cat("unknown numerics mode '", name, "' (expected reference, exact or fast)"));
 }
 
 }  // namespace dsv4

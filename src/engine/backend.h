@@ -11,6 +11,6 @@ namespace dsv4 {
 // "cpu", "cuda" (weights uploaded to GPU 0 here), or "auto": cuda when this build has it and a GPU is visible.
 std::unique_ptr<Ops> make_backend(const std::string& name, const ModelWeights& model);
 std::string resolve_backend_name(const std::string& name);  // "auto" → "cuda" | "cpu"
-Numerics parse_numerics(const std::string& name);  // "reference" | "exact"
+Numerics parse_numerics(const std::string& name);  // "reference" | "exact" | "fast"
 
 }  // namespace dsv4

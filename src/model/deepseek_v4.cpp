@@ -144,7 +144,7 @@ void DeepseekV4::attention(const LayerWeights& l, size_t layer, bool mtp, int64_
   const ModelConfig& c = model_.config;
   const AttentionWeights& w = l.attn;
   const RopeKind rope = rope_kind(l.attn_type);
-  const bool reference = numerics_ == Numerics::kReference;
+  const bool reference = numerics_ != Numerics::kExact;  // kFast keeps the simulation points
   const int64_t H = c.n_heads, d = c.head_dim;
   query(w, rope, n);
   key_value(w, layer, mtp, rope, n);
@@ -197,7 +197,7 @@ void DeepseekV4::key_value(const AttentionWeights& w, size_t layer, bool mtp, Ro
   ops_.linear(act_.xn, c.dim, w.wkv, n, act_.kv, d);
   ops_.rms_norm(act_.kv, &w.kv_norm, n, d, act_.kv);
   for (const Span& s : spans_) ops_.rope(act_.kv + s.row0 * d, s.n, d, c.nope_dim(), 1, s.pos0, 1, rope, false);
-  if (numerics_ == Numerics::kReference) ops_.sim_fp8(act_.kv, n, d, c.nope_dim(), 64);
+  if (numerics_ != Numerics::kExact) ops_.sim_fp8(act_.kv, n, d, c.nope_dim(), 64);
   for (const Span& s : spans_)
     ops_.ring_store(act_.kv + s.row0 * d, s.n, d, s.pos0, s.sequence->ring_slots, layer_state(s, layer, mtp).window);
 }
@@ -210,7 +210,7 @@ void DeepseekV4::indexer_query(const IndexerWeights& w, int64_t n) {
   for (const Span& s : spans_)
     ops_.rope(act_.index_q + s.row0 * nI * dI, s.n * nI, dI, dI - c.rope_dim, nI, s.pos0, 1, RopeKind::kCompressed,
               false);
-  if (numerics_ == Numerics::kReference) ops_.hadamard_sim_fp4(act_.index_q, n * nI, dI);
+  if (numerics_ != Numerics::kExact) ops_.hadamard_sim_fp4(act_.index_q, n * nI, dI);
   ops_.linear(act_.xn, c.dim, w.weights_proj, n, act_.index_w, nI);
   ops_.scale(act_.index_w, size_t(n * nI), float(1.0 / std::sqrt(double(dI) * double(nI))));
 }
@@ -219,7 +219,7 @@ void DeepseekV4::indexer_query(const IndexerWeights& w, int64_t n) {
 // compressed entry and keeps the top k per query.
 void DeepseekV4::indexer(const IndexerWeights& w, const Span& s, LayerState& state) {
   const ModelConfig& c = model_.config;
-  const bool reference = numerics_ == Numerics::kReference;
+  const bool reference = numerics_ != Numerics::kExact;  // kFast keeps the simulation points
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
   ops_.compressor(w.compressor, state.indexer, act_.xn + s.row0 * c.dim, s.pos0, s.n,
                   reference ? EntrySim::kHadamardFp4 : EntrySim::kNone);

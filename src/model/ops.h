@@ -17,6 +17,8 @@ namespace dsv4 {
 enum class Numerics : uint8_t {
   kReference,  // the official FP8 / FP4 simulation points (spec §3.4), what real checkpoints were trained for
   kExact,      // no simulation: what transformers computes
+  kFast,       // reference, plus GEMM activations rounded to the weight's format for the tensor cores (bf16, or
+               // e4m3 per 128 columns as DeepSeek's act_quant): opt-in, outside the fixtures' tolerances
 };
 
 enum class RopeKind : uint8_t { kPlain, kCompressed };  // θ = rope_theta | compress_rope_theta + YaRN
@@ -68,8 +70,7 @@ class Ops {
   virtual void copy(const float* src, size_t count, float* dst) = 0;  // backend memory to backend memory
 
   // The model's numerics mode, told once at construction. A backend may pick kernels by it: the CUDA backend
-  // keeps exact numerics in fp32 end to end and lets reference numerics round GEMM activations to the
-  // weight's format (bf16, or e4m3 with per-128 scales as DeepSeek's act_quant) for the tensor cores.
+  // keeps GEMMs in fp32 for exact and reference numerics, and uses its tensor-core path only under kFast.
   virtual void set_numerics(Numerics) {}
 
   // ---- step graphs (optional). Between begin_graph() returning true and end_graph(), a backend may record

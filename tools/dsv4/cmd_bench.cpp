@@ -34,7 +34,7 @@ Markdown on stdout, progress on stderr.
     --synth-dir DIR    write it there instead (kept)
     --experts N, --vocab N, --dim N, --inter N, --set F=V,...   smaller dims, as for dsv4 synth
   --backend NAME       auto (default: cuda when available), cpu or cuda
-  --numerics MODE      reference (default) | exact
+  --numerics MODE      reference (default) | exact | fast (tensor-core GEMMs on rounded activations)
   --prefill LIST       prompt lengths (default 512,4096)
   --contexts LIST      context depths for decode (default 0,4096,32768)
   --batches LIST       sequences per decode step (default 1,8,64)

@@ -15,7 +15,7 @@ constexpr const char* kModelOptionsHelp =
     R"(  --model DIR          checkpoint directory (config.json + safetensors [+ tokenizer.json]);
                        default: the tiny model shipped in models/tiny
   --backend NAME       cpu (default)
-  --numerics MODE      reference (default: the official FP8/FP4 simulation) | exact
+  --numerics MODE      reference (default: the official FP8/FP4 simulation) | exact | fast (reference + tensor-core GEMMs on rounded activations)
   --step N             prompt tokens per forward step (default 64)
 )";
 

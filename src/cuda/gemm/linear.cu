@@ -1,6 +1,6 @@
 // gemm family (CUDA): CudaOps::linear and ::linear_grouped validate the call and choose a path (gemm.h):
 // decode shapes (n ≤ kGemvMaxRows) take the memory-bound GEMV; larger n the tensor-core kernel where it
-// covers the shape and the numerics allow rounding activations (reference), else the generic fp32 tiles.
+// covers the shape and the numerics allow rounding activations (fast), else the generic fp32 tiles.
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/gemm/gemm.h"
@@ -19,7 +19,7 @@ void dispatch(const cuda::GemmParams& p, CudaOps& ops) {
   DSV4_CHECK(p.x && p.y, "linear: null activation or output for [", p.w.rows, ", ", p.w.cols, "]");
   DSV4_CHECK(p.w.cols > 0, "linear: weight [", p.w.rows, ", 0] has no input columns");
   if (p.n <= cuda::kGemvMaxRows) cuda::gemv(p, ops.stream());
-  else if (ops.numerics() == Numerics::kExact || !cuda::gemm_tensor_core(p, ops)) cuda::gemm_generic(p, ops.stream());
+  else if (ops.numerics() != Numerics::kFast || !cuda::gemm_tensor_core(p, ops)) cuda::gemm_generic(p, ops.stream());
 }
 
 }  // namespace

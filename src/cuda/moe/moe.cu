@@ -23,8 +23,6 @@ using cuda::moe::MatFormat;
 using cuda::moe::MatView;
 
 // Workspace slots of the moe family (CudaOps::workspace): the step's buffers, and the expert tables.
-constexpr int kWorkspaceStep = 40;
-constexpr int kWorkspaceTables = 41;
 
 // How the kernels read a matrix. tensor_cores: FP8 with 16-byte aligned rows, or FP4 whose scales all lie in
 // the window where e2m1 · scale is exact in fp16 (fp4_fits: fp4_scales_fit over the host copies).
@@ -178,16 +176,16 @@ LayerTables layer_tables(CudaOps& ops, const MoeWeights& w, int64_t D, int64_t I
     if (tables.host.size() > tables.device_entries) {
       // Growth replaces the buffer: upload every layer's entries again.
       tables.device_entries = std::max(tables.host.size(), 2 * tables.device_entries);
-      void* d = ops.workspace(kWorkspaceTables, tables.device_entries * bytes_per);
+      void* d = ops.workspace(cuda::kWsMoeTables, tables.device_entries * bytes_per);
       DSV4_CUDA_CHECK(cudaMemcpyAsync(d, tables.host.data(), tables.host.size() * bytes_per, cudaMemcpyHostToDevice,
                                       ops.stream()));
     } else {
-      auto* d = static_cast<ExpertPtrs*>(ops.workspace(kWorkspaceTables, tables.device_entries * bytes_per));
+      auto* d = static_cast<ExpertPtrs*>(ops.workspace(cuda::kWsMoeTables, tables.device_entries * bytes_per));
       DSV4_CUDA_CHECK(cudaMemcpyAsync(d + first, tables.host.data() + first, (tables.host.size() - first) * bytes_per,
                                       cudaMemcpyHostToDevice, ops.stream()));
     }
   }
-  *entries = static_cast<const ExpertPtrs*>(ops.workspace(kWorkspaceTables, tables.device_entries * sizeof(ExpertPtrs))) +
+  *entries = static_cast<const ExpertPtrs*>(ops.workspace(cuda::kWsMoeTables, tables.device_entries * sizeof(ExpertPtrs))) +
              it->second.first_entry;
   return it->second;
 }
@@ -253,7 +251,7 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
   const int64_t down_blocks = cuda::ceil_div(D, cuda::moe::kDownRowsPerItem);
   Carve carve;
   carve_plan(carve, n, E, k, D, I, down_blocks);  // sizes only
-  carve.set_base(workspace(kWorkspaceStep, carve.used()));
+  carve.set_base(workspace(cuda::kWsMoeStep, carve.used()));
   const cuda::moe::Plan plan = carve_plan(carve, n, E, k, D, I, down_blocks);
 
   const bool pdl = props_.major >= 9;
