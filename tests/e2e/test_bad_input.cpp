@@ -187,7 +187,7 @@ TEST_F(BadInput, TokenOutsideVocabulary) { expect_error("token id 512 is outside
 
 TEST_F(BadInput, TokenListIsNotNumeric) { expect_error("--tokens: 'x' is not an integer", "1,x,3"); }
 
-TEST_F(BadInput, UnknownNumerics) { expect_error("unknown numerics mode 'fast'", "1,2", {"--numerics", "fast"}); }
+TEST_F(BadInput, UnknownNumerics) { expect_error("unknown numerics mode 'turbo'", "1,2", {"--numerics", "turbo"}); }
 
 TEST_F(BadInput, PromptLongerThanContext) {
   edit_config(model_, [](json& c) { c["max_position_embeddings"] = 8; });

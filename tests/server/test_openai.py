@@ -394,6 +394,11 @@ class TestOverload(ServerCase):
         with httpx.Client(base_url=self.server.url, timeout=60) as http:
             with http.stream("POST", "/v1/completions", json=body) as r:
                 next(line for line in r.iter_lines() if line.startswith("data: "))
+                # The first event can precede the engine's bookkeeping of the running batch: wait until the
+                # slot is seen busy, so the refusal below is about the full slot, not a race with admission.
+                deadline = time.time() + 10
+                while self.server.metric("dsv4:num_requests_running") != 1 and time.time() < deadline:
+                    time.sleep(0.01)
                 with self.assertRaises(openai.RateLimitError) as refused:
                     self.client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
                 self.assertEqual(refused.exception.status_code, 429)
