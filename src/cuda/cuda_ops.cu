@@ -26,7 +26,7 @@ CudaOps::CudaOps(const ModelConfig& config, int device) : config_(config), devic
   };
   inv_freq_plain_ = constants(rope_inv_freq(config.rope_dim, config.rope_theta, nullptr));
   inv_freq_compressed_ = constants(rope_inv_freq(config.rope_dim, config.compress_rope_theta, &config.yarn));
-  if (const char* env = std::getenv("DSV4_CUDA_GRAPHS")) graphs_enabled_ = std::string(env) != "0";
+  if (const char* env = std::getenv("DSV4_CUDA_GRAPHS")) graphs_enabled_ = std::string(env) == "1";
 }
 
 CudaOps::~CudaOps() {

@@ -52,7 +52,8 @@ class CudaOps final : public Ops {
   // ---- Ops
   // Decode steps are recorded (stream capture) and replayed as one CUDA graph: the executable graph of the
   // last step with the same node count is updated in place (cudaGraphExecUpdate: kernel arguments such as
-  // positions change every token, the topology rarely does), else instantiated. DSV4_CUDA_GRAPHS=0 disables.
+  // positions change every token, the topology rarely does), else instantiated. Off unless DSV4_CUDA_GRAPHS=1:
+  // re-recording every token measured slower than launching directly (docs/PERFORMANCE.md, §1).
   void set_numerics(Numerics numerics) override { numerics_ = numerics; }
   Numerics numerics() const { return numerics_; }
   bool begin_graph() override;
@@ -124,7 +125,7 @@ class CudaOps final : public Ops {
   float* inv_freq_plain_ = nullptr;
   float* inv_freq_compressed_ = nullptr;
   Numerics numerics_ = Numerics::kReference;
-  bool graphs_enabled_ = true;
+  bool graphs_enabled_ = false;
   bool capturing_ = false;
   std::unordered_map<size_t, cudaGraphExec_t> graph_execs_;  // by node count
   GraphStats graph_stats_;

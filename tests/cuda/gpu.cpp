@@ -27,44 +27,50 @@ std::vector<float> random_floats(size_t n, std::mt19937_64& rng, float lo, float
 }
 
 #if DSV4_HAVE_CUDA
-float* to_device(CudaOps& ops, const std::vector<float>& host) {
-  float* d = ops.alloc(host.size());
-  DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));  // alloc's clearing runs on the ops' stream
+void settle() { DSV4_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+float* to_device(CudaOps& ops, const std::vector<float>& host, size_t shift) {
+  float* d = settled(ops.alloc(host.size() + shift) + shift);
   DSV4_CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
-  DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // the ops' stream does not wait for the legacy stream
-  return d;
+  return settled(d);
 }
 
 int32_t* to_device(CudaOps& ops, const std::vector<int32_t>& host) {
-  int32_t* d = ops.alloc_i32(host.size());
-  DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));  // alloc's clearing runs on the ops' stream
+  int32_t* d = settled(ops.alloc_i32(host.size()));
   DSV4_CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-  DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // the ops' stream does not wait for the legacy stream
-  return d;
+  return settled(d);
 }
 
-std::vector<float> to_host(CudaOps& ops, const float* device, size_t n) {
+std::vector<float> to_host(CudaOps&, const float* device, size_t n) {
   std::vector<float> h(n);
-  DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));
+  settle();
   DSV4_CUDA_CHECK(cudaMemcpy(h.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost));
   return h;
 }
 
-std::vector<int32_t> to_host(CudaOps& ops, const int32_t* device, size_t n) {
+std::vector<int32_t> to_host(CudaOps&, const int32_t* device, size_t n) {
   std::vector<int32_t> h(n);
-  DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));
+  settle();
   DSV4_CUDA_CHECK(cudaMemcpy(h.data(), device, n * sizeof(int32_t), cudaMemcpyDeviceToHost));
   return h;
 }
 
-// cudaMemset runs on the legacy stream, asynchronously: settle it before the ops' stream touches the buffer.
 void poison(float* device, size_t n) {
+  settle();
   DSV4_CUDA_CHECK(cudaMemset(device, 0xFF, n * sizeof(float)));
-  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  settle();
 }
+
 void poison(int32_t* device, size_t n) {
+  settle();
   DSV4_CUDA_CHECK(cudaMemset(device, 0x7F, n * sizeof(int32_t)));
-  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  settle();
+}
+
+float* poisoned(CudaOps& ops, size_t count, size_t shift) {
+  float* p = ops.alloc(count + shift) + shift;
+  poison(p, count);
+  return p;
 }
 #endif
 

@@ -28,12 +28,23 @@ uint64_t seed();
 std::vector<float> random_floats(size_t n, std::mt19937_64& rng, float lo = -1.0f, float hi = 1.0f);
 
 #if DSV4_HAVE_CUDA
-float* to_device(CudaOps& ops, const std::vector<float>& host);  // ops.alloc + copy
+// ops.alloc() clears asynchronously on the ops' (non-blocking) stream, while these helpers copy and memset
+// through the legacy stream, which is not ordered with it (and a pageable cudaMemcpy may return before its DMA
+// lands): every helper settles the device before and after it writes.
+void settle();  // cudaDeviceSynchronize, checked
+template <class T>
+T* settled(T* device) {
+  settle();
+  return device;
+}
+// ops.alloc + copy; `shift` floats into the allocation (shift 1 breaks 16-byte alignment).
+float* to_device(CudaOps& ops, const std::vector<float>& host, size_t shift = 0);
 int32_t* to_device(CudaOps& ops, const std::vector<int32_t>& host);
 std::vector<float> to_host(CudaOps& ops, const float* device, size_t n);
 std::vector<int32_t> to_host(CudaOps& ops, const int32_t* device, size_t n);
-void poison(float* device, size_t n);   // every element NaN
+void poison(float* device, size_t n);    // every element NaN
 void poison(int32_t* device, size_t n);  // every element 0x7F7F7F7F (not a valid index, not −1)
+float* poisoned(CudaOps& ops, size_t count, size_t shift = 0);  // ops.alloc, `shift` in, then poison
 #endif
 
 }  // namespace dsv4::test

@@ -20,40 +20,6 @@ namespace {
 #if DSV4_HAVE_CUDA
 constexpr Tolerance kExact{0.0, 0.0};
 
-// ops.alloc() clears its buffer asynchronously on the op stream, while poison() and cudaMemcpy() go through the
-// legacy default stream, which the (non-blocking) op stream is not ordered with; a pageable cudaMemcpy may even
-// return before its DMA lands. So the device is synchronised after each allocation and after each such write.
-void settle() { DSV4_CUDA_CHECK(cudaDeviceSynchronize()); }
-
-template <class T>
-T* settled(CudaOps&, T* p) {
-  settle();
-  return p;
-}
-
-// A device buffer of `count` floats starting `shift` floats into its allocation (shift 1 breaks 16-byte
-// alignment), poisoned with NaN.
-float* poisoned(CudaOps& ops, size_t count, size_t shift) {
-  float* p = settled(ops, ops.alloc(count + shift) + shift);
-  poison(p, count);
-  settle();
-  return p;
-}
-
-float* uploaded(CudaOps& ops, const std::vector<float>& host, size_t shift) {
-  float* p = settled(ops, ops.alloc(host.size() + shift) + shift);
-  DSV4_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
-  settle();
-  return p;
-}
-
-int32_t* uploaded_ids(CudaOps& ops, const std::vector<int32_t>& host) {
-  int32_t* p = settled(ops, ops.alloc_i32(host.size()));
-  DSV4_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-  settle();
-  return p;
-}
-
 // A checkpoint table in host memory, in one of the storage formats the loader produces.
 struct HostTable {
   std::vector<uint8_t> data, scale;
@@ -158,15 +124,15 @@ TEST(CudaElementwise, AddAndScaleMatchCpu) {
       cpu.scale(want_scaled.data(), count, factor);
       const std::string what = cat("count=", count, " shift=", shift);
 
-      float* da = uploaded(ops, a, shift);
-      float* db = uploaded(ops, b, shift);
+      float* da = to_device(ops, a, shift);
+      float* db = to_device(ops, b, shift);
       float* out = poisoned(ops, count, shift);
       ops.add(da, db, count, out);
       EXPECT_TRUE(compare(to_host(ops, out, count), want, kExact, "add " + what));
       ops.add(da, db, count, da);  // in place, as the forward pass accumulates
       EXPECT_TRUE(compare(to_host(ops, da, count), want, kExact, "add in place " + what));
 
-      float* x = uploaded(ops, a, shift);
+      float* x = to_device(ops, a, shift);
       ops.scale(x, count, factor);
       EXPECT_TRUE(compare(to_host(ops, x, count), want_scaled, kExact, "scale " + what));
     }
@@ -187,7 +153,7 @@ TEST(CudaElementwise, BroadcastStreamsMatchesCpu) {
     std::vector<float> want(size_t(c.n * c.hc * c.dim));
     cpu.broadcast_streams(x.data(), c.n, c.hc, c.dim, want.data());
     float* X = poisoned(ops, want.size(), c.shift);
-    ops.broadcast_streams(uploaded(ops, x, c.shift), c.n, c.hc, c.dim, X);
+    ops.broadcast_streams(to_device(ops, x, c.shift), c.n, c.hc, c.dim, X);
     EXPECT_TRUE(compare(to_host(ops, X, want.size()), want, kExact,
                         cat("broadcast n=", c.n, " hc=", c.hc, " dim=", c.dim, " shift=", c.shift)));
   }
@@ -212,7 +178,7 @@ TEST(CudaElementwise, RingStoreMatchesCpu) {
     std::vector<float> want(size_t(c.slots * c.cols), std::numeric_limits<float>::quiet_NaN());
     cpu.ring_store(x.data(), c.n, c.cols, c.pos0, c.slots, want.data());
     float* ring = poisoned(ops, want.size(), c.shift);
-    ops.ring_store(uploaded(ops, x, c.shift), c.n, c.cols, c.pos0, c.slots, ring);
+    ops.ring_store(to_device(ops, x, c.shift), c.n, c.cols, c.pos0, c.slots, ring);
     EXPECT_TRUE(compare(to_host(ops, ring, want.size()), want, kExact,
                         cat("ring_store n=", c.n, " cols=", c.cols, " pos0=", c.pos0, " slots=", c.slots)));
   }
@@ -243,7 +209,7 @@ TEST(CudaElementwise, EmbedDecodesEveryFormatLikeCpu) {
     std::vector<float> want(size_t(n * c.D));
     cpu.embed(t.w, tokens.data(), n, want.data());
     float* out = poisoned(ops, want.size(), c.shift);
-    ops.embed(t.w, uploaded_ids(ops, tokens), n, out);
+    ops.embed(t.w, to_device(ops, tokens), n, out);
     EXPECT_TRUE(compare(to_host(ops, out, want.size()), want, kExact,
                         cat("embed ", dtype_name(c.dtype), " scales ", dtype_name(c.scale_dtype), " V=", c.V,
                             " D=", c.D, " shift=", c.shift)));
@@ -260,7 +226,7 @@ TEST(CudaElementwise, EmbedOutOfRangeTokenGivesNanRow) {
   ops.upload(t.w);
   settle();
   float* out = poisoned(ops, 3 * 64, 0);
-  ops.embed(t.w, uploaded_ids(ops, {3, 10, -1}), 3, out);
+  ops.embed(t.w, to_device(ops, std::vector<int32_t>{3, 10, -1}), 3, out);
   const auto got = to_host(ops, out, 3 * 64);
   for (int64_t c = 0; c < 64; ++c) {
     EXPECT_FALSE(std::isnan(got[size_t(c)])) << c;

@@ -50,33 +50,6 @@ HostMatrix random_matrix(DType dtype, int64_t rows, int64_t cols, float bound, s
   return m;
 }
 
-#if DSV4_HAVE_CUDA
-// ops.alloc() clears its buffer asynchronously on the op stream, while poison() and cudaMemcpy() go through the
-// legacy default stream, which the (non-blocking) op stream is not ordered with; a pageable cudaMemcpy may even
-// return before its DMA lands. So the device is synchronised after each allocation and after each such write.
-void settle() { DSV4_CUDA_CHECK(cudaDeviceSynchronize()); }
-
-template <class T>
-T* settled(CudaOps&, T* p) {
-  settle();
-  return p;
-}
-
-float* uploaded(CudaOps& ops, const std::vector<float>& host, size_t shift) {
-  float* p = settled(ops, ops.alloc(host.size() + shift) + shift);
-  DSV4_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
-  settle();
-  return p;
-}
-
-float* poisoned(CudaOps& ops, size_t count, size_t shift) {
-  float* p = settled(ops, ops.alloc(count + shift) + shift);
-  poison(p, count);
-  settle();
-  return p;
-}
-#endif
-
 struct Case {
   int64_t hc, dim, n;
   DType fn_dtype;
@@ -127,7 +100,7 @@ TEST(CudaHc, HcPreMatchesCpu) {
     float* dx = poisoned(ops, x.size(), c.shift);
     float* dpost = poisoned(ops, post.size(), 0);
     float* dcomb = poisoned(ops, comb.size(), 0);
-    ops.hc_pre(uploaded(ops, X, c.shift), w, c.n, dx, dpost, dcomb);
+    ops.hc_pre(to_device(ops, X, c.shift), w, c.n, dx, dpost, dcomb);
     const std::string what = cat("hc=", c.hc, " dim=", c.dim, " n=", c.n, " fn ", dtype_name(c.fn_dtype),
                                  " shift=", c.shift);
     EXPECT_TRUE(compare(to_host(ops, dpost, post.size()), post, kCoefTol, "post " + what));
@@ -160,7 +133,7 @@ TEST(CudaHc, HcHeadMatchesCpu) {
     std::vector<float> y(size_t(c.n * c.dim));
     cpu.hc_head(X.data(), w, c.n, y.data());
     float* dy = poisoned(ops, y.size(), c.shift);
-    ops.hc_head(uploaded(ops, X, c.shift), w, c.n, dy);
+    ops.hc_head(to_device(ops, X, c.shift), w, c.n, dy);
     EXPECT_TRUE(compare(to_host(ops, dy, y.size()), y, kCollapseTol,
                         cat("hc_head hc=", c.hc, " dim=", c.dim, " n=", c.n, " fn ", dtype_name(c.fn_dtype),
                             " shift=", c.shift)));
@@ -186,8 +159,8 @@ TEST(CudaHc, HcPostMatchesCpu) {
     const auto X = random_floats(size_t(c.n * c.hc * c.dim), rng);
     std::vector<float> want = X;
     cpu.hc_post(f.data(), post.data(), comb.data(), c.n, want.data());
-    float* dX = uploaded(ops, X, c.shift);
-    ops.hc_post(uploaded(ops, f, c.shift), uploaded(ops, post, 0), uploaded(ops, comb, 0), c.n, dX);
+    float* dX = to_device(ops, X, c.shift);
+    ops.hc_post(to_device(ops, f, c.shift), to_device(ops, post, 0), to_device(ops, comb, 0), c.n, dX);
     EXPECT_TRUE(compare(to_host(ops, dX, want.size()), want, Tolerance{1e-6, 0.0},
                         cat("hc_post hc=", c.hc, " dim=", c.dim, " n=", c.n, " shift=", c.shift)));
   }

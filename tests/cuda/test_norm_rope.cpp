@@ -26,26 +26,6 @@ ModelConfig v4_config() {
   return c;
 }
 
-#if DSV4_HAVE_CUDA
-// ops.alloc() clears its buffer asynchronously on the op stream, while poison() and cudaMemcpy() go through the
-// legacy default stream, which the (non-blocking) op stream is not ordered with; a pageable cudaMemcpy may even
-// return before its DMA lands. So the device is synchronised after each allocation and after each such write.
-void settle() { DSV4_CUDA_CHECK(cudaDeviceSynchronize()); }
-
-template <class T>
-T* settled(CudaOps&, T* p) {
-  settle();
-  return p;
-}
-
-float* uploaded(CudaOps& ops, const std::vector<float>& host, size_t shift) {
-  float* p = settled(ops, ops.alloc(host.size() + shift) + shift);
-  DSV4_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
-  settle();
-  return p;
-}
-#endif
-
 // RMSNorm: fp32 everywhere in the same operation order; only the order of the sum of squares differs
 // (the CPU's 8 strided partial sums vs per-thread sums, warp trees and a block step). Each ordering has a
 // relative error below ~log2(dim)·2^−24 ≈ 1e-6 on Σx² (all terms positive), which reaches the output
@@ -78,10 +58,10 @@ TEST(CudaNormRope, RmsNormMatchesCpu) {
     settle();
     std::vector<float> want(x.size());
     cpu.rms_norm(x.data(), g, c.rows, c.dim, want.data());
-    float* dx = uploaded(ops, x, c.shift);
+    float* dx = to_device(ops, x, c.shift);
     float* y = dx;
     if (!c.in_place) {
-      y = settled(ops, ops.alloc(x.size() + c.shift) + c.shift);
+      y = settled(ops.alloc(x.size() + c.shift) + c.shift);
       poison(y, x.size());
       settle();
     }
@@ -127,7 +107,7 @@ TEST(CudaNormRope, RopeMatchesCpu) {
     const auto x = random_floats(size_t(c.rows * c.row_stride), rng, -2.0f, 2.0f);
     std::vector<float> want = x;
     cpu.rope(want.data(), c.rows, c.row_stride, c.offset, c.rows_per_pos, c.pos0, c.pos_stride, c.kind, c.inverse);
-    float* dx = uploaded(ops, x, c.shift);
+    float* dx = to_device(ops, x, c.shift);
     ops.rope(dx, c.rows, c.row_stride, c.offset, c.rows_per_pos, c.pos0, c.pos_stride, c.kind, c.inverse);
     const auto got = to_host(ops, dx, x.size());
     size_t differing = 0;

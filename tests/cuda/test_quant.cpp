@@ -14,26 +14,6 @@
 namespace dsv4::test {
 namespace {
 
-#if DSV4_HAVE_CUDA
-// ops.alloc() clears its buffer asynchronously on the op stream, while poison() and cudaMemcpy() go through the
-// legacy default stream, which the (non-blocking) op stream is not ordered with; a pageable cudaMemcpy may even
-// return before its DMA lands. So the device is synchronised after each allocation and after each such write.
-void settle() { DSV4_CUDA_CHECK(cudaDeviceSynchronize()); }
-
-template <class T>
-T* settled(CudaOps&, T* p) {
-  settle();
-  return p;
-}
-
-float* uploaded(CudaOps& ops, const std::vector<float>& host) {
-  float* p = settled(ops, ops.alloc(host.size()));
-  DSV4_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
-  settle();
-  return p;
-}
-#endif
-
 // Bitwise equality; on failure names the first differing element, both values and their bits.
 ::testing::AssertionResult bitwise_equal(const std::vector<float>& got, const std::vector<float>& want,
                                          const std::string& what) {
@@ -103,7 +83,7 @@ TEST(CudaQuant, SimFp8IsBitIdenticalToCpu) {
       for (int64_t i = 0; i < std::min<int64_t>(c.block, c.cols); ++i) x[size_t(i)] *= 1e-7f;
     std::vector<float> want = x;
     cpu.sim_fp8(want.data(), c.rows, c.row_stride, c.cols, c.block);
-    float* dx = uploaded(ops, x);
+    float* dx = to_device(ops, x);
     ops.sim_fp8(dx, c.rows, c.row_stride, c.cols, c.block);
     EXPECT_TRUE(bitwise_equal(to_host(ops, dx, x.size()), want, c.what));
   }
@@ -128,7 +108,7 @@ TEST(CudaQuant, HadamardSimFp4IsBitIdenticalToCpu) {
     for (size_t i = 0; i < size_t(c.dim); ++i) x[i] *= 1e-36f;  // a row near the 6·2^−126 absmax floor
     std::vector<float> want = x;
     cpu.hadamard_sim_fp4(want.data(), c.rows, c.dim);
-    float* dx = uploaded(ops, x);
+    float* dx = to_device(ops, x);
     ops.hadamard_sim_fp4(dx, c.rows, c.dim);
     EXPECT_TRUE(bitwise_equal(to_host(ops, dx, x.size()), want, c.what));
   }

@@ -82,37 +82,19 @@ ChiSquare chi_square(const std::vector<int64_t>& counts, const std::vector<doubl
 double chi_square_bound(int64_t dof) { return double(dof) + 7.0 * std::sqrt(2.0 * double(dof)) + 10.0; }
 
 #if DSV4_HAVE_CUDA
-// ops.alloc() clears its buffer asynchronously on the op stream, while poison() and cudaMemcpy() go through the
-// legacy default stream, which the (non-blocking) op stream is not ordered with; a pageable cudaMemcpy may even
-// return before its DMA lands. So the device is synchronised after each allocation and after each such write.
-void settle() { DSV4_CUDA_CHECK(cudaDeviceSynchronize()); }
-
-template <class T>
-T* settled(CudaOps&, T* p) {
-  settle();
-  return p;
-}
-
-float* uploaded(CudaOps& ops, const std::vector<float>& host) {
-  float* p = settled(ops, ops.alloc(host.size()));
-  DSV4_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
-  settle();
-  return p;
-}
-
 // N draws from one row of logits (ld 0: every row reads row 0), row r keyed by seed base + r.
 std::vector<int32_t> draw(CudaOps& ops, const std::vector<float>& logits, int64_t N, float T, int64_t top_k,
                           float top_p, float min_p, uint64_t seed_base, uint64_t offset) {
   std::vector<uint64_t> seeds(static_cast<size_t>(N));
   for (int64_t r = 0; r < N; ++r) seeds[size_t(r)] = seed_base + uint64_t(r) * 0x9E3779B97F4A7C15ull;
-  auto* dseeds = reinterpret_cast<uint64_t*>(settled(ops, ops.alloc_i32(size_t(2 * N))));
+  auto* dseeds = reinterpret_cast<uint64_t*>(settled(ops.alloc_i32(size_t(2 * N))));
   DSV4_CUDA_CHECK(cudaMemcpy(dseeds, seeds.data(), seeds.size() * 8, cudaMemcpyHostToDevice));
   settle();
-  int32_t* tokens = settled(ops, ops.alloc_i32(size_t(N)));
+  int32_t* tokens = settled(ops.alloc_i32(size_t(N)));
   poison(tokens, size_t(N));
   settle();
   cuda::SampleParams p;
-  p.logits = uploaded(ops, logits);
+  p.logits = to_device(ops, logits);
   p.rows = N;
   p.vocab = int64_t(logits.size());
   p.ld = 0;
@@ -149,11 +131,11 @@ TEST(CudaSampling, GreedyEqualsCpuArgmax) {
     for (int64_t i = c.V - 1; i >= 0; i -= std::max<int64_t>(1, c.V / 5)) logits[size_t(i)] = top;
     std::vector<int32_t> want(size_t(c.rows));
     for (int64_t r = 0; r < c.rows; ++r) want[size_t(r)] = argmax(logits.data() + r * c.ld, c.V);
-    int32_t* tokens = settled(ops, ops.alloc_i32(size_t(c.rows)));
+    int32_t* tokens = settled(ops.alloc_i32(size_t(c.rows)));
     poison(tokens, size_t(c.rows));
     settle();
     cuda::SampleParams p;
-    p.logits = uploaded(ops, logits);
+    p.logits = to_device(ops, logits);
     p.rows = c.rows;
     p.vocab = c.V;
     p.ld = c.ld;

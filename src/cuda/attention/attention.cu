@@ -12,7 +12,7 @@
 #include <cmath>
 
 #include "cuda/attention/attention.h"
-#include "cuda/attention/launch.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 

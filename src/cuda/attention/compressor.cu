@@ -10,7 +10,7 @@
 // (base = m with overlap, 0 without); with overlap, rows 0..m−1 hold the previous complete window (the CPU
 // copies the current rows there when a window completes). Scores include ape.
 #include "cuda/attention/attention.h"
-#include "cuda/attention/launch.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 

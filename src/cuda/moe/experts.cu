@@ -403,7 +403,7 @@ void launch_expert_up(const ExpertParams& p, int sm_count, bool pdl, cudaStream_
   const auto kernel = p.routed_up.tensor_cores && p.shared_up.tensor_cores ? expert_up_kernel<true>
                                                                           : expert_up_kernel<false>;
   const int grid = resident_blocks(reinterpret_cast<const void*>(kernel), smem, sm_count);
-  launch_kernel(kernel, dim3(unsigned(grid)), dim3(kExpertThreads), smem, pdl, stream, p);
+  launch_pdl(kernel, dim3(unsigned(grid)), dim3(kExpertThreads), smem, stream, pdl, p);
 }
 
 void launch_expert_down(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream) {
@@ -413,7 +413,7 @@ void launch_expert_down(const ExpertParams& p, int sm_count, bool pdl, cudaStrea
   const auto kernel = p.routed_down.tensor_cores && p.shared_down.tensor_cores ? expert_down_kernel<true>
                                                                               : expert_down_kernel<false>;
   const int grid = resident_blocks(reinterpret_cast<const void*>(kernel), smem, sm_count);
-  launch_kernel(kernel, dim3(unsigned(grid)), dim3(kExpertThreads), smem, pdl, stream, p);
+  launch_pdl(kernel, dim3(unsigned(grid)), dim3(kExpertThreads), smem, stream, pdl, p);
 }
 
 }  // namespace dsv4::cuda::moe

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "cuda/common/check.h"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/device_weight.h"
 #include "cuda/moe/weight_dot.cuh"
 #include "cuda/moe/weight_mma.cuh"
@@ -116,21 +117,5 @@ void launch_router_logits(const RouterLogitsParams& p, bool pdl, cudaStream_t st
 void launch_route(const RouteParams& p, bool pdl, cudaStream_t stream);
 void launch_expert_up(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream);
 void launch_expert_down(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream);
-
-template <class Params>
-void launch_kernel(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem, bool pdl, cudaStream_t stream,
-                   const Params& p) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = pdl ? 1 : 0;
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
-}
 
 }  // namespace dsv4::cuda::moe

@@ -275,7 +275,7 @@ void launch_router_logits(const RouterLogitsParams& p, bool pdl, cudaStream_t st
   const size_t smem = size_t(rows_for(int(std::min<int64_t>(p.n, kChunk)))) * size_t(staged_stride(p.D)) * sizeof(float);
   prepare_kernel(reinterpret_cast<const void*>(router_logits_kernel), kLogitsWarps * 32, smem);
   const dim3 grid(unsigned((p.E + kGateRowsPerBlock - 1) / kGateRowsPerBlock), unsigned(token_chunks));
-  launch_kernel(router_logits_kernel, grid, dim3(kLogitsWarps * 32), smem, pdl, stream, p);
+  launch_pdl(router_logits_kernel, grid, dim3(kLogitsWarps * 32), smem, stream, pdl, p);
 }
 
 void launch_route(const RouteParams& p, bool pdl, cudaStream_t stream) {
@@ -285,7 +285,7 @@ void launch_route(const RouteParams& p, bool pdl, cudaStream_t stream) {
   DSV4_CHECK(p.n * p.k < (int64_t(1) << 30), "moe route: ", p.n, " tokens × ", p.k, " choices is too many");
   DSV4_CHECK((p.tid2eid != nullptr) == (p.tokens != nullptr), "moe route: hash routing needs both tid2eid and tokens");
   DSV4_CHECK(p.tid2eid != nullptr || p.gate_bias != nullptr, "moe route: scored routing needs gate.bias");
-  launch_kernel(route_kernel, dim3(1), dim3(kRouteThreads), 0, pdl, stream, p);
+  launch_pdl(route_kernel, dim3(1), dim3(kRouteThreads), 0, stream, pdl, p);
 }
 
 }  // namespace dsv4::cuda::moe

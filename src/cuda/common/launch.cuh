@@ -1,4 +1,4 @@
-// attention family: kernel launches with programmatic dependent launch (PDL, sm_90+). A kernel launched this
+// Kernel launches with programmatic dependent launch (PDL, sm_90+), shared by the families. A kernel launched this
 // way may be scheduled while its predecessor in the stream drains (hiding the launch gap between the small
 // kernels of a decode step); it must call pdl_wait() before touching anything an earlier kernel wrote.
 #pragma once
