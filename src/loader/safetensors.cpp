@@ -96,17 +96,23 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
   }
 }
 
-void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
+std::string safetensors_header(const std::vector<TensorEntry>& tensors) {
   json header = json::object();
   uint64_t offset = 0;
   for (const auto& t : tensors) {
-    header[t.name] = {{"dtype", dtype_name(t.dtype)},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + t.bytes.size()}}};
-    offset += t.bytes.size();
+    header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
+    offset += t.bytes;
   }
+  header["__metadata__"] = {{"format", "pt"}};
   std::string text = header.dump();
-  while ((8 + text.size()) % 8 != 0) text += ' ';  // keep the data section 8-byte aligned
+  while ((8 + text.size()) % 8 != 0) text += ' ';
+  return text;
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
+  std::vector<TensorEntry> entries;
+  for (const auto& t : tensors) entries.push_back({t.name, t.dtype, t.shape, t.bytes.size()});
+  const std::string text = safetensors_header(entries);
   std::ofstream out(path, std::ios::binary);
   DSV4_CHECK(out.good(), path, ": cannot open for writing");
   const uint64_t len = text.size();

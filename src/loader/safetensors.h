@@ -43,6 +43,16 @@ class SafetensorsFile {
   std::map<std::string, TensorInfo> tensors_;
 };
 
+// The header of a safetensors file whose tensors are stored back to back in the given order: JSON padded with
+// spaces so that the data section (after the u64 length and the header) starts 8-byte aligned.
+struct TensorEntry {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  uint64_t bytes;
+};
+std::string safetensors_header(const std::vector<TensorEntry>& tensors);
+
 // Writes tensors as one safetensors file (header sorted by name, data 8-byte aligned per tensor order given).
 struct TensorToWrite {
   std::string name;

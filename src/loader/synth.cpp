@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "loader/hf_config.h"
 #include "loader/quantize.h"
+#include "loader/safetensors.h"
 
 namespace dsv4 {
 
@@ -270,21 +271,18 @@ class Planner {
   std::map<std::pair<int, double>, std::unique_ptr<std::vector<uint8_t>>> code_tables_;
 };
 
-// Data offsets and the safetensors header of a shard (the format write_safetensors writes: u64 length, JSON
-// padded with spaces to 8 bytes, tensors back to back). Tensors whose size is a multiple of 8 go first so every
+// Data offsets and the safetensors header of a shard. Tensors whose size is a multiple of 8 go first so every
 // large tensor starts 8-byte aligned.
 void layout(Shard& s) {
   std::stable_partition(s.tensors.begin(), s.tensors.end(), [](const TensorPlan& t) { return t.nbytes % 8 == 0; });
-  json header = json::object();
+  std::vector<TensorEntry> entries;
   size_t offset = 0;
   for (TensorPlan& t : s.tensors) {
     t.offset = offset;
-    header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
+    entries.push_back({t.name, t.dtype, t.shape, t.nbytes});
     offset += t.nbytes;
   }
-  header["__metadata__"] = {{"format", "pt"}};
-  s.header = header.dump();
-  while ((8 + s.header.size()) % 8 != 0) s.header += ' ';
+  s.header = safetensors_header(entries);
   s.header_bytes = 8 + s.header.size();
   s.bytes = s.header_bytes + offset;
 }
