@@ -390,13 +390,15 @@ class TestOverload(ServerCase):
     server_args = ("--max-seqs", "1", "--max-waiting", "0", "--max-context", "2048")
 
     def test_overload_is_429(self):
-        # The first request must still hold the slot when the second arrives: on an idle machine the tiny model
-        # decodes ~2500 tokens/s, so ask for nearly the whole 2048-token context (~0.8 s, far longer than the
-        # second request's round trip); leaving the stream early cancels the rest.
+        # The first request must still hold the slot when the second arrives: it asks for nearly the whole
+        # 2048-token context, and leaving the stream early cancels the rest. `lines` stays referenced: a dropped
+        # httpx line iterator is finalized, which closes the connection, and the server then (rightly) cancels.
         body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2000, "stream": True, "ignore_eos": True}
         with httpx.Client(base_url=self.server.url, timeout=60) as http:
             with http.stream("POST", "/v1/completions", json=body) as r:
-                next(line for line in r.iter_lines() if line.startswith("data: "))
+                lines = r.iter_lines()
+                next(line for line in lines if line.startswith("data: "))
+                self.assertEqual(self.server.metric("dsv4:num_requests_running"), 1)
                 with self.assertRaises(openai.RateLimitError) as refused:
                     self.client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
                 self.assertEqual(refused.exception.status_code, 429)
