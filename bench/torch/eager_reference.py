@@ -11,7 +11,9 @@ checkpoint that from_pretrained loads (transformers 5.17 maps official names its
 docs/design/transformers-layout.md §3). The MTP module is dropped (transformers does not build it).
 
 Timing: prefill the context once per repetition with a DynamicCache, then --new-tokens greedy steps of one
-token, CUDA-synchronised; tokens/s = new tokens / decode time. Eager attention and eager experts, BF16.
+token, CUDA-synchronised; tokens/s = new tokens / decode time. Eager attention and eager experts, in FP32: under
+BF16, transformers 5.17 feeds fp32 activations (its mHC / router math) into BF16 linears and fails with
+"expected mat1 and mat2 to have the same dtype"; FP32 is also what dsv4's reference numerics compute.
 Prints one markdown row per context, matching the decode rows of `dsv4 bench` (batch 1).
 """
 import argparse
@@ -106,7 +108,7 @@ def bf16_checkpoint(model_dir, out_dir):
 
 def load(path, device):
     from transformers import DeepseekV4ForCausalLM
-    kw = dict(dtype=torch.bfloat16, attn_implementation="eager", output_loading_info=True)
+    kw = dict(dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
     try:
         model, info = DeepseekV4ForCausalLM.from_pretrained(path, experts_implementation="eager", **kw)
     except TypeError:

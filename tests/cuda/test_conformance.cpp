@@ -1,0 +1,357 @@
+// The CUDA backend op by op on a real forward pass. TeeOps runs every op the model issues on both backends
+// from identical inputs: after each op the CUDA copies of its outputs are compared with the CPU's and then
+// overwritten by them, so an error cannot propagate and each op is judged on its own. This is the test that
+// localises an end-to-end mismatch (the golden tests only see logits): the table of worst errors per op is
+// printed on every run, and a failure names the op and its call number.
+//
+// Model: ../shared/fixtures/reference/ref-small (every layer type, MTP, hash routing), its fixture prompt as
+// prefill chunks of 13 then single-token decodes, in reference and exact numerics.
+//
+// Tolerances (error = max |cuda − cpu| over the op's outputs / max |cpu|): ops that only move or round values
+// are bit-exact (0): embed, copies, ring_store, add, scale, the FP8 / FP4 simulations. Reductions in fp32 with a
+// different summation order (GEMMs up to K = 512 here, hc, MoE, attention, norms, the compressor's pooling
+// with expf): 1e-4. The indexer's choices must be the same sets (16 indexer heads make exact ties rare).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cuda/gpu.h"
+#include "harness/files.h"
+#include "loader/weight_map.h"
+#include "model/deepseek_v4.h"
+#if DSV4_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/common/check.h"
+#endif
+
+namespace dsv4::test {
+namespace {
+
+#if DSV4_HAVE_CUDA
+
+class TeeOps final : public Ops {
+ public:
+  TeeOps(const ModelConfig& config, CudaOps& gpu) : cpu_(config), gpu_(gpu), config_(config) {}
+
+  struct OpStats {
+    int64_t calls = 0;
+    double worst = 0.0;
+    int64_t worst_call = -1;
+    int64_t failed = 0;
+    int64_t first_failed_call = -1;
+  };
+  const std::map<std::string, OpStats>& stats() const { return stats_; }
+  void print() const {
+    std::printf("%-18s %7s %12s %10s %8s %s\n", "op", "calls", "worst err", "at call", "failed", "first failing call");
+    for (const auto& [name, s] : stats_)
+      std::printf("%-18s %7lld %12.3g %10lld %8lld %lld\n", name.c_str(), (long long)s.calls, s.worst,
+                  (long long)s.worst_call, (long long)s.failed, (long long)s.first_failed_call);
+  }
+
+  void set_numerics(Numerics n) override {
+    cpu_.set_numerics(n);
+    gpu_.set_numerics(n);
+  }
+
+  float* alloc(size_t count) override {
+    float* c = cpu_.alloc(count);
+    regions_[c] = {gpu_.alloc(count), count * sizeof(float)};
+    return c;
+  }
+  int32_t* alloc_i32(size_t count) override {
+    int32_t* c = cpu_.alloc_i32(count);
+    regions_[c] = {gpu_.alloc_i32(count), count * sizeof(int32_t)};
+    return c;
+  }
+  void fill(float* x, size_t count, float value) override {
+    cpu_.fill(x, count, value);
+    gpu_.fill(g(x), count, value);
+    check("fill", 0.0, {{x, count}});
+  }
+  void upload_i32(int32_t* dst, const int32_t* host, size_t count) override {
+    cpu_.upload_i32(dst, host, count);
+    gpu_.upload_i32(g(dst), host, count);
+  }
+  void download(float* host, const float* src, size_t count) override {
+    cpu_.download(host, src, count);
+    check("download", 1e-4, {{src, count}});
+  }
+  void copy(const float* src, size_t count, float* dst) override {
+    cpu_.copy(src, count, dst);
+    gpu_.copy(g(src), count, g(dst));
+    check("copy", 0.0, {{dst, count}});
+  }
+
+  void embed(const Weight& table, const int32_t* tokens, int64_t n, float* out) override {
+    cpu_.embed(table, tokens, n, out);
+    gpu_.embed(table, g(tokens), n, g(out));
+    check("embed", 0.0, {{out, size_t(n * config_.dim)}});
+  }
+  void broadcast_streams(const float* x, int64_t n, int64_t hc, int64_t dim, float* X) override {
+    cpu_.broadcast_streams(x, n, hc, dim, X);
+    gpu_.broadcast_streams(g(x), n, hc, dim, g(X));
+    check("broadcast_streams", 0.0, {{X, size_t(n * hc * dim)}});
+  }
+  void add(const float* a, const float* b, size_t count, float* out) override {
+    cpu_.add(a, b, count, out);
+    gpu_.add(g(a), g(b), count, g(out));
+    check("add", 0.0, {{out, count}});
+  }
+  void scale(float* x, size_t count, float factor) override {
+    cpu_.scale(x, count, factor);
+    gpu_.scale(g(x), count, factor);
+    check("scale", 0.0, {{x, count}});
+  }
+  void ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) override {
+    cpu_.ring_store(x, n, cols, pos0, slots, ring);
+    gpu_.ring_store(g(x), n, cols, pos0, slots, g(ring));
+    check("ring_store", 0.0, {{ring, size_t(slots * cols)}});
+  }
+
+  void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) override {
+    cpu_.linear(x, ldx, w, n, y, ldy);
+    gpu_.linear(g(x), ldx, w, n, g(y), ldy);
+    check("linear", 1e-4, strided(y, n, ldy, w.rows));
+  }
+  void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) override {
+    cpu_.linear_grouped(x, w, groups, n, y);
+    gpu_.linear_grouped(g(x), w, groups, n, g(y));
+    check("linear_grouped", 1e-4, {{y, size_t(n * w.rows)}});
+  }
+
+  void rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y) override {
+    cpu_.rms_norm(x, gamma, rows, dim, y);
+    gpu_.rms_norm(g(x), gamma, rows, dim, g(y));
+    check("rms_norm", 1e-5, {{y, size_t(rows * dim)}});
+  }
+  void rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, int64_t rows_per_pos, int64_t pos0,
+            int64_t pos_stride, RopeKind kind, bool inverse) override {
+    cpu_.rope(x, rows, row_stride, offset, rows_per_pos, pos0, pos_stride, kind, inverse);
+    gpu_.rope(g(x), rows, row_stride, offset, rows_per_pos, pos0, pos_stride, kind, inverse);
+    check(inverse ? "rope_inverse" : "rope", 1e-5, {{x, size_t(rows * row_stride)}});
+  }
+
+  void sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block) override {
+    cpu_.sim_fp8(x, rows, row_stride, cols, block);
+    gpu_.sim_fp8(g(x), rows, row_stride, cols, block);
+    check("sim_fp8", 0.0, {{x, size_t(rows * row_stride)}});
+  }
+  void hadamard_sim_fp4(float* x, int64_t rows, int64_t dim) override {
+    cpu_.hadamard_sim_fp4(x, rows, dim);
+    gpu_.hadamard_sim_fp4(g(x), rows, dim);
+    check("hadamard_sim_fp4", 0.0, {{x, size_t(rows * dim)}});
+  }
+
+  void hc_pre(const float* X, const HcWeights& w, int64_t n, float* x, float* post, float* comb) override {
+    cpu_.hc_pre(X, w, n, x, post, comb);
+    gpu_.hc_pre(g(X), w, n, g(x), g(post), g(comb));
+    const size_t hc = size_t(config_.hc_mult);
+    check("hc_pre", 1e-4, {{x, size_t(n * config_.dim)}, {post, size_t(n) * hc}, {comb, size_t(n) * hc * hc}});
+  }
+  void hc_post(const float* f, const float* post, const float* comb, int64_t n, float* X) override {
+    cpu_.hc_post(f, post, comb, n, X);
+    gpu_.hc_post(g(f), g(post), g(comb), n, g(X));
+    check("hc_post", 1e-4, {{X, size_t(n * config_.hc_mult * config_.dim)}});
+  }
+  void hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y) override {
+    cpu_.hc_head(X, w, n, y);
+    gpu_.hc_head(g(X), w, n, g(y));
+    check("hc_head", 1e-4, {{y, size_t(n * config_.dim)}});
+  }
+
+  void compressor(const CompressorWeights& w, CompressorState& state, const float* x, int64_t pos0, int64_t n,
+                  EntrySim sim) override {
+    cpu_.compressor(w, state, x, pos0, n, sim);
+    CompressorState on_gpu = state;
+    on_gpu.kv = g(state.kv);
+    on_gpu.score = g(state.score);
+    on_gpu.entries = g(state.entries);
+    gpu_.compressor(w, on_gpu, g(x), pos0, n, sim);
+    const int64_t coff = w.overlap ? 2 : 1, cells = coff * w.ratio * coff * w.width;
+    const char* name = sim == EntrySim::kNone          ? "compressor"
+                       : sim == EntrySim::kFp8NoPe     ? "compressor_fp8"
+                                                       : "compressor_fp4";
+    // Pooling differs by expf's last bit, and an entry's FP8 / FP4 rounding may flip with it: entries are
+    // judged relative to their scale like the pooled sums (a flip moves one value by one grid step).
+    check(name, 1e-4,
+          {{state.kv, size_t(cells)}, {state.score, size_t(cells)}, {state.entries, size_t((pos0 + n) / w.ratio * w.width)}});
+  }
+  void indexer_topk(const IndexerParams& p) override {
+    cpu_.indexer_topk(p);
+    IndexerParams q = p;
+    q.q = g(p.q);
+    q.weights = g(p.weights);
+    q.keys = g(p.keys);
+    q.selected = g(p.selected);
+    gpu_.indexer_topk(q);
+    check_selection(p.selected, p.n, p.top_k);
+  }
+  void attention(const AttentionParams& p) override {
+    cpu_.attention(p);
+    AttentionParams q = p;
+    q.q = g(p.q);
+    q.window = g(p.window);
+    q.entries = g(p.entries);
+    q.selected = g(p.selected);
+    q.out = g(p.out);
+    gpu_.attention(q);
+    check("attention", 1e-4, {{p.out, size_t(p.n * p.heads * p.head_dim)}});
+  }
+
+  void moe(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) override {
+    cpu_.moe(w, x, tokens, n, out);
+    gpu_.moe(w, g(x), g(tokens), n, g(out));
+    check("moe", 1e-4, {{out, size_t(n * config_.dim)}});
+  }
+
+ private:
+  struct Region {
+    void* gpu;
+    size_t bytes;
+  };
+  struct Span {
+    const float* cpu;
+    size_t count;
+  };
+
+  // The CUDA twin of a CPU pointer from alloc(); any other pointer (weights, host vectors) is shared.
+  template <class T>
+  T* g(T* cpu) const {
+    if (!cpu) return nullptr;
+    const auto* at = reinterpret_cast<const char*>(cpu);
+    auto it = regions_.upper_bound(static_cast<const void*>(at));
+    if (it == regions_.begin()) return cpu;
+    --it;
+    const auto* base = static_cast<const char*>(it->first);
+    if (at >= base + it->second.bytes) return cpu;
+    return reinterpret_cast<T*>(static_cast<char*>(it->second.gpu) + (at - base));
+  }
+
+  std::vector<Span> strided(const float* y, int64_t rows, int64_t ld, int64_t cols) const {
+    std::vector<Span> spans;
+    for (int64_t r = 0; r < rows; ++r) spans.push_back({y + r * ld, size_t(cols)});
+    return spans;
+  }
+
+  // Compares the CUDA copies of `outputs` with the CPU's, records the error, then makes them equal.
+  void check(const std::string& op, double tolerance, const std::vector<Span>& outputs) {
+    OpStats& s = stats_[op];
+    const int64_t call = s.calls++;
+    double diff = 0.0, scale = 0.0;
+    bool nan_mismatch = false;
+    for (const Span& o : outputs) {
+      std::vector<float> got(o.count);
+      DSV4_CUDA_CHECK(cudaMemcpyAsync(got.data(), g(o.cpu), o.count * sizeof(float), cudaMemcpyDeviceToHost,
+                                      gpu_.stream()));
+      DSV4_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
+      for (size_t i = 0; i < o.count; ++i) {
+        const float want = o.cpu[i], have = got[i];
+        if (std::isnan(want) || std::isnan(have)) {
+          nan_mismatch |= std::isnan(want) != std::isnan(have);
+          continue;
+        }
+        if (want == have) continue;  // also equal infinities (empty compressor scores are −inf)
+        if (std::isinf(want) || std::isinf(have)) {
+          nan_mismatch = true;
+          continue;
+        }
+        diff = std::max(diff, double(std::fabs(have - want)));
+        scale = std::max(scale, double(std::fabs(want)));
+      }
+      DSV4_CUDA_CHECK(cudaMemcpyAsync(g(const_cast<float*>(o.cpu)), o.cpu, o.count * sizeof(float),
+                                      cudaMemcpyHostToDevice, gpu_.stream()));
+    }
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
+    for (const Span& o : outputs)
+      for (size_t i = 0; i < o.count; ++i) scale = std::max(scale, std::isfinite(o.cpu[i]) ? double(std::fabs(o.cpu[i])) : 0.0);
+    const double err = nan_mismatch ? INFINITY : diff / std::max(scale, 1e-30);
+    record(s, call, err, err > tolerance);
+  }
+
+  void check_selection(int32_t* selected, int64_t n, int64_t k) {
+    OpStats& s = stats_["indexer_topk"];
+    const int64_t call = s.calls++;
+    std::vector<int32_t> got(size_t(n * k));
+    DSV4_CUDA_CHECK(cudaMemcpyAsync(got.data(), g(selected), got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                    gpu_.stream()));
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
+    int64_t rows_differing = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      std::vector<int32_t> a(selected + r * k, selected + (r + 1) * k), b(got.begin() + r * k, got.begin() + (r + 1) * k);
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      rows_differing += a != b;
+    }
+    DSV4_CUDA_CHECK(cudaMemcpyAsync(g(selected), selected, got.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                    gpu_.stream()));
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
+    record(s, call, double(rows_differing), rows_differing > 0);
+  }
+
+  void record(OpStats& s, int64_t call, double err, bool failed) {
+    if (err > s.worst || s.worst_call < 0) {
+      s.worst = err;
+      s.worst_call = call;
+    }
+    if (failed && s.failed++ == 0) s.first_failed_call = call;
+  }
+
+  CpuOps cpu_;
+  CudaOps& gpu_;
+  ModelConfig config_;
+  std::map<const void*, Region> regions_;
+  std::map<std::string, OpStats> stats_;
+};
+
+#endif  // DSV4_HAVE_CUDA
+
+class Conformance : public ::testing::TestWithParam<Numerics> {};
+
+TEST_P(Conformance, EveryOpOfARefSmallForwardMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  const auto weights = load_model(ref_small_dir());
+  const auto index = nlohmann::json::parse(read_text(ref_small_dir() + "/logits/index.json"));
+  const auto prompt = index["prompt_ids"].get<std::vector<int32_t>>();
+  ASSERT_GE(prompt.size(), 40u);
+
+  CudaOps gpu(weights->config);
+  gpu.upload_model(*weights);
+  TeeOps tee(weights->config, gpu);
+  const int64_t decodes = 8, context = int64_t(prompt.size()) + decodes + 1;
+  DeepseekV4 model(*weights, tee, GetParam(), context, /*max_step=*/13);
+  const int64_t V = weights->config.vocab_size;
+  std::vector<float> logits(size_t(13 * V));
+  // Prefill in chunks of 13 (windows and compression blocks straddle chunks), then greedy decodes, then MTP.
+  for (size_t i = 0; i < prompt.size(); i += 13) {
+    const int64_t n = std::min<int64_t>(13, int64_t(prompt.size() - i));
+    model.step(prompt.data() + i, n, logits.data(), /*all_rows=*/true);
+  }
+  int32_t next = int32_t(std::max_element(logits.begin(), logits.begin() + V) - logits.begin());
+  for (int64_t t = 0; t < decodes; ++t) {
+    model.step(&next, 1, logits.data(), false);
+    next = int32_t(std::max_element(logits.begin(), logits.begin() + V) - logits.begin());
+  }
+  model.mtp_step(&next, 1, logits.data());
+
+  tee.print();
+  for (const auto& [op, s] : tee.stats())
+    EXPECT_EQ(s.failed, 0) << op << ": " << s.failed << " of " << s.calls << " calls out of tolerance, first at call "
+                           << s.first_failed_call << " (worst error " << s.worst << " at call " << s.worst_call << ")";
+  const bool reference = GetParam() == Numerics::kReference;
+  for (const char* op : {"linear", "linear_grouped", "attention", "moe", "hc_pre", "hc_post", "hc_head", "indexer_topk",
+                         "download", reference ? "compressor_fp8" : "compressor", reference ? "compressor_fp4" : "rope",
+                         reference ? "sim_fp8" : "rms_norm", reference ? "hadamard_sim_fp4" : "ring_store"})
+    EXPECT_GT(tee.stats().count(op) ? tee.stats().at(op).calls : 0, 0) << op << " was never exercised";
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Numerics, Conformance, ::testing::Values(Numerics::kReference, Numerics::kExact),
+                         [](const auto& info) { return info.param == Numerics::kReference ? "reference" : "exact"; });
+
+}  // namespace
+}  // namespace dsv4::test
