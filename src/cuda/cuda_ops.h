@@ -31,6 +31,18 @@ enum WorkspaceSlot : int {
   kWsCompressorProj,        // the chunk's kv and gate projections (held across linear())
   kWsMoeStep,               // moe: routing, grouping and intermediate activations of one call
   kWsMoeTables,             // moe: device tables of expert weight pointers
+  kWsCompressorEntries,     // compressor into a compact cache: the chunk's entries in fp32 before packing
+  kWsCacheStaging,          // write_cache / read_cache: fp32 rows on the device
+};
+
+// The storage of a cache from CudaOps::alloc_cache (layouts in attention/kv_cache.cuh).
+struct CacheLayout {
+  CacheFormat format = CacheFormat::kF32;
+  int64_t rows = 0, dim = 0;
+  int32_t nope = 0;    // kFp8Kv: channels [0, nope) in e4m3, the rest (rope) fp32
+  int32_t scales = 0;  // byte offset of the E8M0 scales in a row
+  int32_t rope = 0;    // kFp8Kv: byte offset of the fp32 rope channels (16-aligned)
+  int64_t row_bytes = 0;
 };
 }  // namespace cuda
 
@@ -66,6 +78,10 @@ class CudaOps final : public Ops {
 
   float* alloc(size_t count) override;
   int32_t* alloc_i32(size_t count) override;
+  // Compact formats get their own layout (kFp8Kv needs dim − rope_dim and rope_dim multiples of 4, kFp4Keys a
+  // dim multiple of 32); kF32 is a plain alloc.
+  float* alloc_cache(CacheFormat format, int64_t rows, int64_t dim) override;
+  void copy_cache(const float* src, int64_t rows, int64_t dim, float* dst) override;
   void fill(float* x, size_t count, float value) override;
   void upload_i32(int32_t* dst, const int32_t* host, size_t count) override;
   void download(float* host, const float* src, size_t count) override;
@@ -106,6 +122,12 @@ class CudaOps final : public Ops {
   const float* dev(const std::vector<float>& v) const;
   const int32_t* dev(const std::vector<int32_t>& v) const;
   const float* dev_floats(const float* host) const;          // by the host address of an uploaded vector
+  // The layout of a compact cache, by the pointer alloc_cache returned; nullptr for every other buffer (fp32 rows).
+  const cuda::CacheLayout* compact_cache(const void* p) const;
+  // Rows [0, rows) of a cache as fp32 on the host, and fp32 host rows into a cache (quantised as the simulation
+  // points do). For tests; synchronous.
+  void read_cache(const float* cache, int64_t rows, int64_t dim, float* host);
+  void write_cache(float* cache, int64_t rows, int64_t dim, const float* host);
   // Device workspace `slot` of at least `bytes`, grown on first use (never inside a graph capture).
   void* workspace(int slot, size_t bytes);
   // Device constants for RoPE: rope_dim/2 inverse frequencies, plain and compressed (YaRN).
@@ -121,6 +143,7 @@ class CudaOps final : public Ops {
   std::vector<void*> allocations_;
   std::unordered_map<const void*, cuda::DeviceWeight> weights_;   // by host Weight::data
   std::unordered_map<const void*, const void*> vectors_;          // host vector data → device copy
+  std::unordered_map<const void*, cuda::CacheLayout> caches_;     // compact caches by device address
   std::vector<std::pair<void*, size_t>> workspaces_;
   float* inv_freq_plain_ = nullptr;
   float* inv_freq_compressed_ = nullptr;

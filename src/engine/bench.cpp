@@ -30,8 +30,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Bytes of one cached key / entry element: the per-sequence state is backend memory of this type (model/ops.h).
-constexpr double kStateElementBytes = sizeof(std::remove_pointer_t<decltype(CompressorState::entries)>);
 
 // ---- memory
 
@@ -161,18 +159,23 @@ double expert_bytes(const ExpertWeights& e, const std::function<double(const Wei
   return bytes(e.w1) + bytes(e.w2) + bytes(e.w3);
 }
 
-// Cache bytes one sequence reads in one layer for a new token at `position` (position + 1 keys visible).
-double layer_cache_bytes(const ModelConfig& c, AttnType type, double position) {
-  const double visible = position + 1;
-  double elems = std::min(visible, double(c.window)) * double(c.head_dim);  // the window ring
+// Cache bytes one sequence reads in one layer for a new token at `position` (position + 1 keys visible). Rows
+// are fp32, or compact (model/ops.h CacheFormat, without row padding): a KV row is its e4m3 non-rope channels,
+// one E8M0 scale per 64 and fp32 rope channels; an indexer key is e2m1 pairs and one E8M0 scale per 32.
+double layer_cache_bytes(const ModelConfig& c, AttnType type, double position, bool compact) {
+  const double visible = position + 1, nope = double(c.head_dim - c.rope_dim);
+  const double kv_row = compact ? nope + std::ceil(nope / 64) + 4.0 * double(c.rope_dim) : 4.0 * double(c.head_dim);
+  const double key_row = compact ? double(c.index_head_dim) / 2 + double(c.index_head_dim) / 32
+                                 : 4.0 * double(c.index_head_dim);
+  double bytes = std::min(visible, double(c.window)) * kv_row;  // the window ring
   if (type == AttnType::kCsa) {
     const double entries = std::floor(visible / 4);
-    elems += std::min(entries, double(c.index_topk)) * double(c.head_dim);  // the top-k compressed entries
-    elems += entries * double(c.index_head_dim);                           // every indexer key is scored
+    bytes += std::min(entries, double(c.index_topk)) * kv_row;  // the top-k compressed entries
+    bytes += entries * key_row;                                 // every indexer key is scored
   } else if (type == AttnType::kHca) {
-    elems += std::floor(visible / 128) * double(c.head_dim);  // every compressed entry
+    bytes += std::floor(visible / 128) * kv_row;  // every compressed entry
   }
-  return elems * kStateElementBytes;
+  return bytes;
 }
 
 // ---- sequences
@@ -193,10 +196,10 @@ void fork_sequence(const ModelWeights& m, Ops& ops, const SequenceState& src, Se
     ops.copy(s.score, cells, d.score);
     const int64_t entries = position / w.ratio;
     DSV4_ASSERT(entries <= d.max_entries);
-    if (entries > 0) ops.copy(s.entries, size_t(entries * w.width), d.entries);
+    if (entries > 0) ops.copy_cache(s.entries, entries, w.width, d.entries);
   };
   const auto layer = [&](const LayerWeights& l, const LayerState& s, LayerState& d, int64_t position) {
-    ops.copy(s.window, size_t(src.ring_slots * m.config.head_dim), d.window);
+    ops.copy_cache(s.window, src.ring_slots, m.config.head_dim, d.window);
     compressor(l.attn.compressor, s.compressor, d.compressor, position);
     compressor(l.attn.indexer.compressor, s.indexer, d.indexer, position);
   };
@@ -269,7 +272,7 @@ double expected_distinct_experts(int64_t experts, int64_t k, int64_t batch) {
 }
 
 DecodeFloor decode_floor(const ModelWeights& model, const std::function<double(const Weight&)>& weight_bytes,
-                         int64_t batch, double position, double bandwidth) {
+                         int64_t batch, double position, double bandwidth, bool compact_cache) {
   const ModelConfig& c = model.config;
   DecodeFloor f;
   f.experts_per_layer = expected_distinct_experts(c.n_routed_experts, c.n_experts_per_tok, batch);
@@ -278,7 +281,7 @@ DecodeFloor decode_floor(const ModelWeights& model, const std::function<double(c
   f.weight_bytes += weight_bytes(model.hc_head.fn) + weight_bytes(model.head);
   for (const LayerWeights& l : model.layers) {
     f.weight_bytes += dense_layer_bytes(l, weight_bytes) + f.experts_per_layer * expert_bytes(l.moe.experts.front(), weight_bytes);
-    f.cache_bytes += double(batch) * layer_cache_bytes(c, l.attn_type, position);
+    f.cache_bytes += double(batch) * layer_cache_bytes(c, l.attn_type, position, compact_cache);
   }
   f.seconds = bandwidth > 0 ? (f.weight_bytes + f.cache_bytes) / bandwidth : 0;
   return f;
@@ -425,7 +428,7 @@ BenchReport run_bench(const BenchOptions& o) {
   for (DecodeRow& row : r.decode) {
     // The timed steps decode positions C .. C + steps − 1: the floor at their mean.
     row.floor = decode_floor(*weights, weight_bytes, row.batch, double(row.context) + double(o.decode_steps - 1) / 2,
-                             r.bandwidth);
+                             r.bandwidth, /*compact_cache=*/gpu && o.numerics != Numerics::kExact);
     row.achieved = row.floor.seconds * 1e3 / row.ms_per_step.mean;
   }
   return r;
@@ -469,7 +472,8 @@ std::string bench_markdown(const BenchReport& r) {
   }
   out << "\nfloor = (every dense matrix + E·(1−(1−k/E)^batch) routed experts per layer + embedding rows + head, "
          "as the backend stores them; + per sequence and layer the window keys, the CSA top-k entries and indexer "
-         "keys, the HCA entries, as fp32 state) / copy bandwidth\n";
+         "keys, the HCA entries, as the backend stores them: compact FP8 / FP4 rows on CUDA outside exact numerics, "
+         "else fp32) / copy bandwidth\n";
   return out.str();
 }
 

@@ -74,9 +74,10 @@ struct BenchReport {
 double expected_distinct_experts(int64_t experts, int64_t k, int64_t batch);
 
 // The floor of one decode step: `batch` sequences whose new token sits at position `position` (fractional:
-// the mean over the timed steps). weight_bytes(w) is the size of a matrix as the backend stores it.
+// the mean over the timed steps). weight_bytes(w) is the size of a matrix as the backend stores it;
+// compact_cache: the caches are in the compact FP8 / FP4 formats (CUDA, reference and fast numerics).
 DecodeFloor decode_floor(const ModelWeights& model, const std::function<double(const Weight&)>& weight_bytes,
-                         int64_t batch, double position, double bandwidth);
+                         int64_t batch, double position, double bandwidth, bool compact_cache);
 
 BenchReport run_bench(const BenchOptions& options);
 

@@ -44,13 +44,13 @@ DeepseekV4::DeepseekV4(const ModelWeights& model, Ops& ops, Numerics numerics, i
     : model_(model),
       ops_(ops),
       numerics_(numerics),
-      state_(model, ops, max_context, max_step),
+      state_(model, ops, max_context, max_step, /*compact=*/numerics != Numerics::kExact),
       act_(plan_activations(model.config, ops, max_step)) {
   ops_.set_numerics(numerics);
 }
 
 std::unique_ptr<SequenceState> DeepseekV4::new_sequence(int64_t max_context) {
-  return std::make_unique<SequenceState>(model_, ops_, max_context, act_.max_step);
+  return std::make_unique<SequenceState>(model_, ops_, max_context, act_.max_step, numerics_ != Numerics::kExact);
 }
 
 void DeepseekV4::step(const int32_t* tokens, int64_t n, float* logits, bool all_rows) {

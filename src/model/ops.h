@@ -27,8 +27,19 @@ enum class RopeKind : uint8_t { kPlain, kCompressed };  // θ = rope_theta | com
 struct CompressorState {
   float* kv = nullptr;       // [coff·m, coff·c]
   float* score = nullptr;    // [coff·m, coff·c], gate logits including ape; −inf when empty
-  float* entries = nullptr;  // [max_entries, c], entry w at row w
+  float* entries = nullptr;  // [max_entries, c], entry w at row w; a cache (alloc_cache), compact or fp32
   int64_t max_entries = 0;
+};
+
+// How a per-sequence cache (sliding-window ring, compressed entries, indexer keys) stores its rows. The model
+// asks for a compact format only where its numerics make it lossless: in reference (and fast) numerics every
+// stored value is already on the FP8 / FP4 grid (spec §3.4, §11). A backend may keep any format as fp32 (the
+// CPU does); a compact cache is opaque memory that only ring_store, compressor, attention and indexer_topk
+// read or write, always through the pointer alloc_cache returned.
+enum class CacheFormat : uint8_t {
+  kF32,
+  kFp8Kv,    // [rows, dim]: channels [0, dim − rope_dim) e4m3 with an E8M0 scale per 64, rope channels fp32
+  kFp4Keys,  // [rows, dim] indexer keys: e2m1 with an E8M0 scale per 32
 };
 
 // What a compressor does to an entry after pooling, norm and RoPE.
@@ -36,10 +47,10 @@ enum class EntrySim : uint8_t { kNone, kFp8NoPe, kHadamardFp4 };
 
 struct AttentionParams {
   const float* q = nullptr;        // [n, H, d], RoPE applied
-  const float* window = nullptr;   // ring [ring_slots, d], position p at slot p % ring_slots
+  const float* window = nullptr;   // ring [ring_slots, d], position p at slot p % ring_slots (a cache)
   int64_t ring_slots = 0;
   int64_t window_size = 0;         // keys max(0, t − window_size + 1) .. t
-  const float* entries = nullptr;  // [*, d] compressed entries (nullptr on sliding layers)
+  const float* entries = nullptr;  // [*, d] compressed entries, a cache (nullptr on sliding layers)
   const int32_t* selected = nullptr;  // [n, top_k] entry ids, −1 = unused (CSA); nullptr = all visible (HCA)
   int64_t top_k = 0;
   int64_t ratio = 0;               // entries visible to query t: w < (t + 1) / ratio
@@ -52,7 +63,7 @@ struct AttentionParams {
 struct IndexerParams {
   const float* q = nullptr;        // [n, n_I, d_I]
   const float* weights = nullptr;  // [n, n_I], already scaled
-  const float* keys = nullptr;     // [*, d_I]
+  const float* keys = nullptr;     // [*, d_I], a cache
   int64_t pos0 = 0, n = 0, heads = 0, head_dim = 0, ratio = 4, top_k = 0;
   int32_t* selected = nullptr;     // [n, top_k], −1 padded
 };
@@ -64,10 +75,15 @@ class Ops {
   // ---- memory (planned at load; nothing here is called in the decode loop)
   virtual float* alloc(size_t count) = 0;          // fp32 buffer, lives as long as the backend
   virtual int32_t* alloc_i32(size_t count) = 0;
+  virtual float* alloc_cache(CacheFormat, int64_t rows, int64_t dim) { return alloc(size_t(rows * dim)); }
   virtual void fill(float* x, size_t count, float value) = 0;
   virtual void upload_i32(int32_t* dst, const int32_t* host, size_t count) = 0;
   virtual void download(float* host, const float* src, size_t count) = 0;
   virtual void copy(const float* src, size_t count, float* dst) = 0;  // backend memory to backend memory
+  // Rows [0, rows) of one cache into another of the same format and row size.
+  virtual void copy_cache(const float* src, int64_t rows, int64_t dim, float* dst) {
+    copy(src, size_t(rows * dim), dst);
+  }
 
   // The model's numerics mode, told once at construction. A backend may pick kernels by it: the CUDA backend
   // keeps GEMMs in fp32 for exact and reference numerics, and uses its tensor-core path only under kFast.
@@ -87,7 +103,7 @@ class Ops {
   virtual void add(const float* a, const float* b, size_t count, float* out) = 0;
   virtual void scale(float* x, size_t count, float factor) = 0;
 
-  // Writes rows x[i] to ring[(pos0 + i) % slots] (the sliding-window KV ring).
+  // Writes rows x[i] to ring[(pos0 + i) % slots] (the sliding-window KV ring, a cache).
   virtual void ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) = 0;
 
   // ---- gemm: y[r, ldy] = x[r, ldx] · Wᵀ for r < n (W is [out, in] in checkpoint storage)

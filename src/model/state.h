@@ -11,7 +11,7 @@
 namespace dsv4 {
 
 struct LayerState {
-  float* window = nullptr;    // [ring_slots, head_dim]
+  float* window = nullptr;    // [ring_slots, head_dim], CacheFormat kFp8Kv when compact
   CompressorState compressor;  // CSA / HCA main compressor (width head_dim)
   CompressorState indexer;     // CSA indexer compressor (width index_head_dim); entries = indexer keys
 };
@@ -24,7 +24,8 @@ struct SequenceState {
   std::vector<LayerState> layers;
   std::vector<LayerState> mtp;
 
-  SequenceState(const ModelWeights& model, Ops& ops, int64_t max_context, int64_t max_step);
+  // compact: the caches may be stored in the lossless FP8 / FP4 formats (reference and fast numerics).
+  SequenceState(const ModelWeights& model, Ops& ops, int64_t max_context, int64_t max_step, bool compact);
   void reset(const ModelWeights& model, Ops& ops);  // compressor kv 0 / score −inf, positions 0
 };
 

@@ -45,6 +45,7 @@ struct AttnCase {
   int64_t heads, head_dim, window, n, pos0;
   int64_t ratio = 4, top_k = 0;
   int64_t extra_ring = 0;  // ring slots beyond window + n − 1 (they hold positions no query sees: NaN)
+  bool compact = false;    // window and entries in compact FP8 caches (reference numerics), from simulated rows
 };
 
 // Tolerance: fp32 against fp32 with another summation order. The CPU's sequential 512-term dot carries
@@ -101,6 +102,10 @@ void check_attention(const AttnCase& c) {
 
   ModelConfig config = attention_config(64);
   CpuOps cpu(config);
+  if (c.compact) {  // what the model stores in reference numerics: e4m3 non-rope channels
+    cpu.sim_fp8(window.data(), ring, d, d - config.rope_dim, 64);
+    cpu.sim_fp8(entries.data(), n_entries, d, d - config.rope_dim, 64);
+  }
   std::vector<float> want(size_t(c.n * H * d), kNaN);
   AttentionParams pc = p;
   pc.q = q.data();
@@ -114,8 +119,19 @@ void check_attention(const AttnCase& c) {
   gpu.upload(sinks);
   AttentionParams pg = p;
   pg.q = to_device(gpu, q);
-  pg.window = to_device(gpu, window);
-  pg.entries = compressed ? to_device(gpu, entries) : nullptr;
+  if (c.compact) {
+    float* compact_window = gpu.alloc_cache(CacheFormat::kFp8Kv, ring, d);
+    gpu.write_cache(compact_window, ring, d, window.data());
+    pg.window = compact_window;
+    if (compressed) {
+      float* compact_entries = gpu.alloc_cache(CacheFormat::kFp8Kv, n_entries, d);
+      gpu.write_cache(compact_entries, n_entries, d, entries.data());
+      pg.entries = compact_entries;
+    }
+  } else {
+    pg.window = to_device(gpu, window);
+    pg.entries = compressed ? to_device(gpu, entries) : nullptr;
+  }
   pg.selected = c.layer == Layer::kCsa ? to_device(gpu, selected) : nullptr;
   float* out = gpu.alloc(want.size());
   pg.out = out;
@@ -169,6 +185,24 @@ TEST(CudaAttention, V4FlashDecode) {
 #endif
 }
 
+// Reference numerics store window and compressed KV as e4m3 + E8M0 per 64 (rope channels fp32): attention over
+// the compact caches must match the CPU's over the simulated fp32 rows, odd sizes (a partial scale block) and
+// V4-Flash sizes.
+TEST(CudaAttention, CompactFp8Caches) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  const std::vector<AttnCase> cases = {
+      {"compact_sliding_h3_d100_w5_n7_pos1000", Layer::kSliding, 3, 100, 5, 7, 1000, 4, 0, 3, true},
+      {"compact_csa_h17_d192_w5_n33_pos77", Layer::kCsa, 17, 192, 5, 33, 77, 4, 19, 0, true},
+      {"compact_hca_h5_d68_w5_n1_pos100000", Layer::kHca, 5, 68, 5, 1, 100000, 128, 0, 0, true},
+      {"compact_v4_csa_decode_32k", Layer::kCsa, 64, 512, 128, 1, 32767, 4, 512, 0, true},
+      {"compact_v4_hca_decode_128k", Layer::kHca, 64, 512, 128, 1, 131071, 128, 0, 0, true},
+      {"compact_v4_csa_prefill_n33_pos4000", Layer::kCsa, 64, 512, 128, 33, 4000, 4, 512, 0, true},
+  };
+  for (const AttnCase& c : cases) check_attention(c);
+#endif
+}
+
 TEST(CudaAttention, V4FlashPrefillChunks) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -192,6 +226,7 @@ struct IndexerCase {
   std::string name;
   int64_t heads, head_dim, ratio, top_k, n, pos0;
   Keys keys = Keys::kRandom;
+  bool compact = false;  // keys in a compact FP4 cache, queries and keys Hadamard-FP4 simulated (reference)
 };
 
 void check_indexer(const IndexerCase& c) {
@@ -219,6 +254,12 @@ void check_indexer(const IndexerCase& c) {
       break;
   }
   std::fill(keys.begin() + visible_max * dI, keys.end(), kNaN);  // never visible to any row
+  ModelConfig config = attention_config(64);
+  CpuOps cpu(config);
+  if (c.compact) {  // what the model stores in reference numerics: Hadamard-rotated FP4 queries and keys
+    cpu.hadamard_sim_fp4(q.data(), c.n * nI, dI);
+    cpu.hadamard_sim_fp4(keys.data(), n_keys, dI);
+  }
 
   IndexerParams p;
   p.pos0 = c.pos0;
@@ -228,8 +269,6 @@ void check_indexer(const IndexerCase& c) {
   p.ratio = c.ratio;
   p.top_k = c.top_k;
 
-  ModelConfig config = attention_config(64);
-  CpuOps cpu(config);
   std::vector<int32_t> want(size_t(c.n * c.top_k), 0x7F7F7F7F);
   IndexerParams pc = p;
   pc.q = q.data();
@@ -242,7 +281,13 @@ void check_indexer(const IndexerCase& c) {
   IndexerParams pg = p;
   pg.q = to_device(gpu, q);
   pg.weights = to_device(gpu, weights);
-  pg.keys = to_device(gpu, keys);
+  if (c.compact) {
+    float* compact_keys = gpu.alloc_cache(CacheFormat::kFp4Keys, n_keys, dI);
+    gpu.write_cache(compact_keys, n_keys, dI, keys.data());
+    pg.keys = compact_keys;
+  } else {
+    pg.keys = to_device(gpu, keys);
+  }
   int32_t* sel = gpu.alloc_i32(want.size());
   poison(sel, want.size());
   pg.selected = sel;
@@ -282,6 +327,22 @@ TEST(CudaIndexer, TiesAndOneBinRows) {
       // 40000 entries in one top-bits bin: more than the shared-memory candidate list holds.
       {"one_bin_40k", 1, 16, 4, 512, 2, 160000, Keys::kOneBin},
       {"all_zero_40k", 2, 16, 4, 512, 2, 160000, Keys::kAllZeroScores},
+  };
+  for (const IndexerCase& c : cases) check_indexer(c);
+#endif
+}
+
+// Reference numerics store the indexer keys as FP4 (e2m1 + E8M0 per 32): the selection from the compact cache
+// must be the CPU's from the simulated fp32 keys, exactly.
+TEST(CudaIndexer, CompactFp4Keys) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  const std::vector<IndexerCase> cases = {
+      {"compact_h3_d32_k7_n7_pos0", 3, 32, 4, 7, 7, 0, Keys::kRandom, true},
+      {"compact_h5_d64_ratio128_k19_n7_pos10000", 5, 64, 128, 19, 7, 10000, Keys::kRandom, true},
+      {"compact_duplicate_rows", 8, 64, 4, 100, 5, 4000, Keys::kDuplicateRows, true},
+      {"compact_v4_decode_32k", 64, 128, 4, 512, 1, 32767, Keys::kRandom, true},
+      {"compact_v4_prefill_n33_pos2040", 64, 128, 4, 512, 33, 2040, Keys::kRandom, true},
   };
   for (const IndexerCase& c : cases) check_indexer(c);
 #endif
@@ -376,7 +437,7 @@ void check_compressor_pool(const CompressorCase& c) {
     cpu.linear(x.data(), c.dim, w.wgate, n, pgate.data(), width);
     cpu.compressor(w, cs, x.data(), pos, n, EntrySim::kNone);
     const cuda::CompressorChunk chunk =
-        cuda::compressor_pool(gpu, w, gs, to_device(gpu, pkv), to_device(gpu, pgate), pos, n);
+        cuda::compressor_pool(gpu, w, gs, to_device(gpu, pkv), to_device(gpu, pgate), pos, n, gs.entries, 0);
     EXPECT_EQ(chunk.first_entry, pos / m);
     EXPECT_EQ(chunk.count, (pos + n) / m - pos / m);
     pos += n;

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <stdexcept>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -67,6 +68,13 @@ class TeeOps final : public Ops {
     regions_[c] = {gpu_.alloc_i32(count), count * sizeof(int32_t)};
     return c;
   }
+  // The CPU keeps every cache in fp32; the CUDA twin is compact where the model asks for it and is compared and
+  // resynchronised through its fp32 view (read_cache / write_cache).
+  float* alloc_cache(CacheFormat format, int64_t rows, int64_t dim) override {
+    float* c = cpu_.alloc_cache(format, rows, dim);
+    regions_[c] = {gpu_.alloc_cache(format, rows, dim), size_t(rows * dim) * sizeof(float), dim};
+    return c;
+  }
   void fill(float* x, size_t count, float value) override {
     cpu_.fill(x, count, value);
     gpu_.fill(g(x), count, value);
@@ -79,6 +87,11 @@ class TeeOps final : public Ops {
   void download(float* host, const float* src, size_t count) override {
     cpu_.download(host, src, count);
     check("download", 1e-4, {{src, count}});
+  }
+  void copy_cache(const float* src, int64_t rows, int64_t dim, float* dst) override {
+    cpu_.copy_cache(src, rows, dim, dst);
+    gpu_.copy_cache(g(src), rows, dim, g(dst));
+    check("copy_cache", 0.0, {{dst, size_t(rows * dim)}});
   }
   void copy(const float* src, size_t count, float* dst) override {
     cpu_.copy(src, count, dst);
@@ -212,6 +225,7 @@ class TeeOps final : public Ops {
   struct Region {
     void* gpu;
     size_t bytes;
+    int64_t cache_dim = 0;  // > 0: a cache of rows of this many channels, only addressed by its base pointer
   };
   struct Span {
     const float* cpu;
@@ -228,7 +242,16 @@ class TeeOps final : public Ops {
     --it;
     const auto* base = static_cast<const char*>(it->first);
     if (at >= base + it->second.bytes) return cpu;
+    if (it->second.cache_dim > 0 && at != base) throw std::logic_error("a cache addressed inside its rows");
     return reinterpret_cast<T*>(static_cast<char*>(it->second.gpu) + (at - base));
+  }
+
+  const Region& region(const void* cpu) const {
+    static const Region none{nullptr, 0, 0};
+    auto it = regions_.upper_bound(cpu);
+    if (it == regions_.begin()) return none;
+    --it;
+    return static_cast<const char*>(cpu) < static_cast<const char*>(it->first) + it->second.bytes ? it->second : none;
   }
 
   std::vector<Span> strided(const float* y, int64_t rows, int64_t ld, int64_t cols) const {
@@ -245,9 +268,14 @@ class TeeOps final : public Ops {
     bool nan_mismatch = false;
     for (const Span& o : outputs) {
       std::vector<float> got(o.count);
-      DSV4_CUDA_CHECK(cudaMemcpyAsync(got.data(), g(o.cpu), o.count * sizeof(float), cudaMemcpyDeviceToHost,
-                                      gpu_.stream()));
-      DSV4_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
+      const int64_t cache_dim = region(o.cpu).cache_dim;
+      if (cache_dim > 0) {
+        gpu_.read_cache(g(o.cpu), int64_t(o.count) / cache_dim, cache_dim, got.data());
+      } else {
+        DSV4_CUDA_CHECK(cudaMemcpyAsync(got.data(), g(o.cpu), o.count * sizeof(float), cudaMemcpyDeviceToHost,
+                                        gpu_.stream()));
+        DSV4_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
+      }
       for (size_t i = 0; i < o.count; ++i) {
         const float want = o.cpu[i], have = got[i];
         if (std::isnan(want) || std::isnan(have)) {
@@ -262,8 +290,11 @@ class TeeOps final : public Ops {
         diff = std::max(diff, double(std::fabs(have - want)));
         scale = std::max(scale, double(std::fabs(want)));
       }
-      DSV4_CUDA_CHECK(cudaMemcpyAsync(g(const_cast<float*>(o.cpu)), o.cpu, o.count * sizeof(float),
-                                      cudaMemcpyHostToDevice, gpu_.stream()));
+      if (cache_dim > 0)
+        gpu_.write_cache(g(const_cast<float*>(o.cpu)), int64_t(o.count) / cache_dim, cache_dim, o.cpu);
+      else
+        DSV4_CUDA_CHECK(cudaMemcpyAsync(g(const_cast<float*>(o.cpu)), o.cpu, o.count * sizeof(float),
+                                        cudaMemcpyHostToDevice, gpu_.stream()));
     }
     DSV4_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
     for (const Span& o : outputs)

@@ -115,5 +115,88 @@ TEST(CudaQuant, HadamardSimFp4IsBitIdenticalToCpu) {
 #endif
 }
 
+// The compact caches (reference numerics, spec §11): storing a row quantises it exactly as the simulation does, so
+// the cache holds the simulated values bit for bit, and storing an already simulated row is lossless.
+TEST(CudaQuant, CompactFp8KvCacheHoldsTheSimulation) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  ModelConfig config;
+  config.rope_dim = 64;
+  CudaOps ops(config);
+  CpuOps cpu(config);
+  struct Case { const char* what; int64_t rows, dim; bool midpoints; };
+  for (const Case& c : {Case{"V4 KV rows: 448 e4m3 + 64 rope", 37, 512, false},
+                        Case{"V4 KV rows on rounding midpoints", 37, 512, true},
+                        Case{"partial last scale block (nope 36)", 19, 100, false},
+                        Case{"partial block on midpoints (nope 132)", 19, 196, true}}) {
+    std::vector<float> x = c.midpoints ? e4m3_midpoints(c.rows, c.dim, 64, rng) : wide_floats(size_t(c.rows * c.dim), rng);
+    for (int64_t i = 0; i < 64; ++i) x[size_t(c.dim + i)] *= 1e-7f;  // row 1's first block: the 1e-4 floor
+    // Row 2's first block peaks just above 448·2^3, so its scale is 2^4 and the peak rounds to 224·2^4: stored
+    // again, that block's scale is re-derived one binade lower and every code doubles.
+    x[size_t(2 * c.dim)] = 3584.0f * (1.0f + 0x1p-20f);
+    for (int64_t i = 1; i < 64; ++i) x[size_t(2 * c.dim + i)] = std::fmod(x[size_t(2 * c.dim + i)], 200.0f);
+    std::vector<float> want = x;
+    cpu.sim_fp8(want.data(), c.rows, c.dim, c.dim - config.rope_dim, 64);
+    float* cache = ops.alloc_cache(CacheFormat::kFp8Kv, c.rows, c.dim);
+    std::vector<float> got(x.size());
+    ops.write_cache(cache, c.rows, c.dim, x.data());
+    ops.read_cache(cache, c.rows, c.dim, got.data());
+    EXPECT_TRUE(bitwise_equal(got, want, std::string(c.what) + ": raw rows"));
+    ops.write_cache(cache, c.rows, c.dim, want.data());
+    ops.read_cache(cache, c.rows, c.dim, got.data());
+    EXPECT_TRUE(bitwise_equal(got, want, std::string(c.what) + ": simulated rows"));
+  }
+#endif
+}
+
+TEST(CudaQuant, CompactFp4KeyCacheIsLossless) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  CudaOps ops(ModelConfig{});
+  CpuOps cpu(ModelConfig{});
+  for (int64_t dim : {32, 64, 128}) {
+    const int64_t rows = 29;
+    std::vector<float> x = wide_floats(size_t(rows * dim), rng);
+    for (int64_t i = 0; i < dim; ++i) x[size_t(i)] *= 1e-36f;  // a row near the 6·2^−126 absmax floor
+    cpu.hadamard_sim_fp4(x.data(), rows, dim);
+    // Row 1's first block: grid values peaking at 3·2^−3 (half the e2m1 max at scale 2^−3), as the simulation
+    // leaves a block whose absmax was just above 6·2^−4: stored, its scale is re-derived one binade lower.
+    const float grid[] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f};
+    for (int64_t i = 0; i < 32; ++i) x[size_t(dim + i)] = std::ldexp(i % 2 ? -grid[i % 6] : grid[i % 6], -3);
+    float* cache = ops.alloc_cache(CacheFormat::kFp4Keys, rows, dim);
+    std::vector<float> got(x.size());
+    ops.write_cache(cache, rows, dim, x.data());
+    ops.read_cache(cache, rows, dim, got.data());
+    EXPECT_TRUE(bitwise_equal(got, x, "FP4 keys of dim " + std::to_string(dim)));
+  }
+#endif
+}
+
+TEST(CudaQuant, RingStoreIntoCompactRing) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  ModelConfig config;
+  config.rope_dim = 64;
+  CudaOps ops(config);
+  CpuOps cpu(config);
+  const int64_t slots = 13, cols = 196, n = 20, pos0 = 7;  // wraps, and rows 0..6 are overwritten by 13..19
+  std::vector<float> rows = wide_floats(size_t(n * cols), rng);
+  cpu.sim_fp8(rows.data(), n, cols, cols - config.rope_dim, 64);
+  std::vector<float> want(size_t(slots * cols), 0.0f);
+  cpu.ring_store(rows.data(), n, cols, pos0, slots, want.data());
+  float* ring = ops.alloc_cache(CacheFormat::kFp8Kv, slots, cols);
+  ops.ring_store(to_device(ops, rows), n, cols, pos0, slots, ring);
+  std::vector<float> got(want.size());
+  ops.read_cache(ring, slots, cols, got.data());
+  EXPECT_TRUE(bitwise_equal(got, want, "compact ring"));
+#endif
+}
+
 }  // namespace
 }  // namespace dsv4::test

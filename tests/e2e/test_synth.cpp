@@ -303,7 +303,7 @@ TEST_F(Synth, DecodeFloorFollowsTheFormula) {
   const auto m = load_model(dir());
   const ModelConfig& c = m->config;
   const auto bytes = [](const Weight& w) { return double(w.rows * w.cols); };  // 1 byte per element, no scales
-  const DecodeFloor f1 = decode_floor(*m, bytes, 1, 0.0, 1e9), f4 = decode_floor(*m, bytes, 4, 999.0, 1e9);
+  const DecodeFloor f1 = decode_floor(*m, bytes, 1, 0.0, 1e9, false), f4 = decode_floor(*m, bytes, 4, 999.0, 1e9, false);
   EXPECT_DOUBLE_EQ(f4.weight_bytes - f1.weight_bytes,
                    c.n_layers * (f4.experts_per_layer - f1.experts_per_layer) * 3.0 * double(c.dim * c.moe_inter_dim) +
                        3.0 * double(c.dim));  // more experts, and 3 more embedding rows
@@ -312,6 +312,10 @@ TEST_F(Synth, DecodeFloorFollowsTheFormula) {
   EXPECT_DOUBLE_EQ(f1.cache_bytes, 4 * 512 * 4.0);
   EXPECT_DOUBLE_EQ(f4.cache_bytes, 4 * 4.0 * (4 * 128 * 512 + 16 * 512 + 250 * 128 + 7 * 512));
   EXPECT_DOUBLE_EQ(f4.seconds, (f4.weight_bytes + f4.cache_bytes) / 1e9);
+  // Compact caches: a KV row is 448 e4m3 bytes + 7 scales + 64 fp32 rope channels, an indexer key 64 + 4 bytes.
+  ASSERT_EQ(c.head_dim - c.rope_dim, 448);
+  const DecodeFloor compact = decode_floor(*m, bytes, 4, 999.0, 1e9, true);
+  EXPECT_DOUBLE_EQ(compact.cache_bytes, 4 * (4 * 128 * 711.0 + 16 * 711.0 + 250 * 68.0 + 7 * 711.0));
 }
 
 TEST_F(Synth, BenchWritesMarkdownAndJson) {

@@ -1,6 +1,7 @@
 // attention family (CUDA): CudaOps::attention, one softmax per query row and head over
 // {sink_h} ∪ sliding-window keys (ring) ∪ compressed entries (CSA: selected ids, HCA: every visible entry),
-// K = V, exact fp32 (spec §6.3–6.4; CPU reference: src/cpu/attention.cpp).
+// K = V, exact fp32 (spec §6.3–6.4; CPU reference: src/cpu/attention.cpp). Key rows come from fp32 buffers or
+// from compact FP8 caches (reference numerics), decoded exactly to the values the CPU holds (kv_cache.cuh).
 //
 // NOTE: MQA layout. All H heads share the single K = V head, so a block takes 16 heads of one query row and a
 // contiguous slice ("split") of that row's key list; key rows stream through shared memory in tiles of 32 and
@@ -12,6 +13,7 @@
 #include <cmath>
 
 #include "cuda/attention/attention.h"
+#include "cuda/attention/kv_cache.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
@@ -32,8 +34,10 @@ constexpr int kCombineThreads = kCombineGroups * kMaxHeadDim / 4;
 
 struct AttnKernelParams {
   const float* q;           // [n, H, d]
-  const float* window;      // [ring_slots, d]
-  const float* entries;     // [*, d] or nullptr (sliding layers)
+  const uint8_t* window;    // [ring_slots, d] fp32 rows, or a compact kFp8Kv cache (kv.format)
+  const uint8_t* entries;   // [*, d] like the window, or nullptr (sliding layers)
+  CacheLayout kv;           // compact caches: their layout; kF32: rows of d floats
+  int64_t row_bytes;        // between rows of the window and the entries
   const int32_t* selected;  // [n, top_k] or nullptr (HCA: every visible entry)
   const float* sinks;       // [H]
   float* out;               // [n, H, d]
@@ -72,15 +76,15 @@ __host__ __device__ __forceinline__ int64_t compressed_keys(bool has_entries, bo
 }
 
 // Row j of query row i's key list (nullptr = masked).
-__device__ __forceinline__ const float* key_row(const AttnKernelParams& p, int64_t i, int64_t t, int64_t nw,
-                                                int64_t j) {
-  if (j < nw) return p.window + ((t - nw + 1 + j) % p.ring_slots) * p.head_dim;
+__device__ __forceinline__ const uint8_t* key_row(const AttnKernelParams& p, int64_t i, int64_t t, int64_t nw,
+                                                  int64_t j) {
+  if (j < nw) return p.window + ((t - nw + 1 + j) % p.ring_slots) * p.row_bytes;
   j -= nw;
   if (p.selected) {
     const int32_t e = p.selected[i * p.top_k + j];
-    return e < 0 ? nullptr : p.entries + int64_t(e) * p.head_dim;
+    return e < 0 ? nullptr : p.entries + int64_t(e) * p.row_bytes;
   }
-  return p.entries + j * p.head_dim;
+  return p.entries + j * p.row_bytes;
 }
 
 // grid (ceil(H/16), splits, n), kAttnThreads threads, dynamic smem attn_smem_bytes(d).
@@ -92,7 +96,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
   float4* k_s = q_s + kHeadsPerBlock * d4;        // [32][d/4] the current key tile (zeros for masked rows)
   // [32 keys][16 heads] logits, then probabilities (key-major: PV reads a head quad as one float4)
   float* p_s = reinterpret_cast<float*>(k_s + kTileKeys * d4);
-  __shared__ const float* rows_s[kTileKeys];
+  __shared__ const uint8_t* rows_s[kTileKeys];
   __shared__ float m_s[kHeadsPerBlock], l_s[kHeadsPerBlock], alpha_s[kHeadsPerBlock];
   pdl_wait();
 
@@ -131,9 +135,10 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
     if (tid < kTileKeys) rows_s[tid] = tid < tile_keys ? key_row(p, i, t, nw, tile0 + tid) : nullptr;
     __syncthreads();
     for (int x = tid; x < tile_keys * d4; x += kAttnThreads) {
-      const float* src = rows_s[x / d4];
-      if (src) cp_async16(k_s + x, reinterpret_cast<const float4*>(src) + x % d4);
-      else k_s[x] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const uint8_t* src = rows_s[x / d4];
+      if (!src) k_s[x] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      else if (p.kv.format == CacheFormat::kFp8Kv) k_s[x] = load_fp8kv4(src, 4 * (x % d4), p.kv);
+      else cp_async16(k_s + x, reinterpret_cast<const float4*>(src) + x % d4);
     }
     cp_async_commit();
     cp_async_wait_all();
@@ -376,6 +381,15 @@ void attention_split_kv(CudaOps& ops, const AttentionParams& p, int splits) {
   DSV4_CHECK(p.q && p.window && p.sinks && p.out, "attention: q, window, sinks and out are required");
   DSV4_CHECK(aligned16(p.q) && aligned16(p.window) && aligned16(p.out) && (!p.entries || aligned16(p.entries)),
              "attention: q, window, entries and out must be 16-byte aligned");
+  // The window and the entries are both compact (reference numerics) or both fp32.
+  const CacheLayout* window_layout = ops.compact_cache(p.window);
+  const CacheLayout* entries_layout = p.entries ? ops.compact_cache(p.entries) : window_layout;
+  DSV4_CHECK(!window_layout == !entries_layout, "attention: the window and the entries must share a cache format");
+  if (window_layout) {
+    DSV4_CHECK(window_layout->format == CacheFormat::kFp8Kv && window_layout->dim == p.head_dim &&
+                   window_layout->rows >= p.ring_slots && entries_layout->row_bytes == window_layout->row_bytes,
+               "attention: compact caches must be FP8 KV rows of head_dim ", p.head_dim);
+  }
   DSV4_CHECK(splits >= 1 && splits <= kMaxSplits, "attention: ", splits, " key splits (1..", kMaxSplits, ")");
   if (p.n == 0) return;
 
@@ -387,8 +401,10 @@ void attention_split_kv(CudaOps& ops, const AttentionParams& p, int splits) {
 
   AttnKernelParams k{};
   k.q = p.q;
-  k.window = p.window;
-  k.entries = p.entries;
+  k.window = reinterpret_cast<const uint8_t*>(p.window);
+  k.entries = reinterpret_cast<const uint8_t*>(p.entries);
+  if (window_layout) k.kv = *window_layout;
+  k.row_bytes = window_layout ? window_layout->row_bytes : p.head_dim * int64_t(sizeof(float));
   k.selected = p.entries ? p.selected : nullptr;
   k.sinks = ops.dev_floats(p.sinks);
   k.out = p.out;

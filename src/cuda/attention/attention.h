@@ -22,11 +22,12 @@ int attention_default_splits(const CudaOps& ops, const AttentionParams& p);
 void attention_split_kv(CudaOps& ops, const AttentionParams& p, int splits);
 
 // Compressor steps 2–3 (pooling of the windows the chunk completes, state update) on precomputed projections
-// kv, gate [n, coff·c]: leaves the pooled entries raw (before norm, RoPE and simulation) in state.entries.
+// kv, gate [n, coff·c]: leaves the pooled entries raw (before norm, RoPE and simulation) in fp32 `entries`,
+// entry w at row w − entries_row0 (state.entries itself when it is an fp32 cache).
 struct CompressorChunk {
   int64_t first_entry = 0, count = 0;  // entries first_entry .. first_entry + count − 1 were emitted
 };
 CompressorChunk compressor_pool(CudaOps& ops, const CompressorWeights& w, CompressorState& state, const float* kv,
-                                const float* gate, int64_t pos0, int64_t n);
+                                const float* gate, int64_t pos0, int64_t n, float* entries, int64_t entries_row0);
 
 }  // namespace dsv4::cuda

@@ -10,6 +10,7 @@
 // (base = m with overlap, 0 without); with overlap, rows 0..m−1 hold the previous complete window (the CPU
 // copies the current rows there when a window completes). Scores include ape.
 #include "cuda/attention/attention.h"
+#include "cuda/attention/kv_cache.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
@@ -29,8 +30,8 @@ struct CompressorKernelParams {
   const float* state_score;  // [coff·m, width]
   float* new_kv;             // [coff·m, width] state after the chunk (compressor_state_kernel only)
   float* new_score;          // [coff·m, width]
-  float* entries;            // [max_entries, c]
-  int64_t pos0, n, m, c, width, first_entry;
+  float* entries;            // [*, c]: entry w at row w − entries_row0
+  int64_t pos0, n, m, c, width, first_entry, entries_row0;
   bool overlap;
 };
 
@@ -70,7 +71,7 @@ __global__ void __launch_bounds__(kPoolThreads) compressor_pool_kernel(Compresso
     denom = __fadd_rn(denom, e);
     num = __fadd_rn(num, __fmul_rn(e, cell.x));
   }
-  p.entries[w * p.c + ch] = num / denom;
+  p.entries[(w - p.entries_row0) * p.c + ch] = num / denom;
 }
 
 // grid ceil(m · width / kStateThreads): thread = column col of in-window slot kk, for both the current row
@@ -101,7 +102,7 @@ __global__ void __launch_bounds__(kStateThreads) compressor_state_kernel(Compres
 }  // namespace
 
 CompressorChunk compressor_pool(CudaOps& ops, const CompressorWeights& w, CompressorState& state, const float* kv,
-                                const float* gate, int64_t pos0, int64_t n) {
+                                const float* gate, int64_t pos0, int64_t n, float* entries, int64_t entries_row0) {
   const int64_t m = w.ratio, c = w.width, width = (w.overlap ? 2 : 1) * c;
   DSV4_CHECK(m >= 1 && c >= 1, "compressor: ratio ", m, ", width ", c);
   DSV4_CHECK(int64_t(w.ape.size()) == m * width, "compressor: ape has ", w.ape.size(), " values, expected ",
@@ -121,7 +122,8 @@ CompressorChunk compressor_pool(CudaOps& ops, const CompressorWeights& w, Compre
   p.state_score = state.score;
   p.new_kv = state.kv;  // in place: each state cell is read and written by one thread of the state kernel
   p.new_score = state.score;
-  p.entries = state.entries;
+  p.entries = entries;
+  p.entries_row0 = entries_row0;
   p.pos0 = pos0;
   p.n = n;
   p.m = m;
@@ -156,14 +158,26 @@ void CudaOps::compressor(const CompressorWeights& w, CompressorState& state, con
   float* gate = kv + n * width;
   linear(x, config_.dim, w.wkv, n, kv, width);
   linear(x, config_.dim, w.wgate, n, gate, width);
-  const cuda::CompressorChunk chunk = cuda::compressor_pool(*this, w, state, kv, gate, pos0, n);
+  // A compact cache receives the chunk's entries from an fp32 scratch once they are normed, rotated and simulated.
+  const cuda::CacheLayout* compact = compact_cache(state.entries);
+  const int64_t first = pos0 / m, most = (pos0 + n) / m - first;
+  float* scratch = compact ? static_cast<float*>(workspace(cuda::kWsCompressorEntries,
+                                                           size_t(std::max<int64_t>(most, 1) * c) * sizeof(float)))
+                           : nullptr;
+  const cuda::CompressorChunk chunk = compact
+                                          ? cuda::compressor_pool(*this, w, state, kv, gate, pos0, n, scratch, first)
+                                          : cuda::compressor_pool(*this, w, state, kv, gate, pos0, n, state.entries, 0);
   if (chunk.count == 0) return;
-  float* out = state.entries + chunk.first_entry * c;
+  float* out = compact ? scratch : state.entries + chunk.first_entry * c;
   rms_norm(out, &w.norm, chunk.count, c, out);
   // RoPE at each window's FIRST token position, w·m.
   rope(out, chunk.count, c, c - config_.rope_dim, 1, chunk.first_entry * m, m, RopeKind::kCompressed, false);
   if (sim == EntrySim::kFp8NoPe) sim_fp8(out, chunk.count, c, c - config_.rope_dim, 64);
   if (sim == EntrySim::kHadamardFp4) hadamard_sim_fp4(out, chunk.count, c);
+  if (compact) {
+    DSV4_CHECK(compact->dim == c, "compressor: entries of ", c, " channels into a cache of ", compact->dim);
+    cuda::cache_store(*this, *compact, state.entries, out, c, chunk.count, chunk.first_entry, compact->rows);
+  }
 }
 
 }  // namespace dsv4

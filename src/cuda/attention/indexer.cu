@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "cuda/attention/attention.h"
+#include "cuda/attention/kv_cache.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
@@ -42,7 +43,8 @@ constexpr size_t kScoreBudgetBytes = size_t(32) << 20;      // score rows per la
 struct ScoreParams {
   const float* q;        // [rows, heads, head_dim]
   const float* weights;  // [rows, heads]
-  const float* keys;     // [*, head_dim]
+  const float* keys;     // [*, head_dim] fp32 rows, or a compact kFp4Keys cache (key_layout.format)
+  CacheLayout key_layout;
   uint32_t* score_keys;  // [rows, v_stride] order-preserving bits of each score
   uint32_t* hist;        // [rows, kBins] counts of the score keys' top 11 bits (zeroed by the launcher)
   int64_t pos0, ratio, v_stride;  // pos0: position of row 0
@@ -96,9 +98,11 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreParam
 #pragma unroll
   for (int hh = 0; hh < kHeadsPerThread; ++hh) dot[hh] = 0.0f;
   if (e < visible) {
+    const bool compact = p.key_layout.format == CacheFormat::kFp4Keys;
     const float4* key = reinterpret_cast<const float4*>(p.keys + e * p.head_dim);
+    const uint8_t* key_row = reinterpret_cast<const uint8_t*>(p.keys) + e * p.key_layout.row_bytes;
     for (int j4 = 0; j4 < d4; ++j4) {
-      const float4 k = __ldg(key + j4);
+      const float4 k = compact ? load_fp4key4(key_row, 4 * j4, p.key_layout) : __ldg(key + j4);
 #pragma unroll
       for (int hh = 0; hh < kHeadsPerThread; ++hh) {
         const int h = group * kHeadsPerThread + hh;
@@ -298,6 +302,9 @@ void CudaOps::indexer_topk(const IndexerParams& p) {
   DSV4_CHECK(p.q && p.weights && p.keys && p.selected, "indexer_topk: q, weights, keys and selected are required");
   DSV4_CHECK(aligned16(p.q) && aligned16(p.keys), "indexer_topk: q and keys must be 16-byte aligned");
   DSV4_CHECK((p.pos0 + p.n) / p.ratio < (int64_t(1) << 31), "indexer_topk: more than 2^31 visible entries");
+  const CacheLayout* key_layout = compact_cache(p.keys);
+  DSV4_CHECK(!key_layout || (key_layout->format == CacheFormat::kFp4Keys && key_layout->dim == p.head_dim),
+             "indexer_topk: compact keys must be FP4 key rows of head_dim ", p.head_dim);
   if (p.n == 0 || p.top_k == 0) return;
 
   static const bool smem_opted_in = [] {
@@ -323,8 +330,9 @@ void CudaOps::indexer_topk(const IndexerParams& p) {
     const int64_t visible_max = (pos0 + rows) / p.ratio;
     if (visible_max > 0) {
       DSV4_CUDA_CHECK(cudaMemsetAsync(hist, 0, size_t(rows * kBins) * sizeof(uint32_t), stream_));
-      ScoreParams s{p.q + row0 * p.heads * p.head_dim, p.weights + row0 * p.heads, p.keys, score_keys, hist,
-                    pos0, p.ratio, v_stride, int(p.heads), int(p.head_dim)};
+      ScoreParams s{p.q + row0 * p.heads * p.head_dim, p.weights + row0 * p.heads, p.keys,
+                    key_layout ? *key_layout : CacheLayout{}, score_keys, hist, pos0, p.ratio, v_stride,
+                    int(p.heads), int(p.head_dim)};
       const dim3 grid(unsigned(ceil_div(visible_max, kScoreEntries)), unsigned(rows));
       const size_t smem = size_t(p.heads * p.head_dim) * sizeof(float);
       launch_pdl(indexer_score_kernel, grid, dim3(kScoreThreads), smem, stream_, pdl, s);

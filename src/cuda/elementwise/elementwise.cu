@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "cuda/common/check.h"
+#include "cuda/attention/kv_cache.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/elementwise/pack.cuh"
 
@@ -198,7 +199,13 @@ void CudaOps::ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, 
   if (n == 0) return;
   // Rows i and i + slots share a slot; the CPU's sequential loop leaves the later one, so only the last
   // `slots` rows are written (no two threads store to the same slot).
-  const RingStoreParams p{x, n, cols, pos0, slots, std::max<int64_t>(0, n - slots), ring};
+  const int64_t first = std::max<int64_t>(0, n - slots);
+  if (const cuda::CacheLayout* layout = compact_cache(ring)) {
+    DSV4_CHECK(layout->dim == cols && slots <= layout->rows, "ring_store: ", slots, " slots of ", cols,
+               " into a compact ring of ", layout->rows, " rows of ", layout->dim);
+    return cuda::cache_store(*this, *layout, ring, x + first * cols, cols, n - first, pos0 + first, slots);
+  }
+  const RingStoreParams p{x, n, cols, pos0, slots, first, ring};
   const int64_t elements = (n - p.first) * cols;
   if (cols % 4 == 0 && cuda::aligned16(x) && cuda::aligned16(ring))
     ring_store_kernel<4><<<grid_for(elements / 4, props_), kThreads, 0, stream_>>>(p);

@@ -2,56 +2,23 @@
 // to src/cpu/quant.cpp.
 //
 // Both ops work one warp per scale block: the block absmax by warp shuffles, the power-of-two scale from its
-// IEEE bits (ceil_log2 as the reference), then round-to-nearest-even onto the FP8 e4m3 / FP4 e2m1 grid by
-// arithmetic: within a binade the grid is uniform, so rintf(q / step) · step (exact scalings by powers of two)
-// is the nearest grid value, ties to the even code — the same choice as the CPU's table search.
+// IEEE bits (ceil_log2 as the reference), then round-to-nearest-even onto the FP8 e4m3 / FP4 e2m1 grid
+// (common/fp_grid.cuh, shared with the compact caches).
 // hadamard_sim_fp4 first applies the Walsh–Hadamard butterflies to the row in shared memory (the CPU's stage
 // order, so each element sees the same fp32 additions) and the 1/sqrt(dim) scaling.
 #include <cmath>
 
 #include "cuda/common/check.h"
+#include "cuda/common/fp_grid.cuh"
 #include "cuda/cuda_ops.h"
 
 namespace dsv4 {
 
 namespace {
 
+using namespace cuda;
+
 constexpr int kWarpsPerBlock = 8;
-
-// ceil(log2(a)) for a > 0 from the IEEE bits: exponent + (mantissa != 0), as core/dtype.cpp computes it.
-__device__ __forceinline__ int ceil_log2_bits(float a) {
-  const uint32_t u = __float_as_uint(a);
-  return int((u >> 23) & 0xFF) - 127 + ((u & 0x7FFFFF) != 0 ? 1 : 0);
-}
-
-// floor(log2|q|) for finite q, −127 for zero and fp32 subnormals (they sit below every grid's lowest binade).
-__device__ __forceinline__ int floor_log2_bits(float q) { return int((__float_as_uint(q) >> 23) & 0xFF) - 127; }
-
-// Nearest value of a grid with `mantissa_bits` explicit mantissa bits whose lowest normal binade is
-// 2^min_exp (below it the grid stays uniform: subnormals), ties to even. |q| must not exceed the grid's max.
-__device__ __forceinline__ float round_to_grid(float q, int mantissa_bits, int min_exp) {
-  const int step_exp = max(floor_log2_bits(q), min_exp) - mantissa_bits;
-  return ldexpf(rintf(ldexpf(q, -step_exp)), step_exp);
-}
-
-// e4m3: 3 mantissa bits, binades from 2^−6, max 448; NaN becomes the positive quiet NaN, as the CPU's code
-// 0x7F decodes.
-__device__ __forceinline__ float round_e4m3(float q) {
-  if (isnan(q)) return __int_as_float(0x7fc00000);
-  return round_to_grid(q, 3, -6);
-}
-
-// e2m1: 1 mantissa bit, binades from 2^0 (0.5 is the subnormal step), max 6. A NaN stays NaN (the CPU's
-// table search happens to map it to ±0; a NaN here is an upstream bug either way).
-__device__ __forceinline__ float round_e2m1(float q) { return round_to_grid(q, 1, 0); }
-
-// std::clamp's semantics (a NaN passes through), unlike fminf/fmaxf which would turn it into a bound.
-__device__ __forceinline__ float clamp_like_std(float v, float lo, float hi) { return v < lo ? lo : (hi < v ? hi : v); }
-
-__device__ __forceinline__ float warp_max(float v) {
-  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
 
 // ---- sim_fp8
 
@@ -68,9 +35,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) sim_fp8_kernel(SimFp8Para
   const int64_t r = item / p.blocks_per_row, b0 = (item % p.blocks_per_row) * p.block;
   const int64_t b1 = min(p.cols, b0 + p.block);
   float* v = p.x + r * p.row_stride;
-  float amax = 1e-4f;  // the reference's floor: an all-zero block keeps a finite scale
+  float amax = 0.0f;
   for (int64_t i = b0 + lane; i < b1; i += 32) amax = fmaxf(amax, fabsf(v[i]));
-  const int e = ceil_log2_bits(warp_max(amax) / 448.0f);
+  const int e = e4m3_block_exponent(warp_max_f32(amax));
   for (int64_t i = b0 + lane; i < b1; i += 32) {
     const float q = clamp_like_std(ldexpf(v[i], -e), -448.0f, 448.0f);
     v[i] = ldexpf(round_e4m3(q), e);
@@ -105,10 +72,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) hadamard_sim_fp4_kernel(H
     }
     __syncwarp();
   }
-  const float min_amax = 6.0f * 0x1p-126f;  // the reference's floor: the scale 2^e stays a normal float
   for (int b0 = 0; b0 < p.dim; b0 += 32) {
     const float h = v[b0 + lane] * p.norm;
-    const int e = ceil_log2_bits(warp_max(fmaxf(min_amax, fabsf(h))) / 6.0f);
+    const int e = e2m1_block_exponent(warp_max_f32(fabsf(h)));
     const float q = clamp_like_std(ldexpf(h, -e), -6.0f, 6.0f);
     xr[b0 + lane] = ldexpf(round_e2m1(q), e);
   }

@@ -1,0 +1,174 @@
+// attention family (CUDA): the compact caches (spec §11) — allocation, the store kernel that quantises rows into
+// them, and the fp32 views tests use. Reading inside kernels: kv_cache.cuh.
+//
+// Why compact storage is exact: in reference numerics every window / compressed KV vector leaves sim_fp8 as
+// e4m3 × 2^k per 64 non-rope channels, and every indexer key leaves hadamard_sim_fp4 as e2m1 × 2^k per 32, so
+// 1 byte (or half a byte) plus one E8M0 scale per block holds it without loss. Re-quantising a simulated row
+// returns it unchanged (the block's largest value keeps the scale, or sits at half the grid's max and every
+// value doubles exactly), so cache_store may be given simulated or raw rows alike. Rope channels stay fp32:
+// the fixtures' numerics keep them unrounded.
+#include <cstring>
+
+#include "cuda/attention/kv_cache.cuh"
+#include "cuda/common/check.h"
+#include "cuda/common/launch.cuh"
+
+namespace dsv4 {
+namespace cuda {
+namespace {
+
+constexpr int kStoreWarps = 8;
+
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+CacheLayout make_layout(CacheFormat format, int64_t rows, int64_t dim, int64_t rope_dim) {
+  CacheLayout l;
+  l.format = format;
+  l.rows = rows;
+  l.dim = dim;
+  if (format == CacheFormat::kFp8Kv) {
+    const int64_t nope = dim - rope_dim;
+    DSV4_CHECK(rope_dim >= 0 && nope >= 4 && nope % 4 == 0 && rope_dim % 4 == 0, "alloc_cache: an FP8 KV row of ",
+               dim, " channels with ", rope_dim, " rope channels (needs multiples of 4 on both sides)");
+    l.nope = int32_t(nope);
+    l.scales = int32_t(nope);
+    l.rope = int32_t(round_up(nope + ceil_div(nope, 64), 16));
+    l.row_bytes = round_up(l.rope + 4 * rope_dim, 16);
+  } else {
+    DSV4_CHECK(dim >= 32 && dim % 32 == 0, "alloc_cache: FP4 key rows of ", dim, " channels (needs a multiple of 32)");
+    l.scales = int32_t(dim / 2);
+    l.row_bytes = round_up(dim / 2 + dim / 32, 16);
+  }
+  return l;
+}
+
+struct StoreParams {
+  CacheLayout layout;
+  uint8_t* cache;
+  const float* src;  // [n, src_stride]
+  int64_t src_stride, n, row0, modulo;
+};
+
+// One warp per row: per scale block, the block's absmax, its E8M0 exponent, then each lane's codes.
+__global__ void __launch_bounds__(kStoreWarps * 32) cache_store_kernel(StoreParams p) {
+  pdl_wait();
+  const int lane = threadIdx.x % 32;
+  const int64_t i = int64_t(blockIdx.x) * kStoreWarps + threadIdx.x / 32;
+  if (i >= p.n) return;  // warp-uniform
+  const float* v = p.src + i * p.src_stride;
+  uint8_t* row = p.cache + ((p.row0 + i) % p.modulo) * p.layout.row_bytes;
+  const CacheLayout& l = p.layout;
+  if (l.format == CacheFormat::kFp8Kv) {
+    for (int b0 = 0; b0 < l.nope; b0 += 64) {
+      const int b1 = min(l.nope, b0 + 64);
+      const int c0 = b0 + lane, c1 = b0 + 32 + lane;
+      const float x0 = c0 < b1 ? v[c0] : 0.0f, x1 = c1 < b1 ? v[c1] : 0.0f;
+      const int e = e4m3_block_exponent(warp_max_f32(fmaxf(fabsf(x0), fabsf(x1))));
+      if (c0 < b1) row[c0] = e4m3_code(round_e4m3(clamp_like_std(ldexpf(x0, -e), -448.0f, 448.0f)));
+      if (c1 < b1) row[c1] = e4m3_code(round_e4m3(clamp_like_std(ldexpf(x1, -e), -448.0f, 448.0f)));
+      if (lane == 0) row[l.scales + b0 / 64] = uint8_t(e + 127);
+    }
+    auto* rope = reinterpret_cast<float*>(row + l.rope);
+    for (int64_t j = lane; j < l.dim - l.nope; j += 32) rope[j] = v[l.nope + j];
+  } else {
+    for (int b0 = 0; b0 < l.dim; b0 += 32) {
+      const float x = v[b0 + lane];
+      const int e = e2m1_block_exponent(warp_max_f32(fabsf(x)));
+      const uint32_t code = e2m1_code(round_e2m1(clamp_like_std(ldexpf(x, -e), -6.0f, 6.0f)));
+      const uint32_t odd = __shfl_down_sync(0xffffffffu, code, 1);
+      if (lane % 2 == 0) row[(b0 + lane) / 2] = uint8_t(code | (odd << 4));
+      if (lane == 0) row[l.scales + b0 / 32] = uint8_t(e + 127);
+    }
+  }
+}
+
+struct LoadParams {
+  CacheLayout layout;
+  const uint8_t* cache;
+  float* out;  // [n, dim]
+  int64_t n;
+};
+
+// One thread per 4 channels.
+__global__ void cache_load_kernel(LoadParams p) {
+  const int64_t quads = p.layout.dim / 4, x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (x >= p.n * quads) return;
+  const int64_t r = x / quads;
+  const int c = int(x % quads) * 4;
+  const uint8_t* row = p.cache + r * p.layout.row_bytes;
+  const float4 v = p.layout.format == CacheFormat::kFp8Kv ? load_fp8kv4(row, c, p.layout) : load_fp4key4(row, c, p.layout);
+  reinterpret_cast<float4*>(p.out + r * p.layout.dim)[c / 4] = v;
+}
+
+}  // namespace
+
+void cache_store(CudaOps& ops, const CacheLayout& layout, float* cache, const float* src, int64_t src_stride,
+                 int64_t n, int64_t row0, int64_t modulo) {
+  DSV4_CHECK(n >= 0 && row0 >= 0 && modulo >= 1 && src_stride >= layout.dim, "cache_store: n ", n, ", row0 ", row0,
+             ", modulo ", modulo, ", src_stride ", src_stride);
+  DSV4_CHECK(std::min(row0 + n, modulo) <= layout.rows, "cache_store: rows up to ", std::min(row0 + n, modulo),
+             " in a cache of ", layout.rows);
+  if (n == 0) return;
+  const StoreParams p{layout, reinterpret_cast<uint8_t*>(cache), src, src_stride, n, row0, modulo};
+  launch_pdl(cache_store_kernel, dim3(unsigned(ceil_div(n, kStoreWarps))), dim3(kStoreWarps * 32), 0, ops.stream(),
+             ops.props().major >= 9, p);
+}
+
+}  // namespace cuda
+
+float* CudaOps::alloc_cache(CacheFormat format, int64_t rows, int64_t dim) {
+  DSV4_CHECK(rows >= 1 && dim >= 1, "alloc_cache: ", rows, " rows of ", dim);
+  if (format == CacheFormat::kF32) return alloc(size_t(rows * dim));
+  const cuda::CacheLayout layout = cuda::make_layout(format, rows, dim, config_.rope_dim);
+  const size_t bytes = size_t(rows * layout.row_bytes);
+  void* p = device_alloc(bytes);
+  DSV4_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+  caches_[p] = layout;
+  return static_cast<float*>(p);
+}
+
+void CudaOps::copy_cache(const float* src, int64_t rows, int64_t dim, float* dst) {
+  const cuda::CacheLayout *from = compact_cache(src), *to = compact_cache(dst);
+  if (!from && !to) return copy(src, size_t(rows * dim), dst);
+  DSV4_CHECK(from && to && from->format == to->format && from->dim == dim && to->dim == dim &&
+                 rows <= std::min(from->rows, to->rows),
+             "copy_cache: ", rows, " rows of ", dim, " between caches of different formats or sizes");
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(rows * from->row_bytes), cudaMemcpyDeviceToDevice, stream_));
+}
+
+const cuda::CacheLayout* CudaOps::compact_cache(const void* p) const {
+  const auto it = caches_.find(p);
+  return it == caches_.end() ? nullptr : &it->second;
+}
+
+void CudaOps::read_cache(const float* cache, int64_t rows, int64_t dim, float* host) {
+  const cuda::CacheLayout* l = compact_cache(cache);
+  if (!l) return download(host, cache, size_t(rows * dim));
+  DSV4_CHECK(l->dim == dim && rows <= l->rows, "read_cache: ", rows, " rows of ", dim, " from a cache of ", l->rows,
+             " rows of ", l->dim);
+  auto* staging = static_cast<float*>(workspace(cuda::kWsCacheStaging, size_t(rows * dim) * sizeof(float)));
+  const cuda::LoadParams p{*l, reinterpret_cast<const uint8_t*>(cache), staging, rows};
+  const int64_t threads = rows * dim / 4;
+  if (threads > 0) {
+    cuda::cache_load_kernel<<<unsigned(cuda::ceil_div(threads, 256)), 256, 0, stream_>>>(p);
+    DSV4_LAUNCH_CHECK();
+  }
+  download(host, staging, size_t(rows * dim));
+}
+
+void CudaOps::write_cache(float* cache, int64_t rows, int64_t dim, const float* host) {
+  const cuda::CacheLayout* l = compact_cache(cache);
+  if (!l) {
+    DSV4_CUDA_CHECK(cudaMemcpyAsync(cache, host, size_t(rows * dim) * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
+  DSV4_CHECK(l->dim == dim && rows <= l->rows, "write_cache: ", rows, " rows of ", dim, " into a cache of ", l->rows,
+             " rows of ", l->dim);
+  auto* staging = static_cast<float*>(workspace(cuda::kWsCacheStaging, size_t(rows * dim) * sizeof(float)));
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(staging, host, size_t(rows * dim) * sizeof(float), cudaMemcpyHostToDevice, stream_));
+  cuda::cache_store(*this, *l, cache, staging, dim, rows, 0, l->rows);
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+}  // namespace dsv4
