@@ -55,7 +55,7 @@ __device__ __forceinline__ int e2m1_block_exponent(float amax) {
 // ---- codes of values already on a grid (|q| ≤ the grid's max; a NaN encodes as the format's NaN / zero)
 
 __device__ __forceinline__ uint8_t e4m3_code(float q) {
-  const uint32_t sign = q < 0.0f ? 0x80u : 0u;
+  const uint32_t sign = signbit(q) ? 0x80u : 0u;
   const float a = fabsf(q);
   if (isnan(q)) return 0x7F;
   if (a < 0x1p-6f) return uint8_t(sign | uint32_t(a * 0x1p9f));  // subnormal: m · 2^−9
@@ -72,7 +72,7 @@ __device__ __forceinline__ float e4m3_value(uint32_t code) {
 }
 
 __device__ __forceinline__ uint8_t e2m1_code(float q) {
-  const uint32_t sign = q < 0.0f ? 8u : 0u;
+  const uint32_t sign = signbit(q) ? 8u : 0u;
   const float a = fabsf(q);  // one of 0, 0.5, 1, 1.5, 2, 3, 4, 6
   const uint32_t code = a < 2.0f ? uint32_t(a * 2.0f) : (a < 4.0f ? 4u + uint32_t(a - 2.0f) : (a < 6.0f ? 6u : 7u));
   return uint8_t(sign | code);
