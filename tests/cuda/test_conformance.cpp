@@ -23,11 +23,6 @@
 #include "harness/files.h"
 #include "loader/weight_map.h"
 #include "model/deepseek_v4.h"
-#if DSV4_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "cuda/common/check.h"
-#endif
 
 namespace dsv4::test {
 namespace {
@@ -60,19 +55,19 @@ class TeeOps final : public Ops {
 
   float* alloc(size_t count) override {
     float* c = cpu_.alloc(count);
-    regions_[c] = {gpu_.alloc(count), count * sizeof(float)};
+    regions_[c] = {c, gpu_.alloc(count), count * sizeof(float)};
     return c;
   }
   int32_t* alloc_i32(size_t count) override {
     int32_t* c = cpu_.alloc_i32(count);
-    regions_[c] = {gpu_.alloc_i32(count), count * sizeof(int32_t)};
+    regions_[c] = {c, gpu_.alloc_i32(count), count * sizeof(int32_t)};
     return c;
   }
   // The CPU keeps every cache in fp32; the CUDA twin is compact where the model asks for it and is compared and
   // resynchronised through its fp32 view (read_cache / write_cache).
   float* alloc_cache(CacheFormat format, int64_t rows, int64_t dim) override {
     float* c = cpu_.alloc_cache(format, rows, dim);
-    regions_[c] = {gpu_.alloc_cache(format, rows, dim), size_t(rows * dim) * sizeof(float), dim};
+    regions_[c] = {c, gpu_.alloc_cache(format, rows, dim), size_t(rows * dim) * sizeof(float), dim};
     return c;
   }
   void fill(float* x, size_t count, float value) override {
@@ -223,6 +218,7 @@ class TeeOps final : public Ops {
 
  private:
   struct Region {
+    const void* cpu;
     void* gpu;
     size_t bytes;
     int64_t cache_dim = 0;  // > 0: a cache of rows of this many channels, only addressed by its base pointer
@@ -232,26 +228,24 @@ class TeeOps final : public Ops {
     size_t count;
   };
 
+  // The region from alloc() / alloc_cache() that holds a CPU pointer; nullptr for any other pointer.
+  const Region* region(const void* cpu) const {
+    auto it = regions_.upper_bound(cpu);
+    if (it == regions_.begin()) return nullptr;
+    --it;
+    const auto* base = static_cast<const char*>(it->first);
+    if (static_cast<const char*>(cpu) >= base + it->second.bytes) return nullptr;
+    if (it->second.cache_dim > 0 && cpu != base) throw std::logic_error("a cache addressed inside its rows");
+    return &it->second;
+  }
+
   // The CUDA twin of a CPU pointer from alloc(); any other pointer (weights, host vectors) is shared.
   template <class T>
   T* g(T* cpu) const {
-    if (!cpu) return nullptr;
-    const auto* at = reinterpret_cast<const char*>(cpu);
-    auto it = regions_.upper_bound(static_cast<const void*>(at));
-    if (it == regions_.begin()) return cpu;
-    --it;
-    const auto* base = static_cast<const char*>(it->first);
-    if (at >= base + it->second.bytes) return cpu;
-    if (it->second.cache_dim > 0 && at != base) throw std::logic_error("a cache addressed inside its rows");
-    return reinterpret_cast<T*>(static_cast<char*>(it->second.gpu) + (at - base));
-  }
-
-  const Region& region(const void* cpu) const {
-    static const Region none{nullptr, 0, 0};
-    auto it = regions_.upper_bound(cpu);
-    if (it == regions_.begin()) return none;
-    --it;
-    return static_cast<const char*>(cpu) < static_cast<const char*>(it->first) + it->second.bytes ? it->second : none;
+    const Region* r = cpu ? region(cpu) : nullptr;
+    if (!r) return cpu;
+    const auto offset = reinterpret_cast<const char*>(cpu) - static_cast<const char*>(r->cpu);
+    return reinterpret_cast<T*>(static_cast<char*>(r->gpu) + offset);
   }
 
   std::vector<Span> strided(const float* y, int64_t rows, int64_t ld, int64_t cols) const {
@@ -267,17 +261,17 @@ class TeeOps final : public Ops {
     double diff = 0.0, scale = 0.0;
     bool nan_mismatch = false;
     for (const Span& o : outputs) {
+      if (o.count == 0) continue;
+      // A cache is read and rewritten as fp32 rows (write_cache quantises as the store does: lossless for
+      // simulated values); any other buffer as one row of o.count values (read_cache / write_cache copy it).
+      const Region* r = region(o.cpu);
+      const int64_t dim = r && r->cache_dim > 0 ? r->cache_dim : int64_t(o.count), rows = int64_t(o.count) / dim;
+      float* twin = g(const_cast<float*>(o.cpu));
       std::vector<float> got(o.count);
-      const int64_t cache_dim = region(o.cpu).cache_dim;
-      if (cache_dim > 0) {
-        gpu_.read_cache(g(o.cpu), int64_t(o.count) / cache_dim, cache_dim, got.data());
-      } else {
-        DSV4_CUDA_CHECK(cudaMemcpyAsync(got.data(), g(o.cpu), o.count * sizeof(float), cudaMemcpyDeviceToHost,
-                                        gpu_.stream()));
-        DSV4_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
-      }
+      gpu_.read_cache(twin, rows, dim, got.data());
       for (size_t i = 0; i < o.count; ++i) {
         const float want = o.cpu[i], have = got[i];
+        if (std::isfinite(want)) scale = std::max(scale, double(std::fabs(want)));
         if (std::isnan(want) || std::isnan(have)) {
           nan_mismatch |= std::isnan(want) != std::isnan(have);
           continue;
@@ -288,17 +282,9 @@ class TeeOps final : public Ops {
           continue;
         }
         diff = std::max(diff, double(std::fabs(have - want)));
-        scale = std::max(scale, double(std::fabs(want)));
       }
-      if (cache_dim > 0)
-        gpu_.write_cache(g(const_cast<float*>(o.cpu)), int64_t(o.count) / cache_dim, cache_dim, o.cpu);
-      else
-        DSV4_CUDA_CHECK(cudaMemcpyAsync(g(const_cast<float*>(o.cpu)), o.cpu, o.count * sizeof(float),
-                                        cudaMemcpyHostToDevice, gpu_.stream()));
+      gpu_.write_cache(twin, rows, dim, o.cpu);
     }
-    DSV4_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
-    for (const Span& o : outputs)
-      for (size_t i = 0; i < o.count; ++i) scale = std::max(scale, std::isfinite(o.cpu[i]) ? double(std::fabs(o.cpu[i])) : 0.0);
     const double err = nan_mismatch ? INFINITY : diff / std::max(scale, 1e-30);
     record(s, call, err, err > tolerance);
   }
@@ -306,10 +292,7 @@ class TeeOps final : public Ops {
   void check_selection(int32_t* selected, int64_t n, int64_t k) {
     OpStats& s = stats_["indexer_topk"];
     const int64_t call = s.calls++;
-    std::vector<int32_t> got(size_t(n * k));
-    DSV4_CUDA_CHECK(cudaMemcpyAsync(got.data(), g(selected), got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                    gpu_.stream()));
-    DSV4_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
+    const std::vector<int32_t> got = to_host(gpu_, g(selected), size_t(n * k));
     int64_t rows_differing = 0;
     for (int64_t r = 0; r < n; ++r) {
       std::vector<int32_t> a(selected + r * k, selected + (r + 1) * k), b(got.begin() + r * k, got.begin() + (r + 1) * k);
@@ -317,9 +300,7 @@ class TeeOps final : public Ops {
       std::sort(b.begin(), b.end());
       rows_differing += a != b;
     }
-    DSV4_CUDA_CHECK(cudaMemcpyAsync(g(selected), selected, got.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                    gpu_.stream()));
-    DSV4_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
+    gpu_.upload_i32(g(selected), selected, got.size());
     record(s, call, double(rows_differing), rows_differing > 0);
   }
 
