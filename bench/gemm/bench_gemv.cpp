@@ -206,8 +206,17 @@ int main(int argc, char** argv) {
           if (c > 0) make_weight(s, rng, &w, &owned);
           calls.push_back({x, ldx, w, n, y, s.rows, s.groups});
         }
+        // Split-K scratch as the engine provides it (CudaOps workspaces): arrival counters start at zero.
+        const dsv4::cuda::GemvScratchSize need = dsv4::cuda::gemv_scratch_size(calls[0]);
+        dsv4::cuda::GemvScratch scratch{nullptr, need.partial_floats, nullptr, need.arrival_count};
+        DSV4_CUDA_CHECK(cudaMalloc(&scratch.partials, std::max<size_t>(need.partial_floats, 1) * sizeof(float)));
+        DSV4_CUDA_CHECK(cudaMalloc(&scratch.arrivals, std::max<size_t>(need.arrival_count, 1) * sizeof(int32_t)));
+        DSV4_CUDA_CHECK(cudaMemset(scratch.arrivals, 0, std::max<size_t>(need.arrival_count, 1) * sizeof(int32_t)));
+        owned.push_back(scratch.partials);
+        owned.push_back(scratch.arrivals);
         const int batch = std::max(copies, 20);
-        const double t = time_calls(stream, batch, trials, [&](int i) { dsv4::cuda::gemv(calls[size_t(i % copies)], stream); });
+        const double t = time_calls(stream, batch, trials,
+                                    [&](int i) { dsv4::cuda::gemv(calls[size_t(i % copies)], scratch, stream); });
         const double bytes = double(weight_bytes) + 4.0 * double(n) * double(ldx + s.rows);
         const std::string shape = std::string(s.name) + " [" + std::to_string(s.rows) + ", " + std::to_string(s.cols) + "]";
         std::printf("| %s | %s | %lld | %.1f | %.1f | %.0f | %.0f%% |\n", shape.c_str(), format_name(s.format),

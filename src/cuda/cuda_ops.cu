@@ -73,7 +73,7 @@ void CudaOps::copy(const float* src, size_t count, float* dst) {
   DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
 }
 
-void* CudaOps::workspace(int slot, size_t bytes) {
+void* CudaOps::workspace(int slot, size_t bytes, bool zeroed) {
   if (workspaces_.size() <= size_t(slot)) workspaces_.resize(size_t(slot) + 1, {nullptr, 0});
   auto& [p, size] = workspaces_[size_t(slot)];
   if (size < bytes) {
@@ -85,6 +85,7 @@ void* CudaOps::workspace(int slot, size_t bytes) {
     p = nullptr;
     const cudaError_t err = cudaMalloc(&p, bytes);
     DSV4_CHECK(err == cudaSuccess, "GPU out of memory: cannot allocate a workspace of ", bytes, " bytes");
+    if (zeroed) DSV4_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
     size = bytes;
   }
   return p;

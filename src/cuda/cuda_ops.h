@@ -33,6 +33,8 @@ enum WorkspaceSlot : int {
   kWsMoeTables,             // moe: device tables of expert weight pointers
   kWsCompressorEntries,     // compressor into a compact cache: the chunk's entries in fp32 before packing
   kWsCacheStaging,          // write_cache / read_cache: fp32 rows on the device
+  kWsGemvPartials,          // gemv: split-K partial sums
+  kWsGemvArrivals,          // gemv: split-K arrival counters (zeroed: every call leaves them zero)
 };
 
 // The storage of a cache from CudaOps::alloc_cache (layouts in attention/kv_cache.cuh).
@@ -116,6 +118,9 @@ class CudaOps final : public Ops {
 
   // ---- for the families
   cudaStream_t stream() const { return stream_; }
+  // Programmatic dependent launch (sm_90+): decode-step kernels launch while their predecessor drains and
+  // wait for it on the device (common/launch.cuh).
+  bool pdl() const { return props_.major >= 9; }
   const cudaDeviceProp& props() const { return props_; }
   const ModelConfig& config() const { return config_; }
   const cuda::DeviceWeight& dev(const Weight& w) const;      // uploaded copy; a clear error if missing
@@ -128,8 +133,9 @@ class CudaOps final : public Ops {
   // points do). For tests; synchronous.
   void read_cache(const float* cache, int64_t rows, int64_t dim, float* host);
   void write_cache(float* cache, int64_t rows, int64_t dim, const float* host);
-  // Device workspace `slot` of at least `bytes`, grown on first use (never inside a graph capture).
-  void* workspace(int slot, size_t bytes);
+  // Device workspace `slot` of at least `bytes`, grown on first use (never inside a graph capture). A zeroed
+  // slot is all zero bytes when (re)allocated; its users must leave it so.
+  void* workspace(int slot, size_t bytes, bool zeroed = false);
   // Device constants for RoPE: rope_dim/2 inverse frequencies, plain and compressed (YaRN).
   const float* inv_freq(RopeKind kind) const { return kind == RopeKind::kPlain ? inv_freq_plain_ : inv_freq_compressed_; }
 

@@ -1,7 +1,8 @@
 // gemm family: CudaOps::linear / linear_grouped against CpuOps on fresh random weights in every checkpoint
 // format (F32, BF16, FP8 e4m3 with E8M0 or F32 128×128 block scales, FP4 e2m1 with E8M0 per-32 scales).
-// Covers the three paths behind linear: the decode GEMV (n ≤ 16), the generic tiled kernel (n > 16, and
-// rows that are not a multiple of 16 bytes) and, once it lands, the tensor-core kernel (n > 16 on sm_90a).
+// Covers the paths behind linear: the decode GEMVs (n ≤ 16: streaming for n ≤ 4 and FP8 / BF16 / F32 rows
+// in multiples of 4 and 16 bytes, staged otherwise), the generic tiled kernel (n > 16, and rows that are not
+// a multiple of 16 bytes); the tensor-core kernel (fast numerics) has its own test, test_gemm_tc.
 //
 // Tolerance: both sides compute the same fp32 products (the FP8 weight is e4m3 · scale rounded to fp32 on
 // both; FP4 products are exact up to a power-of-two factor), so only the summation order differs. The
@@ -262,9 +263,52 @@ TEST(CudaGemm, V4FlashShapes) {
 #endif
 }
 
-// No atomics anywhere: the same inputs give bitwise the same outputs. The cases cover every GEMV variant
-// (clusters, wide row groups, several K stages, two launches for n > 8) and the generic kernel, small
-// enough to run under compute-sanitizer.
+// The decode GEMV's split-K path (few rows, long K) keeps per-tile arrival counters in one CudaOps workspace
+// that every call must leave zero: interleaved calls of different shapes on one backend, each repeated,
+// must all match the CPU and repeat bit for bit.
+TEST(CudaGemm, GemvSplitKCallsShareScratch) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  const ModelConfig config;
+  CpuOps cpu(config);
+  CudaOps gpu(config);
+  const Case cases[] = {{Format::kFP8, 1, 24, 16384}, {Format::kBF16, 2, 512, 4096}, {Format::kFP8, 4, 8, 8192},
+                        {Format::kF32, 3, 64, 2048}, {Format::kFP8, 1, 512, 4096, 8}};
+  std::vector<HostWeight> weights;  // alive for the whole test: uploads are keyed by host address
+  std::vector<std::vector<float>> xs, wants, firsts(std::size(cases));
+  for (const Case& c : cases) {
+    weights.push_back(make_weight(c.format, c.rows, c.cols, rng));
+    xs.push_back(random_floats(size_t(c.n * c.groups * c.cols), rng));
+    std::vector<float> want(size_t(c.n * c.rows));
+    if (c.groups > 1) cpu.linear_grouped(xs.back().data(), weights.back().w, c.groups, c.n, want.data());
+    else cpu.linear(xs.back().data(), c.cols, weights.back().w, c.n, want.data(), c.rows);
+    wants.push_back(want);
+    gpu.upload(weights.back().w);
+  }
+  for (int round = 0; round < 3; ++round)
+    for (size_t k = 0; k < std::size(cases); ++k) {
+      const Case& c = cases[k];
+      SCOPED_TRACE(describe(c) + " round " + std::to_string(round));
+      const float* dx = to_device(gpu, xs[k]);
+      float* dy = poisoned(gpu, size_t(c.n * c.rows));
+      if (c.groups > 1) gpu.linear_grouped(dx, weights[k].w, c.groups, c.n, dy);
+      else gpu.linear(dx, c.groups * c.cols, weights[k].w, c.n, dy, c.rows);
+      const std::vector<float> got = to_host(gpu, dy, size_t(c.n * c.rows));
+      double sq = 0.0;
+      for (float v : wants[k]) sq += double(v) * v;
+      const double tol = 1e-6 * std::sqrt(double(c.cols)), rms = std::sqrt(sq / double(wants[k].size()));
+      EXPECT_TRUE(compare(got, wants[k], {tol * rms, tol}, describe(c)));
+      if (round == 0) firsts[k] = got;
+      else EXPECT_EQ(std::memcmp(got.data(), firsts[k].data(), got.size() * sizeof(float)), 0);
+    }
+#endif
+}
+
+// No float atomics anywhere: the same inputs give bitwise the same outputs. The cases cover every GEMV variant
+// (streaming with and without split K; staged with clusters, wide row groups, several K stages, two launches
+// for n > 8) and the generic kernel, small enough to run under compute-sanitizer.
 TEST(CudaGemm, Deterministic) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "cuda/common/check.h"
+#include "cuda/common/launch.cuh"
 #include "cuda/attention/kv_cache.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/elementwise/pack.cuh"
@@ -36,6 +37,7 @@ struct FillParams {
 
 template <int N>
 __global__ void fill_kernel(FillParams p) {
+  cuda::pdl_wait();
   const int64_t packs = p.count / N;
   Pack<N> v;
 #pragma unroll
@@ -53,6 +55,7 @@ struct AddParams {
 
 template <int N>
 __global__ void add_kernel(AddParams p) {
+  cuda::pdl_wait();
   const int64_t packs = p.count / N;
   for (int64_t i = global_thread(); i < packs; i += grid_threads()) {
     const Pack<N> a = cuda::load_pack<N>(p.a + i * N), b = cuda::load_pack<N>(p.b + i * N);
@@ -72,6 +75,7 @@ struct ScaleParams {
 
 template <int N>
 __global__ void scale_kernel(ScaleParams p) {
+  cuda::pdl_wait();
   const int64_t packs = p.count / N;
   for (int64_t i = global_thread(); i < packs; i += grid_threads()) {
     Pack<N> v = cuda::load_pack<N>(p.x + i * N);
@@ -95,6 +99,7 @@ struct EmbedParams {
 // the fault is visible downstream instead of reading out of bounds. The host validates tokens before a step.
 template <int N>
 __global__ void embed_kernel(EmbedParams p) {
+  cuda::pdl_wait();
   const int64_t D = p.table.cols, row_packs = D / N;
   for (int64_t i = global_thread(); i < p.n * row_packs; i += grid_threads()) {
     const int64_t t = i / row_packs, c = (i % row_packs) * N;
@@ -118,6 +123,7 @@ struct BroadcastParams {
 
 template <int N>
 __global__ void broadcast_streams_kernel(BroadcastParams p) {
+  cuda::pdl_wait();
   const int64_t row_packs = p.D / N;
   for (int64_t i = global_thread(); i < p.n * row_packs; i += grid_threads()) {
     const int64_t t = i / row_packs, c = (i % row_packs) * N;
@@ -135,6 +141,7 @@ struct RingStoreParams {
 
 template <int N>
 __global__ void ring_store_kernel(RingStoreParams p) {
+  cuda::pdl_wait();
   const int64_t row_packs = p.cols / N, rows = p.n - p.first;
   for (int64_t i = global_thread(); i < rows * row_packs; i += grid_threads()) {
     const int64_t r = p.first + i / row_packs, c = (i % row_packs) * N;
@@ -149,9 +156,8 @@ void CudaOps::fill(float* x, size_t count, float value) {
   if (count == 0) return;
   DSV4_CHECK(x != nullptr, "fill: null buffer for ", count, " floats");
   const FillParams p{x, int64_t(count), value};
-  if (cuda::aligned16(x)) fill_kernel<4><<<grid_for(p.count / 4, props_), kThreads, 0, stream_>>>(p);
-  else fill_kernel<1><<<grid_for(p.count, props_), kThreads, 0, stream_>>>(p);
-  DSV4_LAUNCH_CHECK();
+  if (cuda::aligned16(x)) cuda::launch_pdl(fill_kernel<4>, dim3(grid_for(p.count / 4, props_)), dim3(kThreads), 0, stream_, pdl(), p);
+  else cuda::launch_pdl(fill_kernel<1>, dim3(grid_for(p.count, props_)), dim3(kThreads), 0, stream_, pdl(), p);
 }
 
 void CudaOps::embed(const Weight& table, const int32_t* tokens, int64_t n, float* out) {
@@ -159,9 +165,8 @@ void CudaOps::embed(const Weight& table, const int32_t* tokens, int64_t n, float
   if (n == 0) return;
   const EmbedParams p{dev(table), tokens, n, out};
   const int64_t D = p.table.cols;
-  if (D % 4 == 0 && cuda::aligned16(out)) embed_kernel<4><<<grid_for(n * D / 4, props_), kThreads, 0, stream_>>>(p);
-  else embed_kernel<1><<<grid_for(n * D, props_), kThreads, 0, stream_>>>(p);
-  DSV4_LAUNCH_CHECK();
+  if (D % 4 == 0 && cuda::aligned16(out)) cuda::launch_pdl(embed_kernel<4>, dim3(grid_for(n * D / 4, props_)), dim3(kThreads), 0, stream_, pdl(), p);
+  else cuda::launch_pdl(embed_kernel<1>, dim3(grid_for(n * D, props_)), dim3(kThreads), 0, stream_, pdl(), p);
 }
 
 void CudaOps::broadcast_streams(const float* x, int64_t n, int64_t hc, int64_t dim, float* X) {
@@ -169,28 +174,25 @@ void CudaOps::broadcast_streams(const float* x, int64_t n, int64_t hc, int64_t d
   if (n == 0) return;
   const BroadcastParams p{x, n, hc, dim, X};
   if (dim % 4 == 0 && cuda::aligned16(x) && cuda::aligned16(X))
-    broadcast_streams_kernel<4><<<grid_for(n * dim / 4, props_), kThreads, 0, stream_>>>(p);
+    cuda::launch_pdl(broadcast_streams_kernel<4>, dim3(grid_for(n * dim / 4, props_)), dim3(kThreads), 0, stream_, pdl(), p);
   else
-    broadcast_streams_kernel<1><<<grid_for(n * dim, props_), kThreads, 0, stream_>>>(p);
-  DSV4_LAUNCH_CHECK();
+    cuda::launch_pdl(broadcast_streams_kernel<1>, dim3(grid_for(n * dim, props_)), dim3(kThreads), 0, stream_, pdl(), p);
 }
 
 void CudaOps::add(const float* a, const float* b, size_t count, float* out) {
   if (count == 0) return;
   const AddParams p{a, b, out, int64_t(count)};
   if (cuda::aligned16(a) && cuda::aligned16(b) && cuda::aligned16(out))
-    add_kernel<4><<<grid_for(p.count / 4, props_), kThreads, 0, stream_>>>(p);
+    cuda::launch_pdl(add_kernel<4>, dim3(grid_for(p.count / 4, props_)), dim3(kThreads), 0, stream_, pdl(), p);
   else
-    add_kernel<1><<<grid_for(p.count, props_), kThreads, 0, stream_>>>(p);
-  DSV4_LAUNCH_CHECK();
+    cuda::launch_pdl(add_kernel<1>, dim3(grid_for(p.count, props_)), dim3(kThreads), 0, stream_, pdl(), p);
 }
 
 void CudaOps::scale(float* x, size_t count, float factor) {
   if (count == 0) return;
   const ScaleParams p{x, int64_t(count), factor};
-  if (cuda::aligned16(x)) scale_kernel<4><<<grid_for(p.count / 4, props_), kThreads, 0, stream_>>>(p);
-  else scale_kernel<1><<<grid_for(p.count, props_), kThreads, 0, stream_>>>(p);
-  DSV4_LAUNCH_CHECK();
+  if (cuda::aligned16(x)) cuda::launch_pdl(scale_kernel<4>, dim3(grid_for(p.count / 4, props_)), dim3(kThreads), 0, stream_, pdl(), p);
+  else cuda::launch_pdl(scale_kernel<1>, dim3(grid_for(p.count, props_)), dim3(kThreads), 0, stream_, pdl(), p);
 }
 
 void CudaOps::ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) {
@@ -208,10 +210,9 @@ void CudaOps::ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, 
   const RingStoreParams p{x, n, cols, pos0, slots, first, ring};
   const int64_t elements = (n - p.first) * cols;
   if (cols % 4 == 0 && cuda::aligned16(x) && cuda::aligned16(ring))
-    ring_store_kernel<4><<<grid_for(elements / 4, props_), kThreads, 0, stream_>>>(p);
+    cuda::launch_pdl(ring_store_kernel<4>, dim3(grid_for(elements / 4, props_)), dim3(kThreads), 0, stream_, pdl(), p);
   else
-    ring_store_kernel<1><<<grid_for(elements, props_), kThreads, 0, stream_>>>(p);
-  DSV4_LAUNCH_CHECK();
+    cuda::launch_pdl(ring_store_kernel<1>, dim3(grid_for(elements, props_)), dim3(kThreads), 0, stream_, pdl(), p);
 }
 
 }  // namespace dsv4

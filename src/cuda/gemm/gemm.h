@@ -31,7 +31,19 @@ struct GemmParams {
 
 constexpr int64_t kGemvMaxRows = 16;
 
-void gemv(const GemmParams& p, cudaStream_t stream);
+// Device scratch for the GEMV's split-K reduction (matrices with too few rows to fill the GPU): partial sums,
+// and one arrival counter per row tile that must be zero before the first call (calls leave it zero).
+struct GemvScratch {
+  float* partials = nullptr;
+  size_t partial_floats = 0;
+  int32_t* arrivals = nullptr;
+  size_t arrival_count = 0;
+};
+struct GemvScratchSize {
+  size_t partial_floats = 0, arrival_count = 0;
+};
+GemvScratchSize gemv_scratch_size(const GemmParams& p);  // what gemv(p, ...) needs; zero when it splits nothing
+void gemv(const GemmParams& p, const GemvScratch& scratch, cudaStream_t stream);
 bool gemm_tensor_core(const GemmParams& p, CudaOps& ops);
 void gemm_generic(const GemmParams& p, cudaStream_t stream);
 

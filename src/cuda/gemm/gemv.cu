@@ -27,10 +27,13 @@
 #include "cuda/common/check.h"
 #include "cuda/common/dequant.cuh"
 #include "cuda/gemm/gemm.h"
+#include "cuda/gemm/gemv_decode.cuh"
 
 namespace dsv4::cuda {
 
 namespace {
+
+using namespace gemv_detail;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -39,9 +42,6 @@ constexpr int kMaxCluster = 8;      // portable cluster size
 // 24k columns at n = 1; larger n·K runs in several stages.
 constexpr int kMaxSmemBytes = 96 * 1024;
 
-constexpr int elems_per_chunk(WFormat f) {
-  return f == WFormat::kF32 ? 4 : f == WFormat::kBF16 ? 8 : f == WFormat::kFP8 ? 16 : 32;
-}
 // NB: activation rows per launch, 1, 2, 4 or 8; n = 9..16 runs as two launches (at n > 8 the kernel is
 // FMA-bound, and 16 rows' accumulators do not fit the register budget).
 constexpr int kMaxNb = 8;
@@ -87,64 +87,6 @@ struct GemvParams {
 
 namespace cg = cooperative_groups;
 
-// Weights are streamed once: keep them out of L1.
-__device__ __forceinline__ uint4 load_streaming(const uint8_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-
-// Two e4m3 bytes (low byte first) to floats, exactly (hardware cvt on sm_89+).
-__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xFFFFu), __NV_E4M3);
-  return __half22float2(__half2(h));
-}
-
-// FP4 nibbles k and k+4 of a word (elements k and k+4 of its 8) as a half2 holding e2m1 · 2^−14, exactly:
-// the 3 magnitude bits land in the half's low exponent bits and top mantissa bit, the sign in bit 15. For
-// exponent e ≥ 1 the half is 2^(e−15)·(1 + m/2) = e2m1 · 2^−14; for e = 0 the half subnormal m·2^−15 is too.
-template <int k>
-__device__ __forceinline__ float2 e2m1_pair_scaled(uint32_t w) {
-  uint32_t mag;
-  if constexpr (k == 3) mag = (w >> 3) & 0x0E000E00u;
-  else mag = (w << (9 - 4 * k)) & 0x0E000E00u;
-  const uint32_t bits = mag | ((w << (12 - 4 * k)) & 0x80008000u);
-  __half2 h;
-  memcpy(&h, &bits, sizeof h);
-  return __half22float2(h);
-}
-constexpr float kE2m1Unscale = 16384.0f;  // 2^14: FP4 kernels stage x · 2^14 to undo it (exact)
-
-// Butterfly reduce-scatter of V values over a warp: afterwards lane l holds the warp total of value
-// l / (32/V); lanes with l mod (32/V) = 0 own a distinct value. V shuffles fewer than V plain reductions.
-template <int V>
-__device__ __forceinline__ float warp_reduce_scatter(float (&v)[V], int lane) {
-  static_assert(V >= 1 && V <= 32 && (V & (V - 1)) == 0, "V must be a power of two ≤ 32");
-  int count = V;  // values still held per lane; constant after unrolling
-#pragma unroll
-  for (int offset = 16; offset >= 1; offset /= 2) {
-    if (count > 1) {
-      // Lanes with this offset bit set keep the upper half and receive it from their partner.
-      const bool upper = lane & offset;
-      const int half = count / 2;
-#pragma unroll
-      for (int j = 0; j < V / 2; ++j)
-        if (j < half) {
-          const float send = upper ? v[j] : v[j + half];
-          const float keep = upper ? v[j + half] : v[j];
-          v[j] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, offset);
-        }
-      count = half;
-    } else {
-      v[0] += __shfl_xor_sync(0xFFFFFFFFu, v[0], offset);
-    }
-  }
-  return v[0];
-}
 
 __device__ __forceinline__ void copy_async(float* dst, const float* src, int bytes16) {
   const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
@@ -181,49 +123,6 @@ __device__ void stage_x(const GemvParams& p, float* xs, int g, int c0, int len) 
     }
 }
 
-// Weights are decoded in groups that match whole float4s of x: 4 elements (x float4 j) for F32 / BF16 /
-// FP8, 8 for FP4 (float4s 2j and 2j+1, from one 32-bit word).
-template <WFormat F>
-constexpr int kGroup = F == WFormat::kFP4 ? 8 : 4;
-template <WFormat F>
-constexpr int kGroupsPerChunk = F == WFormat::kFP4 ? 4 : elems_per_chunk(F) / 4;
-
-// Group j of one row's chunk, times m. FP8: W = e4m3 · block scale rounded to fp32 per element, as the
-// reference computes it (m = the scale). FP4: e2m1 · 2^−14 · m, exact (see fma_chunk).
-template <WFormat F>
-__device__ __forceinline__ void decode_group(const uint4& wv, float m, int j, float (&w)[kGroup<F>]) {
-  if constexpr (F == WFormat::kF32) {
-    w[0] = __uint_as_float(wv.x);
-    w[1] = __uint_as_float(wv.y);
-    w[2] = __uint_as_float(wv.z);
-    w[3] = __uint_as_float(wv.w);
-  } else if constexpr (F == WFormat::kBF16) {
-    const uint32_t lo = word(wv, 2 * j), hi = word(wv, 2 * j + 1);
-    w[0] = __uint_as_float(lo << 16);
-    w[1] = __uint_as_float(lo & 0xFFFF0000u);
-    w[2] = __uint_as_float(hi << 16);
-    w[3] = __uint_as_float(hi & 0xFFFF0000u);
-  } else if constexpr (F == WFormat::kFP8) {
-    const uint32_t u = word(wv, j);
-    const float2 a = e4m3x2_to_float2(u), b = e4m3x2_to_float2(u >> 16);
-    w[0] = a.x * m;
-    w[1] = a.y * m;
-    w[2] = b.x * m;
-    w[3] = b.y * m;
-  } else {
-    const uint32_t u = word(wv, j);
-    const float2 f0 = e2m1_pair_scaled<0>(u), f1 = e2m1_pair_scaled<1>(u);
-    const float2 f2 = e2m1_pair_scaled<2>(u), f3 = e2m1_pair_scaled<3>(u);
-    w[0] = f0.x * m;
-    w[1] = f1.x * m;
-    w[2] = f2.x * m;
-    w[3] = f3.x * m;
-    w[4] = f0.y * m;
-    w[5] = f1.y * m;
-    w[6] = f2.y * m;
-    w[7] = f3.y * m;
-  }
-}
 
 // acc[r][i] += Σ over one chunk of x[i, ·] · W[row r, ·]. wv: the chunk of each row, sc: its scale.
 // x4 points at float4 (i = 0, q = 0) of the chunk; float4 (i, q) is x4[(i·Q + q)·q_stride].
@@ -534,7 +433,11 @@ void launch_format(const GemmParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-void gemv(const GemmParams& p, cudaStream_t stream) {
+GemvScratchSize gemv_scratch_size(const GemmParams& p) {
+  return stream_covers(p) ? stream_scratch_size(p) : GemvScratchSize{};
+}
+
+void gemv(const GemmParams& p, const GemvScratch& scratch, cudaStream_t stream) {
   DSV4_CHECK(p.n >= 0 && p.n <= kGemvMaxRows, "gemv: ", p.n, " activation rows (1..", kGemvMaxRows, " supported)");
   DSV4_CHECK(p.groups >= 1 && p.w.rows % p.groups == 0, "gemv: ", p.w.rows, " rows do not split into ", p.groups,
              " groups");
@@ -544,6 +447,10 @@ void gemv(const GemmParams& p, cudaStream_t stream) {
   DSV4_CHECK(p.x && p.y && p.w.data && p.w.cols > 0, "gemv: missing operand for [", p.w.rows, ", ", p.w.cols, "]");
   DSV4_CHECK(p.w.rows < (int64_t(1) << 30) && p.w.cols < (int64_t(1) << 30), "gemv: weight [", p.w.rows, ", ",
              p.w.cols, "] too large for 32-bit row and chunk indices");
+  if (stream_covers(p)) {
+    gemv_detail::stream(p, scratch, stream);
+    return;
+  }
   // 16-byte loads need 16-byte rows; the rare other shapes take the generic kernel.
   if (p.w.row_bytes() % 16 != 0 || reinterpret_cast<uintptr_t>(p.w.data) % 16 != 0) {
     gemm_generic(p, stream);

@@ -18,8 +18,20 @@ void dispatch(const cuda::GemmParams& p, CudaOps& ops) {
   if (p.n == 0 || p.w.rows == 0) return;
   DSV4_CHECK(p.x && p.y, "linear: null activation or output for [", p.w.rows, ", ", p.w.cols, "]");
   DSV4_CHECK(p.w.cols > 0, "linear: weight [", p.w.rows, ", 0] has no input columns");
-  if (p.n <= cuda::kGemvMaxRows) cuda::gemv(p, ops.stream());
-  else if (ops.numerics() != Numerics::kFast || !cuda::gemm_tensor_core(p, ops)) cuda::gemm_generic(p, ops.stream());
+  if (p.n <= cuda::kGemvMaxRows) {
+    const cuda::GemvScratchSize need = cuda::gemv_scratch_size(p);
+    cuda::GemvScratch scratch;
+    scratch.partial_floats = need.partial_floats;
+    scratch.arrival_count = need.arrival_count;
+    if (need.partial_floats > 0) {
+      scratch.partials = static_cast<float*>(ops.workspace(cuda::kWsGemvPartials, need.partial_floats * sizeof(float)));
+      scratch.arrivals = static_cast<int32_t*>(
+          ops.workspace(cuda::kWsGemvArrivals, need.arrival_count * sizeof(int32_t), /*zeroed=*/true));
+    }
+    cuda::gemv(p, scratch, ops.stream());
+  } else if (ops.numerics() != Numerics::kFast || !cuda::gemm_tensor_core(p, ops)) {
+    cuda::gemm_generic(p, ops.stream());
+  }
 }
 
 }  // namespace

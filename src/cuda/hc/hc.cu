@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "cuda/common/check.h"
+#include "cuda/common/launch.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/elementwise/pack.cuh"
 
@@ -43,6 +44,7 @@ struct HcMixParams {
 // kRows: rows per warp, ≥ ceil((M + 1) / kMixWarps); warp w owns rows w, w + kMixWarps, ... ≤ M.
 template <int N, int kRows>
 __global__ void __launch_bounds__(kMixWarps * 32) hc_mix_kernel(HcMixParams p) {
+  cuda::pdl_wait();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t0 = int64_t(blockIdx.y) * kMixTokens;
   const int64_t c_end = min(p.K, int64_t(blockIdx.x + 1) * p.chunk_cols);
@@ -139,6 +141,7 @@ __device__ float sinkhorn_entry(float logit, int hc, int iters, float eps) {
 
 template <int N>
 __global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParams p) {
+  cuda::pdl_wait();
   constexpr int kWarps = kFinishThreads / 32;
   __shared__ double chunk_sums[kWarps][32];
   __shared__ float pre[kMaxHc];
@@ -204,6 +207,7 @@ struct HcPostParams {
 
 template <int N>
 __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(HcPostParams p) {
+  cuda::pdl_wait();
   __shared__ float post[kMaxHc], C[kMaxHc * kMaxHc];
   const int64_t t = blockIdx.y;
   if (threadIdx.x < p.hc) post[threadIdx.x] = p.post[t * p.hc + threadIdx.x];
@@ -237,13 +241,12 @@ __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(HcPostParams p) {
 // ---- launchers
 
 template <int N>
-void launch_hc_mix(const HcMixParams& p, int rows_per_warp, dim3 grid, cudaStream_t stream) {
+void launch_hc_mix(const HcMixParams& p, int rows_per_warp, dim3 grid, cudaStream_t stream, bool pdl) {
   switch (rows_per_warp) {
-    case 1: hc_mix_kernel<N, 1><<<grid, kMixWarps * 32, 0, stream>>>(p); break;
-    case 2: hc_mix_kernel<N, 2><<<grid, kMixWarps * 32, 0, stream>>>(p); break;
-    default: hc_mix_kernel<N, 4><<<grid, kMixWarps * 32, 0, stream>>>(p); break;
+    case 1: cuda::launch_pdl(hc_mix_kernel<N, 1>, dim3(grid), dim3(kMixWarps * 32), 0, stream, pdl, p); break;
+    case 2: cuda::launch_pdl(hc_mix_kernel<N, 2>, dim3(grid), dim3(kMixWarps * 32), 0, stream, pdl, p); break;
+    default: cuda::launch_pdl(hc_mix_kernel<N, 4>, dim3(grid), dim3(kMixWarps * 32), 0, stream, pdl, p); break;
   }
-  DSV4_LAUNCH_CHECK();
 }
 
 // Shared by hc_pre (M = (2 + hc)·hc, post and comb written) and hc_head (M = hc, pre only).
@@ -275,15 +278,14 @@ void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std:
   const int rows_per_warp = int(cuda::ceil_div(M + 1, kMixWarps));
   DSV4_ASSERT(rows_per_warp <= 4);
   const dim3 mix_grid{unsigned(chunks), unsigned(tiles)};
-  if (vec) launch_hc_mix<4>(mix, rows_per_warp, mix_grid, ops.stream());
-  else launch_hc_mix<1>(mix, rows_per_warp, mix_grid, ops.stream());
+  if (vec) launch_hc_mix<4>(mix, rows_per_warp, mix_grid, ops.stream(), ops.pdl());
+  else launch_hc_mix<1>(mix, rows_per_warp, mix_grid, ops.stream(), ops.pdl());
 
   const HcFinishParams fin{X,  partial, chunks, n, D, int(hc), int(M), ops.dev(base), ops.dev(scale),
                            float(cfg.hc_eps), cfg.norm_eps, int(cfg.hc_sinkhorn_iters), x, post, comb};
   const dim3 fin_grid(unsigned(cuda::ceil_div(D, kFinishThreads * (vec_d ? 4 : 1))), unsigned(n));
-  if (vec_d) hc_finish_kernel<4><<<fin_grid, kFinishThreads, 0, ops.stream()>>>(fin);
-  else hc_finish_kernel<1><<<fin_grid, kFinishThreads, 0, ops.stream()>>>(fin);
-  DSV4_LAUNCH_CHECK();
+  if (vec_d) cuda::launch_pdl(hc_finish_kernel<4>, dim3(fin_grid), dim3(kFinishThreads), 0, ops.stream(), ops.pdl(), fin);
+  else cuda::launch_pdl(hc_finish_kernel<1>, dim3(fin_grid), dim3(kFinishThreads), 0, ops.stream(), ops.pdl(), fin);
 }
 
 }  // namespace
@@ -305,9 +307,8 @@ void CudaOps::hc_post(const float* f, const float* post, const float* comb, int6
   const HcPostParams p{f, post, comb, X, n, D, int(hc)};
   const bool vec = D % 4 == 0 && cuda::aligned16(f) && cuda::aligned16(X);
   const dim3 grid(unsigned(cuda::ceil_div(D, kPostThreads * (vec ? 4 : 1))), unsigned(n));
-  if (vec) hc_post_kernel<4><<<grid, kPostThreads, 0, stream_>>>(p);
-  else hc_post_kernel<1><<<grid, kPostThreads, 0, stream_>>>(p);
-  DSV4_LAUNCH_CHECK();
+  if (vec) cuda::launch_pdl(hc_post_kernel<4>, dim3(grid), dim3(kPostThreads), 0, stream_, pdl(), p);
+  else cuda::launch_pdl(hc_post_kernel<1>, dim3(grid), dim3(kPostThreads), 0, stream_, pdl(), p);
 }
 
 }  // namespace dsv4

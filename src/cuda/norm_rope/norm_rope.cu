@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "cuda/common/check.h"
+#include "cuda/common/launch.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/elementwise/pack.cuh"
 
@@ -52,6 +53,7 @@ __device__ __forceinline__ float block_sum(float v) {
 
 template <int N>
 __global__ void __launch_bounds__(kNormMaxThreads) rms_norm_kernel(RmsNormParams p) {
+  cuda::pdl_wait();
   const float* x = p.x + int64_t(blockIdx.x) * p.dim;
   float* y = p.y + int64_t(blockIdx.x) * p.dim;
   float sum = 0.0f;
@@ -91,6 +93,7 @@ struct RopeParams {
 };
 
 __global__ void __launch_bounds__(kRopeThreads) rope_kernel(RopeParams p) {
+  cuda::pdl_wait();
   // cos/sin per (position slot, pair): a block's rows span at most rows_per_block distinct positions.
   __shared__ float cos_table[kRopeThreads], sin_table[kRopeThreads];
   const int64_t row0 = int64_t(blockIdx.x) * p.rows_per_block;
@@ -130,9 +133,8 @@ void CudaOps::rms_norm(const float* x, const std::vector<float>* gamma, int64_t 
   const bool vec = dim % 4 == 0 && cuda::aligned16(x) && cuda::aligned16(y) && (!g || cuda::aligned16(g));
   const int64_t packs = vec ? dim / 4 : dim;
   const int threads = int(std::clamp<int64_t>(cuda::ceil_div(packs, 32) * 32, 32, kNormMaxThreads));
-  if (vec) rms_norm_kernel<4><<<unsigned(rows), threads, 0, stream_>>>(p);
-  else rms_norm_kernel<1><<<unsigned(rows), threads, 0, stream_>>>(p);
-  DSV4_LAUNCH_CHECK();
+  if (vec) cuda::launch_pdl(rms_norm_kernel<4>, dim3(unsigned(rows)), dim3(threads), 0, stream_, pdl(), p);
+  else cuda::launch_pdl(rms_norm_kernel<1>, dim3(unsigned(rows)), dim3(threads), 0, stream_, pdl(), p);
 }
 
 void CudaOps::rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, int64_t rows_per_pos, int64_t pos0,
@@ -146,8 +148,7 @@ void CudaOps::rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, i
   if (rows == 0) return;
   RopeParams p{x, inv_freq(kind), rows, row_stride, offset, rows_per_pos, pos0, pos_stride, int(pairs),
                int(kRopeThreads / pairs), inverse};
-  rope_kernel<<<unsigned(cuda::ceil_div(rows, p.rows_per_block)), kRopeThreads, 0, stream_>>>(p);
-  DSV4_LAUNCH_CHECK();
+  cuda::launch_pdl(rope_kernel, dim3(unsigned(cuda::ceil_div(rows, p.rows_per_block))), dim3(kRopeThreads), 0, stream_, pdl(), p);
 }
 
 }  // namespace dsv4

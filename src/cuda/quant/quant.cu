@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "cuda/common/check.h"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/cuda_ops.h"
 
@@ -29,6 +30,7 @@ struct SimFp8Params {
 };
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) sim_fp8_kernel(SimFp8Params p) {
+  cuda::pdl_wait();
   const int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (item >= p.rows * p.blocks_per_row) return;
@@ -54,6 +56,7 @@ struct HadamardFp4Params {
 };
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) hadamard_sim_fp4_kernel(HadamardFp4Params p) {
+  cuda::pdl_wait();
   extern __shared__ float rows_smem[];  // [kWarpsPerBlock, dim]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
@@ -88,8 +91,7 @@ void CudaOps::sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, 
   if (rows == 0 || cols == 0) return;
   const SimFp8Params p{x, rows, row_stride, cols, block, cuda::ceil_div(cols, block)};
   const unsigned grid = unsigned(cuda::ceil_div(rows * p.blocks_per_row, kWarpsPerBlock));
-  sim_fp8_kernel<<<grid, kWarpsPerBlock * 32, 0, stream_>>>(p);
-  DSV4_LAUNCH_CHECK();
+  cuda::launch_pdl(sim_fp8_kernel, dim3(grid), dim3(kWarpsPerBlock * 32), 0, stream_, pdl(), p);
 }
 
 void CudaOps::hadamard_sim_fp4(float* x, int64_t rows, int64_t dim) {
@@ -100,8 +102,7 @@ void CudaOps::hadamard_sim_fp4(float* x, int64_t rows, int64_t dim) {
   if (rows == 0) return;
   const HadamardFp4Params p{x, rows, int(dim), float(1.0 / std::sqrt(double(dim)))};
   const size_t smem = size_t(kWarpsPerBlock) * size_t(dim) * sizeof(float);
-  hadamard_sim_fp4_kernel<<<unsigned(cuda::ceil_div(rows, kWarpsPerBlock)), kWarpsPerBlock * 32, smem, stream_>>>(p);
-  DSV4_LAUNCH_CHECK();
+  cuda::launch_pdl(hadamard_sim_fp4_kernel, dim3(unsigned(cuda::ceil_div(rows, kWarpsPerBlock))), dim3(kWarpsPerBlock * 32), smem, stream_, pdl(), p);
 }
 
 }  // namespace dsv4

@@ -1,0 +1,248 @@
+// gemm family, decode path for n ≤ 4 activation rows and FP8 / BF16 / F32 weights: the streaming GEMV.
+//
+// NOTE: why a second GEMV. At batch 1 the decode step's matrices (2–34 MB each, V4-Flash) must stream at
+// HBM speed, and a kernel that stages x in shared memory first pays a memory round trip and a barrier
+// before its first FMA; with 1–2 weight loads in flight per thread between barriers it measured 27–36% of
+// the copy bandwidth (docs/PERFORMANCE.md). Here nothing waits for anything but the weights:
+//  * A task is kRowsPerTask consecutive rows of one group × one K slice, owned by one warp. Its lanes
+//    interleave over the slice's 16-byte chunks (each warp load reads 512 contiguous bytes of a row), and
+//    every lane issues kUnroll × kRowsPerTask loads before the first use (~128 bytes in flight per lane).
+//  * x is read with ordinary loads: the few KB a step multiplies stay in L1 / L2 and serve every warp; a
+//    loaded x value serves the kRowsPerTask rows of the task.
+//  * Rows too few to occupy the GPU split K (tasks = row tiles × splits). Split partial sums go to scratch;
+//    the warp that completes a row tile last (an arrival counter per tile, fenced like the classic threadfence
+//    reduction) adds them in split order and resets the counter. No float atomics: results are the same
+//    every run, and the same as the staged kernel's up to the order of fp32 additions.
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/common/check.h"
+#include "cuda/common/launch.cuh"
+#include "cuda/gemm/gemm.h"
+#include "cuda/gemm/gemv_decode.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+using namespace gemv_detail;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kRowsPerTask = 4;  // divides 128: a task's rows share their FP8 scale row
+constexpr int kUnroll = 2;       // chunk columns per lane loaded before use
+// Register budget (65536 / (256 threads · blocks)): 85 per thread at n = 1, 128 for the accumulators and
+// activations of n = 2 and 4 (fewer warps, each with more loads in flight).
+constexpr int blocks_per_sm(int nb) { return nb == 1 ? 3 : 2; }
+
+struct StreamParams {
+  const float* x = nullptr;  // [n, ldx]; group g reads columns g·in_g .. g·in_g + in_g
+  int64_t ldx = 0;
+  DeviceWeight w;            // [groups·out_g, in_g]
+  int n = 0;                 // ≤ NB
+  float* y = nullptr;        // [n, ldy]
+  int64_t ldy = 0;
+  int out_g = 0;             // rows per group, a multiple of kRowsPerTask
+  int chunks = 0;            // 16-byte chunks per weight row
+  int splits = 1, slice_chunks = 0;  // task (tile, s) covers chunks [s·slice_chunks, (s+1)·slice_chunks)
+  int tiles = 0, tasks = 0;  // tiles = rows / kRowsPerTask, tasks = tiles · splits
+  float* partials = nullptr;   // [splits, n, rows] when splits > 1
+  int32_t* arrivals = nullptr;  // [tiles], zero between calls
+};
+
+template <WFormat F>
+__device__ __forceinline__ float tile_scale(const DeviceWeight& w, int row0, int c) {
+  if constexpr (F == WFormat::kFP8) return w.scale_f32[int64_t(row0 / 128) * w.scale_cols + c / 8];
+  else return 1.0f;
+}
+
+// acc[r][i] += x[i, chunk c] · W[row0 + r, chunk c] for the kRowsPerTask rows of one chunk column.
+template <WFormat F, int NB>
+__device__ __forceinline__ void fma_column(const uint4 (&wv)[kRowsPerTask], float scale, const float* xc,
+                                           int64_t ldx, int n, float (&acc)[kRowsPerTask][NB]) {
+#pragma unroll
+  for (int j = 0; j < kGroupsPerChunk<F>; ++j) {
+    float4 xv[NB];
+#pragma unroll
+    for (int i = 0; i < NB; ++i)
+      xv[i] = i < n ? __ldg(reinterpret_cast<const float4*>(xc + i * ldx) + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int r = 0; r < kRowsPerTask; ++r) {
+      float w[4];
+      decode_group<F>(wv[r], scale, j, w);
+#pragma unroll
+      for (int i = 0; i < NB; ++i) {
+        acc[r][i] = fmaf(xv[i].x, w[0], acc[r][i]);
+        acc[r][i] = fmaf(xv[i].y, w[1], acc[r][i]);
+        acc[r][i] = fmaf(xv[i].z, w[2], acc[r][i]);
+        acc[r][i] = fmaf(xv[i].w, w[3], acc[r][i]);
+      }
+    }
+  }
+}
+
+// Programmatic dependent launch: the first weight loads are issued before waiting for the predecessor
+// (weights are constants; x, y and the scratch are not), so they overlap its tail.
+__device__ __forceinline__ void wait_once(bool& waited) {
+  if (!waited) {
+    pdl_wait();
+    waited = true;
+  }
+}
+
+// Grid: ceil(tasks / kWarps) blocks; warp-global index = task.
+template <WFormat F, int NB>
+__global__ void __launch_bounds__(kThreads, blocks_per_sm(NB)) gemv_stream_kernel(StreamParams p) {
+  constexpr int E = elems_per_chunk(F), V = kRowsPerTask * NB, kSpread = 32 / V;
+  const int lane = int(threadIdx.x % 32);
+  const int warps = int(gridDim.x) * kWarps;
+  const int64_t row_bytes = p.w.row_bytes();
+  bool waited = false;
+  for (int task = int(blockIdx.x) * kWarps + int(threadIdx.x / 32); task < p.tasks; task += warps) {
+    const int tile = task / p.splits, s = task - tile * p.splits;
+    const int row0 = tile * kRowsPerTask;
+    const float* xg = p.x + int64_t(row0 / p.out_g) * p.w.cols;
+    const int c_end = min(p.chunks, (s + 1) * p.slice_chunks);
+    const uint8_t* rows = p.w.data + int64_t(row0) * row_bytes;
+
+    float acc[kRowsPerTask][NB];
+#pragma unroll
+    for (int r = 0; r < kRowsPerTask; ++r)
+#pragma unroll
+      for (int i = 0; i < NB; ++i) acc[r][i] = 0.0f;
+    for (int c = s * p.slice_chunks + lane; c < c_end; c += 32 * kUnroll) {
+      uint4 wv[kUnroll][kRowsPerTask];
+      float scale[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int cu = c + 32 * u;
+        const bool live = cu < c_end;
+#pragma unroll
+        for (int r = 0; r < kRowsPerTask; ++r)
+          wv[u][r] = live ? load_streaming(rows + r * row_bytes + int64_t(cu) * 16) : make_uint4(0, 0, 0, 0);
+        scale[u] = live ? tile_scale<F>(p.w, row0, cu) : 0.0f;
+      }
+      wait_once(waited);  // the weights are in flight: now wait for the kernel that wrote x
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int cu = c + 32 * u;
+        if (cu < c_end) fma_column<F, NB>(wv[u], scale[u], xg + int64_t(cu) * E, p.ldx, p.n, acc);
+      }
+    }
+    wait_once(waited);  // before any write (lanes without a chunk skipped the loop)
+
+    float flat[V];
+#pragma unroll
+    for (int r = 0; r < kRowsPerTask; ++r)
+#pragma unroll
+      for (int i = 0; i < NB; ++i) flat[r * NB + i] = acc[r][i];
+    const float total = warp_reduce_scatter<V>(flat, lane);
+    const int v = lane / kSpread, r = v / NB, i = v % NB;
+    const bool owner = lane % kSpread == 0 && i < p.n;
+    const int64_t rows_total = p.w.rows;
+    if (p.splits == 1) {
+      if (owner) p.y[i * p.ldy + row0 + r] = total;
+      continue;
+    }
+    if (owner) p.partials[(int64_t(s) * p.n + i) * rows_total + row0 + r] = total;
+    __threadfence();  // each owner's partial is visible device-wide before the arrival is counted
+    __syncwarp();
+    int last = 0;
+    if (lane == 0) last = atomicAdd(&p.arrivals[tile], 1) == p.splits - 1;
+    if (!__shfl_sync(0xFFFFFFFFu, last, 0)) continue;
+    __threadfence();  // the other splits' partials are read after their arrivals
+    if (owner) {
+      float sum = 0.0f;
+      for (int k = 0; k < p.splits; ++k) sum += __ldcg(p.partials + (int64_t(k) * p.n + i) * rows_total + row0 + r);
+      p.y[i * p.ldy + row0 + r] = sum;
+    }
+    if (lane == 0) p.arrivals[tile] = 0;  // ready for the next call (stream order publishes it)
+  }
+}
+
+// Device attributes, read once (the launcher runs ~30 times per decode step).
+int device_attribute(cudaDeviceAttr attr) {
+  int dev = 0, v = 0;
+  DSV4_CUDA_CHECK(cudaGetDevice(&dev));
+  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
+  return v;
+}
+int sm_count() {
+  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
+  return sms;
+}
+int compute_capability_major() {
+  static const int major = device_attribute(cudaDevAttrComputeCapabilityMajor);
+  return major;
+}
+
+// The launch shape of a covered call. A matrix with fewer row tiles than one wave of resident warps splits K
+// into as many slices as still fit that wave (every warp then streams one task, all at once: no tail), each
+// slice keeping at least one full unrolled sweep of the lanes; larger matrices run in several waves.
+StreamParams plan(const GemmParams& gp) {
+  StreamParams p;
+  p.x = gp.x;
+  p.ldx = gp.ldx;
+  p.w = gp.w;
+  p.n = int(gp.n);
+  p.y = gp.y;
+  p.ldy = gp.ldy;
+  p.out_g = int(gp.w.rows / gp.groups);
+  p.chunks = int(gp.w.row_bytes() / 16);
+  p.tiles = int(gp.w.rows / kRowsPerTask);
+  const int wave = sm_count() * blocks_per_sm(p.n) * kWarps;
+  if (p.tiles < wave) p.splits = std::max(1, std::min(wave / p.tiles, p.chunks / (32 * kUnroll)));
+  p.slice_chunks = int(ceil_div(p.chunks, p.splits));
+  p.tasks = p.tiles * p.splits;
+  return p;
+}
+
+template <WFormat F>
+void launch(const StreamParams& p, bool pdl, cudaStream_t stream) {
+  const dim3 blocks(unsigned(ceil_div(p.tasks, kWarps)));
+  switch (p.n) {
+    case 1: launch_pdl(gemv_stream_kernel<F, 1>, blocks, dim3(kThreads), 0, stream, pdl, p); break;
+    case 2: launch_pdl(gemv_stream_kernel<F, 2>, blocks, dim3(kThreads), 0, stream, pdl, p); break;
+    default: launch_pdl(gemv_stream_kernel<F, 4>, blocks, dim3(kThreads), 0, stream, pdl, p); break;
+  }
+}
+
+}  // namespace
+
+namespace gemv_detail {
+
+bool stream_covers(const GemmParams& p) {
+  const bool format = p.w.format == WFormat::kFP8 || p.w.format == WFormat::kBF16 || p.w.format == WFormat::kF32;
+  const int64_t out_g = p.w.rows / p.groups;
+  return format && p.n >= 1 && p.n <= kStreamMaxRows && out_g % kRowsPerTask == 0 && p.w.row_bytes() % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.w.data) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+         p.ldx % 4 == 0 && p.w.cols % 4 == 0 && p.w.rows / kRowsPerTask * 4 < (int64_t(1) << 31);
+}
+
+GemvScratchSize stream_scratch_size(const GemmParams& p) {
+  const StreamParams s = plan(p);
+  if (s.splits == 1) return {};
+  return {size_t(s.splits) * size_t(p.n) * size_t(p.w.rows), size_t(s.tiles)};
+}
+
+void stream(const GemmParams& gp, const GemvScratch& scratch, cudaStream_t stream) {
+  StreamParams p = plan(gp);
+  if (p.splits > 1) {
+    DSV4_CHECK(scratch.partials && scratch.arrivals &&
+                   scratch.partial_floats >= size_t(p.splits) * size_t(p.n) * size_t(gp.w.rows) &&
+                   scratch.arrival_count >= size_t(p.tiles),
+               "gemv: split-K scratch too small for [", gp.w.rows, ", ", gp.w.cols, "] in ", p.splits, " splits");
+    p.partials = scratch.partials;
+    p.arrivals = scratch.arrivals;
+  }
+  const bool pdl = compute_capability_major() >= 9;
+  switch (gp.w.format) {
+    case WFormat::kFP8: launch<WFormat::kFP8>(p, pdl, stream); break;
+    case WFormat::kBF16: launch<WFormat::kBF16>(p, pdl, stream); break;
+    default: launch<WFormat::kF32>(p, pdl, stream); break;
+  }
+}
+
+}  // namespace gemv_detail
+
+}  // namespace dsv4::cuda
