@@ -148,11 +148,19 @@ __global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParam
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = blockIdx.y;
 
+  // This thread's slice of the streams, loaded now: the loads overlap the coefficient work below.
+  const int64_t c = (int64_t(blockIdx.x) * kFinishThreads + threadIdx.x) * N;
+  const float* Xt = p.X + t * p.hc * p.D;
+  Pack<N> streams[kMaxHc];
+#pragma unroll
+  for (int j = 0; j < kMaxHc; ++j)
+    if (j < p.hc && c < p.D) streams[j] = cuda::load_pack<N>(Xt + j * p.D + c);
+
   // Value `lane` (rows 0..M−1 of fn·v, then Σ v² at M) summed over the chunks: warp w takes chunks w, w + 8, ...
   double s = 0.0;
   if (lane <= p.M) {
-#pragma unroll 4  // independent loads in flight: at decode each warp walks 16 chunks
-    for (int64_t c = warp; c < p.chunks; c += kWarps) s += p.partial[(c * p.n + t) * (p.M + 1) + lane];
+#pragma unroll 16  // every load in flight at once: at decode each warp walks 16 chunks
+    for (int64_t k = warp; k < p.chunks; k += kWarps) s += p.partial[(k * p.n + t) * (p.M + 1) + lane];
   }
   chunk_sums[warp][lane] = s;
   __syncthreads();
@@ -180,16 +188,15 @@ __global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParam
   }
   __syncthreads();
 
-  const int64_t c = (int64_t(blockIdx.x) * kFinishThreads + threadIdx.x) * N;
   if (c >= p.D) return;
-  const float* Xt = p.X + t * p.hc * p.D;
   Pack<N> acc;
 #pragma unroll
   for (int k = 0; k < N; ++k) acc.v[k] = 0.0f;
-  for (int j = 0; j < p.hc; ++j) {
-    const Pack<N> v = cuda::load_pack<N>(Xt + j * p.D + c);
 #pragma unroll
-    for (int k = 0; k < N; ++k) acc.v[k] = __fadd_rn(acc.v[k], __fmul_rn(pre[j], v.v[k]));
+  for (int j = 0; j < kMaxHc; ++j) {
+    if (j >= p.hc) break;
+#pragma unroll
+    for (int k = 0; k < N; ++k) acc.v[k] = __fadd_rn(acc.v[k], __fmul_rn(pre[j], streams[j].v[k]));
   }
   cuda::store_pack<N>(p.x + t * p.D + c, acc);
 }
