@@ -12,7 +12,7 @@ namespace dsv4::cuda {
 // Waits for the predecessor grid to complete (its memory visible), then lets this grid's successor launch
 // at once if this grid is a single wave (no more blocks than SMs); a larger grid lets it launch as its blocks
 // exit. An early successor's blocks sit resident until this grid completes: with blocks of this grid still
-// waiting for a slot they would take slots from them (measured: batch-64 decode twice as slow).
+// waiting for a slot they would take slots from them.
 // A no-op without PDL (sm_80, or a launch without the attribute).
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
