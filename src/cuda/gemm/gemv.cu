@@ -1,5 +1,7 @@
 // gemm family, decode path: y = x · Wᵀ for n ≤ kGemvMaxRows activation rows. Memory-bound: every weight
 // byte is read once, in 16-byte loads, decoded in registers; activations and accumulation are fp32.
+// gemv() hands the calls the streaming kernel covers (gemv_stream.cu: n ≤ 4, FP8 / BF16 / F32) to it; this
+// file's staged kernel takes the rest (FP4, 5 ≤ n ≤ 16, rows not a multiple of 4).
 //
 // NOTE: how the work is laid out.
 //  * A unit is `rows_per_unit` consecutive output rows of one group, computed by one block over its K range.
@@ -23,6 +25,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "cuda/common/check.h"
 #include "cuda/common/dequant.cuh"
@@ -330,20 +334,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(F, NB)) gemv_kerne
   if (S > 1) unit_barrier(S);  // peers may still read this block's partials
 }
 
-struct DeviceInfo {
-  int sms = 0, cc_major = 0, smem_per_sm = 0;
-};
-
-DeviceInfo device_info() {
-  int dev = 0;
-  DSV4_CUDA_CHECK(cudaGetDevice(&dev));
-  DeviceInfo d;
-  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
-  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, dev));
-  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-  return d;
-}
-
 int register_limited_blocks(const void* kernel) {
   int blocks = 0;
   DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0));
@@ -355,7 +345,7 @@ void launch(const GemmParams& gp, cudaStream_t stream) {
   constexpr int E = elems_per_chunk(F), R = rows_per_thread(F, NB), V = R * NB;
   auto* kernel = gemv_kernel<F, NB>;
   static const int reg_blocks = register_limited_blocks(reinterpret_cast<const void*>(kernel));  // once per instantiation
-  const DeviceInfo dev = device_info();
+  const DeviceInfo& dev = device_info();
 
   GemvParams p;
   p.x = gp.x;
@@ -432,6 +422,26 @@ void launch_format(const GemmParams& p, cudaStream_t stream) {
 }
 
 }  // namespace
+
+namespace gemv_detail {
+
+const DeviceInfo& device_info() {
+  static std::mutex mutex;
+  static std::map<int, DeviceInfo> by_device;
+  int dev = 0;
+  DSV4_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, inserted] = by_device.try_emplace(dev);
+  if (inserted) {
+    DeviceInfo& d = it->second;
+    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
+    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, dev));
+    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  }
+  return it->second;
+}
+
+}  // namespace gemv_detail
 
 GemvScratchSize gemv_scratch_size(const GemmParams& p) {
   return stream_covers(p) ? stream_scratch_size(p) : GemvScratchSize{};

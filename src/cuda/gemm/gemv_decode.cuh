@@ -121,6 +121,12 @@ __device__ __forceinline__ void decode_group(const uint4& wv, float m, int j, fl
   }
 }
 
+// The current device's attributes the launchers size their grids by, read once per device (gemv.cu).
+struct DeviceInfo {
+  int sms = 0, cc_major = 0, smem_per_sm = 0;
+};
+const DeviceInfo& device_info();
+
 // The streaming kernel (gemv_stream.cu), which gemv() prefers where it covers the call.
 constexpr int64_t kStreamMaxRows = 4;
 bool stream_covers(const GemmParams& p);

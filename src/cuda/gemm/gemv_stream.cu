@@ -160,22 +160,6 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(NB)) gemv_stream_kerne
   }
 }
 
-// Device attributes, read once (the launcher runs ~30 times per decode step).
-int device_attribute(cudaDeviceAttr attr) {
-  int dev = 0, v = 0;
-  DSV4_CUDA_CHECK(cudaGetDevice(&dev));
-  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
-  return v;
-}
-int sm_count() {
-  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
-  return sms;
-}
-int compute_capability_major() {
-  static const int major = device_attribute(cudaDevAttrComputeCapabilityMajor);
-  return major;
-}
-
 // The launch shape of a covered call. A matrix with fewer row tiles than one wave of resident warps splits K
 // into as many slices as still fit that wave (every warp then streams one task, all at once: no tail), each
 // slice keeping at least one full unrolled sweep of the lanes; larger matrices run in several waves.
@@ -190,7 +174,7 @@ StreamParams plan(const GemmParams& gp) {
   p.out_g = int(gp.w.rows / gp.groups);
   p.chunks = int(gp.w.row_bytes() / 16);
   p.tiles = int(gp.w.rows / kRowsPerTask);
-  const int wave = sm_count() * blocks_per_sm(p.n) * kWarps;
+  const int wave = device_info().sms * blocks_per_sm(p.n) * kWarps;
   if (p.tiles < wave) p.splits = std::max(1, std::min(wave / p.tiles, p.chunks / (32 * kUnroll)));
   p.slice_chunks = int(ceil_div(p.chunks, p.splits));
   p.tasks = p.tiles * p.splits;
@@ -235,7 +219,7 @@ void stream(const GemmParams& gp, const GemvScratch& scratch, cudaStream_t strea
     p.partials = scratch.partials;
     p.arrivals = scratch.arrivals;
   }
-  const bool pdl = compute_capability_major() >= 9;
+  const bool pdl = device_info().cc_major >= 9;
   switch (gp.w.format) {
     case WFormat::kFP8: launch<WFormat::kFP8>(p, pdl, stream); break;
     case WFormat::kBF16: launch<WFormat::kBF16>(p, pdl, stream); break;
