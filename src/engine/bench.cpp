@@ -256,7 +256,12 @@ std::string gib(double bytes) {
 Stat stat_of(const std::vector<double>& x) {
   Stat s;
   if (x.empty()) return s;
-  for (double v : x) s.mean += v;
+  s.min = s.max = x.front();
+  for (double v : x) {
+    s.mean += v;
+    s.min = std::min(s.min, v);
+    s.max = std::max(s.max, v);
+  }
   s.mean /= double(x.size());
   if (x.size() > 1) {
     double ss = 0;
@@ -479,7 +484,7 @@ std::string bench_markdown(const BenchReport& r) {
 
 nlohmann::json bench_json(const BenchReport& r) {
   using nlohmann::json;
-  const auto stat = [](const Stat& s) { return json{{"mean", s.mean}, {"sd", s.sd}}; };
+  const auto stat = [](const Stat& s) { return json{{"mean", s.mean}, {"sd", s.sd}, {"min", s.min}, {"max", s.max}}; };
   json j;
   j["model"] = {{"dir", r.model_dir},        {"layers", r.layers},          {"hidden_size", r.dim},
                 {"experts", r.experts},      {"experts_per_tok", r.experts_per_tok}, {"vocab_size", r.vocab},

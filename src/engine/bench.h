@@ -28,7 +28,7 @@ struct BenchOptions {
 };
 
 struct Stat {  // over repetitions; sd is the sample standard deviation (0 for one repetition)
-  double mean = 0, sd = 0;
+  double mean = 0, sd = 0, min = 0, max = 0;
 };
 Stat stat_of(const std::vector<double>& samples);
 
