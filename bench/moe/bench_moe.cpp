@@ -22,32 +22,18 @@
 
 #include "core/dtype.h"
 #include "cuda/common/check.h"
+#include "core/random.h"
 #include "cuda/cuda_ops.h"
 
 namespace {
 
 using namespace dsv4;
 
-struct SplitMix {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  void fill(uint8_t* p, size_t n) {
-    for (size_t i = 0; i < n; i += 8) {
-      const uint64_t v = next();
-      std::memcpy(p + i, &v, std::min<size_t>(8, n - i));
-    }
-  }
-};
 
 // Random matrices in checkpoint layouts; storage owned by the bench.
 struct Storage {
   std::vector<std::unique_ptr<std::vector<uint8_t>>> blobs;
-  SplitMix rng{12345};
+  SplitMix64 rng{12345};
   uint8_t* blob(size_t n) {
     blobs.push_back(std::make_unique<std::vector<uint8_t>>(n));
     rng.fill(blobs.back()->data(), n);

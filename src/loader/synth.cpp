@@ -16,6 +16,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/random.h"
 #include "loader/hf_config.h"
 #include "loader/quantize.h"
 #include "loader/safetensors.h"
@@ -29,14 +30,7 @@ namespace {
 
 // ---- counter-based random numbers: word i of a stream is a pure function of (key, i)
 
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-
-inline uint64_t splitmix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-inline uint64_t random_word(uint64_t key, uint64_t i) { return splitmix64(key + (i + 1) * kGolden); }
+inline uint64_t random_word(uint64_t key, uint64_t i) { return splitmix64_mix(key + (i + 1) * kSplitMixGamma); }
 
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 0xCBF29CE484222325ull;
@@ -120,7 +114,7 @@ struct Shard {
 
 class Planner {
  public:
-  Planner(const ModelConfig& c, uint64_t seed) : c_(c), seed_(splitmix64(seed ^ 0xD5E4ull)) {}
+  Planner(const ModelConfig& c, uint64_t seed) : c_(c), seed_(splitmix64_mix(seed ^ 0xD5E4ull)) {}
 
   std::vector<Shard> plan(bool mtp) {
     begin_shard();
@@ -157,7 +151,7 @@ class Planner {
     size_t numel = 1;
     for (int64_t d : t.shape) numel *= size_t(d);
     t.nbytes = numel * dtype_size(dtype);
-    t.key = splitmix64(seed_ ^ fnv1a(name));
+    t.key = splitmix64_mix(seed_ ^ fnv1a(name));
     shards_.back().tensors.push_back(std::move(t));
     return shards_.back().tensors.back();
   }
@@ -328,13 +322,12 @@ void fill_range(const TensorPlan& t, size_t begin, size_t end, uint8_t* dst) {
 void fill_expert_table(const TensorPlan& t, uint8_t* dst) {
   const int64_t rows = t.shape[0], k = t.shape[1];
   for (int64_t r = 0; r < rows; ++r) {
-    uint64_t state = random_word(t.key, uint64_t(r));
+    SplitMix64 draws{random_word(t.key, uint64_t(r))};
     int64_t row[64];
     for (int64_t j = 0; j < k; ++j) {
       bool distinct;
       do {
-        state += kGolden;
-        row[j] = int64_t((splitmix64(state) >> 11) % uint64_t(t.experts));
+        row[j] = int64_t((draws.next() >> 11) % uint64_t(t.experts));
         distinct = std::find(row, row + j, row[j]) == row + j;
       } while (!distinct);
     }

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/random.h"
 #include "cuda/gpu.h"
 
 #if DSV4_HAVE_CUDA
@@ -48,12 +49,7 @@ namespace {
 
 #if DSV4_HAVE_CUDA
 
-uint64_t splitmix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+uint64_t splitmix64(uint64_t z) { return splitmix64_mix(z + kSplitMixGamma); }
 
 // Uniform in [-1, 1), element i of stream `seed`: independent of thread count, so big tensors fill in parallel.
 float uniform_at(uint64_t seed, uint64_t i) {

@@ -21,6 +21,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/random.h"
 #include "cuda/gpu.h"
 
 #if DSV4_HAVE_CUDA
@@ -44,24 +45,6 @@ const char* fmt_name(Fmt f) {
   }
 }
 
-// Fast bytes for the ~3 GB of V4-Flash experts (std::mt19937_64 per byte would take minutes).
-struct SplitMix {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  void fill(uint8_t* p, size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      const uint64_t v = next();
-      std::memcpy(p + i, &v, 8);
-    }
-    for (; i < n; ++i) p[i] = uint8_t(next());
-  }
-};
 
 // rms of the values of uniformly random codes, to pick block scales that give weights of a target rms.
 double e2m1_code_rms() {
@@ -82,7 +65,7 @@ struct HostMatrix {
   Weight w;
 
   HostMatrix(Fmt f, int64_t rows, int64_t cols, double rms, uint64_t seed) {
-    SplitMix rng{seed};
+    SplitMix64 rng{seed};  // fast bytes for the ~3 GB of V4-Flash experts
     w.rows = rows;
     w.cols = cols;
     const auto exponent_for = [&](double code_rms) { return int(std::lround(std::log2(rms / code_rms))); };
