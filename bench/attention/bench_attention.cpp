@@ -1,7 +1,7 @@
 // Decode attention of V4-Flash (64 heads × 512, window 128, one query row) on a CSA layer (window + 512
 // selected entries) and an HCA layer (window + every visible entry) at 4K / 32K / 128K context, against the
-// HBM floor: bytes of KV actually read / the copy bandwidth measured here (2 GiB D2D cudaMemcpyAsync,
-// read + write counted). Cold = L2 flushed before every call (decode's real case: 43 layers of KV do not stay
+// HBM floor: bytes of KV actually read / the copy bandwidth (measure_copy_bandwidth, as dsv4 bench: 2 GiB
+// D2D, read + write, best of 5). Cold = L2 flushed before every call (decode's real case: 43 layers of KV do not stay
 // in L2); hot = back-to-back calls. Also: a sweep of the key-split count, and the lightning indexer at the
 // same contexts.
 //
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cuda/attention/attention.h"
+#include "cuda/bandwidth.h"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 
@@ -88,29 +89,6 @@ Timing measure(CudaOps& ops, Fn&& fn, int iters, void* flush, size_t flush_bytes
   return r;
 }
 
-// Copy bandwidth, read + write counted: 2 GiB device to device.
-double copy_bandwidth_gbs(CudaOps& ops) {
-  const size_t bytes = size_t(2) << 30;
-  void *src = nullptr, *dst = nullptr;
-  DSV4_CUDA_CHECK(cudaMalloc(&src, bytes));
-  DSV4_CUDA_CHECK(cudaMalloc(&dst, bytes));
-  DSV4_CUDA_CHECK(cudaMemset(src, 1, bytes));
-  Timer t;
-  for (int i = 0; i < 2; ++i)
-    DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ops.stream()));
-  DSV4_CUDA_CHECK(cudaEventRecord(t.start, ops.stream()));
-  const int iters = 10;
-  for (int i = 0; i < iters; ++i)
-    DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ops.stream()));
-  DSV4_CUDA_CHECK(cudaEventRecord(t.stop, ops.stream()));
-  DSV4_CUDA_CHECK(cudaEventSynchronize(t.stop));
-  float ms = 0.0f;
-  DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
-  const double us = 1e3 * double(ms) / iters;
-  DSV4_CUDA_CHECK(cudaFree(src));
-  DSV4_CUDA_CHECK(cudaFree(dst));
-  return 2.0 * double(bytes) / (us * 1e3);
-}
 
 std::vector<float> random_floats(size_t n, std::mt19937_64& rng, float lo = -1.0f, float hi = 1.0f) {
   std::uniform_real_distribution<float> dist(lo, hi);
@@ -145,7 +123,7 @@ int main(int argc, char** argv) {
     config.rope_dim = 64;
     CudaOps ops(config);
     std::mt19937_64 rng(7);
-    const double copy_gbs = profile ? 1.0 : copy_bandwidth_gbs(ops);
+    const double copy_gbs = profile ? 1.0 : measure_copy_bandwidth() / 1e9;
     const size_t flush_bytes = size_t(512) << 20;  // > 10× the 50 MB L2
     void* flush = nullptr;
     DSV4_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));

@@ -1,5 +1,5 @@
 // Decode GEMV bandwidth: cuda::gemv on the V4-Flash decode shapes at n = 1 and 8, against the device's
-// measured copy bandwidth (cudaMemcpyAsync D2D of 2 GiB, read + write counted). Weights rotate over enough
+// copy bandwidth (measure_copy_bandwidth, as dsv4 bench: 2 GiB D2D, read + write, best of 5). Weights rotate over enough
 // copies to exceed twice the L2, so every call streams from HBM; calls are replayed from a CUDA graph, so
 // µs is device time per call including the kernel boundary. Prints a markdown table.
 //
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "cuda/bandwidth.h"
 #include "cuda/common/check.h"
 #include "cuda/gemm/gemm.h"
 
@@ -157,31 +158,7 @@ int main(int argc, char** argv) {
     cudaStream_t stream;
     DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
-    // Copy bandwidth: 2 GiB device to device, read + write.
-    const size_t copy_bytes = size_t(2) << 30;
-    void *src = nullptr, *dst = nullptr;
-    DSV4_CUDA_CHECK(cudaMalloc(&src, copy_bytes));
-    DSV4_CUDA_CHECK(cudaMalloc(&dst, copy_bytes));
-    DSV4_CUDA_CHECK(cudaMemset(src, 1, copy_bytes));
-    std::vector<double> copy_t;
-    for (int i = 0; i < 8; ++i) {
-      cudaEvent_t start, stop;
-      DSV4_CUDA_CHECK(cudaEventCreate(&start));
-      DSV4_CUDA_CHECK(cudaEventCreate(&stop));
-      DSV4_CUDA_CHECK(cudaEventRecord(start, stream));
-      DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, stream));
-      DSV4_CUDA_CHECK(cudaEventRecord(stop, stream));
-      DSV4_CUDA_CHECK(cudaEventSynchronize(stop));
-      float ms = 0.0f;
-      DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      if (i > 0) copy_t.push_back(double(ms) * 1e-3);  // the first is a warm-up
-      DSV4_CUDA_CHECK(cudaEventDestroy(start));
-      DSV4_CUDA_CHECK(cudaEventDestroy(stop));
-    }
-    const double copy_s = median(copy_t);
-    const double copy_bw = 2.0 * double(copy_bytes) / copy_s;
-    DSV4_CUDA_CHECK(cudaFree(src));
-    DSV4_CUDA_CHECK(cudaFree(dst));
+    const double copy_bw = dsv4::measure_copy_bandwidth();  // read + write, 2 GiB device to device
 
     std::printf("## gemv on %s (%d SMs, L2 %d MB): copy bandwidth %.0f GB/s (D2D 2 GiB, read + write)\n\n",
                 prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_bw * 1e-9);

@@ -1,8 +1,8 @@
 // bench_moe: the V4-Flash MoE layer (D 4096, 256 FP4 experts of width 2048, top-6, FP8 shared expert, BF16
 // gate) on the CUDA backend, decode steps of n tokens. Reports µs per CudaOps::moe call (L2 flushed before
 // each), the weight bytes the step must read (distinct selected experts × w1, w3, w2 with their scales, plus
-// the shared expert and the gate), the achieved GB/s and its share of the copy bandwidth measured here
-// (2 GiB device-to-device cudaMemcpyAsync, read + write).
+// the shared expert and the gate), the achieved GB/s and its share of the copy bandwidth measured in the same
+// process (measure_copy_bandwidth, as dsv4 bench: 2 GiB device to device, read + write, best of 5).
 //
 // Also: the same call back to back without the flush (L2 warm where it fits) and the host time per call.
 //
@@ -23,6 +23,7 @@
 #include "core/dtype.h"
 #include "cuda/common/check.h"
 #include "core/random.h"
+#include "cuda/bandwidth.h"
 #include "cuda/cuda_ops.h"
 
 namespace {
@@ -169,30 +170,14 @@ int main(int argc, char** argv) {
     ops.upload(w.gate_bias);
     cudaStream_t s = ops.stream();
 
-    // Yardstick: 2 GiB device-to-device copy.
-    const size_t copy_bytes = size_t(2) << 30;
-    void *src = nullptr, *dst = nullptr, *flush = nullptr;
+    // Yardstick: the copy bandwidth dsv4 bench measures (read + write, 2 GiB device to device).
+    const double copy_gbs = measure_copy_bandwidth() / 1e9;
+    void* flush = nullptr;
     const size_t flush_bytes = size_t(256) << 20;  // several times the L2
-    DSV4_CUDA_CHECK(cudaMalloc(&src, copy_bytes));
-    DSV4_CUDA_CHECK(cudaMalloc(&dst, copy_bytes));
     DSV4_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
-    DSV4_CUDA_CHECK(cudaMemsetAsync(src, 1, copy_bytes, s));
     cudaEvent_t a, b;
     DSV4_CUDA_CHECK(cudaEventCreate(&a));
     DSV4_CUDA_CHECK(cudaEventCreate(&b));
-    std::vector<double> copy_ms;
-    for (int i = 0; i < 6; ++i) {
-      DSV4_CUDA_CHECK(cudaEventRecord(a, s));
-      DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, s));
-      DSV4_CUDA_CHECK(cudaEventRecord(b, s));
-      DSV4_CUDA_CHECK(cudaEventSynchronize(b));
-      float ms = 0;
-      DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-      if (i > 0) copy_ms.push_back(ms);
-    }
-    const double copy_gbs = 2.0 * double(copy_bytes) / (median(copy_ms) * 1e-3) / 1e9;
-    DSV4_CUDA_CHECK(cudaFree(src));
-    DSV4_CUDA_CHECK(cudaFree(dst));
 
     size_t shared_bytes = weight_bytes(w.shared.w1) + weight_bytes(w.shared.w3) + weight_bytes(w.shared.w2);
     const size_t expert_bytes = weight_bytes(w.experts[0].w1) * 2 + weight_bytes(w.experts[0].w2);
