@@ -327,21 +327,23 @@ TEST(CudaMoe, UnalignedRowsNoClamp) {
 #endif
 }
 
-// An FP4 scale outside the window where the tensor cores are exact sends that matrix (w1/w3 of every
-// routed expert) through the fp32 FMA path, while w2 and the FP8 shared expert stay on the tensor cores.
-TEST(CudaMoe, Fp4ScaleOutsideTensorCoreWindow) {
+// An FP4 scale outside the window where the tensor cores are exact (E8M0 bytes 102 .. 126, weight_mma.cuh)
+// sends that matrix (w1/w3 of every routed expert) through the fp32 FMA path, while w2 and the FP8 shared
+// expert stay on the tensor cores; the window's own edges stay on the tensor cores and must be exact too
+// (126: the largest fp16 scale factor; one step further it would be infinite).
+TEST(CudaMoe, Fp4ScaleWindowEdges) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
   SCOPED_TRACE(seed());
   std::mt19937_64 rng(seed());
   const Shape shape{256, 128, 8, 2, 1.0f, 1.5};
   const Formats f{Fmt::kBF16, Fmt::kFP4, Fmt::kFP8};
-  for (uint8_t outside : {uint8_t(98), uint8_t(136)}) {
+  for (uint8_t byte : {uint8_t(101), uint8_t(102), uint8_t(126), uint8_t(127)}) {
     HostMoe m(shape, f, false, 100, rng());
-    const_cast<uint8_t*>(m.w.experts[3].w3.scale)[5] = outside;  // storage owned by m
+    const_cast<uint8_t*>(m.w.experts[3].w3.scale)[5] = byte;  // storage owned by m
     CudaOps ops(m.config);
     m.upload_to(ops);
-    for (int64_t n : {1, 6, 40}) check_step(m, ops, n, rng, cat(describe(shape, f, false), " scale byte ", int(outside)));
+    for (int64_t n : {1, 6, 40}) check_step(m, ops, n, rng, cat(describe(shape, f, false), " scale byte ", int(byte)));
   }
 #endif
 }

@@ -22,10 +22,12 @@
 
 namespace dsv4::cuda::moe {
 
-// FP4 weights enter the MMA as fp16(e2m1 · s · 2^kFp4Offset), exact for E8M0 scale bytes in
-// [kFp4ScaleMin, kFp4ScaleMax]; the offset is divided out after the MMA.
-constexpr int kFp4Offset = 4;
-constexpr int kFp4ScaleMin = 103, kFp4ScaleMax = 132;  // normal fp16 scale, products ≥ 2^-24 and ≤ 65504
+// FP4 weights enter the MMA as fp16(e2m1 · s · 2^kFp4Offset): the code decodes by bit moves to fp16(e2m1 ·
+// 2^-14), then one fp16 multiply by s · 2^(kFp4Offset + 14), exact for E8M0 scale bytes b in [kFp4ScaleMin,
+// kFp4ScaleMax]: the factor 2^(b − 111) is a normal fp16 (b ≤ 126) and the products e2m1 · 2^(b − 125) are
+// ≥ 2^-24 (b ≥ 102) and ≤ 65504. The offset is divided out after the MMA.
+constexpr int kFp4Offset = 2;
+constexpr int kFp4ScaleMin = 102, kFp4ScaleMax = 126;
 
 template <WFormat F>
 constexpr int kGroupCols = 4 * kChunkElems<F>;  // columns of one K group: FP4 128, FP8 64
@@ -174,9 +176,9 @@ __device__ __forceinline__ void warp_mma(const MatView (&mats)[NT], const int64_
           const int64_t row = row0[i] + r;
           raw[u][i][h] = live ? load_stream16(mats[i].data + row * mats[i].row_bytes + 16 * q) : make_uint4(0, 0, 0, 0);
           if constexpr (F == WFormat::kFP4) {
-            // 2^(b − 127 + 6 + kFp4Offset) as fp16 bits: exponent field b − 127 + 6 + kFp4Offset + 15.
-            const int b = live ? static_cast<const uint8_t*>(mats[i].scale)[row * mats[i].scale_cols + q] : 127;
-            fp4_scale[u][i][h] = __half2half2(__ushort_as_half(uint16_t((b - 127 + 6 + kFp4Offset + 15) << 10)));
+            // 2^(b − 127 + 14 + kFp4Offset) as fp16 bits: exponent field b − 127 + 14 + kFp4Offset + 15.
+            const int b = live ? static_cast<const uint8_t*>(mats[i].scale)[row * mats[i].scale_cols + q] : 111;
+            fp4_scale[u][i][h] = __half2half2(__ushort_as_half(uint16_t((b - 127 + 14 + kFp4Offset + 15) << 10)));
           }
         }
         if constexpr (F == WFormat::kFP8) {  // one 128x128 block scale for the whole tile and group
@@ -207,13 +209,16 @@ __device__ __forceinline__ void warp_mma(const MatView (&mats)[NT], const int64_
             if constexpr (F == WFormat::kFP4) {
               const int wi = j / 2;
               const uint32_t w = wi == 0 ? v.x : wi == 1 ? v.y : wi == 2 ? v.z : v.w;
-              // As fp4_word_to_floats: e2m1 → the e4m3 byte of value × 2^-6; even bytes hold elements
-              // (0,2) | (4,6), odd bytes (1,3) | (5,7). MMA 2i takes the low halves, 2i+1 the high ones.
-              const uint32_t even = ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
-              const uint32_t odd = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
-              const int sh = (j % 2) * 16;
-              a[h][0] = hmul2_bits(e4m3x2_to_half2((even >> sh) & 0xFFFFu), fp4_scale[u][i][h]);
-              a[h][1] = hmul2_bits(e4m3x2_to_half2((odd >> sh) & 0xFFFFu), fp4_scale[u][i][h]);
+              // Byte k of w holds elements 2k (low nibble) and 2k + 1. The fp16 of e2m1 · 2^-14 is zero but
+              // for its high byte, which is the code's sign at bit 7 and its three magnitude bits at bits
+              // 3..1 (exponent e, mantissa m; e = 0 lands on the fp16 subnormal). even / odd hold those bytes
+              // for elements 0, 2, 4, 6 / 1, 3, 5, 7; a byte permute moves two of them into a half2. MMA 2i
+              // takes (0, 2) and (1, 3), MMA 2i + 1 (4, 6) and (5, 7): mma_columns.
+              const uint32_t even = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
+              const uint32_t odd = ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);
+              const uint32_t select = j % 2 == 0 ? 0x1404u : 0x3424u;  // bytes {0, b, 0, b + 1}, b = 0 or 2
+              a[h][0] = hmul2_bits(__byte_perm(even, 0u, select), fp4_scale[u][i][h]);
+              a[h][1] = hmul2_bits(__byte_perm(odd, 0u, select), fp4_scale[u][i][h]);
             } else {
               const uint32_t w = j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
               a[h][0] = e4m3x2_to_half2(w & 0xFFFFu);
