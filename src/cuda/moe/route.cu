@@ -161,6 +161,54 @@ __device__ int choose_experts(const RouteParams& p, int64_t t) {
   return chosen;
 }
 
+// Step 2 of route_kernel for P ≤ 32 pairs (decode-sized steps), by one warp with a pair per lane: the same
+// plan as the general path — pairs ordered by (expert, pair), kChunk-pair chunks per expert in that order —
+// from shuffles, without the shared-memory counters, scans and barriers (a third of the kernel's time at n = 1).
+__device__ void group_few_pairs(const RouteParams& p, int P) {
+  const Plan& plan = p.plan;
+  const int lane = int(threadIdx.x % 32), k = int(p.k);
+  const int shared_chunks = int((p.n + kChunk - 1) / kChunk);
+  const int e = lane < P ? plan.topk_expert[lane] : INT_MAX;
+  int pos = 0, first = 0;  // this pair's place among all pairs; the pairs of smaller experts
+  for (int q = 0; q < P; ++q) {
+    const int eq = __shfl_sync(0xFFFFFFFFu, e, q);
+    pos += eq < e || (eq == e && q < lane);
+    first += eq < e;
+  }
+  const int count = __popc(__match_any_sync(0xFFFFFFFFu, e));  // pairs of this expert
+  const int in_expert = pos - first;
+  const bool starts = lane < P && in_expert % kChunk == 0;
+  int chunk = shared_chunks;  // chunks before this one: the shared expert's, then routed ones starting earlier
+  for (int q = 0; q < P; ++q) {
+    const int pq = __shfl_sync(0xFFFFFFFFu, pos, q);
+    chunk += __shfl_sync(0xFFFFFFFFu, int(starts), q) && pq < pos;
+  }
+  if (lane < P) {
+    const int t = lane / k, j = lane % k;
+    plan.pair_token[pos] = t;
+    plan.pair_out[pos] = t * (k + 1) + j;
+    plan.pair_weight[pos] = plan.topk_weight[lane];
+    if (starts) {
+      plan.chunk_pair[chunk] = pos;
+      plan.chunk_count[chunk] = min(kChunk, count - in_expert);
+      plan.chunk_expert[chunk] = e;
+    }
+  }
+  const int routed_chunks = __popc(__ballot_sync(0xFFFFFFFFu, starts));
+  for (int c = lane; c < shared_chunks; c += 32) {
+    plan.chunk_pair[c] = P + c * kChunk;
+    plan.chunk_count[c] = int(std::min<int64_t>(kChunk, p.n - int64_t(c) * kChunk));
+    plan.chunk_expert[c] = -1;
+  }
+  for (int t = lane; t < p.n; t += 32) {
+    plan.pair_token[P + t] = t;
+    plan.pair_out[P + t] = t * (k + 1) + k;
+    plan.pair_weight[P + t] = 1.0f;
+  }
+  if (lane == 0) plan.counters[0] = shared_chunks + routed_chunks;
+  for (int64_t b = lane; b < p.down_row_blocks; b += 32) plan.counters[1 + b] = 0;
+}
+
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
   __shared__ int warp_counts[kRouteWarps][kMaxExperts];  // pass 1: pairs per (warp range, expert); then bases
   __shared__ int expert_offset[kMaxExperts];
@@ -193,13 +241,18 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
       plan.combine_order[t * k + rank] = lane;
     }
   }
+  const int P = int(p.n) * k;
+  if (P <= 32) {
+    __syncthreads();  // step 1's plan writes are visible to warp 0
+    if (warp == 0) group_few_pairs(p, P);
+    return;
+  }
   for (int i = int(threadIdx.x); i < kRouteWarps * kMaxExperts; i += kRouteThreads) (&warp_counts[0][0])[i] = 0;
   __syncthreads();
 
   // 2. Group the P = n·k pairs by expert, deterministically: warp w owns the contiguous pairs [lo, hi) and
   //    counts them per expert; bases = expert offset + the counts of the warps before; then each warp places
   //    its pairs in order (rank among equal experts within a 32-pair step from __match_any_sync).
-  const int P = int(p.n) * k;
   const int per_warp = (P + kRouteWarps - 1) / kRouteWarps;
   const int lo = min(P, warp * per_warp), hi = min(P, lo + per_warp);
   for (int base = lo; base < hi; base += 32) {
