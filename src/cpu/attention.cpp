@@ -128,6 +128,7 @@ void CpuOps::attention(const AttentionParams& p) {
       for (int64_t c = 0; c < d; ++c) out[c] /= denom;
     }
   }
+  if (p.derotate) rope(p.out, p.n * p.heads, d, d - config_.rope_dim, p.heads, p.pos0, 1, p.rope, /*inverse=*/true);
 }
 
 }  // namespace dsv4

@@ -101,6 +101,10 @@ class CudaOps final : public Ops {
   void rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y) override;
   void rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, int64_t rows_per_pos, int64_t pos0,
             int64_t pos_stride, RopeKind kind, bool inverse) override;
+  void norm_rope(float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, int64_t offset,
+                 int64_t rows_per_pos, int64_t pos0, RopeKind kind) override;
+  void kv_finish(float* kv, const std::vector<float>& gamma, int64_t n, int64_t dim, int64_t nope, int64_t pos0,
+                 RopeKind kind, bool simulate, int64_t slots, float* ring) override;
 
   void sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block) override;
   void hadamard_sim_fp4(float* x, int64_t rows, int64_t dim) override;
@@ -108,6 +112,8 @@ class CudaOps final : public Ops {
   void hc_pre(const float* X, const HcWeights& w, int64_t n, float* x, float* post, float* comb) override;
   void hc_post(const float* f, const float* post, const float* comb, int64_t n, float* X) override;
   void hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y) override;
+  void hc_pre_norm(const float* X, const HcWeights& w, const std::vector<float>& gamma, int64_t n, int64_t dim,
+                   float* x, float* xn, float* post, float* comb) override;
 
   void compressor(const CompressorWeights& w, CompressorState& state, const float* x, int64_t pos0, int64_t n,
                   EntrySim sim) override;

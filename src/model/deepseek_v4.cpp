@@ -127,13 +127,11 @@ void DeepseekV4::mtp_step(const int32_t* next_tokens, int64_t n, float* logits) 
 // One decoder layer: attention then MoE, each wrapped in an mHC pre-mix / post-mix (spec §4–§5).
 void DeepseekV4::block(const LayerWeights& l, size_t layer, bool mtp, int64_t n) {
   const ModelConfig& c = model_.config;
-  ops_.hc_pre(act_.X, l.hc_attn, n, act_.x, act_.post, act_.comb);
-  ops_.rms_norm(act_.x, &l.attn_norm, n, c.dim, act_.xn);
+  ops_.hc_pre_norm(act_.X, l.hc_attn, l.attn_norm, n, c.dim, act_.x, act_.xn, act_.post, act_.comb);
   attention(l, layer, mtp, n);
   ops_.hc_post(act_.sub_out, act_.post, act_.comb, n, act_.X);
 
-  ops_.hc_pre(act_.X, l.hc_ffn, n, act_.x, act_.post, act_.comb);
-  ops_.rms_norm(act_.x, &l.ffn_norm, n, c.dim, act_.xn);
+  ops_.hc_pre_norm(act_.X, l.hc_ffn, l.ffn_norm, n, c.dim, act_.x, act_.xn, act_.post, act_.comb);
   moe(l, n);
   ops_.hc_post(act_.sub_out, act_.post, act_.comb, n, act_.X);
 }
@@ -172,9 +170,9 @@ void DeepseekV4::attention(const LayerWeights& l, size_t layer, bool mtp, int64_
     p.head_dim = d;
     p.scale = float(1.0 / std::sqrt(double(d)));
     p.out = act_.o + s.row0 * H * d;
+    p.derotate = true;  // K = V carries RoPE: the output's rope channels turn back at the query position (§6.5)
+    p.rope = rope;
     ops_.attention(p);
-    // K = V carries RoPE, so the output's rope channels are de-rotated at the query position (spec §6.5).
-    ops_.rope(p.out, s.n * H, d, c.nope_dim(), H, s.pos0, 1, rope, /*inverse=*/true);
   }
   output_projection(w, n);
 }
@@ -186,8 +184,7 @@ void DeepseekV4::query(const AttentionWeights& w, RopeKind rope, int64_t n) {
   ops_.linear(act_.xn, c.dim, w.wq_a, n, act_.qr, c.q_lora_rank);
   ops_.rms_norm(act_.qr, &w.q_norm, n, c.q_lora_rank, act_.qr);
   ops_.linear(act_.qr, c.q_lora_rank, w.wq_b, n, act_.q, H * d);
-  ops_.rms_norm(act_.q, nullptr, n * H, d, act_.q);
-  for (const Span& s : spans_) ops_.rope(act_.q + s.row0 * H * d, s.n * H, d, c.nope_dim(), H, s.pos0, 1, rope, false);
+  for (const Span& s : spans_) ops_.norm_rope(act_.q + s.row0 * H * d, nullptr, s.n * H, d, c.nope_dim(), H, s.pos0, rope);
 }
 
 // The single shared K = V head, stored in each sequence's sliding-window ring.
@@ -195,11 +192,9 @@ void DeepseekV4::key_value(const AttentionWeights& w, size_t layer, bool mtp, Ro
   const ModelConfig& c = model_.config;
   const int64_t d = c.head_dim;
   ops_.linear(act_.xn, c.dim, w.wkv, n, act_.kv, d);
-  ops_.rms_norm(act_.kv, &w.kv_norm, n, d, act_.kv);
-  for (const Span& s : spans_) ops_.rope(act_.kv + s.row0 * d, s.n, d, c.nope_dim(), 1, s.pos0, 1, rope, false);
-  if (numerics_ != Numerics::kExact) ops_.sim_fp8(act_.kv, n, d, c.nope_dim(), 64);
   for (const Span& s : spans_)
-    ops_.ring_store(act_.kv + s.row0 * d, s.n, d, s.pos0, s.sequence->ring_slots, layer_state(s, layer, mtp).window);
+    ops_.kv_finish(act_.kv + s.row0 * d, w.kv_norm, s.n, d, c.nope_dim(), s.pos0, rope,
+                   /*simulate=*/numerics_ != Numerics::kExact, s.sequence->ring_slots, layer_state(s, layer, mtp).window);
 }
 
 // Lightning indexer queries and head weights (spec §8) for the whole batch, from qr and xn.

@@ -58,6 +58,10 @@ struct AttentionParams {
   int64_t pos0 = 0, n = 0, heads = 0, head_dim = 0;
   float scale = 0.0f;
   float* out = nullptr;            // [n, H, d]
+  // K = V carries RoPE, so the output's last rope_dim channels are rotated back by the query position's
+  // angle (spec §6.5) when set; part of the op so a backend can do it before the output leaves registers.
+  bool derotate = false;
+  RopeKind rope = RopeKind::kPlain;
 };
 
 struct IndexerParams {
@@ -118,6 +122,25 @@ class Ops {
   virtual void rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, int64_t rows_per_pos,
                     int64_t pos0, int64_t pos_stride, RopeKind kind, bool inverse) = 0;
 
+  // RMSNorm of each row in place (gain gamma or none), then RoPE on channels [offset, dim) with row r at
+  // position pos0 + r / rows_per_pos: rms_norm and rope in one call, which a backend may fuse.
+  virtual void norm_rope(float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, int64_t offset,
+                         int64_t rows_per_pos, int64_t pos0, RopeKind kind) {
+    rms_norm(x, gamma, rows, dim, x);
+    rope(x, rows, dim, offset, rows_per_pos, pos0, 1, kind, /*inverse=*/false);
+  }
+
+  // The K = V rows of one sequence (spec §6.2), tokens pos0 .. pos0+n−1: RMSNorm with gain gamma, RoPE on
+  // channels [nope, dim), the FP8 simulation of channels [0, nope) in blocks of 64 when `simulate`, then
+  // into the window ring at (pos0 + i) % slots. kv is scratch afterwards (a backend whose compact ring
+  // rounds on store may leave it unsimulated).
+  virtual void kv_finish(float* kv, const std::vector<float>& gamma, int64_t n, int64_t dim, int64_t nope,
+                         int64_t pos0, RopeKind kind, bool simulate, int64_t slots, float* ring) {
+    norm_rope(kv, &gamma, n, dim, nope, 1, pos0, kind);
+    if (simulate) sim_fp8(kv, n, dim, nope, 64);
+    ring_store(kv, n, dim, pos0, slots, ring);
+  }
+
   // ---- quant (simulation points of the official numerics, in place)
   virtual void sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block) = 0;
   virtual void hadamard_sim_fp4(float* x, int64_t rows, int64_t dim) = 0;
@@ -126,6 +149,13 @@ class Ops {
   virtual void hc_pre(const float* X, const HcWeights& w, int64_t n, float* x, float* post, float* comb) = 0;
   virtual void hc_post(const float* f, const float* post, const float* comb, int64_t n, float* X) = 0;
   virtual void hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y) = 0;
+  // hc_pre, then xn = RMSNorm(x) with gain gamma over the dim channels of each row: the two in one call,
+  // which a backend may fuse (every sub-block starts so).
+  virtual void hc_pre_norm(const float* X, const HcWeights& w, const std::vector<float>& gamma, int64_t n,
+                           int64_t dim, float* x, float* xn, float* post, float* comb) {
+    hc_pre(X, w, n, x, post, comb);
+    rms_norm(x, &gamma, n, dim, xn);
+  }
 
   // ---- attention family
   // Feeds tokens pos0 .. pos0+n−1 (normed attention input x [n, D]) through a compressor, emitting every

@@ -46,6 +46,7 @@ struct AttnCase {
   int64_t ratio = 4, top_k = 0;
   int64_t extra_ring = 0;  // ring slots beyond window + n − 1 (they hold positions no query sees: NaN)
   bool compact = false;    // window and entries in compact FP8 caches (reference numerics), from simulated rows
+  bool derotate = false;   // the output's rope channels turned back at the query position (compressed RoPE)
 };
 
 // Tolerance: fp32 against fp32 with another summation order. The CPU's sequential 512-term dot carries
@@ -99,6 +100,8 @@ void check_attention(const AttnCase& c) {
   p.head_dim = d;
   p.scale = float(1.0 / std::sqrt(double(d)));
   p.sinks = sinks.data();  // host address: the CUDA backend looks its uploaded copy up
+  p.derotate = c.derotate;
+  p.rope = RopeKind::kCompressed;
 
   ModelConfig config = attention_config(64);
   CpuOps cpu(config);
@@ -198,6 +201,21 @@ TEST(CudaAttention, CompactFp8Caches) {
       {"compact_v4_csa_decode_32k", Layer::kCsa, 64, 512, 128, 1, 32767, 4, 512, 0, true},
       {"compact_v4_hca_decode_128k", Layer::kHca, 64, 512, 128, 1, 131071, 128, 0, 0, true},
       {"compact_v4_csa_prefill_n33_pos4000", Layer::kCsa, 64, 512, 128, 33, 4000, 4, 512, 0, true},
+  };
+  for (const AttnCase& c : cases) check_attention(c);
+#endif
+}
+
+// The output's de-rotation (AttentionParams::derotate) in the kernels' last write: the prefill path (no
+// combine) and split-KV (the combine writes), against the CPU's attention followed by its inverse rope. The
+// rotation adds at most the sin/cos last-bit difference of test_norm_rope (≤ 2.4e-7): within kAttnTol.
+TEST(CudaAttention, DerotatedOutput) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  const std::vector<AttnCase> cases = {
+      {"derotate_sliding_h3_d68_w5_n7_pos1000", Layer::kSliding, 3, 68, 5, 7, 1000, 4, 0, 0, false, true},
+      {"derotate_compact_csa_h17_d192_w5_n33_pos77", Layer::kCsa, 17, 192, 5, 33, 77, 4, 19, 0, true, true},
+      {"derotate_compact_v4_hca_decode_128k", Layer::kHca, 64, 512, 128, 1, 131071, 128, 0, 0, true, true},
   };
   for (const AttnCase& c : cases) check_attention(c);
 #endif

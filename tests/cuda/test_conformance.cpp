@@ -142,6 +142,20 @@ class TeeOps final : public Ops {
     gpu_.rope(g(x), rows, row_stride, offset, rows_per_pos, pos0, pos_stride, kind, inverse);
     check(inverse ? "rope_inverse" : "rope", 1e-5, {{x, size_t(rows * row_stride)}});
   }
+  // The fused ops: the norm is bit-exact (norm_rope.cu), the rope channels carry the fp64 sin/cos last bits.
+  void norm_rope(float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, int64_t offset,
+                 int64_t rows_per_pos, int64_t pos0, RopeKind kind) override {
+    cpu_.norm_rope(x, gamma, rows, dim, offset, rows_per_pos, pos0, kind);
+    gpu_.norm_rope(g(x), gamma, rows, dim, offset, rows_per_pos, pos0, kind);
+    check("norm_rope", 1e-5, {{x, size_t(rows * dim)}});
+  }
+  // kv is scratch afterwards (the CUDA ring rounds on store and leaves kv unsimulated): only the ring is judged.
+  void kv_finish(float* kv, const std::vector<float>& gamma, int64_t n, int64_t dim, int64_t nope, int64_t pos0,
+                 RopeKind kind, bool simulate, int64_t slots, float* ring) override {
+    cpu_.kv_finish(kv, gamma, n, dim, nope, pos0, kind, simulate, slots, ring);
+    gpu_.kv_finish(g(kv), gamma, n, dim, nope, pos0, kind, simulate, slots, g(ring));
+    check("kv_finish", 1e-5, {{ring, size_t(slots * dim)}});
+  }
 
   void sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block) override {
     cpu_.sim_fp8(x, rows, row_stride, cols, block);
@@ -169,6 +183,14 @@ class TeeOps final : public Ops {
     cpu_.hc_head(X, w, n, y);
     gpu_.hc_head(g(X), w, n, g(y));
     check("hc_head", 1e-4, {{y, size_t(n * config_.dim)}});
+  }
+  void hc_pre_norm(const float* X, const HcWeights& w, const std::vector<float>& gamma, int64_t n, int64_t dim,
+                   float* x, float* xn, float* post, float* comb) override {
+    cpu_.hc_pre_norm(X, w, gamma, n, dim, x, xn, post, comb);
+    gpu_.hc_pre_norm(g(X), w, gamma, n, dim, g(x), g(xn), g(post), g(comb));
+    const size_t hc = size_t(config_.hc_mult);
+    check("hc_pre_norm", 1e-4, {{x, size_t(n * dim)}, {xn, size_t(n * dim)}, {post, size_t(n) * hc},
+                                {comb, size_t(n) * hc * hc}});
   }
 
   void compressor(const CompressorWeights& w, CompressorState& state, const float* x, int64_t pos0, int64_t n,
@@ -355,9 +377,10 @@ TEST_P(Conformance, EveryOpOfARefSmallForwardMatchesCpu) {
     EXPECT_EQ(s.failed, 0) << op << ": " << s.failed << " of " << s.calls << " calls out of tolerance, first at call "
                            << s.first_failed_call << " (worst error " << s.worst << " at call " << s.worst_call << ")";
   const bool reference = GetParam() == Numerics::kReference;
-  for (const char* op : {"linear", "linear_grouped", "attention", "moe", "hc_pre", "hc_post", "hc_head", "indexer_topk",
-                         "download", reference ? "compressor_fp8" : "compressor", reference ? "compressor_fp4" : "rope",
-                         reference ? "sim_fp8" : "rms_norm", reference ? "hadamard_sim_fp4" : "ring_store"})
+  for (const char* op : {"linear", "linear_grouped", "attention", "moe", "hc_pre_norm", "hc_post", "hc_head",
+                         "indexer_topk", "download", "norm_rope", "kv_finish", "rms_norm",
+                         reference ? "compressor_fp8" : "compressor", reference ? "compressor_fp4" : "rope",
+                         reference ? "hadamard_sim_fp4" : "rope"})
     EXPECT_GT(tee.stats().count(op) ? tee.stats().at(op).calls : 0, 0) << op << " was never exercised";
 #endif
 }

@@ -1,4 +1,4 @@
-// hc family: hc_pre, hc_post and hc_head on the GPU against CpuOps, at V4-Flash sizes (hc 4 × dim 4096,
+// hc family: hc_pre, hc_pre_norm, hc_post and hc_head on the GPU against CpuOps, at V4-Flash sizes (hc 4 × dim 4096,
 // fn [24, 16384] F32) and odd ones.
 #include <cmath>
 #include <cstring>
@@ -74,6 +74,27 @@ const Case kCases[] = {
 const Tolerance kCoefTol{2e-5, 0.0};
 const Tolerance kCollapseTol{1e-4, 1e-5};
 
+// hc_pre's weights (uploaded) and streams for a case: fn entries ~ 1/sqrt(hc·D), streams in [−1, 1].
+struct PreInputs {
+  HostMatrix fn;  // owns w.fn's storage
+  HcWeights w;
+  std::vector<float> X;
+};
+PreInputs pre_inputs(const Case& c, std::mt19937_64& rng, CudaOps& ops) {
+  const int64_t K = c.hc * c.dim, M = (2 + c.hc) * c.hc;
+  PreInputs in;
+  in.fn = random_matrix(c.fn_dtype, M, K, std::sqrt(3.0f / float(K)), rng);
+  in.w.fn = in.fn.w;
+  in.w.base = random_floats(size_t(M), rng);
+  in.w.scale = random_floats(3, rng, 0.5f, 2.0f);
+  ops.upload(in.w.fn);
+  ops.upload(in.w.base);
+  ops.upload(in.w.scale);
+  settle();
+  in.X = random_floats(size_t(c.n * K), rng);
+  return in;
+}
+
 TEST(CudaHc, HcPreMatchesCpu) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -83,17 +104,9 @@ TEST(CudaHc, HcPreMatchesCpu) {
     const ModelConfig cfg = hc_config(c.hc, c.dim);
     CudaOps ops(cfg);
     CpuOps cpu(cfg);
-    const int64_t K = c.hc * c.dim, M = (2 + c.hc) * c.hc;
-    HcWeights w;
-    const HostMatrix fn = random_matrix(c.fn_dtype, M, K, std::sqrt(3.0f / float(K)), rng);
-    w.fn = fn.w;
-    w.base = random_floats(size_t(M), rng);
-    w.scale = random_floats(3, rng, 0.5f, 2.0f);
-    ops.upload(w.fn);
-    ops.upload(w.base);
-    ops.upload(w.scale);
-    settle();
-    const auto X = random_floats(size_t(c.n * K), rng);
+    const PreInputs in = pre_inputs(c, rng, ops);
+    const HcWeights& w = in.w;
+    const std::vector<float>& X = in.X;
     std::vector<float> x(size_t(c.n * c.dim)), post(size_t(c.n * c.hc)), comb(size_t(c.n * c.hc * c.hc));
     cpu.hc_pre(X.data(), w, c.n, x.data(), post.data(), comb.data());
 
@@ -106,6 +119,44 @@ TEST(CudaHc, HcPreMatchesCpu) {
     EXPECT_TRUE(compare(to_host(ops, dpost, post.size()), post, kCoefTol, "post " + what));
     EXPECT_TRUE(compare(to_host(ops, dcomb, comb.size()), comb, kCoefTol, "comb " + what));
     EXPECT_TRUE(compare(to_host(ops, dx, x.size()), x, kCollapseTol, "x " + what));
+  }
+#endif
+}
+
+// hc_pre_norm: hc_pre's outputs within its tolerances, and xn the RMSNorm of the GPU's own x (the CPU's
+// rms_norm of it, to the norm's summation-order tolerance of test_norm_rope: 1e-6 absolute, 1e-5 relative).
+TEST(CudaHc, HcPreNormMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  for (const Case& c : kCases) {
+    const ModelConfig cfg = hc_config(c.hc, c.dim);
+    CudaOps ops(cfg);
+    CpuOps cpu(cfg);
+    const PreInputs in = pre_inputs(c, rng, ops);
+    const HcWeights& w = in.w;
+    const std::vector<float>& X = in.X;
+    const std::vector<float> gamma = random_floats(size_t(c.dim), rng, 0.5f, 1.5f);
+    ops.upload(gamma);
+    settle();
+    std::vector<float> x(size_t(c.n * c.dim)), xn(x.size()), post(size_t(c.n * c.hc)), comb(size_t(c.n * c.hc * c.hc));
+    cpu.hc_pre_norm(X.data(), w, gamma, c.n, c.dim, x.data(), xn.data(), post.data(), comb.data());
+
+    float* dx = poisoned(ops, x.size(), c.shift);
+    float* dxn = poisoned(ops, xn.size(), c.shift);
+    float* dpost = poisoned(ops, post.size(), 0);
+    float* dcomb = poisoned(ops, comb.size(), 0);
+    ops.hc_pre_norm(to_device(ops, X, c.shift), w, gamma, c.n, c.dim, dx, dxn, dpost, dcomb);
+    const std::string what = cat("hc=", c.hc, " dim=", c.dim, " n=", c.n, " fn ", dtype_name(c.fn_dtype),
+                                 " shift=", c.shift);
+    const auto got_x = to_host(ops, dx, x.size());
+    EXPECT_TRUE(compare(to_host(ops, dpost, post.size()), post, kCoefTol, "post " + what));
+    EXPECT_TRUE(compare(to_host(ops, dcomb, comb.size()), comb, kCoefTol, "comb " + what));
+    EXPECT_TRUE(compare(got_x, x, kCollapseTol, "x " + what));
+    std::vector<float> xn_of_got(x.size());
+    cpu.rms_norm(got_x.data(), &gamma, c.n, c.dim, xn_of_got.data());
+    EXPECT_TRUE(compare(to_host(ops, dxn, xn.size()), xn_of_got, Tolerance{1e-6, 1e-5}, "xn " + what));
   }
 #endif
 }

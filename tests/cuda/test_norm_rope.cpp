@@ -1,4 +1,5 @@
-// norm_rope family: rms_norm and rope on the GPU against CpuOps, at V4-Flash shapes and odd ones.
+// norm_rope family: rms_norm, rope and the fused norm_rope / kv_finish on the GPU against CpuOps, at V4-Flash
+// shapes and odd ones.
 #include <cmath>
 #include <cstdio>
 #include <deque>
@@ -114,6 +115,85 @@ TEST(CudaNormRope, RopeMatchesCpu) {
     for (size_t i = 0; i < got.size(); ++i) differing += got[i] != want[i];
     EXPECT_TRUE(compare(got, want, tol, c.what)) << differing << " elements not bit-identical";
     if (differing) std::printf("rope '%s': %zu of %zu elements differ in the last bits\n", c.what, differing, got.size());
+  }
+#endif
+}
+
+// norm_rope: RMSNorm bit-identical to the CPU's (same 8 partial sums, same tree, unfused products), then the
+// rotation of RopeMatchesCpu: channels before the rope range must match bit for bit, the rope channels within
+// RopeMatchesCpu's sin/cos bound (outputs ≤ ~4 in magnitude here: 1e-6 absolute).
+TEST(CudaNormRope, NormRopeMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  const ModelConfig cfg = v4_config();
+  CudaOps ops(cfg);
+  CpuOps cpu(cfg);
+  std::deque<std::vector<float>> gains;
+  struct Case {
+    const char* what;
+    int64_t rows, dim, rows_per_pos, pos0;
+    RopeKind kind;
+    bool weighted;
+  };
+  for (const Case& c : {Case{"q decode, 64 heads", 64, 512, 64, 4095, RopeKind::kPlain, false},
+                        Case{"q prefill, compressed", 7 * 64, 512, 64, 1000, RopeKind::kCompressed, false},
+                        Case{"kv rows", 19, 512, 1, 70000, RopeKind::kCompressed, true},
+                        Case{"narrow rows, 3 per position", 11, 70, 3, 5, RopeKind::kPlain, true},
+                        Case{"dim not a multiple of 8", 4, 1030, 1, 0, RopeKind::kPlain, true}}) {
+    const auto x = random_floats(size_t(c.rows * c.dim), rng, -3.0f, 3.0f);
+    const std::vector<float>& gamma = gains.emplace_back(random_floats(size_t(c.dim), rng, 0.5f, 1.5f));
+    const std::vector<float>* g = c.weighted ? &gamma : nullptr;
+    if (g) ops.upload(gamma);
+    settle();
+    const int64_t offset = c.dim - cfg.rope_dim;
+    std::vector<float> want = x;
+    cpu.norm_rope(want.data(), g, c.rows, c.dim, offset, c.rows_per_pos, c.pos0, c.kind);
+    float* dx = to_device(ops, x);
+    ops.norm_rope(dx, g, c.rows, c.dim, offset, c.rows_per_pos, c.pos0, c.kind);
+    const auto got = to_host(ops, dx, x.size());
+    size_t norm_differing = 0;
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t i = 0; i < offset; ++i) norm_differing += got[size_t(r * c.dim + i)] != want[size_t(r * c.dim + i)];
+    EXPECT_EQ(norm_differing, 0u) << c.what << ": normed channels not bit-identical";
+    EXPECT_TRUE(compare(got, want, Tolerance{1e-6, 0.0}, c.what));
+  }
+#endif
+}
+
+// kv_finish into a compact ring (CUDA: norm_rope, then the store that rounds like sim_fp8) against the CPU's
+// four ops into an fp32 ring. Both rings start from the same random simulated contents; the step wraps
+// around the ring. The FP8 channels must agree bit for bit (exact norm, the same rounding), the fp32 rope
+// channels as NormRopeMatchesCpu, and untouched slots must keep their contents.
+TEST(CudaNormRope, KvFinishMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  const ModelConfig cfg = v4_config();
+  CudaOps ops(cfg);
+  CpuOps cpu(cfg);
+  const int64_t d = 512, nope = d - cfg.rope_dim, slots = 37;
+  const std::vector<float> gamma = random_floats(size_t(d), rng, 0.5f, 1.5f);
+  ops.upload(gamma);
+  for (const auto& [n, pos0] : {std::pair<int64_t, int64_t>{1, 4095}, {13, 30}, {5, 0}}) {
+    std::vector<float> ring = random_floats(size_t(slots * d), rng, -2.0f, 2.0f);
+    cpu.sim_fp8(ring.data(), slots, d, nope, 64);  // stored rows are simulated
+    float* dring = ops.alloc_cache(CacheFormat::kFp8Kv, slots, d);
+    ops.write_cache(dring, slots, d, ring.data());
+    const auto kv = random_floats(size_t(n * d), rng, -3.0f, 3.0f);
+    std::vector<float> kv_cpu = kv;
+    cpu.kv_finish(kv_cpu.data(), gamma, n, d, nope, pos0, RopeKind::kCompressed, true, slots, ring.data());
+    ops.kv_finish(to_device(ops, kv), gamma, n, d, nope, pos0, RopeKind::kCompressed, true, slots, dring);
+    std::vector<float> got(ring.size());
+    ops.read_cache(dring, slots, d, got.data());
+    size_t fp8_differing = 0;
+    for (int64_t r = 0; r < slots; ++r)
+      for (int64_t i = 0; i < nope; ++i) fp8_differing += got[size_t(r * d + i)] != ring[size_t(r * d + i)];
+    const std::string what = cat("kv_finish n=", n, " pos0=", pos0);
+    EXPECT_EQ(fp8_differing, 0u) << what << ": FP8 channels not bit-identical";
+    EXPECT_TRUE(compare(got, ring, Tolerance{1e-6, 0.0}, what));
   }
 #endif
 }

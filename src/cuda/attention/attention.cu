@@ -14,6 +14,7 @@
 
 #include "cuda/attention/attention.h"
 #include "cuda/attention/kv_cache.cuh"
+#include "cuda/norm_rope/rotate.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
@@ -46,7 +47,28 @@ struct AttnKernelParams {
   int64_t ring_slots, window_size, top_k, ratio, pos0;
   int n, heads, head_dim, splits, keys_per_split;
   float scale;
+  const float* inv_freq;    // derotation: [rope pairs] (nullptr: none); channels [rope_offset, d) turn back
+  int rope_offset;          // a multiple of 4
 };
+
+// The derotation's (cos, −sin) for every rope pair of query row i, computed once per block into rot_s (read
+// after a barrier): every head of the row turns by the same angles.
+__device__ __forceinline__ void derotation_table(const AttnKernelParams& p, int64_t i, float2* rot_s) {
+  const int pairs = (p.head_dim - p.rope_offset) / 2;
+  if (p.inv_freq)
+    for (int j = int(threadIdx.x); j < pairs; j += int(blockDim.x))
+      rot_s[j] = rope_cos_sin(p.pos0 + i, p.inv_freq[j], /*inverse=*/true);
+}
+
+// The output's float4 column f, derotated with the table when asked (AttentionParams::derotate).
+__device__ __forceinline__ float4 output_column(const AttnKernelParams& p, const float2* rot_s, int f, float4 v) {
+  if (p.inv_freq && 4 * f >= p.rope_offset) {
+    const int pair = (4 * f - p.rope_offset) / 2;
+    rotate(v.x, v.y, rot_s[pair]);
+    rotate(v.z, v.w, rot_s[pair + 1]);
+  }
+  return v;
+}
 
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
   const unsigned dst = unsigned(__cvta_generic_to_shared(smem_dst));
@@ -98,6 +120,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
   float* p_s = reinterpret_cast<float*>(k_s + kTileKeys * d4);
   __shared__ const uint8_t* rows_s[kTileKeys];
   __shared__ float m_s[kHeadsPerBlock], l_s[kHeadsPerBlock], alpha_s[kHeadsPerBlock];
+  __shared__ float2 rot_s[kMaxHeadDim / 2];  // the output's derotation (splits == 1)
   pdl_wait();
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -119,6 +142,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
     m_s[tid] = -INFINITY;
     l_s[tid] = 0.0f;
   }
+  if (p.splits == 1) derotation_table(p, i, rot_s);  // published by the key loop's barriers
 
   // QK roles: 8-thread group (hq, kq) computes heads 4hq..4hq+3 × keys 4kq..4kq+3, thread `slice` of the
   // group takes float4 columns slice, slice + 8, ... (8 consecutive float4 per access: no bank conflicts).
@@ -253,8 +277,8 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
       for (int r = 0; r < 2; ++r) {
         const int f = pv_col + 64 * r;
         if (f < d4)
-          out4[f] = make_float4(acc[a][r].x * factor, acc[a][r].y * factor, acc[a][r].z * factor,
-                                acc[a][r].w * factor);
+          out4[f] = output_column(p, rot_s, f, make_float4(acc[a][r].x * factor, acc[a][r].y * factor,
+                                                           acc[a][r].z * factor, acc[a][r].w * factor));
       }
     } else {
       const int64_t part = (i * p.splits + split) * p.heads + head0 + head;  // [n, splits, H]
@@ -276,6 +300,7 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(AttnKerne
   __shared__ float weight_s[kMaxSplits];
   __shared__ float4 group_s[kCombineGroups - 1][kMaxHeadDim / 4];
   __shared__ float red_s[kCombineThreads / 32];
+  __shared__ float2 rot_s[kMaxHeadDim / 2];  // the output's derotation
   pdl_wait();
   const int h = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, d4 = p.head_dim / 4;
   const int f = tid % (kMaxHeadDim / 4), g = tid / (kMaxHeadDim / 4);
@@ -292,6 +317,7 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(AttnKerne
   }
   const float sink = p.sinks[h];
   const float2 part = tid < p.splits ? p.part_ml[(i * p.splits + tid) * p.heads + h] : make_float2(-INFINITY, 0.0f);
+  derotation_table(p, i, rot_s);  // while the loads fly; published by the reductions' barriers
 
   const auto block_reduce = [&](float x, bool is_max) {
     x = is_max ? warp_max(x) : warp_sum(x);
@@ -338,7 +364,7 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(AttnKerne
   }
   const float inv = 1.0f / denom;
   reinterpret_cast<float4*>(p.out + (i * p.heads + h) * p.head_dim)[f] =
-      make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+      output_column(p, rot_s, f, make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv));
 }
 
 size_t attn_smem_bytes(int64_t head_dim) {
@@ -419,6 +445,13 @@ void attention_split_kv(CudaOps& ops, const AttentionParams& p, int splits) {
   k.splits = splits;
   k.keys_per_split = int(keys_per_split);
   k.scale = p.scale;
+  if (p.derotate) {
+    const int64_t rope_dim = ops.config().rope_dim;
+    DSV4_CHECK(rope_dim >= 4 && rope_dim % 4 == 0 && rope_dim <= p.head_dim, "attention: derotating ", rope_dim,
+               " rope channels of ", p.head_dim, " (needs a multiple of 4)");
+    k.inv_freq = ops.inv_freq(p.rope);
+    k.rope_offset = int(p.head_dim - rope_dim);
+  }
   if (splits > 1) {
     // Sized for the most splits the heuristic can pick at this n, so decode does not regrow it as the
     // context deepens.

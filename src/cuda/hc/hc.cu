@@ -8,6 +8,8 @@
 //              the CPU does, then warp 0 computes pre, post and the Sinkhorn–Knopp projection of comb with one
 //              lane per matrix entry (row/column sums by shuffles, in the CPU's sequential order), and the block
 //              collapses x = Σ_j pre[j]·X[j] over its slice (unfused fp32, the CPU's order).
+//              hc_pre_norm: one block per token covers all of D in kSlices slices and also writes
+//              xn = γ·(x·inv), inv = 1 / sqrt(Σx²/D + eps) (rms_norm's arithmetic; one launch less).
 // NOTE: X is read twice (once per kernel); at decode the second read hits L2 (64 KiB per token at V4 sizes),
 // while fn (1.5 MiB fp32 per site) is spread over every SM by the split-K — that is where the time goes.
 // hc_post: block (D slice, token), post and comb in shared memory, X'[k] = post[k]·f + Σ_j C[j][k]·X[j] in place.
@@ -104,6 +106,9 @@ struct HcFinishParams {
   float* x;                // [n, D]
   float* post;             // [n, hc], nullptr for hc_head
   float* comb;             // [n, hc, hc], nullptr for hc_head
+  const float* gamma = nullptr;  // hc_pre_norm: [D] RMSNorm gain of xn
+  float* xn = nullptr;           // hc_pre_norm: [n, D]
+  float rms_eps = 0.0f;
 };
 
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
@@ -139,22 +144,35 @@ __device__ float sinkhorn_entry(float logit, int hc, int iters, float eps) {
   return c;
 }
 
-template <int N>
+// kSlices: slices of kFinishThreads·N columns per block (grid.x · kSlices slices cover D); with p.xn set the
+// grid has one block per token (kSlices slices cover D) and the block also writes the RMSNorm.
+template <int N, int kSlices>
 __global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParams p) {
   cuda::pdl_wait();
   constexpr int kWarps = kFinishThreads / 32;
   __shared__ double chunk_sums[kWarps][32];
   __shared__ float pre[kMaxHc];
+  __shared__ float warp_sumsq[kWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = blockIdx.y;
 
-  // This thread's slice of the streams, loaded now: the loads overlap the coefficient work below.
-  const int64_t c = (int64_t(blockIdx.x) * kFinishThreads + threadIdx.x) * N;
-  const float* Xt = p.X + t * p.hc * p.D;
-  Pack<N> streams[kMaxHc];
+  // This thread's columns of the streams, loaded now: the loads overlap the coefficient work below.
+  int64_t c[kSlices];
 #pragma unroll
-  for (int j = 0; j < kMaxHc; ++j)
-    if (j < p.hc && c < p.D) streams[j] = cuda::load_pack<N>(Xt + j * p.D + c);
+  for (int s = 0; s < kSlices; ++s) c[s] = ((int64_t(blockIdx.x) * kSlices + s) * kFinishThreads + threadIdx.x) * N;
+  const float* Xt = p.X + t * p.hc * p.D;
+  Pack<N> streams[kSlices][kMaxHc];
+#pragma unroll
+  for (int s = 0; s < kSlices; ++s)
+#pragma unroll
+    for (int j = 0; j < kMaxHc; ++j)
+      if (j < p.hc && c[s] < p.D) streams[s][j] = cuda::load_pack<N>(Xt + j * p.D + c[s]);
+  Pack<N> gain[kSlices];  // hc_pre_norm's γ, also in flight before the coefficient work
+  if (p.xn) {
+#pragma unroll
+    for (int s = 0; s < kSlices; ++s)
+      if (c[s] < p.D) gain[s] = cuda::load_pack<N>(p.gamma + c[s]);
+  }
 
   // Value `lane` (rows 0..M−1 of fn·v, then Σ v² at M) summed over the chunks: warp w takes chunks w, w + 8, ...
   double s = 0.0;
@@ -188,17 +206,38 @@ __global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParam
   }
   __syncthreads();
 
-  if (c >= p.D) return;
-  Pack<N> acc;
+  Pack<N> acc[kSlices];
+  float sumsq = 0.0f;
 #pragma unroll
-  for (int k = 0; k < N; ++k) acc.v[k] = 0.0f;
+  for (int s = 0; s < kSlices; ++s) {
 #pragma unroll
-  for (int j = 0; j < kMaxHc; ++j) {
-    if (j >= p.hc) break;
+    for (int k = 0; k < N; ++k) acc[s].v[k] = 0.0f;
+    if (c[s] >= p.D) continue;
 #pragma unroll
-    for (int k = 0; k < N; ++k) acc.v[k] = __fadd_rn(acc.v[k], __fmul_rn(pre[j], streams[j].v[k]));
+    for (int j = 0; j < kMaxHc; ++j) {
+      if (j >= p.hc) break;
+#pragma unroll
+      for (int k = 0; k < N; ++k) acc[s].v[k] = __fadd_rn(acc[s].v[k], __fmul_rn(pre[j], streams[s][j].v[k]));
+    }
+    cuda::store_pack<N>(p.x + t * p.D + c[s], acc[s]);
+#pragma unroll
+    for (int k = 0; k < N; ++k) sumsq += acc[s].v[k] * acc[s].v[k];
   }
-  cuda::store_pack<N>(p.x + t * p.D + c, acc);
+  if (!p.xn) return;  // block-uniform
+  for (int offset = 16; offset > 0; offset /= 2) sumsq += __shfl_xor_sync(0xffffffffu, sumsq, offset);
+  if (lane == 0) warp_sumsq[warp] = sumsq;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < kWarps; ++w) total += warp_sumsq[w];
+  const float inv = 1.0f / sqrtf(total / float(p.D) + p.rms_eps);
+#pragma unroll
+  for (int s = 0; s < kSlices; ++s) {
+    if (c[s] >= p.D) continue;
+    Pack<N> y;
+#pragma unroll
+    for (int k = 0; k < N; ++k) y.v[k] = gain[s].v[k] * (acc[s].v[k] * inv);
+    cuda::store_pack<N>(p.xn + t * p.D + c[s], y);
+  }
 }
 
 // ---- hc_post
@@ -256,10 +295,23 @@ void launch_hc_mix(const HcMixParams& p, int rows_per_warp, dim3 grid, cudaStrea
   }
 }
 
-// Shared by hc_pre (M = (2 + hc)·hc, post and comb written) and hc_head (M = hc, pre only).
+template <int N, int kSlices>
+void launch_hc_finish(const HcFinishParams& p, dim3 grid, cudaStream_t stream, bool pdl) {
+  cuda::launch_pdl(hc_finish_kernel<N, kSlices>, grid, dim3(kFinishThreads), 0, stream, pdl, p);
+}
+
+// Slices per block that let one block cover D columns in packs of 4 (hc_pre_norm); 0: D is too wide.
+int norm_slices(int64_t D) {
+  for (int s : {1, 2, 4, 8})
+    if (D <= int64_t(s) * kFinishThreads * 4) return s;
+  return 0;
+}
+
+// Shared by hc_pre (M = (2 + hc)·hc, post and comb written), hc_pre_norm (also xn = RMSNorm(x) with gain
+// gamma; the caller checked norm_slices) and hc_head (M = hc, pre only).
 void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std::vector<float>& base,
-                        const std::vector<float>& scale, int64_t n, float* x, float* post, float* comb,
-                        const char* what) {
+                 const std::vector<float>& scale, int64_t n, float* x, float* post, float* comb, const char* what,
+                 const float* gamma = nullptr, float* xn = nullptr) {
   const ModelConfig& cfg = ops.config();
   const int64_t hc = cfg.hc_mult, D = cfg.dim, K = hc * D;
   const int64_t M = post ? (2 + hc) * hc : hc;
@@ -288,11 +340,25 @@ void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std:
   if (vec) launch_hc_mix<4>(mix, rows_per_warp, mix_grid, ops.stream(), ops.pdl());
   else launch_hc_mix<1>(mix, rows_per_warp, mix_grid, ops.stream(), ops.pdl());
 
-  const HcFinishParams fin{X,  partial, chunks, n, D, int(hc), int(M), ops.dev(base), ops.dev(scale),
-                           float(cfg.hc_eps), cfg.norm_eps, int(cfg.hc_sinkhorn_iters), x, post, comb};
+  HcFinishParams fin{X,  partial, chunks, n, D, int(hc), int(M), ops.dev(base), ops.dev(scale),
+                     float(cfg.hc_eps), cfg.norm_eps, int(cfg.hc_sinkhorn_iters), x, post, comb};
+  if (xn) {
+    DSV4_ASSERT(vec_d && cuda::aligned16(xn) && cuda::aligned16(gamma));
+    fin.gamma = gamma;
+    fin.xn = xn;
+    fin.rms_eps = float(cfg.norm_eps);
+    const dim3 grid(1, unsigned(n));
+    switch (norm_slices(D)) {
+      case 1: launch_hc_finish<4, 1>(fin, grid, ops.stream(), ops.pdl()); break;
+      case 2: launch_hc_finish<4, 2>(fin, grid, ops.stream(), ops.pdl()); break;
+      case 4: launch_hc_finish<4, 4>(fin, grid, ops.stream(), ops.pdl()); break;
+      default: launch_hc_finish<4, 8>(fin, grid, ops.stream(), ops.pdl()); break;
+    }
+    return;
+  }
   const dim3 fin_grid(unsigned(cuda::ceil_div(D, kFinishThreads * (vec_d ? 4 : 1))), unsigned(n));
-  if (vec_d) cuda::launch_pdl(hc_finish_kernel<4>, dim3(fin_grid), dim3(kFinishThreads), 0, ops.stream(), ops.pdl(), fin);
-  else cuda::launch_pdl(hc_finish_kernel<1>, dim3(fin_grid), dim3(kFinishThreads), 0, ops.stream(), ops.pdl(), fin);
+  if (vec_d) launch_hc_finish<4, 1>(fin, fin_grid, ops.stream(), ops.pdl());
+  else launch_hc_finish<1, 1>(fin, fin_grid, ops.stream(), ops.pdl());
 }
 
 }  // namespace
@@ -300,6 +366,18 @@ void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std:
 void CudaOps::hc_pre(const float* X, const HcWeights& w, int64_t n, float* x, float* post, float* comb) {
   DSV4_CHECK(post && comb, "hc_pre: post and comb outputs are required");
   hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre");
+}
+
+void CudaOps::hc_pre_norm(const float* X, const HcWeights& w, const std::vector<float>& gamma, int64_t n,
+                          int64_t dim, float* x, float* xn, float* post, float* comb) {
+  DSV4_CHECK(post && comb, "hc_pre_norm: post and comb outputs are required");
+  DSV4_CHECK(dim == config_.dim && int64_t(gamma.size()) == dim, "hc_pre_norm: gain of ", gamma.size(),
+             " for rows of ", dim, " (model dim ", config_.dim, ")");
+  const float* g = dev(gamma);
+  const bool fused = norm_slices(dim) > 0 && dim % 4 == 0 && cuda::aligned16(X) && cuda::aligned16(x) &&
+                     cuda::aligned16(xn) && cuda::aligned16(g);
+  if (!fused) return Ops::hc_pre_norm(X, w, gamma, n, dim, x, xn, post, comb);
+  hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn);
 }
 
 void CudaOps::hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y) {
