@@ -220,8 +220,10 @@ __global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParam
       for (int k = 0; k < N; ++k) acc[s].v[k] = __fadd_rn(acc[s].v[k], __fmul_rn(pre[j], streams[s][j].v[k]));
     }
     cuda::store_pack<N>(p.x + t * p.D + c[s], acc[s]);
+    if (p.xn) {  // block-uniform: only hc_pre_norm needs the sum
 #pragma unroll
-    for (int k = 0; k < N; ++k) sumsq += acc[s].v[k] * acc[s].v[k];
+      for (int k = 0; k < N; ++k) sumsq += acc[s].v[k] * acc[s].v[k];
+    }
   }
   if (!p.xn) return;  // block-uniform
   for (int offset = 16; offset > 0; offset /= 2) sumsq += __shfl_xor_sync(0xffffffffu, sumsq, offset);
