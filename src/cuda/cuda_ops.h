@@ -114,6 +114,9 @@ class CudaOps final : public Ops {
   void hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y) override;
   void hc_pre_norm(const float* X, const HcWeights& w, const std::vector<float>& gamma, int64_t n, int64_t dim,
                    float* x, float* xn, float* post, float* comb) override;
+  void hc_post_pre_norm(const float* f, const float* post, const float* comb, int64_t n, float* X, const HcWeights& w,
+                        const std::vector<float>& gamma, int64_t dim, float* x, float* xn, float* post_out,
+                        float* comb_out) override;
 
   void compressor(const CompressorWeights& w, CompressorState& state, const float* x, int64_t pos0, int64_t n,
                   EntrySim sim) override;

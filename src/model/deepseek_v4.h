@@ -82,6 +82,7 @@ class DeepseekV4 {
   };
   // `layer` indexes SequenceState::layers (mtp = false) or ::mtp (mtp = true).
   void block(const LayerWeights& l, size_t layer, bool mtp, int64_t n);
+  void mix_in(const HcWeights& hc, const std::vector<float>& norm, int64_t n);
   void attention(const LayerWeights& l, size_t layer, bool mtp, int64_t n);
   void query(const AttentionWeights& w, RopeKind rope, int64_t n);
   void key_value(const AttentionWeights& w, size_t layer, bool mtp, RopeKind rope, int64_t n);
@@ -103,6 +104,7 @@ class DeepseekV4 {
   SequenceState state_;
   Activations act_;
   std::vector<Span> spans_;        // the current step's sequences
+  bool post_pending_ = false;      // sub_out holds a sub-block's output that is not mixed back into X yet
   std::vector<float> host_logits_;  // gathered logits rows of one step, before scattering
 
 };

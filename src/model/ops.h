@@ -156,6 +156,15 @@ class Ops {
     hc_pre(X, w, n, x, post, comb);
     rms_norm(x, &gamma, n, dim, xn);
   }
+  // hc_post of a sub-block's output f into X, then hc_pre_norm of the next sub-block on the updated X: the two
+  // in one call, which a backend may fuse (every sub-block of a step but the first starts so). post and comb
+  // are read before post_out and comb_out are written: they may be the same buffers.
+  virtual void hc_post_pre_norm(const float* f, const float* post, const float* comb, int64_t n, float* X,
+                                const HcWeights& w, const std::vector<float>& gamma, int64_t dim, float* x,
+                                float* xn, float* post_out, float* comb_out) {
+    hc_post(f, post, comb, n, X);
+    hc_pre_norm(X, w, gamma, n, dim, x, xn, post_out, comb_out);
+  }
 
   // ---- attention family
   // Feeds tokens pos0 .. pos0+n−1 (normed attention input x [n, D]) through a compressor, emitting every

@@ -1,4 +1,4 @@
-// hc family: hc_pre, hc_pre_norm, hc_post and hc_head on the GPU against CpuOps, at V4-Flash sizes (hc 4 × dim 4096,
+// hc family: hc_pre, hc_pre_norm, hc_post, hc_post_pre_norm and hc_head on the GPU against CpuOps, at V4-Flash sizes (hc 4 × dim 4096,
 // fn [24, 16384] F32) and odd ones.
 #include <cmath>
 #include <cstring>
@@ -214,6 +214,50 @@ TEST(CudaHc, HcPostMatchesCpu) {
     ops.hc_post(to_device(ops, f, c.shift), to_device(ops, post, 0), to_device(ops, comb, 0), c.n, dX);
     EXPECT_TRUE(compare(to_host(ops, dX, want.size()), want, Tolerance{1e-6, 0.0},
                         cat("hc_post hc=", c.hc, " dim=", c.dim, " n=", c.n, " shift=", c.shift)));
+  }
+#endif
+}
+
+// hc_post_pre_norm: X as hc_post leaves it (the same operations: 1e-6 absolute), then hc_pre_norm's outputs on
+// that X within hc_pre_norm's tolerances. post and comb are read and written through the same buffers, as the
+// model calls it. Decode-sized cases (n ≤ 8, dim % 4 == 0, aligned) take the fused kernel, the others the
+// default composition.
+TEST(CudaHc, HcPostPreNormMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  for (const Case& c : kCases) {
+    const ModelConfig cfg = hc_config(c.hc, c.dim);
+    CudaOps ops(cfg);
+    CpuOps cpu(cfg);
+    const PreInputs in = pre_inputs(c, rng, ops);
+    const std::vector<float> gamma = random_floats(size_t(c.dim), rng, 0.5f, 1.5f);
+    ops.upload(gamma);
+    settle();
+    const auto f = random_floats(size_t(c.n * c.dim), rng);
+    const auto post_in = random_floats(size_t(c.n * c.hc), rng, 0.0f, 2.0f);
+    const auto comb_in = random_floats(size_t(c.n * c.hc * c.hc), rng, 0.0f, 1.0f);
+    std::vector<float> X = in.X, x(size_t(c.n * c.dim)), xn(x.size()), post = post_in, comb = comb_in;
+    cpu.hc_post_pre_norm(f.data(), post.data(), comb.data(), c.n, X.data(), in.w, gamma, c.dim, x.data(), xn.data(),
+                         post.data(), comb.data());
+
+    float* dX = to_device(ops, in.X, c.shift);
+    float* dx = poisoned(ops, x.size(), c.shift);
+    float* dxn = poisoned(ops, xn.size(), c.shift);
+    float* dpost = to_device(ops, post_in, 0);
+    float* dcomb = to_device(ops, comb_in, 0);
+    ops.hc_post_pre_norm(to_device(ops, f, c.shift), dpost, dcomb, c.n, dX, in.w, gamma, c.dim, dx, dxn, dpost, dcomb);
+    const std::string what = cat("hc=", c.hc, " dim=", c.dim, " n=", c.n, " fn ", dtype_name(c.fn_dtype),
+                                 " shift=", c.shift);
+    EXPECT_TRUE(compare(to_host(ops, dX, X.size()), X, Tolerance{1e-6, 0.0}, "X " + what));
+    const auto got_x = to_host(ops, dx, x.size());
+    EXPECT_TRUE(compare(to_host(ops, dpost, post.size()), post, kCoefTol, "post " + what));
+    EXPECT_TRUE(compare(to_host(ops, dcomb, comb.size()), comb, kCoefTol, "comb " + what));
+    EXPECT_TRUE(compare(got_x, x, kCollapseTol, "x " + what));
+    std::vector<float> xn_of_got(x.size());
+    cpu.rms_norm(got_x.data(), &gamma, c.n, c.dim, xn_of_got.data());
+    EXPECT_TRUE(compare(to_host(ops, dxn, xn.size()), xn_of_got, Tolerance{1e-6, 1e-5}, "xn " + what));
   }
 #endif
 }

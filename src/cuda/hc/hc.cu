@@ -4,15 +4,20 @@
 //   hc_mix     split-K over the flattened streams v = X[t] (K = hc·D columns): block (chunk, 8-token tile), each
 //              warp owns a few rows of fn plus, as the extra row M, Σ v²; lanes stride the chunk with 16-byte
 //              loads, so fn is read once per token tile and X once. Writes per-chunk partials [chunks, n, M+1].
-//   hc_finish  block (token, D slice): sums the partials over the chunks (fp64, fixed order), rinv in fp64 as
-//              the CPU does, then warp 0 computes pre, post and the Sinkhorn–Knopp projection of comb with one
-//              lane per matrix entry (row/column sums by shuffles, in the CPU's sequential order), and the block
-//              collapses x = Σ_j pre[j]·X[j] over its slice (unfused fp32, the CPU's order).
+//   hc_finish  block (token, D slice): 8 collapse warps sum the partials over the chunks (fp64, fixed order);
+//              the coefficient warp computes rinv in fp64 as the CPU does and pre, hands pre over at a named
+//              barrier, then computes post and the Sinkhorn–Knopp projection of comb (one lane per matrix entry,
+//              row/column sums by shuffles in the CPU's sequential order) while the collapse warps compute
+//              x = Σ_j pre[j]·X[j] over the slice (unfused fp32, the CPU's order): the 20 serial Sinkhorn
+//              iterations overlap the collapse instead of preceding it.
 //              hc_pre_norm: one block per token covers all of D in kSlices slices and also writes
 //              xn = γ·(x·inv), inv = 1 / sqrt(Σx²/D + eps) (rms_norm's arithmetic; one launch less).
 // NOTE: X is read twice (once per kernel); at decode the second read hits L2 (64 KiB per token at V4 sizes),
 // while fn (1.5 MiB fp32 per site) is spread over every SM by the split-K — that is where the time goes.
 // hc_post: block (D slice, token), post and comb in shared memory, X'[k] = post[k]·f + Σ_j C[j][k]·X[j] in place.
+// hc_post_pre_norm at decode (n ≤ kPostMixMaxTokens): hc_post_mix replaces hc_post + hc_mix — block (128-column
+// slice of D, token) computes X' over its slice of every stream as hc_post does, writes it, and dots it with its
+// warps' fn rows (loaded before waiting for the predecessor): the partials hc_finish sums, one launch less.
 #include <algorithm>
 
 #include "cuda/common/check.h"
@@ -29,8 +34,15 @@ using cuda::Pack;
 constexpr int kMaxHc = 4;                 // comb has hc² ≤ 32 entries: one warp lane each
 constexpr int kMixWarps = 8;
 constexpr int kMixTokens = 8;             // tokens per hc_mix block: fn is re-read once per tile
-constexpr int kFinishThreads = 256;
+constexpr int kCollapseWarps = 8;         // hc_finish: warps 0..7 collapse, warp 8 computes the coefficients
+constexpr int kCollapseThreads = kCollapseWarps * 32;
+constexpr int kFinishThreads = kCollapseThreads + 32;
+// Named barriers of hc_finish (0 is __syncthreads'): the chunk sums handed to the coefficient warp, pre handed
+// back to the collapse warps, and the collapse warps' RMSNorm sum.
+constexpr int kBarrierSums = 1, kBarrierPre = 2, kBarrierCollapse = 3;
 constexpr int kPostThreads = 128;
+constexpr int kPostMixCols = 32 * 4;      // hc_post_mix: columns of D per block, a pack of 4 per lane
+constexpr int64_t kPostMixMaxTokens = 8;  // hc_post_mix re-reads fn per token: decode-sized steps only
 
 // ---- hc_mix: partial fn·v and Σ v² per column chunk
 
@@ -122,44 +134,92 @@ __device__ __forceinline__ float affine(float m, float scale, float base) { retu
 __device__ float sinkhorn_entry(float logit, int hc, int iters, float eps) {
   const int lane = threadIdx.x % 32, j = lane / hc, k = lane % hc;
   const auto row_entry = [&](float v, int kk) { return __shfl_sync(0xffffffffu, v, (j * hc + kk) % 32); };
-  const auto col_entry = [&](float v, int jj) { return __shfl_sync(0xffffffffu, v, jj * hc + k); };
-  float mx = row_entry(logit, 0);
-  for (int kk = 1; kk < hc; ++kk) mx = fmaxf(mx, row_entry(logit, kk));
-  const float e = expf(logit - mx);
-  float sum = 0.0f;
-  for (int kk = 0; kk < hc; ++kk) sum += row_entry(e, kk);
-  float c = e / sum + eps;
-  const auto normalise_cols = [&] {
+  const auto col_entry = [&](float v, int jj) { return __shfl_sync(0xffffffffu, v, (jj * hc + k) % 32); };
+  // Loops run to kMaxHc with a guard: unrolled, a row's or column's shuffles issue together before the
+  // sequential sum instead of one round trip per entry.
+  const auto row_sum = [&](float v) {
+    float r[kMaxHc];
+#pragma unroll
+    for (int kk = 0; kk < kMaxHc; ++kk) r[kk] = row_entry(v, kk);
     float s = 0.0f;
-    for (int jj = 0; jj < hc; ++jj) s += col_entry(c, jj);
-    c = c / (s + eps);
+#pragma unroll
+    for (int kk = 0; kk < kMaxHc; ++kk)
+      if (kk < hc) s += r[kk];
+    return s;
   };
-  normalise_cols();
-  for (int it = 1; it < iters; ++it) {
+  const auto col_sum = [&](float v) {
+    float r[kMaxHc];
+#pragma unroll
+    for (int jj = 0; jj < kMaxHc; ++jj) r[jj] = col_entry(v, jj);
     float s = 0.0f;
-    for (int kk = 0; kk < hc; ++kk) s += row_entry(c, kk);
-    c = c / (s + eps);
-    normalise_cols();
+#pragma unroll
+    for (int jj = 0; jj < kMaxHc; ++jj)
+      if (jj < hc) s += r[jj];
+    return s;
+  };
+  float row[kMaxHc];
+#pragma unroll
+  for (int kk = 0; kk < kMaxHc; ++kk) row[kk] = row_entry(logit, kk);
+  float mx = row[0];
+#pragma unroll
+  for (int kk = 1; kk < kMaxHc; ++kk)
+    if (kk < hc) mx = fmaxf(mx, row[kk]);
+  const float e = expf(logit - mx);
+  float c = e / row_sum(e) + eps;
+  c = c / (col_sum(c) + eps);
+  for (int it = 1; it < iters; ++it) {
+    c = c / (row_sum(c) + eps);
+    c = c / (col_sum(c) + eps);
   }
   return c;
 }
 
-// kSlices: slices of kFinishThreads·N columns per block (grid.x · kSlices slices cover D); with p.xn set the
+// A named barrier (`threads` a multiple of 32): the warp-specialised kernel's warps meet at different places in
+// the code, which __syncthreads does not allow.
+__device__ __forceinline__ void barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// kSlices: slices of kCollapseThreads·N columns per block (grid.x · kSlices slices cover D); with p.xn set the
 // grid has one block per token (kSlices slices cover D) and the block also writes the RMSNorm.
 template <int N, int kSlices>
 __global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParams p) {
   cuda::pdl_wait();
-  constexpr int kWarps = kFinishThreads / 32;
-  __shared__ double chunk_sums[kWarps][32];
+  __shared__ double chunk_sums[kCollapseWarps][32];
   __shared__ float pre[kMaxHc];
-  __shared__ float warp_sumsq[kWarps];
+  __shared__ float warp_sumsq[kCollapseWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = blockIdx.y;
 
-  // This thread's columns of the streams, loaded now: the loads overlap the coefficient work below.
+  if (warp == kCollapseWarps) {  // the coefficient warp
+    barrier_sync(kBarrierSums, kFinishThreads);  // the collapse warps' chunk sums
+    double total = 0.0;
+    for (int w = 0; w < kCollapseWarps; ++w) total += chunk_sums[w][lane];
+    // rinv in fp64 like the CPU's stream_rms_inv: 1 / sqrt(mean(v²) + eps) over the hc·D values.
+    const double sumsq = __shfl_sync(0xffffffffu, total, p.M);
+    const float rinv = float(1.0 / sqrt(sumsq / double(int64_t(p.hc) * p.D) + p.norm_eps));
+    const float m = __fmul_rn(float(total), rinv);  // lane i < M: mixing logit i before its affine map
+    if (lane < p.hc) pre[lane] = sigmoid(affine(m, p.scale[0], p.base[lane])) + p.hc_eps;
+    barrier_sync(kBarrierPre, kFinishThreads);  // the collapse warps are waiting there already
+    if (!p.post) return;
+    // Lane j < hc needs logit hc + j; lane l < hc² needs logit 2·hc + l.
+    const float m_post = __shfl_sync(0xffffffffu, m, (p.hc + lane) % 32);
+    const float m_comb = __shfl_sync(0xffffffffu, m, (2 * p.hc + lane) % 32);
+    const int hh = p.hc * p.hc;
+    const float logit = lane < hh ? affine(m_comb, p.scale[2], p.base[2 * p.hc + lane]) : 0.0f;
+    const float c = sinkhorn_entry(logit, p.hc, p.sinkhorn_iters, p.hc_eps);
+    if (blockIdx.x == 0) {
+      if (lane < p.hc) p.post[t * p.hc + lane] = 2.0f * sigmoid(affine(m_post, p.scale[1], p.base[p.hc + lane]));
+      if (lane < hh) p.comb[t * hh + lane] = c;
+    }
+    return;
+  }
+
+  // The collapse warps. This thread's columns of the streams, loaded now: the loads overlap the chunk sums
+  // and the coefficient warp's work.
   int64_t c[kSlices];
 #pragma unroll
-  for (int s = 0; s < kSlices; ++s) c[s] = ((int64_t(blockIdx.x) * kSlices + s) * kFinishThreads + threadIdx.x) * N;
+  for (int s = 0; s < kSlices; ++s) c[s] = ((int64_t(blockIdx.x) * kSlices + s) * kCollapseThreads + threadIdx.x) * N;
   const float* Xt = p.X + t * p.hc * p.D;
   Pack<N> streams[kSlices][kMaxHc];
 #pragma unroll
@@ -167,8 +227,11 @@ __global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParam
 #pragma unroll
     for (int j = 0; j < kMaxHc; ++j)
       if (j < p.hc && c[s] < p.D) streams[s][j] = cuda::load_pack<N>(Xt + j * p.D + c[s]);
-  Pack<N> gain[kSlices];  // hc_pre_norm's γ, also in flight before the coefficient work
-  if (p.xn) {
+  // hc_pre_norm's γ, also in flight before the coefficient work — but for the widest rows (V4-Pro), where the
+  // streams alone take 128 registers of the 224 that 288 threads leave each: there it is loaded at use.
+  constexpr bool kPrefetchGain = kSlices <= 4;
+  Pack<N> gain[kSlices];
+  if (kPrefetchGain && p.xn) {
 #pragma unroll
     for (int s = 0; s < kSlices; ++s)
       if (c[s] < p.D) gain[s] = cuda::load_pack<N>(p.gamma + c[s]);
@@ -178,33 +241,11 @@ __global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParam
   double s = 0.0;
   if (lane <= p.M) {
 #pragma unroll 16  // every load in flight at once: at decode each warp walks 16 chunks
-    for (int64_t k = warp; k < p.chunks; k += kWarps) s += p.partial[(k * p.n + t) * (p.M + 1) + lane];
+    for (int64_t k = warp; k < p.chunks; k += kCollapseWarps) s += p.partial[(k * p.n + t) * (p.M + 1) + lane];
   }
   chunk_sums[warp][lane] = s;
-  __syncthreads();
-
-  if (warp == 0) {
-    double total = 0.0;
-    for (int w = 0; w < kWarps; ++w) total += chunk_sums[w][lane];
-    // rinv in fp64 like the CPU's stream_rms_inv: 1 / sqrt(mean(v²) + eps) over the hc·D values.
-    const double sumsq = __shfl_sync(0xffffffffu, total, p.M);
-    const float rinv = float(1.0 / sqrt(sumsq / double(int64_t(p.hc) * p.D) + p.norm_eps));
-    const float m = __fmul_rn(float(total), rinv);  // lane i < M: mixing logit i before its affine map
-    if (lane < p.hc) pre[lane] = sigmoid(affine(m, p.scale[0], p.base[lane])) + p.hc_eps;
-    if (p.post) {
-      // Lane j < hc needs logit hc + j; lane l < hc² needs logit 2·hc + l.
-      const float m_post = __shfl_sync(0xffffffffu, m, (p.hc + lane) % 32);
-      const float m_comb = __shfl_sync(0xffffffffu, m, (2 * p.hc + lane) % 32);
-      const int hh = p.hc * p.hc;
-      const float logit = lane < hh ? affine(m_comb, p.scale[2], p.base[2 * p.hc + lane]) : 0.0f;
-      const float c = sinkhorn_entry(logit, p.hc, p.sinkhorn_iters, p.hc_eps);
-      if (blockIdx.x == 0) {
-        if (lane < p.hc) p.post[t * p.hc + lane] = 2.0f * sigmoid(affine(m_post, p.scale[1], p.base[p.hc + lane]));
-        if (lane < hh) p.comb[t * hh + lane] = c;
-      }
-    }
-  }
-  __syncthreads();
+  barrier_sync(kBarrierSums, kFinishThreads);  // the coefficient warp is waiting there already
+  barrier_sync(kBarrierPre, kFinishThreads);  // pre is ready
 
   Pack<N> acc[kSlices];
   float sumsq = 0.0f;
@@ -228,14 +269,15 @@ __global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParam
   if (!p.xn) return;  // block-uniform
   for (int offset = 16; offset > 0; offset /= 2) sumsq += __shfl_xor_sync(0xffffffffu, sumsq, offset);
   if (lane == 0) warp_sumsq[warp] = sumsq;
-  __syncthreads();
+  barrier_sync(kBarrierCollapse, kCollapseThreads);
   float total = 0.0f;
-  for (int w = 0; w < kWarps; ++w) total += warp_sumsq[w];
+  for (int w = 0; w < kCollapseWarps; ++w) total += warp_sumsq[w];
   const float inv = 1.0f / sqrtf(total / float(p.D) + p.rms_eps);
 #pragma unroll
   for (int s = 0; s < kSlices; ++s) {
     if (c[s] >= p.D) continue;
     Pack<N> y;
+    if (!kPrefetchGain) gain[s] = cuda::load_pack<N>(p.gamma + c[s]);
 #pragma unroll
     for (int k = 0; k < N; ++k) y.v[k] = gain[s].v[k] * (acc[s].v[k] * inv);
     cuda::store_pack<N>(p.xn + t * p.D + c[s], y);
@@ -286,6 +328,88 @@ __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(HcPostParams p) {
   }
 }
 
+// ---- hc_post_mix: hc_post, then hc_mix's partials of the updated streams
+
+struct HcPostMixParams {
+  HcPostParams post;      // f, post, comb, X (updated in place), n, D, hc
+  cuda::DeviceWeight fn;  // [M, hc·D]
+  float* partial;         // [chunks, n, M + 1], chunk b = columns [b·kPostMixCols, (b+1)·kPostMixCols) of each stream
+  int M;
+};
+
+// X'[k] at one pack of columns, in hc_post_kernel's order (unfused fp32, sum over j ascending).
+__device__ __forceinline__ void post_mix_pack(const Pack<4>& f, const Pack<4> (&streams)[kMaxHc], const float* post,
+                                              const float* C, int hc, Pack<4> (&out)[kMaxHc]) {
+#pragma unroll
+  for (int k = 0; k < kMaxHc; ++k) {
+    if (k >= hc) break;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float acc = __fmul_rn(post[k], f.v[e]);
+#pragma unroll
+      for (int j = 0; j < kMaxHc; ++j)
+        if (j < hc) acc = __fadd_rn(acc, __fmul_rn(C[j * hc + k], streams[j].v[e]));
+      out[k].v[e] = acc;
+    }
+  }
+}
+
+// grid (ceil(D / kPostMixCols), n), kMixWarps warps; warp w owns rows w, w + kMixWarps, ... ≤ M (row M: Σ v²).
+// Every warp computes the lane's pack of X' (cheap next to the fn loads); warp 0 stores it.
+template <int kRows>
+__global__ void __launch_bounds__(kMixWarps * 32) hc_post_mix_kernel(HcPostMixParams p) {
+  __shared__ float post[kMaxHc], C[kMaxHc * kMaxHc];
+  const HcPostParams& q = p.post;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t = blockIdx.y, c = int64_t(blockIdx.x) * kPostMixCols + lane * 4;
+  const bool live = c < q.D;
+  // This warp's fn rows at the lane's columns of every stream: constants, in flight before the wait.
+  Pack<4> w[kRows][kMaxHc];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int r = warp + kMixWarps * i;
+#pragma unroll
+    for (int j = 0; j < kMaxHc; ++j)
+      if (r < p.M && j < q.hc && live) w[i][j] = cuda::weight_pack<4>(p.fn, r, j * q.D + c);
+  }
+  cuda::pdl_wait();
+  if (threadIdx.x < q.hc) post[threadIdx.x] = q.post[t * q.hc + threadIdx.x];
+  if (threadIdx.x < q.hc * q.hc) C[threadIdx.x] = q.comb[t * q.hc * q.hc + threadIdx.x];
+  float* Xt = q.X + t * q.hc * q.D;
+  Pack<4> f{}, streams[kMaxHc];
+  if (live) {
+    f = cuda::load_pack<4>(q.f + t * q.D + c);
+#pragma unroll
+    for (int j = 0; j < kMaxHc; ++j)
+      if (j < q.hc) streams[j] = cuda::load_pack<4>(Xt + j * q.D + c);
+  }
+  __syncthreads();  // post and C are in shared memory, and every warp has read X before warp 0 overwrites it
+  Pack<4> out[kMaxHc];
+  if (live) {
+    post_mix_pack(f, streams, post, C, q.hc, out);
+    if (warp == 0)
+#pragma unroll
+      for (int k = 0; k < kMaxHc; ++k)
+        if (k < q.hc) cuda::store_pack<4>(Xt + k * q.D + c, out[k]);
+  }
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int r = warp + kMixWarps * i;
+    if (r > p.M) break;  // warp-uniform
+    float v = 0.0f;
+    if (live) {
+#pragma unroll
+      for (int j = 0; j < kMaxHc; ++j) {
+        if (j >= q.hc) break;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v += r < p.M ? w[i][j].v[e] * out[j].v[e] : out[j].v[e] * out[j].v[e];
+      }
+    }
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    if (lane == 0) p.partial[(int64_t(blockIdx.x) * q.n + t) * (p.M + 1) + r] = v;
+  }
+}
+
 // ---- launchers
 
 template <int N>
@@ -305,15 +429,16 @@ void launch_hc_finish(const HcFinishParams& p, dim3 grid, cudaStream_t stream, b
 // Slices per block that let one block cover D columns in packs of 4 (hc_pre_norm); 0: D is too wide.
 int norm_slices(int64_t D) {
   for (int s : {1, 2, 4, 8})
-    if (D <= int64_t(s) * kFinishThreads * 4) return s;
+    if (D <= int64_t(s) * kCollapseThreads * 4) return s;
   return 0;
 }
 
 // Shared by hc_pre (M = (2 + hc)·hc, post and comb written), hc_pre_norm (also xn = RMSNorm(x) with gain
-// gamma; the caller checked norm_slices) and hc_head (M = hc, pre only).
+// gamma; the caller checked norm_slices), hc_post_pre_norm (`pending`: hc_post into X first, by hc_post_mix;
+// the caller checked its conditions) and hc_head (M = hc, pre only).
 void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std::vector<float>& base,
                  const std::vector<float>& scale, int64_t n, float* x, float* post, float* comb, const char* what,
-                 const float* gamma = nullptr, float* xn = nullptr) {
+                 const float* gamma = nullptr, float* xn = nullptr, const HcPostParams* pending = nullptr) {
   const ModelConfig& cfg = ops.config();
   const int64_t hc = cfg.hc_mult, D = cfg.dim, K = hc * D;
   const int64_t M = post ? (2 + hc) * hc : hc;
@@ -328,19 +453,37 @@ void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std:
   const bool vec = K % 4 == 0 && cuda::aligned16(X);               // hc_mix: packs along the flattened rows
   const bool vec_d = vec && D % 4 == 0 && cuda::aligned16(x);       // hc_finish: packs along each stream
 
-  // Split K so that chunks × token tiles fills the GPU about twice; each chunk a whole number of lane sweeps.
-  const int64_t pack = vec ? 4 : 1, tiles = cuda::ceil_div(n, kMixTokens);
-  const int64_t target_chunks = cuda::ceil_div(2 * int64_t(ops.props().multiProcessorCount), tiles);
-  const int64_t sweeps = std::max<int64_t>(1, cuda::ceil_div(cuda::ceil_div(K, 32 * pack), target_chunks));
-  const int64_t chunk_cols = 32 * pack * sweeps, chunks = cuda::ceil_div(K, chunk_cols);
-  auto* partial = static_cast<float*>(ops.workspace(cuda::kWsHcPartials, size_t(chunks * n * (M + 1)) * sizeof(float)));
-
-  const HcMixParams mix{X, fn, partial, n, K, int(M), chunk_cols};
   const int rows_per_warp = int(cuda::ceil_div(M + 1, kMixWarps));
   DSV4_ASSERT(rows_per_warp <= 4);
-  const dim3 mix_grid{unsigned(chunks), unsigned(tiles)};
-  if (vec) launch_hc_mix<4>(mix, rows_per_warp, mix_grid, ops.stream(), ops.pdl());
-  else launch_hc_mix<1>(mix, rows_per_warp, mix_grid, ops.stream(), ops.pdl());
+  int64_t chunks = 0;
+  float* partial = nullptr;
+  const auto partials = [&] {
+    return static_cast<float*>(ops.workspace(cuda::kWsHcPartials, size_t(chunks * n * (M + 1)) * sizeof(float)));
+  };
+  if (pending) {
+    DSV4_ASSERT(vec_d && n <= kPostMixMaxTokens);
+    chunks = cuda::ceil_div(D, kPostMixCols);
+    partial = partials();
+    const HcPostMixParams mix{*pending, fn, partial, int(M)};
+    const dim3 grid{unsigned(chunks), unsigned(n)}, block{kMixWarps * 32};
+    switch (rows_per_warp) {
+      case 1: cuda::launch_pdl(hc_post_mix_kernel<1>, grid, block, 0, ops.stream(), ops.pdl(), mix); break;
+      case 2: cuda::launch_pdl(hc_post_mix_kernel<2>, grid, block, 0, ops.stream(), ops.pdl(), mix); break;
+      default: cuda::launch_pdl(hc_post_mix_kernel<4>, grid, block, 0, ops.stream(), ops.pdl(), mix); break;
+    }
+  } else {
+    // Split K so that chunks × token tiles fills the GPU about twice; each chunk a whole number of lane sweeps.
+    const int64_t pack = vec ? 4 : 1, tiles = cuda::ceil_div(n, kMixTokens);
+    const int64_t target_chunks = cuda::ceil_div(2 * int64_t(ops.props().multiProcessorCount), tiles);
+    const int64_t sweeps = std::max<int64_t>(1, cuda::ceil_div(cuda::ceil_div(K, 32 * pack), target_chunks));
+    const int64_t chunk_cols = 32 * pack * sweeps;
+    chunks = cuda::ceil_div(K, chunk_cols);
+    partial = partials();
+    const HcMixParams mix{X, fn, partial, n, K, int(M), chunk_cols};
+    const dim3 mix_grid{unsigned(chunks), unsigned(tiles)};
+    if (vec) launch_hc_mix<4>(mix, rows_per_warp, mix_grid, ops.stream(), ops.pdl());
+    else launch_hc_mix<1>(mix, rows_per_warp, mix_grid, ops.stream(), ops.pdl());
+  }
 
   HcFinishParams fin{X,  partial, chunks, n, D, int(hc), int(M), ops.dev(base), ops.dev(scale),
                      float(cfg.hc_eps), cfg.norm_eps, int(cfg.hc_sinkhorn_iters), x, post, comb};
@@ -358,7 +501,7 @@ void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std:
     }
     return;
   }
-  const dim3 fin_grid(unsigned(cuda::ceil_div(D, kFinishThreads * (vec_d ? 4 : 1))), unsigned(n));
+  const dim3 fin_grid(unsigned(cuda::ceil_div(D, kCollapseThreads * (vec_d ? 4 : 1))), unsigned(n));
   if (vec_d) launch_hc_finish<4, 1>(fin, fin_grid, ops.stream(), ops.pdl());
   else launch_hc_finish<1, 1>(fin, fin_grid, ops.stream(), ops.pdl());
 }
@@ -380,6 +523,22 @@ void CudaOps::hc_pre_norm(const float* X, const HcWeights& w, const std::vector<
                      cuda::aligned16(xn) && cuda::aligned16(g);
   if (!fused) return Ops::hc_pre_norm(X, w, gamma, n, dim, x, xn, post, comb);
   hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn);
+}
+
+void CudaOps::hc_post_pre_norm(const float* f, const float* post, const float* comb, int64_t n, float* X,
+                               const HcWeights& w, const std::vector<float>& gamma, int64_t dim, float* x, float* xn,
+                               float* post_out, float* comb_out) {
+  const int64_t hc = config_.hc_mult, D = config_.dim;
+  DSV4_CHECK(post_out && comb_out, "hc_post_pre_norm: post and comb outputs are required");
+  DSV4_CHECK(dim == D && int64_t(gamma.size()) == dim, "hc_post_pre_norm: gain of ", gamma.size(), " for rows of ",
+             dim, " (model dim ", D, ")");
+  const float* g = dev(gamma);
+  const bool fused = n <= kPostMixMaxTokens && hc >= 1 && hc <= kMaxHc && norm_slices(dim) > 0 && dim % 4 == 0 &&
+                     cuda::aligned16(f) && cuda::aligned16(X) && cuda::aligned16(x) && cuda::aligned16(xn) &&
+                     cuda::aligned16(g);
+  if (!fused) return Ops::hc_post_pre_norm(f, post, comb, n, X, w, gamma, dim, x, xn, post_out, comb_out);
+  const HcPostParams pending{f, post, comb, X, n, D, int(hc)};
+  hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post_out, comb_out, "hc_post_pre_norm", g, xn, &pending);
 }
 
 void CudaOps::hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y) {
