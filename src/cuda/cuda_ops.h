@@ -96,6 +96,8 @@ class CudaOps final : public Ops {
   void ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) override;
 
   void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) override;
+  void linear_pair(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya, const Weight& wb,
+                   float* yb, int64_t ldyb) override;
   void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) override;
 
   void rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y) override;

@@ -112,6 +112,13 @@ class Ops {
 
   // ---- gemm: y[r, ldy] = x[r, ldx] · Wᵀ for r < n (W is [out, in] in checkpoint storage)
   virtual void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) = 0;
+  // Two projections of the same rows: ya = x · Waᵀ, yb = x · Wbᵀ — one call, which a backend may run as one
+  // pass (the attention's wq_a and wkv of xn; a compressor's wkv and wgate).
+  virtual void linear_pair(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya,
+                           const Weight& wb, float* yb, int64_t ldyb) {
+    linear(x, ldx, wa, n, ya, ldya);
+    linear(x, ldx, wb, n, yb, ldyb);
+  }
   // Grouped projection: W is [G·out_g, in_g]; y[:, g·out_g ..] = x[:, g·in_g ..] · W_gᵀ. x [n, G·in_g].
   virtual void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) = 0;
 

@@ -125,6 +125,14 @@ class TeeOps final : public Ops {
     gpu_.linear(g(x), ldx, w, n, g(y), ldy);
     check("linear", 1e-4, strided(y, n, ldy, w.rows));
   }
+  void linear_pair(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya, const Weight& wb,
+                   float* yb, int64_t ldyb) override {
+    cpu_.linear_pair(x, ldx, n, wa, ya, ldya, wb, yb, ldyb);
+    gpu_.linear_pair(g(x), ldx, n, wa, g(ya), ldya, wb, g(yb), ldyb);
+    std::vector<Span> outs = strided(ya, n, ldya, wa.rows);
+    for (const auto& o : strided(yb, n, ldyb, wb.rows)) outs.push_back(o);
+    check("linear_pair", 1e-4, outs);
+  }
   void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) override {
     cpu_.linear_grouped(x, w, groups, n, y);
     gpu_.linear_grouped(g(x), w, groups, n, g(y));
@@ -387,7 +395,7 @@ TEST_P(Conformance, EveryOpOfARefSmallForwardMatchesCpu) {
     EXPECT_EQ(s.failed, 0) << op << ": " << s.failed << " of " << s.calls << " calls out of tolerance, first at call "
                            << s.first_failed_call << " (worst error " << s.worst << " at call " << s.worst_call << ")";
   const bool reference = GetParam() == Numerics::kReference;
-  for (const char* op : {"linear", "linear_grouped", "attention", "moe", "hc_pre_norm", "hc_post_pre_norm", "hc_post", "hc_head",
+  for (const char* op : {"linear", "linear_pair", "linear_grouped", "attention", "moe", "hc_pre_norm", "hc_post_pre_norm", "hc_post", "hc_head",
                          "indexer_topk", "download", "norm_rope", "kv_finish", "rms_norm",
                          reference ? "compressor_fp8" : "compressor", reference ? "compressor_fp4" : "rope",
                          reference ? "hadamard_sim_fp4" : "rope"})

@@ -263,6 +263,66 @@ TEST(CudaGemm, V4FlashShapes) {
 #endif
 }
 
+// linear_pair: both outputs match the CPU's linear, with check_case's tolerance, in padded output rows (the
+// padding untouched). Pairs the streaming kernel runs as one launch (V4-Flash wq_a + wkv, a compressor's wkv +
+// wgate in BF16, odd row counts, the split-K path) and pairs it does not (n > 4, two formats, two widths).
+TEST(CudaGemm, LinearPairMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  struct Pair {
+    Format fa, fb;
+    int64_t n, rows_a, rows_b, cols_a, cols_b;
+  };
+  const Pair pairs[] = {
+      {Format::kFP8, Format::kFP8, 1, 1024, 512, 4096, 4096},   {Format::kFP8, Format::kFP8, 4, 1024, 512, 4096, 4096},
+      {Format::kBF16, Format::kBF16, 1, 1024, 1024, 4096, 4096}, {Format::kFP8, Format::kFP8, 3, 36, 20, 256, 256},
+      {Format::kF32, Format::kF32, 2, 8, 4, 8192, 8192},        {Format::kFP8, Format::kFP8, 5, 1024, 512, 4096, 4096},
+      {Format::kFP8, Format::kBF16, 1, 128, 64, 512, 512},      {Format::kBF16, Format::kBF16, 1, 64, 64, 512, 256},
+  };
+  for (const Pair& c : pairs) {
+    const std::string what = std::string(name(c.fa)) + "+" + name(c.fb) + " n=" + std::to_string(c.n) + " [" +
+                             std::to_string(c.rows_a) + "+" + std::to_string(c.rows_b) + "]";
+    SCOPED_TRACE(what);
+    const ModelConfig config;
+    CpuOps cpu(config);
+    CudaOps gpu(config);
+    const HostWeight wa = make_weight(c.fa, c.rows_a, c.cols_a, rng), wb = make_weight(c.fb, c.rows_b, c.cols_b, rng);
+    const int64_t ldx = std::max(c.cols_a, c.cols_b), lda = c.rows_a + 3, ldb = c.rows_b + 5;
+    const std::vector<float> x = random_floats(size_t(c.n * ldx), rng);
+    std::vector<float> want_a(size_t(c.n * lda), NAN), want_b(size_t(c.n * ldb), NAN);
+    cpu.linear(x.data(), ldx, wa.w, c.n, want_a.data(), lda);
+    cpu.linear(x.data(), ldx, wb.w, c.n, want_b.data(), ldb);
+    gpu.upload(wa.w);
+    gpu.upload(wb.w);
+    settle();
+    float* dya = poisoned(gpu, want_a.size());
+    float* dyb = poisoned(gpu, want_b.size());
+    gpu.linear_pair(to_device(gpu, x), ldx, c.n, wa.w, dya, lda, wb.w, dyb, ldb);
+    const auto check_out = [&](const std::vector<float>& got, const std::vector<float>& want, int64_t rows, int64_t ld,
+                               int64_t cols, const char* which) {
+      std::vector<float> got_rows, want_rows;
+      for (int64_t i = 0; i < c.n; ++i)
+        for (int64_t r = 0; r < ld; ++r) {
+          if (r < rows) {
+            got_rows.push_back(got[size_t(i * ld + r)]);
+            want_rows.push_back(want[size_t(i * ld + r)]);
+          } else {
+            EXPECT_TRUE(std::isnan(got[size_t(i * ld + r)])) << which << " padding [" << i << ", " << r << "] written";
+          }
+        }
+      double sq = 0.0;
+      for (float v : want_rows) sq += double(v) * v;
+      const double rms = std::sqrt(sq / double(want_rows.size())), tol = 1e-6 * std::sqrt(double(cols));
+      EXPECT_TRUE(compare(got_rows, want_rows, {tol * rms, tol}, what + " " + which));
+    };
+    check_out(to_host(gpu, dya, want_a.size()), want_a, c.rows_a, lda, c.cols_a, "ya");
+    check_out(to_host(gpu, dyb, want_b.size()), want_b, c.rows_b, ldb, c.cols_b, "yb");
+  }
+#endif
+}
+
 // The decode GEMV's split-K path (few rows, long K) keeps per-tile arrival counters in one CudaOps workspace
 // that every call must leave zero: interleaved calls of different shapes on one backend, each repeated,
 // must all match the CPU and repeat bit for bit.

@@ -156,8 +156,7 @@ void CudaOps::compressor(const CompressorWeights& w, CompressorState& state, con
   if (n == 0) return;
   auto* kv = static_cast<float*>(workspace(cuda::kWsCompressorProj, size_t(2 * n * width) * sizeof(float)));
   float* gate = kv + n * width;
-  linear(x, config_.dim, w.wkv, n, kv, width);
-  linear(x, config_.dim, w.wgate, n, gate, width);
+  linear_pair(x, config_.dim, n, w.wkv, kv, width, w.wgate, gate, width);
   // A compact cache receives the chunk's entries from an fp32 scratch once they are normed, rotated and simulated.
   const cuda::CacheLayout* compact = compact_cache(state.entries);
   const int64_t first = pos0 / m, most = (pos0 + n) / m - first;

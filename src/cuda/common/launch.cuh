@@ -10,16 +10,17 @@
 namespace dsv4::cuda {
 
 // Waits for the predecessor grid to complete (its memory visible), then lets this grid's successor launch
-// at once if this grid is a single wave (no more blocks than SMs); a larger grid lets it launch as its blocks
+// at once if this grid is a single wave (no more blocks than SMs × per_sm, the blocks of this kernel an SM
+// holds at once by its launch bounds; 1 where that is not pinned); a larger grid lets it launch as its blocks
 // exit. An early successor's blocks sit resident until this grid completes: with blocks of this grid still
 // waiting for a slot they would take slots from them.
 // A no-op without PDL (sm_80, or a launch without the attribute).
-__device__ __forceinline__ void pdl_wait() {
+__device__ __forceinline__ void pdl_wait(unsigned per_sm = 1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
   unsigned sms;
   asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
-  if (gridDim.x * gridDim.y * gridDim.z <= sms) asm volatile("griddepcontrol.launch_dependents;");
+  if (gridDim.x * gridDim.y * gridDim.z <= sms * per_sm) asm volatile("griddepcontrol.launch_dependents;");
 #endif
 }
 

@@ -44,6 +44,11 @@ struct GemvScratchSize {
 };
 GemvScratchSize gemv_scratch_size(const GemmParams& p);  // what gemv(p, ...) needs; zero when it splits nothing
 void gemv(const GemmParams& p, const GemvScratch& scratch, cudaStream_t stream);
+// Two projections of the same x (one group each, the same weight format and width) as one GEMV launch, where
+// the streaming kernel covers both (gemv_pair_covers); the caller runs them one by one otherwise.
+bool gemv_pair_covers(const GemmParams& a, const GemmParams& b);
+GemvScratchSize gemv_pair_scratch_size(const GemmParams& a, const GemmParams& b);
+void gemv_pair(const GemmParams& a, const GemmParams& b, const GemvScratch& scratch, cudaStream_t stream);
 bool gemm_tensor_core(const GemmParams& p, CudaOps& ops);
 void gemm_generic(const GemmParams& p, cudaStream_t stream);
 

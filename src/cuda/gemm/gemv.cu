@@ -447,6 +447,19 @@ GemvScratchSize gemv_scratch_size(const GemmParams& p) {
   return stream_covers(p) ? stream_scratch_size(p) : GemvScratchSize{};
 }
 
+bool gemv_pair_covers(const GemmParams& a, const GemmParams& b) { return stream_pair_covers(a, b); }
+
+GemvScratchSize gemv_pair_scratch_size(const GemmParams& a, const GemmParams& b) {
+  return stream_scratch_size(a, &b);
+}
+
+void gemv_pair(const GemmParams& a, const GemmParams& b, const GemvScratch& scratch, cudaStream_t stream) {
+  DSV4_CHECK(stream_pair_covers(a, b), "gemv: the pair [", a.w.rows, ", ", a.w.cols, "] + [", b.w.rows, ", ",
+             b.w.cols, "] does not take the streaming kernel");
+  if (a.n == 0) return;
+  gemv_detail::stream(a, scratch, stream, &b);
+}
+
 void gemv(const GemmParams& p, const GemvScratch& scratch, cudaStream_t stream) {
   DSV4_CHECK(p.n >= 0 && p.n <= kGemvMaxRows, "gemv: ", p.n, " activation rows (1..", kGemvMaxRows, " supported)");
   DSV4_CHECK(p.groups >= 1 && p.w.rows % p.groups == 0, "gemv: ", p.w.rows, " rows do not split into ", p.groups,

@@ -129,8 +129,10 @@ const DeviceInfo& device_info();
 
 // The streaming kernel (gemv_stream.cu), which gemv() prefers where it covers the call.
 constexpr int64_t kStreamMaxRows = 4;
+// `second`: a matrix of p's format and width on the same x (stream_pair_covers), run in the same launch.
 bool stream_covers(const GemmParams& p);
-GemvScratchSize stream_scratch_size(const GemmParams& p);
-void stream(const GemmParams& p, const GemvScratch& scratch, cudaStream_t stream);
+bool stream_pair_covers(const GemmParams& a, const GemmParams& b);
+GemvScratchSize stream_scratch_size(const GemmParams& p, const GemmParams* second = nullptr);
+void stream(const GemmParams& p, const GemvScratch& scratch, cudaStream_t stream, const GemmParams* second = nullptr);
 
 }  // namespace dsv4::cuda::gemv_detail

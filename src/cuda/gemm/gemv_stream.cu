@@ -9,6 +9,8 @@
 //    every lane issues kUnroll × kRowsPerTask loads before the first use (~128 bytes in flight per lane).
 //  * x is read with ordinary loads: the few KB a step multiplies stay in L1 / L2 and serve every warp; a
 //    loaded x value serves the kRowsPerTask rows of the task.
+//  * Two matrices of one format and width that multiply the same x (a projection pair) run as one launch:
+//    their row tiles in one task space, so the pair pays one launch, one ramp-up and one tail.
 //  * Rows too few to occupy the GPU split K (tasks = row tiles × splits). Split partial sums go to scratch;
 //    the warp that completes a row tile last (an arrival counter per tile, fenced like the classic threadfence
 //    reduction) adds them in split order and resets the counter. No float atomics: results are the same
@@ -43,6 +45,12 @@ struct StreamParams {
   float* y = nullptr;        // [n, ldy]
   int64_t ldy = 0;
   int out_g = 0;             // rows per group, a multiple of kRowsPerTask
+  // A pair: the second matrix (w's format and width, one group each) follows w's rows in the task space.
+  const uint8_t* data_b = nullptr;
+  const float* scale_b = nullptr;
+  float* y_b = nullptr;
+  int64_t ldy_b = 0;
+  int rows_a = 0, rows = 0;  // rows of w; of w and the second matrix together
   int chunks = 0;            // 16-byte chunks per weight row
   int splits = 1, slice_chunks = 0;  // task (tile, s) covers chunks [s·slice_chunks, (s+1)·slice_chunks)
   int tiles = 0, tasks = 0;  // tiles = rows / kRowsPerTask, tasks = tiles · splits
@@ -51,8 +59,8 @@ struct StreamParams {
 };
 
 template <WFormat F>
-__device__ __forceinline__ float tile_scale(const DeviceWeight& w, int row0, int c) {
-  if constexpr (F == WFormat::kFP8) return w.scale_f32[int64_t(row0 / 128) * w.scale_cols + c / 8];
+__device__ __forceinline__ float tile_scale(const float* scale, int64_t scale_cols, int row0, int c) {
+  if constexpr (F == WFormat::kFP8) return scale[int64_t(row0 / 128) * scale_cols + c / 8];
   else return 1.0f;
 }
 
@@ -83,9 +91,10 @@ __device__ __forceinline__ void fma_column(const uint4 (&wv)[kRowsPerTask], floa
 
 // Programmatic dependent launch: the first weight loads are issued before waiting for the predecessor
 // (weights are constants; x, y and the scratch are not), so they overlap its tail.
+template <int NB>
 __device__ __forceinline__ void wait_once(bool& waited) {
   if (!waited) {
-    pdl_wait();
+    pdl_wait(blocks_per_sm(NB));  // the launch bounds hold that many blocks per SM
     waited = true;
   }
 }
@@ -100,10 +109,14 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(NB)) gemv_stream_kerne
   bool waited = false;
   for (int task = int(blockIdx.x) * kWarps + int(threadIdx.x / 32); task < p.tasks; task += warps) {
     const int tile = task / p.splits, s = task - tile * p.splits;
-    const int row0 = tile * kRowsPerTask;
-    const float* xg = p.x + int64_t(row0 / p.out_g) * p.w.cols;
+    const int row0 = tile * kRowsPerTask;  // in the task space: partials and arrivals
+    // The tile's matrix (the pair's second past rows_a) and its rows there.
+    const bool second = row0 >= p.rows_a;
+    const int mrow0 = second ? row0 - p.rows_a : row0;
+    const float* scale = second ? p.scale_b : p.w.scale_f32;
+    const float* xg = p.x + int64_t(mrow0 / p.out_g) * p.w.cols;
     const int c_end = min(p.chunks, (s + 1) * p.slice_chunks);
-    const uint8_t* rows = p.w.data + int64_t(row0) * row_bytes;
+    const uint8_t* rows = (second ? p.data_b : p.w.data) + int64_t(mrow0) * row_bytes;
 
     float acc[kRowsPerTask][NB];
 #pragma unroll
@@ -112,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(NB)) gemv_stream_kerne
       for (int i = 0; i < NB; ++i) acc[r][i] = 0.0f;
     for (int c = s * p.slice_chunks + lane; c < c_end; c += 32 * kUnroll) {
       uint4 wv[kUnroll][kRowsPerTask];
-      float scale[kUnroll];
+      float wscale[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int cu = c + 32 * u;
@@ -120,16 +133,16 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(NB)) gemv_stream_kerne
 #pragma unroll
         for (int r = 0; r < kRowsPerTask; ++r)
           wv[u][r] = live ? load_streaming(rows + r * row_bytes + int64_t(cu) * 16) : make_uint4(0, 0, 0, 0);
-        scale[u] = live ? tile_scale<F>(p.w, row0, cu) : 0.0f;
+        wscale[u] = live ? tile_scale<F>(scale, p.w.scale_cols, mrow0, cu) : 0.0f;
       }
-      wait_once(waited);  // the weights are in flight: now wait for the kernel that wrote x
+      wait_once<NB>(waited);  // the weights are in flight: now wait for the kernel that wrote x
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int cu = c + 32 * u;
-        if (cu < c_end) fma_column<F, NB>(wv[u], scale[u], xg + int64_t(cu) * E, p.ldx, p.n, acc);
+        if (cu < c_end) fma_column<F, NB>(wv[u], wscale[u], xg + int64_t(cu) * E, p.ldx, p.n, acc);
       }
     }
-    wait_once(waited);  // before any write (lanes without a chunk skipped the loop)
+    wait_once<NB>(waited);  // before any write (lanes without a chunk skipped the loop)
 
     float flat[V];
 #pragma unroll
@@ -139,9 +152,11 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(NB)) gemv_stream_kerne
     const float total = warp_reduce_scatter<V>(flat, lane);
     const int v = lane / kSpread, r = v / NB, i = v % NB;
     const bool owner = lane % kSpread == 0 && i < p.n;
-    const int64_t rows_total = p.w.rows;
+    const int64_t rows_total = p.rows;
+    float* y = second ? p.y_b : p.y;
+    const int64_t ldy = second ? p.ldy_b : p.ldy;
     if (p.splits == 1) {
-      if (owner) p.y[i * p.ldy + row0 + r] = total;
+      if (owner) y[i * ldy + mrow0 + r] = total;
       continue;
     }
     if (owner) p.partials[(int64_t(s) * p.n + i) * rows_total + row0 + r] = total;
@@ -154,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(NB)) gemv_stream_kerne
     if (owner) {
       float sum = 0.0f;
       for (int k = 0; k < p.splits; ++k) sum += __ldcg(p.partials + (int64_t(k) * p.n + i) * rows_total + row0 + r);
-      p.y[i * p.ldy + row0 + r] = sum;
+      y[i * ldy + mrow0 + r] = sum;
     }
     if (lane == 0) p.arrivals[tile] = 0;  // ready for the next call (stream order publishes it)
   }
@@ -163,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(NB)) gemv_stream_kerne
 // The launch shape of a covered call. A matrix with fewer row tiles than one wave of resident warps splits K
 // into as many slices as still fit that wave (every warp then streams one task, all at once: no tail), each
 // slice keeping at least one full unrolled sweep of the lanes; larger matrices run in several waves.
-StreamParams plan(const GemmParams& gp) {
+StreamParams plan(const GemmParams& gp, const GemmParams* second = nullptr) {
   StreamParams p;
   p.x = gp.x;
   p.ldx = gp.ldx;
@@ -171,9 +186,18 @@ StreamParams plan(const GemmParams& gp) {
   p.n = int(gp.n);
   p.y = gp.y;
   p.ldy = gp.ldy;
+  p.rows_a = p.rows = int(gp.w.rows);
   p.out_g = int(gp.w.rows / gp.groups);
+  if (second) {
+    p.data_b = second->w.data;
+    p.scale_b = second->w.scale_f32;
+    p.y_b = second->y;
+    p.ldy_b = second->ldy;
+    p.rows += int(second->w.rows);
+    p.out_g = p.rows;  // one group each: every tile reads x from column 0
+  }
   p.chunks = int(gp.w.row_bytes() / 16);
-  p.tiles = int(gp.w.rows / kRowsPerTask);
+  p.tiles = p.rows / kRowsPerTask;
   const int wave = device_info().sms * blocks_per_sm(p.n) * kWarps;
   if (p.tiles < wave) p.splits = std::max(1, std::min(wave / p.tiles, p.chunks / (32 * kUnroll)));
   p.slice_chunks = int(ceil_div(p.chunks, p.splits));
@@ -203,19 +227,25 @@ bool stream_covers(const GemmParams& p) {
          p.ldx % 4 == 0 && p.w.cols % 4 == 0 && p.w.rows / kRowsPerTask * 4 < (int64_t(1) << 31);
 }
 
-GemvScratchSize stream_scratch_size(const GemmParams& p) {
-  const StreamParams s = plan(p);
-  if (s.splits == 1) return {};
-  return {size_t(s.splits) * size_t(p.n) * size_t(p.w.rows), size_t(s.tiles)};
+bool stream_pair_covers(const GemmParams& a, const GemmParams& b) {
+  return stream_covers(a) && stream_covers(b) && a.groups == 1 && b.groups == 1 && a.x == b.x && a.ldx == b.ldx &&
+         a.n == b.n && a.w.format == b.w.format && a.w.cols == b.w.cols &&
+         (a.w.rows + b.w.rows) / kRowsPerTask * 4 < (int64_t(1) << 31);
 }
 
-void stream(const GemmParams& gp, const GemvScratch& scratch, cudaStream_t stream) {
-  StreamParams p = plan(gp);
+GemvScratchSize stream_scratch_size(const GemmParams& p, const GemmParams* second) {
+  const StreamParams s = plan(p, second);
+  if (s.splits == 1) return {};
+  return {size_t(s.splits) * size_t(p.n) * size_t(s.rows), size_t(s.tiles)};
+}
+
+void stream(const GemmParams& gp, const GemvScratch& scratch, cudaStream_t stream, const GemmParams* second) {
+  StreamParams p = plan(gp, second);
   if (p.splits > 1) {
     DSV4_CHECK(scratch.partials && scratch.arrivals &&
-                   scratch.partial_floats >= size_t(p.splits) * size_t(p.n) * size_t(gp.w.rows) &&
+                   scratch.partial_floats >= size_t(p.splits) * size_t(p.n) * size_t(p.rows) &&
                    scratch.arrival_count >= size_t(p.tiles),
-               "gemv: split-K scratch too small for [", gp.w.rows, ", ", gp.w.cols, "] in ", p.splits, " splits");
+               "gemv: split-K scratch too small for [", p.rows, ", ", gp.w.cols, "] in ", p.splits, " splits");
     p.partials = scratch.partials;
     p.arrivals = scratch.arrivals;
   }
