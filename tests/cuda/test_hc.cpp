@@ -95,6 +95,40 @@ PreInputs pre_inputs(const Case& c, std::mt19937_64& rng, CudaOps& ops) {
   return in;
 }
 
+std::string describe(const Case& c) {
+  return cat("hc=", c.hc, " dim=", c.dim, " n=", c.n, " fn ", dtype_name(c.fn_dtype), " shift=", c.shift);
+}
+
+// hc_pre's outputs (and hc_pre_norm's xn): the CPU's on the host, the GPU's on the device.
+struct PreOutputs {
+  std::vector<float> x, xn, post, comb;
+  explicit PreOutputs(const Case& c)
+      : x(size_t(c.n * c.dim)), xn(x.size()), post(size_t(c.n * c.hc)), comb(size_t(c.n * c.hc * c.hc)) {}
+};
+struct DevicePreOutputs {
+  float *x, *xn, *post, *comb;
+};
+DevicePreOutputs poisoned_outputs(CudaOps& ops, const Case& c, const PreOutputs& like) {
+  return {poisoned(ops, like.x.size(), c.shift), poisoned(ops, like.xn.size(), c.shift),
+          poisoned(ops, like.post.size(), 0), poisoned(ops, like.comb.size(), 0)};
+}
+
+// post and comb within kCoefTol, x within kCollapseTol; with a gain, xn the RMSNorm of the GPU's own x (the
+// CPU's rms_norm of it, to the norm's summation-order tolerance of test_norm_rope: 1e-6 absolute, 1e-5
+// relative).
+void expect_pre_outputs(CudaOps& ops, CpuOps& cpu, const Case& c, const std::vector<float>* gamma,
+                        const DevicePreOutputs& got, const PreOutputs& want) {
+  const std::string what = describe(c);
+  const auto got_x = to_host(ops, got.x, want.x.size());
+  EXPECT_TRUE(compare(to_host(ops, got.post, want.post.size()), want.post, kCoefTol, "post " + what));
+  EXPECT_TRUE(compare(to_host(ops, got.comb, want.comb.size()), want.comb, kCoefTol, "comb " + what));
+  EXPECT_TRUE(compare(got_x, want.x, kCollapseTol, "x " + what));
+  if (!gamma) return;
+  std::vector<float> xn_of_got(got_x.size());
+  cpu.rms_norm(got_x.data(), gamma, c.n, c.dim, xn_of_got.data());
+  EXPECT_TRUE(compare(to_host(ops, got.xn, want.xn.size()), xn_of_got, Tolerance{1e-6, 1e-5}, "xn " + what));
+}
+
 TEST(CudaHc, HcPreMatchesCpu) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -105,26 +139,16 @@ TEST(CudaHc, HcPreMatchesCpu) {
     CudaOps ops(cfg);
     CpuOps cpu(cfg);
     const PreInputs in = pre_inputs(c, rng, ops);
-    const HcWeights& w = in.w;
-    const std::vector<float>& X = in.X;
-    std::vector<float> x(size_t(c.n * c.dim)), post(size_t(c.n * c.hc)), comb(size_t(c.n * c.hc * c.hc));
-    cpu.hc_pre(X.data(), w, c.n, x.data(), post.data(), comb.data());
-
-    float* dx = poisoned(ops, x.size(), c.shift);
-    float* dpost = poisoned(ops, post.size(), 0);
-    float* dcomb = poisoned(ops, comb.size(), 0);
-    ops.hc_pre(to_device(ops, X, c.shift), w, c.n, dx, dpost, dcomb);
-    const std::string what = cat("hc=", c.hc, " dim=", c.dim, " n=", c.n, " fn ", dtype_name(c.fn_dtype),
-                                 " shift=", c.shift);
-    EXPECT_TRUE(compare(to_host(ops, dpost, post.size()), post, kCoefTol, "post " + what));
-    EXPECT_TRUE(compare(to_host(ops, dcomb, comb.size()), comb, kCoefTol, "comb " + what));
-    EXPECT_TRUE(compare(to_host(ops, dx, x.size()), x, kCollapseTol, "x " + what));
+    PreOutputs want(c);
+    cpu.hc_pre(in.X.data(), in.w, c.n, want.x.data(), want.post.data(), want.comb.data());
+    const DevicePreOutputs got = poisoned_outputs(ops, c, want);
+    ops.hc_pre(to_device(ops, in.X, c.shift), in.w, c.n, got.x, got.post, got.comb);
+    expect_pre_outputs(ops, cpu, c, nullptr, got, want);
   }
 #endif
 }
 
-// hc_pre_norm: hc_pre's outputs within its tolerances, and xn the RMSNorm of the GPU's own x (the CPU's
-// rms_norm of it, to the norm's summation-order tolerance of test_norm_rope: 1e-6 absolute, 1e-5 relative).
+// hc_pre_norm: hc_pre's outputs within its tolerances, and xn the RMSNorm of the GPU's own x.
 TEST(CudaHc, HcPreNormMatchesCpu) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -135,28 +159,15 @@ TEST(CudaHc, HcPreNormMatchesCpu) {
     CudaOps ops(cfg);
     CpuOps cpu(cfg);
     const PreInputs in = pre_inputs(c, rng, ops);
-    const HcWeights& w = in.w;
-    const std::vector<float>& X = in.X;
     const std::vector<float> gamma = random_floats(size_t(c.dim), rng, 0.5f, 1.5f);
     ops.upload(gamma);
     settle();
-    std::vector<float> x(size_t(c.n * c.dim)), xn(x.size()), post(size_t(c.n * c.hc)), comb(size_t(c.n * c.hc * c.hc));
-    cpu.hc_pre_norm(X.data(), w, gamma, c.n, c.dim, x.data(), xn.data(), post.data(), comb.data());
-
-    float* dx = poisoned(ops, x.size(), c.shift);
-    float* dxn = poisoned(ops, xn.size(), c.shift);
-    float* dpost = poisoned(ops, post.size(), 0);
-    float* dcomb = poisoned(ops, comb.size(), 0);
-    ops.hc_pre_norm(to_device(ops, X, c.shift), w, gamma, c.n, c.dim, dx, dxn, dpost, dcomb);
-    const std::string what = cat("hc=", c.hc, " dim=", c.dim, " n=", c.n, " fn ", dtype_name(c.fn_dtype),
-                                 " shift=", c.shift);
-    const auto got_x = to_host(ops, dx, x.size());
-    EXPECT_TRUE(compare(to_host(ops, dpost, post.size()), post, kCoefTol, "post " + what));
-    EXPECT_TRUE(compare(to_host(ops, dcomb, comb.size()), comb, kCoefTol, "comb " + what));
-    EXPECT_TRUE(compare(got_x, x, kCollapseTol, "x " + what));
-    std::vector<float> xn_of_got(x.size());
-    cpu.rms_norm(got_x.data(), &gamma, c.n, c.dim, xn_of_got.data());
-    EXPECT_TRUE(compare(to_host(ops, dxn, xn.size()), xn_of_got, Tolerance{1e-6, 1e-5}, "xn " + what));
+    PreOutputs want(c);
+    cpu.hc_pre_norm(in.X.data(), in.w, gamma, c.n, c.dim, want.x.data(), want.xn.data(), want.post.data(),
+                    want.comb.data());
+    const DevicePreOutputs got = poisoned_outputs(ops, c, want);
+    ops.hc_pre_norm(to_device(ops, in.X, c.shift), in.w, gamma, c.n, c.dim, got.x, got.xn, got.post, got.comb);
+    expect_pre_outputs(ops, cpu, c, &gamma, got, want);
   }
 #endif
 }
@@ -185,9 +196,7 @@ TEST(CudaHc, HcHeadMatchesCpu) {
     cpu.hc_head(X.data(), w, c.n, y.data());
     float* dy = poisoned(ops, y.size(), c.shift);
     ops.hc_head(to_device(ops, X, c.shift), w, c.n, dy);
-    EXPECT_TRUE(compare(to_host(ops, dy, y.size()), y, kCollapseTol,
-                        cat("hc_head hc=", c.hc, " dim=", c.dim, " n=", c.n, " fn ", dtype_name(c.fn_dtype),
-                            " shift=", c.shift)));
+    EXPECT_TRUE(compare(to_host(ops, dy, y.size()), y, kCollapseTol, "hc_head " + describe(c)));
   }
 #endif
 }
@@ -236,28 +245,19 @@ TEST(CudaHc, HcPostPreNormMatchesCpu) {
     ops.upload(gamma);
     settle();
     const auto f = random_floats(size_t(c.n * c.dim), rng);
-    const auto post_in = random_floats(size_t(c.n * c.hc), rng, 0.0f, 2.0f);
-    const auto comb_in = random_floats(size_t(c.n * c.hc * c.hc), rng, 0.0f, 1.0f);
-    std::vector<float> X = in.X, x(size_t(c.n * c.dim)), xn(x.size()), post = post_in, comb = comb_in;
-    cpu.hc_post_pre_norm(f.data(), post.data(), comb.data(), c.n, X.data(), in.w, gamma, c.dim, x.data(), xn.data(),
-                         post.data(), comb.data());
-
+    PreOutputs want(c);
+    want.post = random_floats(want.post.size(), rng, 0.0f, 2.0f);  // the pending sub-block's coefficients
+    want.comb = random_floats(want.comb.size(), rng, 0.0f, 1.0f);
+    const DevicePreOutputs got{poisoned(ops, want.x.size(), c.shift), poisoned(ops, want.xn.size(), c.shift),
+                               to_device(ops, want.post, 0), to_device(ops, want.comb, 0)};
+    std::vector<float> X = in.X;
+    cpu.hc_post_pre_norm(f.data(), want.post.data(), want.comb.data(), c.n, X.data(), in.w, gamma, c.dim,
+                         want.x.data(), want.xn.data(), want.post.data(), want.comb.data());
     float* dX = to_device(ops, in.X, c.shift);
-    float* dx = poisoned(ops, x.size(), c.shift);
-    float* dxn = poisoned(ops, xn.size(), c.shift);
-    float* dpost = to_device(ops, post_in, 0);
-    float* dcomb = to_device(ops, comb_in, 0);
-    ops.hc_post_pre_norm(to_device(ops, f, c.shift), dpost, dcomb, c.n, dX, in.w, gamma, c.dim, dx, dxn, dpost, dcomb);
-    const std::string what = cat("hc=", c.hc, " dim=", c.dim, " n=", c.n, " fn ", dtype_name(c.fn_dtype),
-                                 " shift=", c.shift);
-    EXPECT_TRUE(compare(to_host(ops, dX, X.size()), X, Tolerance{1e-6, 0.0}, "X " + what));
-    const auto got_x = to_host(ops, dx, x.size());
-    EXPECT_TRUE(compare(to_host(ops, dpost, post.size()), post, kCoefTol, "post " + what));
-    EXPECT_TRUE(compare(to_host(ops, dcomb, comb.size()), comb, kCoefTol, "comb " + what));
-    EXPECT_TRUE(compare(got_x, x, kCollapseTol, "x " + what));
-    std::vector<float> xn_of_got(x.size());
-    cpu.rms_norm(got_x.data(), &gamma, c.n, c.dim, xn_of_got.data());
-    EXPECT_TRUE(compare(to_host(ops, dxn, xn.size()), xn_of_got, Tolerance{1e-6, 1e-5}, "xn " + what));
+    ops.hc_post_pre_norm(to_device(ops, f, c.shift), got.post, got.comb, c.n, dX, in.w, gamma, c.dim, got.x, got.xn,
+                         got.post, got.comb);
+    EXPECT_TRUE(compare(to_host(ops, dX, X.size()), X, Tolerance{1e-6, 0.0}, "X " + describe(c)));
+    expect_pre_outputs(ops, cpu, c, &gamma, got, want);
   }
 #endif
 }

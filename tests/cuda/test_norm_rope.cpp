@@ -27,6 +27,24 @@ ModelConfig v4_config() {
   return c;
 }
 
+// Rows in [−3, 3] and, when weighted, a gain in [0.5, 1.5], uploaded: gains keeps every gain alive, as
+// uploads are keyed by the host address and a later gain must not reuse one.
+struct NormInputs {
+  std::vector<float> x;
+  const std::vector<float>* gamma;
+};
+NormInputs norm_inputs(int64_t rows, int64_t dim, bool weighted, std::mt19937_64& rng, CudaOps& ops,
+                       std::deque<std::vector<float>>& gains) {
+  NormInputs in{random_floats(size_t(rows * dim), rng, -3.0f, 3.0f), nullptr};
+  const std::vector<float>& gamma = gains.emplace_back(random_floats(size_t(dim), rng, 0.5f, 1.5f));
+  if (weighted) {
+    in.gamma = &gamma;
+    ops.upload(gamma);
+  }
+  settle();
+  return in;
+}
+
 // RMSNorm: fp32 everywhere in the same operation order; only the order of the sum of squares differs
 // (the CPU's 8 strided partial sums vs per-thread sums, warp trees and a block step). Each ordering has a
 // relative error below ~log2(dim)·2^−24 ≈ 1e-6 on Σx² (all terms positive), which reaches the output
@@ -41,7 +59,6 @@ TEST(CudaNormRope, RmsNormMatchesCpu) {
   CudaOps ops(cfg);
   CpuOps cpu(cfg);
   const Tolerance tol{1e-6, 1e-5};
-  // Uploads are keyed by host address: every gain stays alive so no later one reuses an address.
   std::deque<std::vector<float>> gains;
   struct Case { int64_t rows, dim; bool weighted, in_place; size_t shift; };
   for (const Case& c : {Case{1, 4096, true, false, 0},       // attn_norm / ffn_norm at decode
@@ -52,11 +69,7 @@ TEST(CudaNormRope, RmsNormMatchesCpu) {
                         Case{5, 129, true, false, 0},        // odd dim: element-wise path
                         Case{4, 100, false, false, 1},       // unaligned rows
                         Case{2, 1, true, false, 0}}) {
-    const auto x = random_floats(size_t(c.rows * c.dim), rng, -3.0f, 3.0f);
-    const std::vector<float>& gamma = gains.emplace_back(random_floats(size_t(c.dim), rng, 0.5f, 1.5f));
-    const std::vector<float>* g = c.weighted ? &gamma : nullptr;
-    if (g) ops.upload(gamma);
-    settle();
+    const auto [x, g] = norm_inputs(c.rows, c.dim, c.weighted, rng, ops, gains);
     std::vector<float> want(x.size());
     cpu.rms_norm(x.data(), g, c.rows, c.dim, want.data());
     float* dx = to_device(ops, x, c.shift);
@@ -142,11 +155,7 @@ TEST(CudaNormRope, NormRopeMatchesCpu) {
                         Case{"kv rows", 19, 512, 1, 70000, RopeKind::kCompressed, true},
                         Case{"narrow rows, 3 per position", 11, 70, 3, 5, RopeKind::kPlain, true},
                         Case{"dim not a multiple of 8", 4, 1030, 1, 0, RopeKind::kPlain, true}}) {
-    const auto x = random_floats(size_t(c.rows * c.dim), rng, -3.0f, 3.0f);
-    const std::vector<float>& gamma = gains.emplace_back(random_floats(size_t(c.dim), rng, 0.5f, 1.5f));
-    const std::vector<float>* g = c.weighted ? &gamma : nullptr;
-    if (g) ops.upload(gamma);
-    settle();
+    const auto [x, g] = norm_inputs(c.rows, c.dim, c.weighted, rng, ops, gains);
     const int64_t offset = c.dim - cfg.rope_dim;
     std::vector<float> want = x;
     cpu.norm_rope(want.data(), g, c.rows, c.dim, offset, c.rows_per_pos, c.pos0, c.kind);

@@ -456,7 +456,6 @@ GemvScratchSize gemv_pair_scratch_size(const GemmParams& a, const GemmParams& b)
 void gemv_pair(const GemmParams& a, const GemmParams& b, const GemvScratch& scratch, cudaStream_t stream) {
   DSV4_CHECK(stream_pair_covers(a, b), "gemv: the pair [", a.w.rows, ", ", a.w.cols, "] + [", b.w.rows, ", ",
              b.w.cols, "] does not take the streaming kernel");
-  if (a.n == 0) return;
   gemv_detail::stream(a, scratch, stream, &b);
 }
 

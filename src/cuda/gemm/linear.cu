@@ -52,8 +52,7 @@ void CudaOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, fl
 void CudaOps::linear_pair(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya,
                           const Weight& wb, float* yb, int64_t ldyb) {
   const cuda::GemmParams a{x, ldx, dev(wa), n, ya, ldya, 1}, b{x, ldx, dev(wb), n, yb, ldyb, 1};
-  const bool live_a = check(a), live_b = check(b);
-  if (live_a && live_b && n <= cuda::kGemvMaxRows && cuda::gemv_pair_covers(a, b)) {
+  if (check(a) && check(b) && cuda::gemv_pair_covers(a, b)) {  // else each alone (check again: cheap)
     cuda::gemv_pair(a, b, gemv_scratch(cuda::gemv_pair_scratch_size(a, b), *this), stream_);
     return;
   }

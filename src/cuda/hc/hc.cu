@@ -295,37 +295,50 @@ struct HcPostParams {
   int hc;
 };
 
-template <int N>
-__global__ void __launch_bounds__(kPostThreads) hc_post_kernel(HcPostParams p) {
-  cuda::pdl_wait();
-  __shared__ float post[kMaxHc], C[kMaxHc * kMaxHc];
-  const int64_t t = blockIdx.y;
+// Stages token t's post [hc] and comb [hc, hc] in shared memory (the caller's barrier publishes them).
+__device__ __forceinline__ void stage_post_coefficients(const HcPostParams& p, int64_t t, float* post, float* C) {
   if (threadIdx.x < p.hc) post[threadIdx.x] = p.post[t * p.hc + threadIdx.x];
   if (threadIdx.x < p.hc * p.hc) C[threadIdx.x] = p.comb[t * p.hc * p.hc + threadIdx.x];
-  __syncthreads();
-  const int64_t c = (int64_t(blockIdx.x) * kPostThreads + threadIdx.x) * N;
-  if (c >= p.D) return;
-  float* Xt = p.X + t * p.hc * p.D;
-  const Pack<N> f = cuda::load_pack<N>(p.f + t * p.D + c);
-  // Loops run to kMaxHc with a guard so the streams stay in registers (no dynamically indexed local array).
-  Pack<N> streams[kMaxHc];
-#pragma unroll
-  for (int j = 0; j < kMaxHc; ++j)
-    if (j < p.hc) streams[j] = cuda::load_pack<N>(Xt + j * p.D + c);
+}
+
+// X'[k] = post[k]·f + Σ_j C[j][k]·X[j] at one pack of columns, in the CPU's order (unfused fp32, j ascending).
+// Loops run to kMaxHc with a guard so the streams stay in registers (no dynamically indexed local array).
+template <int N>
+__device__ __forceinline__ void post_streams(const Pack<N>& f, const Pack<N> (&streams)[kMaxHc], const float* post,
+                                             const float* C, int hc, Pack<N> (&out)[kMaxHc]) {
 #pragma unroll
   for (int k = 0; k < kMaxHc; ++k) {
-    if (k >= p.hc) break;
-    Pack<N> out;
+    if (k >= hc) break;
 #pragma unroll
     for (int e = 0; e < N; ++e) {
       float acc = __fmul_rn(post[k], f.v[e]);
 #pragma unroll
       for (int j = 0; j < kMaxHc; ++j)
-        if (j < p.hc) acc = __fadd_rn(acc, __fmul_rn(C[j * p.hc + k], streams[j].v[e]));
-      out.v[e] = acc;
+        if (j < hc) acc = __fadd_rn(acc, __fmul_rn(C[j * hc + k], streams[j].v[e]));
+      out[k].v[e] = acc;
     }
-    cuda::store_pack<N>(Xt + k * p.D + c, out);
   }
+}
+
+template <int N>
+__global__ void __launch_bounds__(kPostThreads) hc_post_kernel(HcPostParams p) {
+  cuda::pdl_wait();
+  __shared__ float post[kMaxHc], C[kMaxHc * kMaxHc];
+  const int64_t t = blockIdx.y;
+  stage_post_coefficients(p, t, post, C);
+  __syncthreads();
+  const int64_t c = (int64_t(blockIdx.x) * kPostThreads + threadIdx.x) * N;
+  if (c >= p.D) return;
+  float* Xt = p.X + t * p.hc * p.D;
+  const Pack<N> f = cuda::load_pack<N>(p.f + t * p.D + c);
+  Pack<N> streams[kMaxHc], out[kMaxHc];
+#pragma unroll
+  for (int j = 0; j < kMaxHc; ++j)
+    if (j < p.hc) streams[j] = cuda::load_pack<N>(Xt + j * p.D + c);
+  post_streams(f, streams, post, C, p.hc, out);
+#pragma unroll
+  for (int k = 0; k < kMaxHc; ++k)
+    if (k < p.hc) cuda::store_pack<N>(Xt + k * p.D + c, out[k]);
 }
 
 // ---- hc_post_mix: hc_post, then hc_mix's partials of the updated streams
@@ -336,23 +349,6 @@ struct HcPostMixParams {
   float* partial;         // [chunks, n, M + 1], chunk b = columns [b·kPostMixCols, (b+1)·kPostMixCols) of each stream
   int M;
 };
-
-// X'[k] at one pack of columns, in hc_post_kernel's order (unfused fp32, sum over j ascending).
-__device__ __forceinline__ void post_mix_pack(const Pack<4>& f, const Pack<4> (&streams)[kMaxHc], const float* post,
-                                              const float* C, int hc, Pack<4> (&out)[kMaxHc]) {
-#pragma unroll
-  for (int k = 0; k < kMaxHc; ++k) {
-    if (k >= hc) break;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float acc = __fmul_rn(post[k], f.v[e]);
-#pragma unroll
-      for (int j = 0; j < kMaxHc; ++j)
-        if (j < hc) acc = __fadd_rn(acc, __fmul_rn(C[j * hc + k], streams[j].v[e]));
-      out[k].v[e] = acc;
-    }
-  }
-}
 
 // grid (ceil(D / kPostMixCols), n), kMixWarps warps; warp w owns rows w, w + kMixWarps, ... ≤ M (row M: Σ v²).
 // Every warp computes the lane's pack of X' (cheap next to the fn loads); warp 0 stores it.
@@ -373,8 +369,7 @@ __global__ void __launch_bounds__(kMixWarps * 32) hc_post_mix_kernel(HcPostMixPa
       if (r < p.M && j < q.hc && live) w[i][j] = cuda::weight_pack<4>(p.fn, r, j * q.D + c);
   }
   cuda::pdl_wait();
-  if (threadIdx.x < q.hc) post[threadIdx.x] = q.post[t * q.hc + threadIdx.x];
-  if (threadIdx.x < q.hc * q.hc) C[threadIdx.x] = q.comb[t * q.hc * q.hc + threadIdx.x];
+  stage_post_coefficients(q, t, post, C);
   float* Xt = q.X + t * q.hc * q.D;
   Pack<4> f{}, streams[kMaxHc];
   if (live) {
@@ -386,7 +381,7 @@ __global__ void __launch_bounds__(kMixWarps * 32) hc_post_mix_kernel(HcPostMixPa
   __syncthreads();  // post and C are in shared memory, and every warp has read X before warp 0 overwrites it
   Pack<4> out[kMaxHc];
   if (live) {
-    post_mix_pack(f, streams, post, C, q.hc, out);
+    post_streams(f, streams, post, C, q.hc, out);
     if (warp == 0)
 #pragma unroll
       for (int k = 0; k < kMaxHc; ++k)
@@ -506,6 +501,18 @@ void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std:
   else launch_hc_finish<1, 1>(fin, fin_grid, ops.stream(), ops.pdl());
 }
 
+// hc_pre_norm's shape checks, and whether hc_finish can write the norm (packs of 4, one block per token);
+// the uploaded gain in *g.
+bool norm_fuses(const CudaOps& ops, const char* what, const float* X, const std::vector<float>& gamma, int64_t dim,
+                const float* x, const float* xn, const float* post, const float* comb, const float** g) {
+  DSV4_CHECK(post && comb, what, ": post and comb outputs are required");
+  DSV4_CHECK(dim == ops.config().dim && int64_t(gamma.size()) == dim, what, ": gain of ", gamma.size(),
+             " for rows of ", dim, " (model dim ", ops.config().dim, ")");
+  *g = ops.dev(gamma);
+  return norm_slices(dim) > 0 && dim % 4 == 0 && cuda::aligned16(X) && cuda::aligned16(x) && cuda::aligned16(xn) &&
+         cuda::aligned16(*g);
+}
+
 }  // namespace
 
 void CudaOps::hc_pre(const float* X, const HcWeights& w, int64_t n, float* x, float* post, float* comb) {
@@ -515,29 +522,20 @@ void CudaOps::hc_pre(const float* X, const HcWeights& w, int64_t n, float* x, fl
 
 void CudaOps::hc_pre_norm(const float* X, const HcWeights& w, const std::vector<float>& gamma, int64_t n,
                           int64_t dim, float* x, float* xn, float* post, float* comb) {
-  DSV4_CHECK(post && comb, "hc_pre_norm: post and comb outputs are required");
-  DSV4_CHECK(dim == config_.dim && int64_t(gamma.size()) == dim, "hc_pre_norm: gain of ", gamma.size(),
-             " for rows of ", dim, " (model dim ", config_.dim, ")");
-  const float* g = dev(gamma);
-  const bool fused = norm_slices(dim) > 0 && dim % 4 == 0 && cuda::aligned16(X) && cuda::aligned16(x) &&
-                     cuda::aligned16(xn) && cuda::aligned16(g);
-  if (!fused) return Ops::hc_pre_norm(X, w, gamma, n, dim, x, xn, post, comb);
+  const float* g = nullptr;
+  if (!norm_fuses(*this, "hc_pre_norm", X, gamma, dim, x, xn, post, comb, &g))
+    return Ops::hc_pre_norm(X, w, gamma, n, dim, x, xn, post, comb);
   hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn);
 }
 
 void CudaOps::hc_post_pre_norm(const float* f, const float* post, const float* comb, int64_t n, float* X,
                                const HcWeights& w, const std::vector<float>& gamma, int64_t dim, float* x, float* xn,
                                float* post_out, float* comb_out) {
-  const int64_t hc = config_.hc_mult, D = config_.dim;
-  DSV4_CHECK(post_out && comb_out, "hc_post_pre_norm: post and comb outputs are required");
-  DSV4_CHECK(dim == D && int64_t(gamma.size()) == dim, "hc_post_pre_norm: gain of ", gamma.size(), " for rows of ",
-             dim, " (model dim ", D, ")");
-  const float* g = dev(gamma);
-  const bool fused = n <= kPostMixMaxTokens && hc >= 1 && hc <= kMaxHc && norm_slices(dim) > 0 && dim % 4 == 0 &&
-                     cuda::aligned16(f) && cuda::aligned16(X) && cuda::aligned16(x) && cuda::aligned16(xn) &&
-                     cuda::aligned16(g);
-  if (!fused) return Ops::hc_post_pre_norm(f, post, comb, n, X, w, gamma, dim, x, xn, post_out, comb_out);
-  const HcPostParams pending{f, post, comb, X, n, D, int(hc)};
+  const float* g = nullptr;
+  if (!norm_fuses(*this, "hc_post_pre_norm", X, gamma, dim, x, xn, post_out, comb_out, &g) ||
+      n > kPostMixMaxTokens || !cuda::aligned16(f))
+    return Ops::hc_post_pre_norm(f, post, comb, n, X, w, gamma, dim, x, xn, post_out, comb_out);
+  const HcPostParams pending{f, post, comb, X, n, dim, int(config_.hc_mult)};
   hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post_out, comb_out, "hc_post_pre_norm", g, xn, &pending);
 }
 
