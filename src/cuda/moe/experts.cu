@@ -86,7 +86,7 @@ __device__ void routed_items(const ExpertParams& p, int& staged, Stage& stage, R
 struct Scratch {
   int shift[kChunk];                                  // tensor-core staging: x·2^shift per staged row
   float block_max[kChunk * kExpertWarps];             // its block reduction
-  float tiles[kExpertWarps][2][kMmaRows][kMmaCols];   // tensor-core partial tiles: [warp][tile][row][token]
+  float tiles[kExpertWarps][2][kMmaRows][kMmaCols];   // tensor-core partial tiles: [warp][tile][row][token, half]
 };
 
 __device__ float swiglu(float g, float u, float limit, float weight) {
@@ -134,13 +134,16 @@ __device__ void tiles_mma(const MatView (&mats)[NT], const int64_t (&row0)[NT], 
   __syncthreads();
 }
 
-// Tile i's (row r, token m) in x's units: the warps' partial sums in a fixed order, the staging shift (and
-// the FP4 offset) divided out.
+// Tile i's (row r, token m) in x's units: the warps' hi and lo partial sums in a fixed order, the staging shift
+// (and the FP4 offset) divided out.
 template <WFormat F>
 __device__ float tile_sum(const Scratch& scratch, int i, int r, int m) {
-  float sum = 0.0f;
-  for (int w = 0; w < kExpertWarps; ++w) sum += scratch.tiles[w][i][r][m];
-  return ldexpf(sum, -(scratch.shift[m] + (F == WFormat::kFP4 ? kFp4Offset : 0)));
+  float hi = 0.0f, lo = 0.0f;
+  for (int w = 0; w < kExpertWarps; ++w) {
+    hi += scratch.tiles[w][i][r][2 * m];
+    lo += scratch.tiles[w][i][r][2 * m + 1];
+  }
+  return ldexpf(hi + lo, -(scratch.shift[m] + (F == WFormat::kFP4 ? kFp4Offset : 0)));
 }
 
 // ---- expert_up: items of kUpRowsPerItem rows of w1 and w3

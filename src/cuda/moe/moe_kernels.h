@@ -100,7 +100,8 @@ struct ExpertParams {
 constexpr int kUpRowsPerWarp = 2;
 constexpr int kDownRowsPerWarp = 4;
 constexpr int kExpertWarps = 8;
-constexpr int kMmaRows = 16, kMmaCols = 8;  // mma m16n8k16: rows of a tile, tokens
+constexpr int kMmaRows = 16, kMmaCols = 8;  // mma m16n8k16: rows of a tile; columns, two per token (hi, lo)
+static_assert(2 * kChunk <= kMmaCols, "a pass's tokens fit the MMA's columns as hi / lo pairs");
 constexpr int kUpRowsPerItem = kUpRowsPerWarp * kExpertWarps;
 constexpr int kDownRowsPerItem = kDownRowsPerWarp * kExpertWarps;
 

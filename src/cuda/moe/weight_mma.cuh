@@ -1,5 +1,6 @@
 // moe family: the tensor-core inner loop for FP4 and FP8 weights (mma.sync m16n8k16, fp16 in, fp32 out).
-// A warp multiplies 16-row tiles of a matrix by ≤ 8 activation rows (the MMA's n = 8 columns are tokens).
+// A warp multiplies 16-row tiles of a matrix by ≤ 4 activation rows: the MMA's n = 8 columns are the hi and lo
+// halves (below) of each token, column 2m + h, so one MMA takes both halves of up to four tokens.
 //
 // Exactness (the CPU computes in fp32): every weight is exact in fp16 (e4m3 always; e2m1 × its power-of-two
 // block scale within the window checked on the host, moe.cu's fp4_scales_fit), and each activation row is
@@ -145,9 +146,9 @@ __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 s) {
 }
 
 // One warp, NT tiles of 16 rows (tile i: rows row0[i] .. +15 of mats[i], rows_valid[i] of them real), K groups
-// [g_begin, g_end), activations xs (stride mma_stride16 per token row, ntok ≤ 8 rows). acc[i] gets the tile's
-// D fragment: d0 = (row g, token 2c), d1 = (g, 2c+1), d2 = (g+8, 2c), d3 = (g+8, 2c+1), in units of
-// (x·2^shift) · (FP4: 2^kFp4Offset; FP8: 1), block scales applied.
+// [g_begin, g_end), activations xs (stride mma_stride16 per token row, ntok ≤ 4 rows). acc[i] gets the tile's
+// D fragment: d0 = (row g, token c, hi), d1 = (g, c, lo), d2 = (g+8, c, hi), d3 = (g+8, c, lo), in units of
+// (x·2^shift) · (FP4: 2^kFp4Offset; FP8: 1), block scales applied; a token's product is its hi + lo.
 template <WFormat F, int NT>
 __device__ __forceinline__ void warp_mma(const MatView (&mats)[NT], const int64_t (&row0)[NT], const int (&rows_valid)[NT],
                                          int64_t cols, int64_t g_begin, int64_t g_end, const uint4* xs,
@@ -190,7 +191,8 @@ __device__ __forceinline__ void warp_mma(const MatView (&mats)[NT], const int64_
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (g0 + u >= g_end) break;
-      const uint4* xg = xs + int64_t(g) * xs_stride + (g0 + u) * kMmasPerChunk<F> * 4 + c;
+      // Column g of B is token g / 2's hi (g even) or lo (g odd) half: the .xy or .zw of its staged uint4.
+      const uint2* xg = reinterpret_cast<const uint2*>(xs + int64_t(g / 2) * xs_stride + (g0 + u) * kMmasPerChunk<F> * 4 + c) + g % 2;
       // FP4 carries its scales in the weights and accumulates straight into acc; FP8 scales each group's sum.
       float part[NT][4];
 #pragma unroll
@@ -199,7 +201,7 @@ __device__ __forceinline__ void warp_mma(const MatView (&mats)[NT], const int64_
         for (int e = 0; e < 4; ++e) part[i][e] = F == WFormat::kFP4 ? acc[i][e] : 0.0f;
 #pragma unroll
       for (int j = 0; j < kMmasPerChunk<F>; ++j) {
-        const uint4 b = g < ntok ? xg[j * 4] : make_uint4(0, 0, 0, 0);
+        const uint2 b = g / 2 < ntok ? xg[j * 8] : make_uint2(0, 0);
 #pragma unroll
         for (int i = 0; i < NT; ++i) {
           uint32_t a[2][2];  // [row half h][pair]: pair 0 → k slots 2c, 2c+1; pair 1 → 2c+8, 2c+9
@@ -226,7 +228,6 @@ __device__ __forceinline__ void warp_mma(const MatView (&mats)[NT], const int64_
             }
           }
           mma_f16(part[i], a[0][0], a[1][0], a[0][1], a[1][1], b.x, b.y);
-          mma_f16(part[i], a[0][0], a[1][0], a[0][1], a[1][1], b.z, b.w);
         }
       }
 #pragma unroll
