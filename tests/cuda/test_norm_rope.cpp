@@ -171,10 +171,11 @@ TEST(CudaNormRope, NormRopeMatchesCpu) {
 #endif
 }
 
-// kv_finish into a compact ring (CUDA: norm_rope, then the store that rounds like sim_fp8) against the CPU's
-// four ops into an fp32 ring. Both rings start from the same random simulated contents; the step wraps
-// around the ring. The FP8 channels must agree bit for bit (exact norm, the same rounding), the fp32 rope
-// channels as NormRopeMatchesCpu, and untouched slots must keep their contents.
+// kv_finish into a compact ring (CUDA: one kernel, norm_rope's row routine then the store that rounds like
+// sim_fp8) against the CPU's four ops into an fp32 ring. Both rings start from the same random simulated
+// contents; the step wraps around the ring (n = 40 > 37 slots: its first rows are overwritten within the call).
+// The FP8 channels must agree bit for bit (exact norm, the same rounding), the fp32 rope channels as
+// NormRopeMatchesCpu, and untouched slots must keep their contents.
 TEST(CudaNormRope, KvFinishMatchesCpu) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -186,7 +187,7 @@ TEST(CudaNormRope, KvFinishMatchesCpu) {
   const int64_t d = 512, nope = d - cfg.rope_dim, slots = 37;
   const std::vector<float> gamma = random_floats(size_t(d), rng, 0.5f, 1.5f);
   ops.upload(gamma);
-  for (const auto& [n, pos0] : {std::pair<int64_t, int64_t>{1, 4095}, {13, 30}, {5, 0}}) {
+  for (const auto& [n, pos0] : {std::pair<int64_t, int64_t>{1, 4095}, {13, 30}, {5, 0}, {40, 7}}) {
     std::vector<float> ring = random_floats(size_t(slots * d), rng, -2.0f, 2.0f);
     cpu.sim_fp8(ring.data(), slots, d, nope, 64);  // stored rows are simulated
     float* dring = ops.alloc_cache(CacheFormat::kFp8Kv, slots, d);

@@ -1,5 +1,6 @@
 // attention family (CUDA): the compact caches (spec §11) — allocation, the store kernel that quantises rows into
-// them, and the fp32 views tests use. Reading inside kernels: kv_cache.cuh.
+// them (alone, or fused with kv_finish's norm and RoPE), and the fp32 views tests use. Reading inside kernels:
+// kv_cache.cuh.
 //
 // Why compact storage is exact: in reference numerics every window / compressed KV vector leaves sim_fp8 as
 // e4m3 × 2^k per 64 non-rope channels, and every indexer key leaves hadamard_sim_fp4 as e2m1 × 2^k per 32, so
@@ -7,11 +8,13 @@
 // returns it unchanged (the block's largest value keeps the scale, or sits at half the grid's max and every
 // value doubles exactly), so cache_store may be given simulated or raw rows alike. Rope channels stay fp32:
 // the fixtures' numerics keep them unrounded.
+#include <algorithm>
 #include <cstring>
 
 #include "cuda/attention/kv_cache.cuh"
 #include "cuda/common/check.h"
 #include "cuda/common/launch.cuh"
+#include "cuda/norm_rope/norm_rope_row.cuh"
 
 namespace dsv4 {
 namespace cuda {
@@ -76,19 +79,10 @@ __host__ __device__ int store_items_per_row(const CacheLayout& l) {
   return l.format == CacheFormat::kFp8Kv ? (l.nope + 63) / 64 + 1 : int(l.dim / 32);
 }
 
-__global__ void __launch_bounds__(kStoreWarps * 32) cache_store_kernel(StoreParams p) {
-  pdl_wait();
-  const int lane = threadIdx.x % 32;
-  const CacheLayout& l = p.layout;
-  const int per_row = store_items_per_row(l);
-  const int64_t item = int64_t(blockIdx.x) * kStoreWarps + threadIdx.x / 32;
-  if (item >= p.n * per_row) return;  // warp-uniform
-  const int64_t i = item / per_row;
-  const int b = int(item % per_row);
-  const float* v = p.src + i * p.src_stride;
-  uint8_t* row = p.cache + ((p.row0 + i) % p.modulo) * l.row_bytes;
+// Item b of row v (one warp) into the cache row.
+__device__ void store_item(const CacheLayout& l, const float* v, uint8_t* row, int b, int lane) {
   if (l.format == CacheFormat::kFp8Kv) {
-    if (b < per_row - 1) {
+    if (b < store_items_per_row(l) - 1) {
       store_fp8_block(l, v, row, 64 * b, lane);
     } else {
       auto* rope = reinterpret_cast<float*>(row + l.rope);
@@ -97,6 +91,38 @@ __global__ void __launch_bounds__(kStoreWarps * 32) cache_store_kernel(StorePara
   } else {
     store_fp4_block(l, v, row, 32 * b, lane);
   }
+}
+
+__global__ void __launch_bounds__(kStoreWarps * 32) cache_store_kernel(StoreParams p) {
+  pdl_wait();
+  const int per_row = store_items_per_row(p.layout);
+  const int64_t item = int64_t(blockIdx.x) * kStoreWarps + threadIdx.x / 32;
+  if (item >= p.n * per_row) return;  // warp-uniform
+  const int64_t i = item / per_row;
+  store_item(p.layout, p.src + i * p.src_stride, p.cache + ((p.row0 + i) % p.modulo) * p.layout.row_bytes,
+             int(item % per_row), int(threadIdx.x % 32));
+}
+
+struct KvFinishParams {
+  const float* kv;  // [n, dim]
+  NormRopeRow norm;
+  int64_t first, pos0;  // block b finishes row first + b, at position pos0 + first + b
+  CacheLayout layout;   // kFp8Kv, dim channels
+  uint8_t* ring;        // [slots, row_bytes]
+  int64_t slots;
+};
+
+// kv_finish into a compact FP8 ring, one block per row: norm and RoPE in shared memory (norm_rope_row), then
+// the block's warps store the row's 64-channel blocks and its rope channels.
+__global__ void __launch_bounds__(kNormRopeThreads) kv_finish_kernel(KvFinishParams p) {
+  pdl_wait();
+  extern __shared__ float row_s[];  // [dim]
+  const int64_t i = p.first + blockIdx.x;
+  norm_rope_row(p.norm, p.kv + i * p.norm.dim, p.pos0 + i, row_s, nullptr);
+  __syncthreads();
+  uint8_t* row = p.ring + (p.pos0 + i) % p.slots * p.layout.row_bytes;
+  for (int b = int(threadIdx.x / 32); b < store_items_per_row(p.layout); b += kNormRopeThreads / 32)
+    store_item(p.layout, row_s, row, b, int(threadIdx.x % 32));
 }
 
 struct LoadParams {
@@ -135,14 +161,25 @@ void cache_store(CudaOps& ops, const CacheLayout& layout, float* cache, const fl
 }  // namespace cuda
 
 // Into a compact ring the store itself rounds like sim_fp8 (see the top of this file), so the simulation pass
-// is skipped: two kernels (norm + rope, the store) instead of four.
+// is skipped, and the norm, the RoPE and the store run as one kernel (kv is left as it came: scratch).
 void CudaOps::kv_finish(float* kv, const std::vector<float>& gamma, int64_t n, int64_t dim, int64_t nope, int64_t pos0,
                         RopeKind kind, bool simulate, int64_t slots, float* ring) {
   const cuda::CacheLayout* layout = compact_cache(ring);
   if (!simulate || !layout || layout->format != CacheFormat::kFp8Kv || layout->nope != nope)
     return Ops::kv_finish(kv, gamma, n, dim, nope, pos0, kind, simulate, slots, ring);
-  norm_rope(kv, &gamma, n, dim, nope, 1, pos0, kind);
-  ring_store(kv, n, dim, pos0, slots, ring);
+  DSV4_CHECK(n >= 0 && pos0 >= 0 && slots >= 1 && slots <= layout->rows && layout->dim == dim &&
+                 int64_t(gamma.size()) == dim && dim - nope == config_.rope_dim,
+             "kv_finish: ", n, " rows of ", dim, " channels (", nope, " without RoPE) into a ring of ", slots,
+             " slots of a ", layout->rows, " x ", layout->dim, " cache, gain of ", gamma.size());
+  constexpr int64_t kMaxDim = 12 * 1024;  // the row in 48 KiB of shared memory
+  DSV4_CHECK(dim <= kMaxDim, "kv_finish: rows of ", dim, " channels (at most ", kMaxDim, ")");
+  // Rows i and i + slots share a slot: only the last `slots` rows are stored, as ring_store does.
+  const int64_t first = std::max<int64_t>(0, n - slots);
+  if (n == first) return;
+  const cuda::KvFinishParams p{kv,    {dev(gamma), inv_freq(kind), dim, nope, float(config_.norm_eps)},
+                               first, pos0, *layout, reinterpret_cast<uint8_t*>(ring), slots};
+  cuda::launch_pdl(cuda::kv_finish_kernel, dim3(unsigned(n - first)), dim3(cuda::kNormRopeThreads),
+                   size_t(dim) * sizeof(float), stream_, pdl(), p);
 }
 
 float* CudaOps::alloc_cache(CacheFormat format, int64_t rows, int64_t dim) {

@@ -5,10 +5,8 @@
 // shared-memory step finish the sum; then y = γ·(x·inv) with inv = 1 / sqrt(Σx²/dim + eps), the CPU's order
 // (only the summation order differs). x and y may alias: a thread rewrites exactly the elements it read.
 //
-// norm_rope: one block per row, RMSNorm then RoPE on the row's rope channels, bit for bit the CPU's
-// rms_norm (its 8 strided partial sums, their pairwise tree, unfused products) followed by rope_kernel's
-// rotation: the K = V rows it serves are rounded to FP8 next, where a last-bit difference in the norm could
-// move a value across a rounding boundary.
+// norm_rope: one block per row, RMSNorm then RoPE on the row's rope channels, bit for bit the CPU's rms_norm
+// followed by rope_kernel's rotation (norm_rope_row.cuh, which kv_finish's fused kernel shares).
 //
 // rope: a block covers consecutive rows; the cos/sin of each (position, pair) it needs are computed once into
 // shared memory (fp64 sin/cos of the fp32 angle, rounded to fp32, as the CPU does), then each thread rotates
@@ -20,6 +18,7 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/elementwise/pack.cuh"
+#include "cuda/norm_rope/norm_rope_row.cuh"
 #include "cuda/norm_rope/rotate.cuh"
 
 namespace dsv4 {
@@ -83,57 +82,19 @@ __global__ void __launch_bounds__(kNormMaxThreads) rms_norm_kernel(RmsNormParams
   }
 }
 
-// ---- norm_rope
-
-constexpr int kNormRopeThreads = 128;
-constexpr int kNormLanes = 8;  // the CPU's partial sums: lane k sums x[i + k]² for i = 0, 8, 16, ...
+// ---- norm_rope (the row routine: norm_rope_row.cuh)
 
 struct NormRopeParams {
-  float* x;               // [rows, dim], in place
-  const float* gamma;     // [dim] or nullptr
-  const float* inv_freq;  // [(dim − offset) / 2]
-  int64_t dim, offset;    // rope channels [offset, dim), offset even
+  float* x;  // [rows, dim], in place
+  cuda::NormRopeRow row;
   int64_t rows_per_pos, pos0;  // row r at position pos0 + r / rows_per_pos
-  float eps;
 };
 
-__global__ void __launch_bounds__(kNormRopeThreads) norm_rope_kernel(NormRopeParams p) {
+__global__ void __launch_bounds__(cuda::kNormRopeThreads) norm_rope_kernel(NormRopeParams p) {
   cuda::pdl_wait();
-  extern __shared__ float row_s[];  // [dim]: the row, read by the 8 summing lanes
-  __shared__ float partial[kNormLanes];
-  __shared__ float inv_s;
-  float* x = p.x + int64_t(blockIdx.x) * p.dim;
-  for (int64_t c = threadIdx.x; c < p.dim; c += kNormRopeThreads) row_s[c] = x[c];
-  __syncthreads();
-  const int64_t body = p.dim / kNormLanes * kNormLanes;
-  if (threadIdx.x < kNormLanes) {
-    float acc = 0.0f;
-#pragma unroll 8
-    for (int64_t i = threadIdx.x; i < body; i += kNormLanes) acc = __fadd_rn(acc, __fmul_rn(row_s[i], row_s[i]));
-    partial[threadIdx.x] = acc;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const float* a = partial;
-    float sum = __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[1]), __fadd_rn(a[2], a[3])),
-                          __fadd_rn(__fadd_rn(a[4], a[5]), __fadd_rn(a[6], a[7])));
-    for (int64_t i = body; i < p.dim; ++i) sum = __fadd_rn(sum, __fmul_rn(row_s[i], row_s[i]));
-    inv_s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, float(p.dim)), p.eps)));
-  }
-  __syncthreads();
-  const float inv = inv_s;
-  const int64_t pos = p.pos0 + int64_t(blockIdx.x) / p.rows_per_pos;
-  // Thread t owns channels 2t, 2t + 1 (+ 2·threads, ...): a rope pair stays with one thread.
-  for (int64_t c = 2 * int64_t(threadIdx.x); c < p.dim; c += 2 * kNormRopeThreads) {
-    float a = __fmul_rn(row_s[c], inv), b = c + 1 < p.dim ? __fmul_rn(row_s[c + 1], inv) : 0.0f;
-    if (p.gamma) {
-      a = __fmul_rn(p.gamma[c], a);
-      if (c + 1 < p.dim) b = __fmul_rn(p.gamma[c + 1], b);
-    }
-    if (c >= p.offset) cuda::rotate_pair(a, b, pos, p.inv_freq[(c - p.offset) / 2], /*inverse=*/false);
-    x[c] = a;
-    if (c + 1 < p.dim) x[c + 1] = b;
-  }
+  extern __shared__ float row_s[];  // [dim]
+  float* x = p.x + int64_t(blockIdx.x) * p.row.dim;
+  cuda::norm_rope_row(p.row, x, p.pos0 + int64_t(blockIdx.x) / p.rows_per_pos, row_s, x);
 }
 
 // ---- rope
@@ -207,9 +168,9 @@ void CudaOps::norm_rope(float* x, const std::vector<float>* gamma, int64_t rows,
   constexpr int64_t kMaxDim = 12 * 1024;  // the row in 48 KiB of shared memory
   DSV4_CHECK(dim <= kMaxDim, "norm_rope: rows of ", dim, " channels (at most ", kMaxDim, ")");
   if (rows == 0) return;
-  const NormRopeParams p{x, gamma ? dev(*gamma) : nullptr, inv_freq(kind), dim, offset, rows_per_pos, pos0,
-                         float(config_.norm_eps)};
-  cuda::launch_pdl(norm_rope_kernel, dim3(unsigned(rows)), dim3(kNormRopeThreads), size_t(dim) * sizeof(float),
+  const NormRopeParams p{x, {gamma ? dev(*gamma) : nullptr, inv_freq(kind), dim, offset, float(config_.norm_eps)},
+                         rows_per_pos, pos0};
+  cuda::launch_pdl(norm_rope_kernel, dim3(unsigned(rows)), dim3(cuda::kNormRopeThreads), size_t(dim) * sizeof(float),
                    stream_, pdl(), p);
 }
 

@@ -1,0 +1,66 @@
+// norm_rope family: one row's RMSNorm then RoPE by one block, bit for bit the CPU's rms_norm (its 8 strided
+// partial sums, their pairwise tree, unfused products) followed by rope_kernel's rotation. Shared by
+// norm_rope_kernel and the kernels that fuse it with what consumes the row (kv_finish's store into the FP8
+// window ring, where a last-bit difference in the norm could move a value across a rounding boundary).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/norm_rope/rotate.cuh"
+
+namespace dsv4::cuda {
+
+constexpr int kNormRopeThreads = 128;  // the block norm_rope_row runs on
+constexpr int kNormLanes = 8;          // the CPU's partial sums: lane k sums x[i + k]² for i = 0, 8, 16, ...
+
+struct NormRopeRow {
+  const float* gamma;     // [dim] or nullptr
+  const float* inv_freq;  // [(dim − offset) / 2]
+  int64_t dim, offset;    // rope channels [offset, dim), offset even
+  float eps;
+};
+
+// x [dim] → row_s [dim] (shared memory): γ·(x·inv), inv = 1 / sqrt(Σx²/dim + eps), channels [offset, dim)
+// rotated at position pos; also into out [dim] when out is not null (out may alias x). Thread t owns channels
+// 2t, 2t + 1 (+ 2·kNormRopeThreads, ...) of row_s and out: a rope pair stays with one thread. Other threads'
+// channels of row_s may be read after a barrier.
+__device__ __forceinline__ void norm_rope_row(const NormRopeRow& p, const float* x, int64_t pos, float* row_s,
+                                              float* out) {
+  __shared__ float partial[kNormLanes];
+  __shared__ float inv_s;
+  for (int64_t c = threadIdx.x; c < p.dim; c += kNormRopeThreads) row_s[c] = x[c];
+  __syncthreads();
+  const int64_t body = p.dim / kNormLanes * kNormLanes;
+  if (threadIdx.x < kNormLanes) {
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int64_t i = threadIdx.x; i < body; i += kNormLanes) acc = __fadd_rn(acc, __fmul_rn(row_s[i], row_s[i]));
+    partial[threadIdx.x] = acc;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const float* a = partial;
+    float sum = __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[1]), __fadd_rn(a[2], a[3])),
+                          __fadd_rn(__fadd_rn(a[4], a[5]), __fadd_rn(a[6], a[7])));
+    for (int64_t i = body; i < p.dim; ++i) sum = __fadd_rn(sum, __fmul_rn(row_s[i], row_s[i]));
+    inv_s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, float(p.dim)), p.eps)));
+  }
+  __syncthreads();
+  const float inv = inv_s;
+  for (int64_t c = 2 * int64_t(threadIdx.x); c < p.dim; c += 2 * kNormRopeThreads) {
+    float a = __fmul_rn(row_s[c], inv), b = c + 1 < p.dim ? __fmul_rn(row_s[c + 1], inv) : 0.0f;
+    if (p.gamma) {
+      a = __fmul_rn(p.gamma[c], a);
+      if (c + 1 < p.dim) b = __fmul_rn(p.gamma[c + 1], b);
+    }
+    if (c >= p.offset) rotate_pair(a, b, pos, p.inv_freq[(c - p.offset) / 2], /*inverse=*/false);
+    row_s[c] = a;
+    if (c + 1 < p.dim) row_s[c + 1] = b;
+    if (out) {
+      out[c] = a;
+      if (c + 1 < p.dim) out[c + 1] = b;
+    }
+  }
+}
+
+}  // namespace dsv4::cuda
