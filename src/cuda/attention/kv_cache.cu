@@ -171,8 +171,7 @@ void CudaOps::kv_finish(float* kv, const std::vector<float>& gamma, int64_t n, i
                  int64_t(gamma.size()) == dim && dim - nope == config_.rope_dim,
              "kv_finish: ", n, " rows of ", dim, " channels (", nope, " without RoPE) into a ring of ", slots,
              " slots of a ", layout->rows, " x ", layout->dim, " cache, gain of ", gamma.size());
-  constexpr int64_t kMaxDim = 12 * 1024;  // the row in 48 KiB of shared memory
-  DSV4_CHECK(dim <= kMaxDim, "kv_finish: rows of ", dim, " channels (at most ", kMaxDim, ")");
+  DSV4_CHECK(dim <= cuda::kNormRopeMaxDim, "kv_finish: rows of ", dim, " channels (at most ", cuda::kNormRopeMaxDim, ")");
   // Rows i and i + slots share a slot: only the last `slots` rows are stored, as ring_store does.
   const int64_t first = std::max<int64_t>(0, n - slots);
   if (n == first) return;

@@ -165,8 +165,7 @@ void CudaOps::norm_rope(float* x, const std::vector<float>* gamma, int64_t rows,
              " elements, the rows have ", dim);
   DSV4_CHECK(offset >= 0 && offset % 2 == 0 && dim - offset == config_.rope_dim, "norm_rope: channels [", offset,
              ", ", dim, ") are not the ", config_.rope_dim, " rope channels");
-  constexpr int64_t kMaxDim = 12 * 1024;  // the row in 48 KiB of shared memory
-  DSV4_CHECK(dim <= kMaxDim, "norm_rope: rows of ", dim, " channels (at most ", kMaxDim, ")");
+  DSV4_CHECK(dim <= cuda::kNormRopeMaxDim, "norm_rope: rows of ", dim, " channels (at most ", cuda::kNormRopeMaxDim, ")");
   if (rows == 0) return;
   const NormRopeParams p{x, {gamma ? dev(*gamma) : nullptr, inv_freq(kind), dim, offset, float(config_.norm_eps)},
                          rows_per_pos, pos0};

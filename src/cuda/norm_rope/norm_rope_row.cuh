@@ -12,6 +12,7 @@ namespace dsv4::cuda {
 
 constexpr int kNormRopeThreads = 128;  // the block norm_rope_row runs on
 constexpr int kNormLanes = 8;          // the CPU's partial sums: lane k sums x[i + k]² for i = 0, 8, 16, ...
+constexpr int64_t kNormRopeMaxDim = 12 * 1024;  // the row in 48 KiB of dynamic shared memory (launchers check)
 
 struct NormRopeRow {
   const float* gamma;     // [dim] or nullptr
