@@ -102,6 +102,12 @@ class WeightBuilder {
                  ", outside [0, ", n_experts, ")");
       out[i] = int32_t(v);
     }
+    // A token's experts are a set: the MoE kernels stage each token at most once per expert.
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 1; j < cols; ++j)
+        for (int64_t i = 0; i < j; ++i)
+          DSV4_CHECK(out[size_t(r * cols + i)] != out[size_t(r * cols + j)], t.file, ": tensor '", t.name, "' row ", r,
+                     " names expert ", out[size_t(r * cols + j)], " twice");
     return out;
   }
 

@@ -159,22 +159,35 @@ TEST_F(BadInput, WrongDtype) {
   expect_error("tensor 'layers.0.hc_attn_base' has dtype I32, expected F32, BF16 or F16");
 }
 
-TEST_F(BadInput, HashTableOutOfRange) {
-  // Overwrite the first tid2eid entry (I64) with expert 99.
-  const json h = [&] {
-    const std::string b = read_bytes(weights());
-    uint64_t len;
-    std::memcpy(&len, b.data(), 8);
-    return json::parse(b.substr(8, len));
-  }();
-  std::string bytes = read_bytes(weights());
+// The checkpoint's I64 tensor `name`: entry `index` read, or overwritten with `value` in place.
+int64_t table_entry(const std::string& path, const std::string& name, size_t index) {
+  const std::string bytes = read_bytes(path);
   uint64_t len;
   std::memcpy(&len, bytes.data(), 8);
-  const size_t offset = 8 + len + h["layers.0.ffn.gate.tid2eid"]["data_offsets"][0].get<size_t>();
-  const int64_t bad = 99;
-  std::memcpy(bytes.data() + offset, &bad, 8);
-  write_text(weights(), bytes);
+  const json h = json::parse(bytes.substr(8, len));
+  int64_t v;
+  std::memcpy(&v, bytes.data() + 8 + len + h[name]["data_offsets"][0].get<size_t>() + 8 * index, 8);
+  return v;
+}
+void set_table_entry(const std::string& path, const std::string& name, size_t index, int64_t value) {
+  std::string bytes = read_bytes(path);
+  uint64_t len;
+  std::memcpy(&len, bytes.data(), 8);
+  const json h = json::parse(bytes.substr(8, len));
+  std::memcpy(bytes.data() + 8 + len + h[name]["data_offsets"][0].get<size_t>() + 8 * index, &value, 8);
+  write_text(path, bytes);
+}
+
+TEST_F(BadInput, HashTableOutOfRange) {
+  set_table_entry(weights(), "layers.0.ffn.gate.tid2eid", 0, 99);
   expect_error("tensor 'layers.0.ffn.gate.tid2eid' entry 0 is expert 99, outside [0, 8)");
+}
+
+TEST_F(BadInput, HashTableRepeatsExpert) {
+  // Row 0's second expert made equal to its first.
+  const int64_t first = table_entry(weights(), "layers.0.ffn.gate.tid2eid", 0);
+  set_table_entry(weights(), "layers.0.ffn.gate.tid2eid", 1, first);
+  expect_error(cat("tensor 'layers.0.ffn.gate.tid2eid' row 0 names expert ", first, " twice"));
 }
 
 TEST_F(BadInput, MissingShard) {

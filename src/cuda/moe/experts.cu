@@ -392,8 +392,16 @@ int prepare_kernel(const void* kernel, int threads, size_t smem) {
   std::lock_guard<std::mutex> lock(mutex);
   auto [it, inserted] = per_sm.try_emplace({kernel, device, smem}, 0);
   if (inserted) {
-    if (smem > 48 * 1024)
-      DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    // The attribute is per kernel, not per size: set once to the device's limit, so that a later, smaller size
+    // does not lower it below an earlier, larger one that is still launched.
+    int optin = 0;
+    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaFuncAttributes attributes;
+    DSV4_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    const int max_dynamic = optin - int(attributes.sharedSizeBytes);  // the limit covers static + dynamic
+    DSV4_CHECK(smem <= size_t(max_dynamic), "moe: a kernel needs ", smem, " bytes of dynamic shared memory, the device allows ",
+               max_dynamic);
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dynamic));
     DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, threads, smem));
     DSV4_CHECK(it->second > 0, "moe: a kernel does not fit on an SM with ", smem, " bytes of shared memory");
   }

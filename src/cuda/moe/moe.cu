@@ -293,7 +293,7 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
   ep.I = I;
   ep.k = k;
   ep.swiglu_limit = float(config_.swiglu_limit);
-  ep.staged_rows = cuda::moe::rows_for(int(std::min<int64_t>(cuda::moe::kChunk, n * k)));
+  ep.staged_rows = cuda::moe::rows_for(int(std::min<int64_t>(cuda::moe::kChunk, n)));
   ep.out = out;
   ep.row_blocks = cuda::ceil_div(I, cuda::moe::kUpRowsPerItem);
   cuda::moe::launch_expert_up(ep, props_.multiProcessorCount, pdl, stream_);

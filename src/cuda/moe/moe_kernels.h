@@ -91,7 +91,8 @@ struct ExpertParams {
   int64_t n = 0, D = 0, I = 0, k = 0;
   float swiglu_limit = 0.0f;  // 0: no clamp
   int64_t row_blocks = 0;     // expert_up: ceil(I / rows per item); expert_down: ceil(D / rows per item)
-  int64_t staged_rows = 0;    // activation rows staged per pass: min(kChunk, n·k)
+  int64_t staged_rows = 0;    // activation rows staged per pass: rows_for(min(kChunk, n)) (a token's k experts
+                              // are distinct, so a chunk holds each token at most once)
   float* out = nullptr;       // [n, D]
 };
 
