@@ -159,22 +159,22 @@ TEST_F(BadInput, WrongDtype) {
   expect_error("tensor 'layers.0.hc_attn_base' has dtype I32, expected F32, BF16 or F16");
 }
 
-// The checkpoint's I64 tensor `name`: entry `index` read, or overwritten with `value` in place.
-int64_t table_entry(const std::string& path, const std::string& name, size_t index) {
-  const std::string bytes = read_bytes(path);
+// Byte offset in a safetensors file's `bytes` of entry `index` of its I64 tensor `name`.
+size_t i64_entry_offset(const std::string& bytes, const std::string& name, size_t index) {
   uint64_t len;
   std::memcpy(&len, bytes.data(), 8);
   const json h = json::parse(bytes.substr(8, len));
+  return 8 + len + h[name]["data_offsets"][0].get<size_t>() + 8 * index;
+}
+int64_t table_entry(const std::string& path, const std::string& name, size_t index) {
+  const std::string bytes = read_bytes(path);
   int64_t v;
-  std::memcpy(&v, bytes.data() + 8 + len + h[name]["data_offsets"][0].get<size_t>() + 8 * index, 8);
+  std::memcpy(&v, bytes.data() + i64_entry_offset(bytes, name, index), 8);
   return v;
 }
 void set_table_entry(const std::string& path, const std::string& name, size_t index, int64_t value) {
   std::string bytes = read_bytes(path);
-  uint64_t len;
-  std::memcpy(&len, bytes.data(), 8);
-  const json h = json::parse(bytes.substr(8, len));
-  std::memcpy(bytes.data() + 8 + len + h[name]["data_offsets"][0].get<size_t>() + 8 * index, &value, 8);
+  std::memcpy(bytes.data() + i64_entry_offset(bytes, name, index), &value, 8);
   write_text(path, bytes);
 }
 

@@ -392,8 +392,8 @@ int prepare_kernel(const void* kernel, int threads, size_t smem) {
   std::lock_guard<std::mutex> lock(mutex);
   auto [it, inserted] = per_sm.try_emplace({kernel, device, smem}, 0);
   if (inserted) {
-    // The attribute is per kernel, not per size: set once to the device's limit, so that a later, smaller size
-    // does not lower it below an earlier, larger one that is still launched.
+    // The attribute is per kernel, not per size: always the device's limit (the same value for every size), so
+    // that a later, smaller size does not lower it below an earlier, larger one that is still launched.
     int optin = 0;
     DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     cudaFuncAttributes attributes;
