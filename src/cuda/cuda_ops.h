@@ -62,6 +62,10 @@ class CudaOps final : public Ops {
   const cuda::DeviceWeight& upload(const Weight& w);
   const float* upload(const std::vector<float>& v);
   const int32_t* upload(const std::vector<int32_t>& v);
+  // Reorders an uploaded FP4 / FP8 matrix in place into the MoE expert kernels' MMA tile order
+  // (moe/weight_mma.cuh; rows a multiple of 16, rows of whole 64-byte K groups), once; afterwards only those
+  // kernels may read it. Called by moe on a layer's first call, outside graph recording.
+  const cuda::DeviceWeight& tile_for_mma(const Weight& w);
 
   // ---- Ops
   // Decode steps are recorded (stream capture) and replayed as one CUDA graph: the executable graph of the

@@ -390,6 +390,15 @@ TEST(CudaMoe, DeterministicAndEmptyStep) {
   ops.moe(m.w, dx, nullptr, 0, dout);
   const std::vector<float> untouched = to_host(ops, dout, size_t(n * shape.D));
   EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](float v) { return std::isnan(v); }));
+  // The first call stored the experts (whole 16-row tiles, FP4 scales in the fp16 window) in the MMA tile
+  // order; a linear on one of them is refused with an error that says why, not computed on permuted bytes.
+  ASSERT_TRUE(ops.dev(m.w.experts[0].w1).mma_tiles && ops.dev(m.w.shared.w2).mma_tiles);
+  try {
+    ops.linear(dx, shape.D, m.w.experts[0].w1, 1, dout, shape.I);
+    ADD_FAILURE() << "linear accepted an expert matrix in the MMA tile order";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MMA tile order"), std::string::npos) << e.what();
+  }
 #endif
 }
 

@@ -26,6 +26,9 @@ struct DeviceWeight {
   const float* scale_f32 = nullptr;   // kFP8
   const uint8_t* scale_e8m0 = nullptr;  // kFP4
   int64_t scale_cols = 0;             // kFP8: ceil(cols/128); kFP4: cols/32
+  // The MoE expert kernels' MMA tile order instead of compact rows (moe/weight_mma.cuh; CudaOps::tile_for_mma):
+  // data and the FP4 scales are permuted in place, so no other op may read the matrix (linear refuses it).
+  bool mma_tiles = false;
 
   __host__ __device__ int64_t row_bytes() const {
     switch (format) {

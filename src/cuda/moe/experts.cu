@@ -2,7 +2,8 @@
 // output row blocks as work items on a persistent grid (shared_items, routed_items). A block stages its
 // chunk's activation rows in shared memory once per chunk change; its warps then stream the expert's rows with 16-byte loads and decode in registers, so every
 // selected expert's weights are read once per chunk. FP4 and FP8 matrices go through the tensor cores
-// (weight_mma.cuh: the 8 warps split K, partial tiles summed in a fixed order); BF16 and F32 ones, and FP4
+// (weight_mma.cuh: the 8 warps split K, partial tiles summed in a fixed order; matrices of whole 16-row tiles
+// stored in its MMA tile order, where a warp load reads 512 contiguous bytes); BF16 and F32 ones, and FP4
 // blocks with scales outside the fp16 window, through fp32 FMAs (weight_dot.cuh: a warp owns whole rows).
 //   expert_up:   h[pair] = silu(min(w1·x, L)) · clamp(w3·x, −L, L) · weight     (rows of w1 and w3 together)
 //   expert_down: y[pair] = w2 · h[pair]; the block that completes an output row block last (a per-block
@@ -218,8 +219,8 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_up_kernel(ExpertPara
       mats[1] = p.shared_w3;
     } else {
       const ExpertPtrs e = p.experts[chunk.expert];
-      mats[0] = {e.w1, e.s1, p.routed_up.row_bytes, p.routed_up.scale_cols};
-      mats[1] = {e.w3, e.s3, p.routed_up.row_bytes, p.routed_up.scale_cols};
+      mats[0] = {e.w1, e.s1, p.routed_up.row_bytes, p.routed_up.scale_cols, p.routed_up.tiled};
+      mats[1] = {e.w3, e.s3, p.routed_up.row_bytes, p.routed_up.scale_cols, p.routed_up.tiled};
     }
     const MatFormat& format = format_of(chunk);
     if (format.tensor_cores) {
@@ -325,7 +326,7 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_kernel(ExpertPa
       w2 = p.shared_w2;
     } else {
       const ExpertPtrs e = p.experts[chunk.expert];
-      w2 = {e.w2, e.s2, p.routed_down.row_bytes, p.routed_down.scale_cols};
+      w2 = {e.w2, e.s2, p.routed_down.row_bytes, p.routed_down.scale_cols, p.routed_down.tiled};
     }
     const MatFormat& format = format_of(chunk);
     if (format.tensor_cores) {
@@ -379,6 +380,8 @@ void check_expert_params(const ExpertParams& p) {
   const int64_t max_chunks = (p.n + kChunk - 1) / kChunk + (p.n * p.k + kChunk - 1) / kChunk + p.n * p.k;
   DSV4_CHECK(max_chunks * p.row_blocks < (int64_t(1) << 31), "moe experts: ", p.n, " tokens make too many work items");
   DSV4_CHECK(p.staged_rows >= 1 && p.staged_rows <= kChunk, "moe experts: staged rows ", p.staged_rows);
+  DSV4_CHECK(p.D * p.I < (int64_t(1) << 32), "moe experts: [", p.I, ", ", p.D, "] expert matrices are too large for the "
+             "tensor-core path's 32-bit offsets");
   DSV4_CHECK(p.experts && p.plan.counters && p.plan.h && p.plan.y, "moe experts: missing plan buffers");
 }
 

@@ -64,7 +64,27 @@ const void* scale_of(const DeviceWeight& d) {
   return nullptr;
 }
 
-MatView view_of(const DeviceWeight& d) { return {d.data, scale_of(d), d.row_bytes(), d.scale_cols}; }
+MatView view_of(const DeviceWeight& d) { return {d.data, scale_of(d), d.row_bytes(), d.scale_cols, d.mma_tiles}; }
+
+// One thread per 16-byte unit of the MMA tile order (weight_mma.cuh): unit u of dst (and its FP4 scale byte)
+// from its chunk of the row-major src. src and dst are distinct buffers.
+struct TileParams {
+  const uint8_t* src = nullptr;
+  const uint8_t* src_scale = nullptr;  // FP4: E8M0 [rows, row_bytes / 16]; nullptr for FP8
+  uint8_t* dst = nullptr;
+  uint8_t* dst_scale = nullptr;
+  int64_t units = 0, groups = 0, row_bytes = 0;
+};
+
+__global__ void tile_for_mma_kernel(TileParams p) {
+  const int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (u >= p.units) return;
+  const int lane = int(u % 32), h = int(u / 32 % 2);
+  const int64_t group = u / 64 % p.groups, tile = u / 64 / p.groups;
+  const int64_t row = tile * cuda::moe::kTileRows + lane / 4 + 8 * h, q = 4 * group + lane % 4;
+  reinterpret_cast<uint4*>(p.dst)[u] = *reinterpret_cast<const uint4*>(p.src + row * p.row_bytes + 16 * q);
+  if (p.src_scale) p.dst_scale[u] = p.src_scale[row * (p.row_bytes / 16) + q];
+}
 
 bool same_layout(const DeviceWeight& a, const DeviceWeight& b) {
   return a.format == b.format && a.rows == b.rows && a.cols == b.cols && a.scale_cols == b.scale_cols;
@@ -108,7 +128,19 @@ struct OpsTables {
 std::mutex g_tables_mutex;
 std::unordered_map<const CudaOps*, OpsTables> g_tables;
 
-LayerTables build_layer(const CudaOps& ops, const MoeWeights& w, int64_t D, int64_t I, size_t first_entry,
+// A family's matrices go to the MMA tile order when the tensor cores read them and they are whole tiles. A
+// matrix already tiled (it serves another layer too) must be read that way here as well.
+void tile_family(CudaOps& ops, MatFormat& format, const std::vector<const Weight*>& weights, const char* what) {
+  const DeviceWeight& first = ops.dev(*weights.front());
+  format.tiled = format.tensor_cores && cuda::moe::mma_tiles_fit(first.rows, first.row_bytes());
+  for (const Weight* w : weights) {
+    if (format.tiled) ops.tile_for_mma(*w);
+    else DSV4_CHECK(!ops.dev(*w).mma_tiles, "moe: ", what, " is stored in the MMA tile order for another layer whose "
+                    "kernels read it that way, but this layer's cannot");
+  }
+}
+
+LayerTables build_layer(CudaOps& ops, const MoeWeights& w, int64_t D, int64_t I, size_t first_entry,
                         std::vector<ExpertPtrs>& host) {
   LayerTables t;
   t.identity = identify(w);
@@ -146,6 +178,19 @@ LayerTables build_layer(const CudaOps& ops, const MoeWeights& w, int64_t D, int6
   t.routed_down = format_of(w2, down_fits);
   t.shared_up = format_of(t.shared_w1, fp4_scales_fit(w.shared.w1) && fp4_scales_fit(w.shared.w3));
   t.shared_down = format_of(t.shared_w2, fp4_scales_fit(w.shared.w2));
+  std::vector<const Weight*> up, down;
+  for (const auto& e : w.experts) {
+    up.push_back(&e.w1);
+    up.push_back(&e.w3);
+    down.push_back(&e.w2);
+  }
+  tile_family(ops, t.routed_up, up, "a routed expert's w1 / w3");
+  tile_family(ops, t.routed_down, down, "a routed expert's w2");
+  tile_family(ops, t.shared_up, {&w.shared.w1, &w.shared.w3}, "the shared expert's w1 / w3");
+  tile_family(ops, t.shared_down, {&w.shared.w2}, "the shared expert's w2");
+  t.shared_w1 = ops.dev(w.shared.w1);  // again: tiling updated their flags
+  t.shared_w3 = ops.dev(w.shared.w3);
+  t.shared_w2 = ops.dev(w.shared.w2);
   return t;
 }
 
@@ -229,6 +274,38 @@ cuda::moe::Plan carve_plan(Carve& c, int64_t n, int64_t E, int64_t k, int64_t D,
 }
 
 }  // namespace
+
+const DeviceWeight& CudaOps::tile_for_mma(const Weight& w) {
+  auto it = weights_.find(w.data);
+  DSV4_CHECK(it != weights_.end(), "internal error: weight [", w.rows, ", ", w.cols, "] was not uploaded");
+  DeviceWeight& d = it->second;
+  if (d.mma_tiles) return d;
+  DSV4_CHECK((d.format == WFormat::kFP4 || d.format == WFormat::kFP8) && cuda::moe::mma_tiles_fit(d.rows, d.row_bytes()),
+             "internal error: weight [", d.rows, ", ", d.cols, "] cannot take the MMA tile order");
+  const size_t bytes = size_t(d.rows * d.row_bytes());
+  const size_t scale_bytes = d.format == WFormat::kFP4 ? size_t(d.rows * d.scale_cols) : 0;
+  // The row-major copy the kernel gathers from: stream-ordered, freed once the kernel has read it.
+  uint8_t* copy = nullptr;
+  DSV4_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&copy), bytes + scale_bytes, stream_));
+  auto* data = const_cast<uint8_t*>(d.data);
+  auto* scale = const_cast<uint8_t*>(d.scale_e8m0);
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(copy, data, bytes, cudaMemcpyDeviceToDevice, stream_));
+  if (scale_bytes) DSV4_CUDA_CHECK(cudaMemcpyAsync(copy + bytes, scale, scale_bytes, cudaMemcpyDeviceToDevice, stream_));
+  TileParams p;
+  p.src = copy;
+  p.src_scale = scale_bytes ? copy + bytes : nullptr;
+  p.dst = data;
+  p.dst_scale = scale;
+  p.units = int64_t(bytes / 16);
+  p.groups = d.row_bytes() / cuda::moe::kTileGroupBytes;
+  p.row_bytes = d.row_bytes();
+  constexpr int kThreads = 256;
+  tile_for_mma_kernel<<<unsigned(cuda::ceil_div(p.units, int64_t(kThreads))), kThreads, 0, stream_>>>(p);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+  DSV4_CUDA_CHECK(cudaFreeAsync(copy, stream_));
+  d.mma_tiles = true;
+  return d;
+}
 
 void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) {
   const int64_t D = config_.dim, I = config_.moe_inter_dim, E = config_.n_routed_experts;

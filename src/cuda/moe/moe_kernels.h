@@ -41,6 +41,7 @@ struct MatFormat {
   int64_t scale_cols = 0;
   bool aligned = true;        // row_bytes % 16 == 0: 16-byte loads
   bool tensor_cores = false;  // FP4 (scales in the fp16 window) or aligned FP8: weight_mma.cuh
+  bool tiled = false;         // tensor-core matrices stored in the MMA tile order (weight_mma.cuh)
 };
 
 // The step's plan, in the workspace. P = n·k routed pairs; pair p = t·k + j is token t's j-th choice.
@@ -102,6 +103,7 @@ constexpr int kUpRowsPerWarp = 2;
 constexpr int kDownRowsPerWarp = 4;
 constexpr int kExpertWarps = 8;
 constexpr int kMmaRows = 16, kMmaCols = 8;  // mma m16n8k16: rows of a tile; columns, two per token (hi, lo)
+static_assert(kMmaRows == kTileRows, "the MMA tile order stores whole MMA tiles");
 static_assert(2 * kChunk <= kMmaCols, "a pass's tokens fit the MMA's columns as hi / lo pairs");
 constexpr int kUpRowsPerItem = kUpRowsPerWarp * kExpertWarps;
 constexpr int kDownRowsPerItem = kDownRowsPerWarp * kExpertWarps;

@@ -22,6 +22,7 @@ struct MatView {
   const void* scale = nullptr;    // kFP8: float [ceil(rows/128), scale_cols]; kFP4: uint8 e8m0 [rows, scale_cols]
   int64_t row_bytes = 0;
   int64_t scale_cols = 0;
+  bool tiled = false;  // data (and FP4 scales) in the MMA tile order (weight_mma.cuh); tensor-core path only
 };
 
 template <WFormat F>
