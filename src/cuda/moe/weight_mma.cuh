@@ -41,7 +41,7 @@ constexpr int kMmasPerChunk = kChunkElems<F> / 4;  // MMAs a lane's 16-byte chun
 //   unit ((T · groups + G) · 2 + h) · 32 + lane  =  chunk 4·G + c of row 16·T + g + 8·h,  lane = 4·g + c,
 // the chunk lane (g, c) of warp_mma loads for tile T, group G and row half h. In row order one warp load
 // reads 64 bytes of each of 8 rows; in this order it reads 512 contiguous bytes: the loads alone, on the
-// expert kernels' grid (264 blocks of 8 warps, 59 MB, H200), took 27.2 → 20.7 µs (2156 → 2841 GB/s). FP4's
+// expert kernels' grid, take 26.8 → 20.3 µs for 59 MB (bench/moe/bench_load_pattern.cu, H200). FP4's
 // E8M0 scales (one per 16-byte chunk) follow the same order, one byte per unit; FP8's 128 x 128 block
 // scales keep theirs. CudaOps::tile_for_mma permutes a matrix once, on the MoE's first call of its layer.
 constexpr int kTileRows = 16;
