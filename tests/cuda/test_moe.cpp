@@ -402,6 +402,49 @@ TEST(CudaMoe, DeterministicAndEmptyStep) {
 #endif
 }
 
+// CudaOps::tile_for_mma against the layout's definition (weight_mma.cuh), spelled out here from rows and
+// chunks: unit ((T·groups + G)·2 + h)·32 + 4g + c holds chunk 4G + c of row 16T + g + 8h, and an FP4 matrix's
+// scale byte of that chunk sits at index unit. Distinct scale bytes per chunk, random data; a second call
+// leaves the matrix as it is.
+TEST(CudaMoe, TileOrderPlacesEveryChunk) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  SCOPED_TRACE(seed());
+  std::mt19937_64 rng(seed());
+  for (Fmt f : {Fmt::kFP4, Fmt::kFP8}) {
+    SCOPED_TRACE(fmt_name(f));
+    const int64_t rows = 48, row_bytes = 192, chunks = row_bytes / 16, groups = row_bytes / 64;  // 3 × 3 tiles
+    HostMatrix m(f, rows, f == Fmt::kFP4 ? 2 * row_bytes : row_bytes, 0.1, rng());
+    if (f == Fmt::kFP4)
+      for (size_t i = 0; i < m.scale.size(); ++i) m.scale[i] = uint8_t(1 + i % 254);
+    ModelConfig config;
+    CudaOps ops(config);
+    ops.upload(m.w);
+    for (int call = 0; call < 2; ++call) {
+      const cuda::DeviceWeight& d = ops.tile_for_mma(m.w);
+      ASSERT_TRUE(d.mma_tiles);
+      std::vector<uint8_t> data(size_t(rows * row_bytes)), scales(size_t(rows * chunks));
+      ASSERT_EQ(cudaMemcpy(data.data(), d.data, data.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      if (f == Fmt::kFP4) {
+        ASSERT_EQ(cudaMemcpy(scales.data(), d.scale_e8m0, scales.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      }
+      for (int64_t T = 0; T < rows / 16; ++T)
+        for (int64_t G = 0; G < groups; ++G)
+          for (int h = 0; h < 2; ++h)
+            for (int lane = 0; lane < 32; ++lane) {
+              const int64_t unit = ((T * groups + G) * 2 + h) * 32 + lane;
+              const int64_t row = 16 * T + lane / 4 + 8 * h, chunk = 4 * G + lane % 4;
+              ASSERT_EQ(std::memcmp(data.data() + 16 * unit, m.data.data() + row * row_bytes + 16 * chunk, 16), 0)
+                  << "call " << call << " unit " << unit << " (row " << row << ", chunk " << chunk << ")";
+              if (f == Fmt::kFP4) {
+                ASSERT_EQ(scales[size_t(unit)], m.scale[size_t(row * chunks + chunk)]) << "unit " << unit;
+              }
+            }
+    }
+  }
+#endif
+}
+
 // The real V4-Flash layer: D 4096, 256 FP4 experts of width 2048, top-6, FP8 shared expert, BF16 gate,
 // swiglu_limit 10, routed_scaling_factor 1.5; decode steps of 1 and 8 tokens, scored and hash routing.
 TEST(CudaMoe, V4FlashDecode) {
