@@ -423,6 +423,8 @@ TEST(CudaMoe, TileOrderPlacesEveryChunk) {
     for (int call = 0; call < 2; ++call) {
       const cuda::DeviceWeight& d = ops.tile_for_mma(m.w);
       ASSERT_TRUE(d.mma_tiles);
+      // The permutation runs on the ops' non-blocking stream, which a plain cudaMemcpy does not wait for.
+      ASSERT_EQ(cudaStreamSynchronize(ops.stream()), cudaSuccess);
       std::vector<uint8_t> data(size_t(rows * row_bytes)), scales(size_t(rows * chunks));
       ASSERT_EQ(cudaMemcpy(data.data(), d.data, data.size(), cudaMemcpyDeviceToHost), cudaSuccess);
       if (f == Fmt::kFP4) {
@@ -446,7 +448,8 @@ TEST(CudaMoe, TileOrderPlacesEveryChunk) {
 }
 
 // The real V4-Flash layer: D 4096, 256 FP4 experts of width 2048, top-6, FP8 shared expert, BF16 gate,
-// swiglu_limit 10, routed_scaling_factor 1.5; decode steps of 1 and 8 tokens, scored and hash routing.
+// swiglu_limit 10, routed_scaling_factor 1.5; decode steps of 1 token (expert_down's row-tile kernel), 2 and 8
+// (its item kernel), scored and hash routing.
 TEST(CudaMoe, V4FlashDecode) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -458,7 +461,7 @@ TEST(CudaMoe, V4FlashDecode) {
     const HostMoe m(shape, f, hash, 129280, rng());
     CudaOps ops(m.config);
     m.upload_to(ops);
-    for (int64_t n : {1, 8}) check_step(m, ops, n, rng, describe(shape, f, hash));
+    for (int64_t n : {1, 2, 8}) check_step(m, ops, n, rng, describe(shape, f, hash));
   }
 #endif
 }

@@ -360,6 +360,207 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_kernel(ExpertPa
   routed_items(p, staged, stage, run, after);
 }
 
+// ---- expert_down at decode (one token, tensor-core formats): row tiles × every chunk of the step
+//
+// NOTE: the item kernel above splits each 32-row item's K over the block's 8 warps, so at n = 1 a warp loads
+// one round of weights per item and the item ends in a chain of barrier, fence, arrival atomic, barrier (ncu,
+// bench_moe n = 1: barrier 20% of the stall samples, long scoreboard 20%, instruction fetch 19%). Here a block
+// owns 16 output rows of every chunk: its warps take (chunk, K slice) tasks — all of K for a routed chunk, the
+// shared expert's rows (FP8: twice the bytes of an FP4 row) in shared_slices() slices — each warp staging its
+// chunk's rows in its own shared memory and loading kDecodeUnroll K groups per round; the block then sums each
+// token's experts in the CPU's order from shared memory. Every (expert, row tile) is still read once, each
+// block reads one tile of every chosen expert, and nothing crosses blocks: no y rows in global memory, no
+// arrival counters, no fences. Measured with expert_up's kernel below (H200): bench_moe n = 1 89 → 75 µs; in the
+// step expert_down 29 → 20 µs per layer. An L2 bulk prefetch of every task's bytes at the start made both
+// kernels slower (bench_moe n = 1 75 → 88 µs) and was dropped.
+constexpr int kDecodeUnroll = 4;     // K groups per round of loads (one tile: 8 chunks per lane, 4 KiB a warp)
+constexpr int kMaxSharedSlices = 4;
+
+// K slices of a shared-expert task: its rows' bytes over a routed row's (V4: FP8 over FP4, 2), so that every
+// task of a decode kernel streams about the same bytes.
+__device__ int shared_slices(const MatFormat& shared, const MatFormat& routed) {
+  const int64_t ratio = shared.row_bytes / (routed.row_bytes > 0 ? routed.row_bytes : 1);
+  return int(ratio < 1 ? 1 : ratio > kMaxSharedSlices ? kMaxSharedSlices : ratio);
+}
+
+// Staged rows of one warp (uint4 each), and the shared-memory layout of the decode kernel.
+__host__ __device__ inline int64_t decode_stride(int64_t cols) {
+  const int64_t fp4 = mma_stride16<WFormat::kFP4>(cols), fp8 = mma_stride16<WFormat::kFP8>(cols);
+  return fp4 > fp8 ? fp4 : fp8;
+}
+// y_s[pair_out][slice][row]: each pair's tile rows, per K slice (routed pairs: slice 0 only).
+__host__ __device__ inline size_t decode_smem_bytes(const ExpertParams& p) {
+  return size_t(kExpertWarps) * size_t(p.staged_rows) * size_t(decode_stride(p.I)) * 16 +
+         size_t(p.n * (p.k + 1)) * kMaxSharedSlices * kMmaRows * sizeof(float);
+}
+
+// Task `slice` of `slices` of a chunk: K groups [groups·slice/slices, groups·(slice+1)/slices) of the 16-row
+// tile at row0, into y_s in x's units.
+template <WFormat F>
+__device__ void down_task_mma(const ExpertParams& p, const MatView& w2, const Chunk& chunk, int64_t row0,
+                              int rows_valid, int slice, int slices, const uint4* xs, const int* shift, float* y_s) {
+  const int64_t groups = (p.I + kGroupCols<F> - 1) / kGroupCols<F>;
+  float acc[1][4];
+  const MatView mats[1] = {w2};
+  warp_mma<F, 1, kDecodeUnroll>(mats, {row0}, {rows_valid}, p.I, groups * slice / slices,
+                                groups * (slice + 1) / slices, xs, mma_stride16<F>(p.I), chunk.count, acc);
+  const int lane = int(threadIdx.x % 32), g = lane / 4, m = lane % 4;  // d0/d1: row g, d2/d3: row g + 8; token m
+  if (m >= chunk.count) return;
+  const int e = -(shift[m] + (F == WFormat::kFP4 ? kFp4Offset : 0));
+  float* y = y_s + (int64_t(p.plan.pair_out[chunk.pair0 + m]) * kMaxSharedSlices + slice) * kMmaRows;
+  if (g < rows_valid) y[g] = ldexpf(acc[0][0] + acc[0][1], e);
+  if (g + 8 < rows_valid) y[g + 8] = ldexpf(acc[0][2] + acc[0][3], e);
+}
+
+// Grid: ≤ one block per 16-row tile of D (looping over tiles); dynamic smem decode_smem_bytes(p).
+__global__ void __launch_bounds__(kExpertThreads, 2) expert_down_decode_kernel(ExpertParams p) {
+  extern __shared__ float4 smem_decode[];
+  __shared__ int shift_s[kExpertWarps][kChunk];
+  wait_for_predecessor();
+  const int warp = int(threadIdx.x / 32);
+  const int64_t stride = decode_stride(p.I);
+  uint4* xs = reinterpret_cast<uint4*>(smem_decode) + int64_t(warp) * p.staged_rows * stride;  // this warp's rows
+  float* y_s = reinterpret_cast<float*>(reinterpret_cast<uint4*>(smem_decode) + kExpertWarps * p.staged_rows * stride);
+  const int sh_slices = shared_slices(p.shared_down, p.routed_down);
+  const int tasks = sh_slices + p.plan.counters[0] - 1;  // one shared chunk (n ≤ kChunk), first
+  const int64_t tiles = (p.D + kMmaRows - 1) / kMmaRows;
+  int staged = -1;  // the chunk in this warp's rows
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t row0 = tile * kMmaRows;
+    const int rows_valid = int(std::min<int64_t>(kMmaRows, p.D - row0));
+    for (int task = warp; task < tasks; task += kExpertWarps) {
+      const bool shared = task < sh_slices;
+      const int c = shared ? 0 : task - sh_slices + 1;
+      const Chunk chunk = shared ? shared_chunk(p, 0) : chunk_at(p.plan, c);
+      const MatFormat& f = shared ? p.shared_down : p.routed_down;
+      MatView w2 = p.shared_w2;
+      if (!shared) {
+        const ExpertPtrs e = p.experts[chunk.expert];
+        w2 = {e.w2, e.s2, f.row_bytes, f.scale_cols, f.tiled};
+      }
+      const int slice = shared ? task : 0, slices = shared ? sh_slices : 1;
+      const auto row_index = [&](int m) { return chunk.pair0 + m; };
+      if (f.format == WFormat::kFP4) {
+        if (c != staged) stage_rows_mma_warp<WFormat::kFP4>(p.plan.h, p.I, chunk.count, rows_for(chunk.count), row_index, xs, shift_s[warp]);
+        down_task_mma<WFormat::kFP4>(p, w2, chunk, row0, rows_valid, slice, slices, xs, shift_s[warp], y_s);
+      } else {
+        if (c != staged) stage_rows_mma_warp<WFormat::kFP8>(p.plan.h, p.I, chunk.count, rows_for(chunk.count), row_index, xs, shift_s[warp]);
+        down_task_mma<WFormat::kFP8>(p, w2, chunk, row0, rows_valid, slice, slices, xs, shift_s[warp], y_s);
+      }
+      staged = c;
+    }
+    __syncthreads();  // every task's rows are in y_s
+    // out[t, row] = 0 + Σ over t's choices in (expert, j) order + the shared expert: combine_rows' order.
+    for (int i = int(threadIdx.x); i < p.n * kMmaRows; i += kExpertThreads) {
+      const int t = i / kMmaRows, r = i % kMmaRows;
+      if (r >= rows_valid) continue;
+      const float* yt = y_s + int64_t(t) * (p.k + 1) * kMaxSharedSlices * kMmaRows + r;
+      float sum = 0.0f;
+      for (int64_t j = 0; j < p.k; ++j) sum += yt[int64_t(p.plan.combine_order[t * p.k + j]) * kMaxSharedSlices * kMmaRows];
+      const float* ys = yt + p.k * kMaxSharedSlices * kMmaRows;
+      float shared_sum = ys[0];
+      for (int s = 1; s < sh_slices; ++s) shared_sum += ys[s * kMmaRows];
+      p.out[int64_t(t) * p.D + row0 + r] = sum + shared_sum;
+    }
+    __syncthreads();  // y_s is rewritten for the next tile
+  }
+}
+
+// ---- expert_up at decode (one token, tensor-core formats): the same shape as expert_down's decode kernel
+//
+// A block owns 16 rows of every chunk's w1 and w3 (the item kernel: items of 16 rows whose K is split over 8
+// warps, two rounds of loads each at n = 1). Its 16 warps take (chunk, matrix, K slice) tasks — all of K of a
+// routed w1 or w3 tile, the shared expert's in shared_slices() slices — over the token's row, staged once per
+// block in each format in use; the block then applies the SwiGLU per chunk from shared memory. The shared
+// expert's tasks need nothing from route and run before the wait for it, as in the item kernel.
+constexpr int kUpDecodeWarps = 16;
+constexpr int kUpDecodeThreads = kUpDecodeWarps * 32;
+
+// Dynamic smem: the token's row staged for the routed and for the shared format.
+__host__ __device__ inline size_t up_decode_smem_bytes(const ExpertParams& p) {
+  return 2 * size_t(decode_stride(p.D)) * 16;
+}
+
+template <WFormat F>
+__device__ void up_task_mma(const ExpertParams& p, const MatView& w, int64_t row0, int rows_valid, int slice,
+                            int slices, const uint4* xs, int shift, float* y) {
+  const int64_t groups = (p.D + kGroupCols<F> - 1) / kGroupCols<F>;
+  float acc[1][4];
+  const MatView mats[1] = {w};
+  warp_mma<F, 1, kDecodeUnroll>(mats, {row0}, {rows_valid}, p.D, groups * slice / slices,
+                                groups * (slice + 1) / slices, xs, mma_stride16<F>(p.D), 1, acc);
+  const int lane = int(threadIdx.x % 32), g = lane / 4;
+  if (lane % 4 != 0) return;  // column pair 0: the token's hi and lo
+  const int e = -(shift + (F == WFormat::kFP4 ? kFp4Offset : 0));
+  if (g < rows_valid) y[g] = ldexpf(acc[0][0] + acc[0][1], e);
+  if (g + 8 < rows_valid) y[g + 8] = ldexpf(acc[0][2] + acc[0][3], e);
+}
+
+// Grid: ≤ one block per 16-row tile of I (looping over tiles); dynamic smem up_decode_smem_bytes(p).
+__global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(ExpertParams p) {
+  extern __shared__ float4 smem_up_decode[];
+  __shared__ int shift_s[2];            // [routed, shared]
+  __shared__ float block_max[kUpDecodeWarps];
+  __shared__ float y_s[kMaxTopK + 1][2][kMaxSharedSlices][kMmaRows];  // [chunk][w1, w3][slice][row]
+  const int warp = int(threadIdx.x / 32);
+  uint4* xs_routed = reinterpret_cast<uint4*>(smem_up_decode);
+  uint4* xs_shared = xs_routed + decode_stride(p.D);
+  const int sh_slices = shared_slices(p.shared_up, p.routed_up);
+  const int shared_tasks = 2 * sh_slices;
+  const int64_t tiles = (p.I + kMmaRows - 1) / kMmaRows;
+  const bool shared_fp4 = p.shared_up.format == WFormat::kFP4, routed_fp4 = p.routed_up.format == WFormat::kFP4;
+  const auto token = [](int) { return 0; };
+  // The token's row (x was written before route ran: it is read before the wait, as the item kernel does).
+  if (routed_fp4) stage_rows_mma<WFormat::kFP4>(p.x, p.D, 1, 1, token, xs_routed, &shift_s[0], block_max);
+  else stage_rows_mma<WFormat::kFP8>(p.x, p.D, 1, 1, token, xs_routed, &shift_s[0], block_max);
+  if (shared_fp4) stage_rows_mma<WFormat::kFP4>(p.x, p.D, 1, 1, token, xs_shared, &shift_s[1], block_max);
+  else stage_rows_mma<WFormat::kFP8>(p.x, p.D, 1, 1, token, xs_shared, &shift_s[1], block_max);
+  bool waited = false;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t row0 = tile * kMmaRows;
+    const int rows_valid = int(std::min<int64_t>(kMmaRows, p.I - row0));
+    for (int task = warp; task < shared_tasks; task += kUpDecodeWarps) {
+      const int matrix = task / sh_slices, slice = task % sh_slices;
+      const MatView& w = matrix == 0 ? p.shared_w1 : p.shared_w3;
+      float* y = y_s[0][matrix][slice];
+      if (shared_fp4) up_task_mma<WFormat::kFP4>(p, w, row0, rows_valid, slice, sh_slices, xs_shared, shift_s[1], y);
+      else up_task_mma<WFormat::kFP8>(p, w, row0, rows_valid, slice, sh_slices, xs_shared, shift_s[1], y);
+    }
+    if (!waited) {  // the routed tasks read route's plan
+      wait_for_predecessor();
+      waited = true;
+    }
+    const int chunks = p.plan.counters[0];  // the shared chunk, then one per chosen expert
+    // Routed task j is task shared_tasks + j of the tile: warps continue round-robin after the shared ones.
+    const int first = ((warp - shared_tasks) % kUpDecodeWarps + kUpDecodeWarps) % kUpDecodeWarps;
+    const MatFormat& f = p.routed_up;
+    for (int task = first; task < 2 * (chunks - 1); task += kUpDecodeWarps) {
+      const int c = 1 + task / 2, matrix = task % 2;
+      const ExpertPtrs e = p.experts[chunk_at(p.plan, c).expert];
+      const MatView w = matrix == 0 ? MatView{e.w1, e.s1, f.row_bytes, f.scale_cols, f.tiled}
+                                    : MatView{e.w3, e.s3, f.row_bytes, f.scale_cols, f.tiled};
+      if (routed_fp4) up_task_mma<WFormat::kFP4>(p, w, row0, rows_valid, 0, 1, xs_routed, shift_s[0], y_s[c][matrix][0]);
+      else up_task_mma<WFormat::kFP8>(p, w, row0, rows_valid, 0, 1, xs_routed, shift_s[0], y_s[c][matrix][0]);
+    }
+    __syncthreads();  // every task's rows are in y_s
+    for (int i = int(threadIdx.x); i < chunks * kMmaRows; i += kUpDecodeThreads) {
+      const int c = i / kMmaRows, r = i % kMmaRows;
+      if (r >= rows_valid) continue;
+      const int slices = c == 0 ? sh_slices : 1;
+      float g = y_s[c][0][0][r], u = y_s[c][1][0][r];
+      for (int s = 1; s < slices; ++s) {
+        g += y_s[c][0][s][r];
+        u += y_s[c][1][s][r];
+      }
+      const Chunk chunk = c == 0 ? shared_chunk(p, 0) : chunk_at(p.plan, c);
+      const float weight = c == 0 ? 1.0f : p.plan.pair_weight[chunk.pair0];
+      p.plan.h[int64_t(chunk.pair0) * p.I + row0 + r] = swiglu(g, u, p.swiglu_limit, weight);
+    }
+    __syncthreads();  // y_s is rewritten for the next tile
+  }
+  if (!waited) wait_for_predecessor();  // a block without tiles still lets the successor launch
+}
+
 // Bytes of one staged row of `cols` columns: the larger of the fp32 and the tensor-core layouts in use.
 size_t staged_row_bytes(int64_t cols, const MatFormat& a, const MatFormat& b) {
   size_t bytes = 0;
@@ -413,6 +614,15 @@ int prepare_kernel(const void* kernel, int threads, size_t smem) {
 
 void launch_expert_up(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream) {
   check_expert_params(p);
+  if (p.n == 1 && p.k <= kMaxTopK && p.routed_up.tensor_cores && p.shared_up.tensor_cores) {  // decode: row tiles
+    const size_t smem = up_decode_smem_bytes(p);
+    const auto kernel = expert_up_decode_kernel;
+    const int per_sm = prepare_kernel(reinterpret_cast<const void*>(kernel), kUpDecodeThreads, smem);
+    const int64_t tiles = (p.I + kMmaRows - 1) / kMmaRows;
+    const int grid = int(std::min<int64_t>(tiles, int64_t(per_sm) * sm_count));
+    launch_pdl(kernel, dim3(unsigned(grid)), dim3(kUpDecodeThreads), smem, stream, pdl, p);
+    return;
+  }
   const size_t smem = size_t(p.staged_rows) * staged_row_bytes(p.D, p.routed_up, p.shared_up);
   const auto kernel = p.routed_up.tensor_cores && p.shared_up.tensor_cores ? expert_up_kernel<true>
                                                                           : expert_up_kernel<false>;
@@ -423,6 +633,16 @@ void launch_expert_up(const ExpertParams& p, int sm_count, bool pdl, cudaStream_
 void launch_expert_down(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream) {
   check_expert_params(p);
   DSV4_CHECK(p.out != nullptr, "moe experts: no output");
+  // One token: each warp stages one activation row (8 KiB at V4 sizes), 66 KiB a block, two blocks per SM. At two
+  // tokens the rows double and one block fits an SM: measured slower than the item kernel (bench_moe n = 2).
+  if (p.n == 1 && p.routed_down.tensor_cores && p.shared_down.tensor_cores) {
+    const size_t smem = decode_smem_bytes(p);
+    const auto kernel = expert_down_decode_kernel;
+    const int64_t tiles = (p.D + kMmaRows - 1) / kMmaRows;
+    const int grid = int(std::min<int64_t>(tiles, resident_blocks(reinterpret_cast<const void*>(kernel), smem, sm_count)));
+    launch_pdl(kernel, dim3(unsigned(grid)), dim3(kExpertThreads), smem, stream, pdl, p);
+    return;
+  }
   const size_t smem = size_t(p.staged_rows) * staged_row_bytes(p.I, p.routed_down, p.shared_down);
   const auto kernel = p.routed_down.tensor_cores && p.shared_down.tensor_cores ? expert_down_kernel<true>
                                                                               : expert_down_kernel<false>;

@@ -76,30 +76,67 @@ __device__ __forceinline__ uint32_t pack_half2(__half lo, __half hi) {
   return uint32_t(__half_as_ushort(lo)) | (uint32_t(__half_as_ushort(hi)) << 16);
 }
 
+// The staging shift of a row whose largest magnitude is mx: x·2^shift lies in [2^14, 2^15); 0 (or a
+// non-finite max) leaves the row unscaled.
+__device__ __forceinline__ int staging_shift(float mx) { return (mx > 0.0f && mx <= 3.4e38f) ? 14 - ilogbf(mx) : 0; }
+
+// max |x| over the columns of `row` that thread `rank` of `size` visits (the caller reduces over the threads).
+__device__ __forceinline__ float row_abs_max_part(const float* __restrict__ row, int64_t cols, int rank, int size) {
+  float mx = 0.0f;
+  if (cols % 4 == 0) {  // 16-byte aligned rows: batches of float4 loads in flight
+#pragma unroll 4
+    for (int64_t k = 4 * int64_t(rank); k < cols; k += 4 * int64_t(size)) {
+      const float4 v = *reinterpret_cast<const float4*>(row + k);
+      mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+  } else {
+    for (int64_t k = rank; k < cols; k += size) mx = fmaxf(mx, fabsf(row[k]));
+  }
+  return mx;
+}
+
+// One staged row (stride mma_stride16<F>(cols) uint4) written by thread `rank` of `size`: one uint4 per (group,
+// MMA, lane), {hi(a,b), hi(c,d), lo(a,b), lo(c,d)} of x·2^sh; zeros for row == nullptr and past `cols`.
+template <WFormat F>
+__device__ void stage_row_fragments(const float* __restrict__ row, int64_t cols, int sh, uint4* xs_row, int rank,
+                                    int size) {
+  const int64_t stride = mma_stride16<F>(cols);
+  const int64_t slots = (cols + kGroupCols<F> - 1) / kGroupCols<F> * kMmasPerChunk<F> * 4;
+  for (int64_t s = rank; s < stride; s += size) {  // the row is in L1 since the max pass
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row && s < slots) {
+      const int64_t g = s / (kMmasPerChunk<F> * 4);
+      const int j = int(s / 4 % kMmasPerChunk<F>), c = int(s % 4);
+      const int64_t base = g * kGroupCols<F> + int64_t(c) * kChunkElems<F>;
+      int col[4];
+      mma_columns<F>(j, col);
+      __half hi[4], lo[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t k = base + col[e];
+        const float x = k < cols ? ldexpf(row[k], sh) : 0.0f;
+        hi[e] = __float2half_rn(x);
+        lo[e] = __float2half_rn(x - __half2float(hi[e]));
+      }
+      v = make_uint4(pack_half2(hi[0], hi[1]), pack_half2(hi[2], hi[3]), pack_half2(lo[0], lo[1]),
+                     pack_half2(lo[2], lo[3]));
+    }
+    xs_row[s] = v;
+  }
+}
+
 // Stages `count` activation rows (row m at src + row_index(m)·cols) for format F: per row the power-of-two
-// exponent shift[m] (x·2^shift in [2^14, 2^15)) and the split fp16 pairs in fragment order; rows count ..
-// rows_total−1 and columns past `cols` are zero. Called by the whole block; ends with a barrier.
+// exponent shift[m] (staging_shift) and the split fp16 pairs in fragment order; rows count .. rows_total−1
+// and columns past `cols` are zero. Called by the whole block; ends with a barrier.
 template <WFormat F, class RowIndex>
 __device__ void stage_rows_mma(const float* __restrict__ src, int64_t cols, int count, int rows_total,
                                RowIndex row_index, uint4* xs, int* shift, float* block_max) {
   const int64_t stride = mma_stride16<F>(cols);
-  const int64_t groups = (cols + kGroupCols<F> - 1) / kGroupCols<F>;
   // 1. max |x| per row (block reduction through block_max[rows × warps]).
   const int warps = int(blockDim.x / 32), lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   for (int m = 0; m < rows_total; ++m) {
-    float mx = 0.0f;
-    if (m < count) {
-      const float* row = src + int64_t(row_index(m)) * cols;
-      if (cols % 4 == 0) {  // 16-byte aligned rows: batches of float4 loads in flight
-#pragma unroll 4
-        for (int64_t k = 4 * int64_t(threadIdx.x); k < cols; k += 4 * int64_t(blockDim.x)) {
-          const float4 v = *reinterpret_cast<const float4*>(row + k);
-          mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-        }
-      } else {
-        for (int64_t k = threadIdx.x; k < cols; k += blockDim.x) mx = fmaxf(mx, fabsf(row[k]));
-      }
-    }
+    float mx = m < count ? row_abs_max_part(src + int64_t(row_index(m)) * cols, cols, int(threadIdx.x), int(blockDim.x))
+                         : 0.0f;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
     if (lane == 0) block_max[m * warps + warp] = mx;
@@ -108,38 +145,33 @@ __device__ void stage_rows_mma(const float* __restrict__ src, int64_t cols, int 
   if (threadIdx.x < unsigned(rows_total)) {
     float mx = 0.0f;
     for (int w = 0; w < warps; ++w) mx = fmaxf(mx, block_max[int(threadIdx.x) * warps + w]);
-    // ilogb of a finite positive max; 0 (or a non-finite max) leaves the row unscaled.
-    shift[threadIdx.x] = (mx > 0.0f && mx <= 3.4e38f) ? 14 - ilogbf(mx) : 0;
+    shift[threadIdx.x] = staging_shift(mx);
   }
   __syncthreads();
-  // 2. One uint4 per (row, group, MMA, lane): {hi(a,b), hi(c,d), lo(a,b), lo(c,d)}.
-  const int64_t slots = groups * kMmasPerChunk<F> * 4;
+  // 2. The rows in fragment order.
+  for (int m = 0; m < rows_total; ++m)
+    stage_row_fragments<F>(m < count ? src + int64_t(row_index(m)) * cols : nullptr, cols, shift[m], xs + m * stride,
+                           int(threadIdx.x), int(blockDim.x));
+  __syncthreads();
+}
+
+// stage_rows_mma by one warp into its own rows (no block barrier): shift[m] as there, ends with __syncwarp.
+template <WFormat F, class RowIndex>
+__device__ void stage_rows_mma_warp(const float* __restrict__ src, int64_t cols, int count, int rows_total,
+                                    RowIndex row_index, uint4* xs, int* shift) {
+  const int64_t stride = mma_stride16<F>(cols);
+  const int lane = int(threadIdx.x % 32);
+  __syncwarp();  // every lane is done reading the rows and shifts this replaces
   for (int m = 0; m < rows_total; ++m) {
     const float* row = m < count ? src + int64_t(row_index(m)) * cols : nullptr;
-    const int sh = shift[m];
-    for (int64_t s = threadIdx.x; s < stride; s += blockDim.x) {  // the row is in L1 since pass 1
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (row && s < slots) {
-        const int64_t g = s / (kMmasPerChunk<F> * 4);
-        const int j = int(s / 4 % kMmasPerChunk<F>), c = int(s % 4);
-        const int64_t base = g * kGroupCols<F> + int64_t(c) * kChunkElems<F>;
-        int col[4];
-        mma_columns<F>(j, col);
-        __half hi[4], lo[4];
+    float mx = row ? row_abs_max_part(row, cols, lane, 32) : 0.0f;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t k = base + col[e];
-          const float x = k < cols ? ldexpf(row[k], sh) : 0.0f;
-          hi[e] = __float2half_rn(x);
-          lo[e] = __float2half_rn(x - __half2float(hi[e]));
-        }
-        v = make_uint4(pack_half2(hi[0], hi[1]), pack_half2(hi[2], hi[3]), pack_half2(lo[0], lo[1]),
-                       pack_half2(lo[2], lo[3]));
-      }
-      xs[m * stride + s] = v;
-    }
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
+    const int sh = staging_shift(mx);
+    if (lane == 0) shift[m] = sh;
+    stage_row_fragments<F>(row, cols, sh, xs + m * stride, lane, 32);
   }
-  __syncthreads();
+  __syncwarp();
 }
 
 __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -168,7 +200,8 @@ __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 s) {
 // (stride mma_stride16 per token row, ntok ≤ 4 rows). acc[i] gets the tile's D fragment: d0 = (row g, token
 // c, hi), d1 = (g, c, lo), d2 = (g+8, c, hi), d3 = (g+8, c, lo), in units of
 // (x·2^shift) · (FP4: 2^kFp4Offset; FP8: 1), block scales applied; a token's product is its hi + lo.
-template <WFormat F, int NT>
+// Each round issues the loads of kUnroll groups (NT · kUnroll · 2 chunks per lane) before their MMAs.
+template <WFormat F, int NT, int kUnroll = 2>
 __device__ __forceinline__ void warp_mma(const MatView (&mats)[NT], const int64_t (&row0)[NT], const int (&rows_valid)[NT],
                                          int64_t cols, int64_t g_begin, int64_t g_end, const uint4* xs,
                                          int64_t xs_stride, int ntok, float (&acc)[NT][4]) {
@@ -199,7 +232,6 @@ __device__ __forceinline__ void warp_mma(const MatView (&mats)[NT], const int64_
       row_live[i][h] = tiled ? rows_valid[i] > 0 : g + 8 * h < rows_valid[i];
     }
   }
-  constexpr int kUnroll = 2;
   for (int64_t g0 = g_begin; g0 < g_end; g0 += kUnroll) {
     uint4 raw[kUnroll][NT][2];
     __half2 fp4_scale[kUnroll][NT][2];
