@@ -469,12 +469,16 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_decode_kernel(E
 // ---- expert_up at decode (one token, tensor-core formats): the same shape as expert_down's decode kernel
 //
 // A block owns 16 rows of every chunk's w1 and w3 (the item kernel: items of 16 rows whose K is split over 8
-// warps, two rounds of loads each at n = 1). Its 16 warps take (chunk, matrix, K slice) tasks — all of K of a
-// routed w1 or w3 tile, the shared expert's in shared_slices() slices — over the token's row, staged once per
-// block in each format in use; the block then applies the SwiGLU per chunk from shared memory. The shared
-// expert's tasks need nothing from route and run before the wait for it, as in the item kernel.
-constexpr int kUpDecodeWarps = 16;
+// warps, two rounds of loads each at n = 1). Its 32 warps take (chunk, matrix, K slice) tasks — half of K of a
+// routed w1 or w3 tile, the shared expert's in twice shared_slices() slices: 32 tasks of 16 KiB at V4 — over the
+// token's row, staged once per block in each format in use; the block then applies the SwiGLU per chunk from
+// shared memory. The shared expert's tasks need nothing from route and run before the wait for it, as in the
+// item kernel. Only 128 tiles (I = 2048) for 132 SMs, so a block is an SM's only one: 32 warps of 64 registers
+// issue more than 16 of 112 (the kernel is issue-bound: bench_moe n = 1 75.6 → 72.2 µs, H200).
+constexpr int kUpDecodeWarps = 32;
 constexpr int kUpDecodeThreads = kUpDecodeWarps * 32;
+constexpr int kUpDecodeUnroll = 2;     // 64 registers at 1024 threads
+constexpr int kRoutedUpSlices = 2;     // K slices of a routed w1 / w3 tile: 32 tasks for 32 warps at V4
 
 // Dynamic smem: the token's row staged for the routed and for the shared format.
 __host__ __device__ inline size_t up_decode_smem_bytes(const ExpertParams& p) {
@@ -487,8 +491,8 @@ __device__ void up_task_mma(const ExpertParams& p, const MatView& w, int64_t row
   const int64_t groups = (p.D + kGroupCols<F> - 1) / kGroupCols<F>;
   float acc[1][4];
   const MatView mats[1] = {w};
-  warp_mma<F, 1, kDecodeUnroll>(mats, {row0}, {rows_valid}, p.D, groups * slice / slices,
-                                groups * (slice + 1) / slices, xs, mma_stride16<F>(p.D), 1, acc);
+  warp_mma<F, 1, kUpDecodeUnroll>(mats, {row0}, {rows_valid}, p.D, groups * slice / slices,
+                                  groups * (slice + 1) / slices, xs, mma_stride16<F>(p.D), 1, acc);
   const int lane = int(threadIdx.x % 32), g = lane / 4;
   if (lane % 4 != 0) return;  // column pair 0: the token's hi and lo
   const int e = -(shift + (F == WFormat::kFP4 ? kFp4Offset : 0));
@@ -498,6 +502,7 @@ __device__ void up_task_mma(const ExpertParams& p, const MatView& w, int64_t row
 
 // Grid: ≤ one block per 16-row tile of I (looping over tiles); dynamic smem up_decode_smem_bytes(p).
 __global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(ExpertParams p) {
+  static_assert(kRoutedUpSlices <= kMaxSharedSlices, "y_s holds kMaxSharedSlices slices per matrix");
   extern __shared__ float4 smem_up_decode[];
   __shared__ int shift_s[2];            // [routed, shared]
   __shared__ float block_max[kUpDecodeWarps];
@@ -505,7 +510,8 @@ __global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(E
   const int warp = int(threadIdx.x / 32);
   uint4* xs_routed = reinterpret_cast<uint4*>(smem_up_decode);
   uint4* xs_shared = xs_routed + decode_stride(p.D);
-  const int sh_slices = shared_slices(p.shared_up, p.routed_up);
+  const int sh_wanted = kRoutedUpSlices * shared_slices(p.shared_up, p.routed_up);
+  const int sh_slices = sh_wanted < kMaxSharedSlices ? sh_wanted : kMaxSharedSlices;
   const int shared_tasks = 2 * sh_slices;
   const int64_t tiles = (p.I + kMmaRows - 1) / kMmaRows;
   const bool shared_fp4 = p.shared_up.format == WFormat::kFP4, routed_fp4 = p.routed_up.format == WFormat::kFP4;
@@ -534,19 +540,20 @@ __global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(E
     // Routed task j is task shared_tasks + j of the tile: warps continue round-robin after the shared ones.
     const int first = ((warp - shared_tasks) % kUpDecodeWarps + kUpDecodeWarps) % kUpDecodeWarps;
     const MatFormat& f = p.routed_up;
-    for (int task = first; task < 2 * (chunks - 1); task += kUpDecodeWarps) {
-      const int c = 1 + task / 2, matrix = task % 2;
+    for (int task = first; task < 2 * kRoutedUpSlices * (chunks - 1); task += kUpDecodeWarps) {
+      const int c = 1 + task / (2 * kRoutedUpSlices), matrix = task / kRoutedUpSlices % 2, slice = task % kRoutedUpSlices;
       const ExpertPtrs e = p.experts[chunk_at(p.plan, c).expert];
       const MatView w = matrix == 0 ? MatView{e.w1, e.s1, f.row_bytes, f.scale_cols, f.tiled}
                                     : MatView{e.w3, e.s3, f.row_bytes, f.scale_cols, f.tiled};
-      if (routed_fp4) up_task_mma<WFormat::kFP4>(p, w, row0, rows_valid, 0, 1, xs_routed, shift_s[0], y_s[c][matrix][0]);
-      else up_task_mma<WFormat::kFP8>(p, w, row0, rows_valid, 0, 1, xs_routed, shift_s[0], y_s[c][matrix][0]);
+      float* y = y_s[c][matrix][slice];
+      if (routed_fp4) up_task_mma<WFormat::kFP4>(p, w, row0, rows_valid, slice, kRoutedUpSlices, xs_routed, shift_s[0], y);
+      else up_task_mma<WFormat::kFP8>(p, w, row0, rows_valid, slice, kRoutedUpSlices, xs_routed, shift_s[0], y);
     }
     __syncthreads();  // every task's rows are in y_s
     for (int i = int(threadIdx.x); i < chunks * kMmaRows; i += kUpDecodeThreads) {
       const int c = i / kMmaRows, r = i % kMmaRows;
       if (r >= rows_valid) continue;
-      const int slices = c == 0 ? sh_slices : 1;
+      const int slices = c == 0 ? sh_slices : kRoutedUpSlices;
       float g = y_s[c][0][0][r], u = y_s[c][1][0][r];
       for (int s = 1; s < slices; ++s) {
         g += y_s[c][0][s][r];
