@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 
+#include "core/error.h"
 #include "cpu/cpu_ops.h"
 
 namespace dsv4 {
@@ -90,6 +91,7 @@ void CpuOps::indexer_topk(const IndexerParams& p) {
 }
 
 void CpuOps::attention(const AttentionParams& p) {
+  DSV4_CHECK(!p.entries || p.ratio >= 1, "attention: compressed entries need ratio >= 1, got ", p.ratio);
   const int64_t d = p.head_dim;
 #pragma omp parallel for collapse(2) schedule(static) if (p.n * p.heads > 8)
   for (int64_t i = 0; i < p.n; ++i) {
@@ -102,7 +104,7 @@ void CpuOps::attention(const AttentionParams& p) {
       for (int64_t s = std::max<int64_t>(0, t - p.window_size + 1); s <= t; ++s)
         keys.push_back(p.window + (s % p.ring_slots) * d);
       if (p.entries && p.selected) {
-        for (int64_t j = 0; j < p.top_k; ++j) {
+        for (int64_t j = 0; j < std::min(p.top_k, (t + 1) / p.ratio); ++j) {
           const int32_t e = p.selected[i * p.top_k + j];
           if (e >= 0) keys.push_back(p.entries + int64_t(e) * d);
         }

@@ -51,7 +51,9 @@ struct AttentionParams {
   int64_t ring_slots = 0;
   int64_t window_size = 0;         // keys max(0, t − window_size + 1) .. t
   const float* entries = nullptr;  // [*, d] compressed entries, a cache (nullptr on sliding layers)
-  const int32_t* selected = nullptr;  // [n, top_k] entry ids, −1 = unused (CSA); nullptr = all visible (HCA)
+  // [n, top_k] entry ids, −1 = unused (CSA); nullptr = all visible (HCA). Row t uses only its first
+  // min(top_k, (t + 1) / ratio) slots: no more entries exist for it, and indexer_topk writes them first.
+  const int32_t* selected = nullptr;
   int64_t top_k = 0;
   int64_t ratio = 0;               // entries visible to query t: w < (t + 1) / ratio
   const float* sinks = nullptr;    // [H]

@@ -87,14 +87,15 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // Keys of query position t, in the CPU's order: window positions max(0, t − W + 1) .. t, then the compressed
-// part (CSA: the top_k selected slots, −1 = masked; HCA: entries 0 .. (t+1)/ratio − 1).
+// part (CSA: the first min(top_k, (t+1)/ratio) selected slots, −1 = masked — the rest cannot name a visible
+// entry, AttentionParams::selected; HCA: entries 0 .. (t+1)/ratio − 1).
 __host__ __device__ __forceinline__ int64_t window_keys(int64_t window_size, int64_t t) {
   return window_size < t + 1 ? window_size : t + 1;
 }
 __host__ __device__ __forceinline__ int64_t compressed_keys(bool has_entries, bool has_selected, int64_t top_k,
                                                             int64_t ratio, int64_t t) {
   if (!has_entries) return 0;
-  return has_selected ? top_k : (t + 1) / ratio;
+  return has_selected ? (top_k < (t + 1) / ratio ? top_k : (t + 1) / ratio) : (t + 1) / ratio;
 }
 
 // Row j of query row i's key list (nullptr = masked).
@@ -402,7 +403,7 @@ void attention_split_kv(CudaOps& ops, const AttentionParams& p, int splits) {
              p.head_dim, " (the CUDA kernel takes multiples of 4 up to ", kMaxHeadDim, ")");
   DSV4_CHECK(p.window_size >= 1 && p.ring_slots >= p.window_size + p.n - 1, "attention: a ring of ",
              p.ring_slots, " slots cannot hold window ", p.window_size, " for a step of ", p.n, " tokens");
-  DSV4_CHECK(!p.entries || p.selected || p.ratio >= 1, "attention: HCA entries need ratio >= 1, got ", p.ratio);
+  DSV4_CHECK(!p.entries || p.ratio >= 1, "attention: compressed entries need ratio >= 1, got ", p.ratio);
   DSV4_CHECK(!p.entries || !p.selected || p.top_k >= 0, "attention: top_k ", p.top_k);
   DSV4_CHECK(p.q && p.window && p.sinks && p.out, "attention: q, window, sinks and out are required");
   DSV4_CHECK(aligned16(p.q) && aligned16(p.window) && aligned16(p.out) && (!p.entries || aligned16(p.entries)),
