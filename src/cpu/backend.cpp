@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "cpu/cpu_ops.h"
+#include "sampler/sampler.h"
 
 namespace dsv4 {
 
@@ -16,6 +17,10 @@ int32_t* CpuOps::alloc_i32(size_t count) { return int_buffers_.emplace_back(coun
 void CpuOps::fill(float* x, size_t count, float value) { std::fill(x, x + count, value); }
 void CpuOps::upload_i32(int32_t* dst, const int32_t* host, size_t count) { std::copy(host, host + count, dst); }
 void CpuOps::download(float* host, const float* src, size_t count) { std::copy(src, src + count, host); }
+void CpuOps::download_i32(int32_t* host, const int32_t* src, size_t count) { std::copy(src, src + count, host); }
+void CpuOps::greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens) {
+  for (int64_t r = 0; r < rows; ++r) tokens[r] = argmax(logits + r * vocab, vocab);
+}
 void CpuOps::copy(const float* src, size_t count, float* dst) { std::copy(src, src + count, dst); }
 
 std::vector<float>& CpuOps::scratch(size_t slot, size_t count) {

@@ -1,4 +1,5 @@
 // CudaOps: device, stream, memory and weight upload. The op families live in their own folders.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -6,6 +7,7 @@
 #include "cpu/cpu_ops.h"  // rope_inv_freq: host-side constants shared with the CPU reference
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/sampling/sampling.h"
 
 namespace dsv4 {
 
@@ -36,6 +38,7 @@ CudaOps::~CudaOps() {
   for (auto& [nodes, exec] : graph_execs_) cudaGraphExecDestroy(exec);
   for (void* p : allocations_) cudaFree(p);
   for (auto& [p, bytes] : workspaces_) cudaFree(p);
+  if (pinned_i32_) cudaFreeHost(pinned_i32_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -67,6 +70,37 @@ void CudaOps::upload_i32(int32_t* dst, const int32_t* host, size_t count) {
 void CudaOps::download(float* host, const float* src, size_t count) {
   DSV4_CUDA_CHECK(cudaMemcpyAsync(host, src, count * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaOps::download_i32(int32_t* host, const int32_t* src, size_t count) {
+  if (count == 0) return;
+  // Through page-locked staging: a pageable copy of a few ids costs a staging round of its own.
+  if (pinned_i32_count_ < count) {  // the first calls only, like the workspaces
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (pinned_i32_) DSV4_CUDA_CHECK(cudaFreeHost(pinned_i32_));
+    pinned_i32_ = nullptr;
+    pinned_i32_count_ = 0;
+    DSV4_CUDA_CHECK(cudaMallocHost(&pinned_i32_, count * sizeof(int32_t)));
+    pinned_i32_count_ = count;
+  }
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(pinned_i32_, src, count * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::copy(pinned_i32_, pinned_i32_ + count, host);
+}
+
+void CudaOps::greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens) {
+  if (rows == 0) return;
+  // The arrival counters have a slot of their own: a slot shared with the partials would put them at an
+  // offset that moves with rows × slices, over bytes an earlier call left non-zero.
+  const int64_t slices = cuda::greedy_slices(vocab);
+  cuda::GreedyParams p;
+  p.logits = logits;
+  p.rows = rows;
+  p.vocab = p.ld = vocab;
+  p.tokens = tokens;
+  p.partials = static_cast<int2*>(workspace(cuda::kWsGreedyPartials, size_t(rows * slices) * sizeof(int2)));
+  p.arrivals = static_cast<unsigned*>(workspace(cuda::kWsGreedyArrivals, size_t(rows) * sizeof(unsigned), /*zeroed=*/true));
+  cuda::greedy_tokens(p, stream_, pdl());
 }
 
 void CudaOps::copy(const float* src, size_t count, float* dst) {

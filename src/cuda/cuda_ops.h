@@ -35,6 +35,8 @@ enum WorkspaceSlot : int {
   kWsCacheStaging,          // write_cache / read_cache: fp32 rows on the device
   kWsGemvPartials,          // gemv: split-K partial sums
   kWsGemvArrivals,          // gemv: split-K arrival counters (zeroed: every call leaves them zero)
+  kWsGreedyPartials,        // greedy_tokens: each slice's winner
+  kWsGreedyArrivals,        // greedy_tokens: per-row arrival counters (zeroed: every call leaves them zero)
 };
 
 // The storage of a cache from CudaOps::alloc_cache (layouts in attention/kv_cache.cuh).
@@ -91,12 +93,14 @@ class CudaOps final : public Ops {
   void fill(float* x, size_t count, float value) override;
   void upload_i32(int32_t* dst, const int32_t* host, size_t count) override;
   void download(float* host, const float* src, size_t count) override;
+  void download_i32(int32_t* host, const int32_t* src, size_t count) override;
   void copy(const float* src, size_t count, float* dst) override;
 
   void embed(const Weight& table, const int32_t* tokens, int64_t n, float* out) override;
   void broadcast_streams(const float* x, int64_t n, int64_t hc, int64_t dim, float* X) override;
   void add(const float* a, const float* b, size_t count, float* out) override;
   void scale(float* x, size_t count, float factor) override;
+  void greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens) override;
   void ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) override;
 
   void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) override;
@@ -166,6 +170,8 @@ class CudaOps final : public Ops {
   std::unordered_map<const void*, const void*> vectors_;          // host vector data → device copy
   std::unordered_map<const void*, cuda::CacheLayout> caches_;     // compact caches by device address
   std::vector<std::pair<void*, size_t>> workspaces_;
+  int32_t* pinned_i32_ = nullptr;  // page-locked host staging of download_i32, grown on first use
+  size_t pinned_i32_count_ = 0;
   float* inv_freq_plain_ = nullptr;
   float* inv_freq_compressed_ = nullptr;
   Numerics numerics_ = Numerics::kReference;

@@ -386,7 +386,8 @@ BenchReport run_bench(const BenchOptions& o) {
 
   // ---- decode: a master sequence is prefilled to each context in turn (contexts ascending, so each prefill
   // extends the last); every repetition forks it into `batch` sequences and times decode_steps steps of one
-  // new token per sequence, all logits downloaded as a sampler needs them.
+  // new token per sequence (random ids, so that the routing spreads as real text does), each step ending with
+  // the greedy next tokens chosen on the backend, or all logits downloaded (--logits).
   auto master = model.new_sequence(std::max<int64_t>(contexts.back(), 1));
   model.reset(*master);
   std::vector<std::unique_ptr<SequenceState>> pool;
@@ -397,7 +398,7 @@ BenchReport run_bench(const BenchOptions& o) {
       feed(model, *master, context_tokens.data() + master->position, C - master->position, nullptr);
     for (int64_t b : o.batches) {
       std::vector<StepInput> batch(static_cast<size_t>(b));
-      std::vector<int32_t> tokens(static_cast<size_t>(b));
+      std::vector<int32_t> tokens(static_cast<size_t>(b)), next(static_cast<size_t>(b));
       const auto run = [&](int64_t steps) {
         for (int64_t i = 0; i < b; ++i) fork_sequence(*weights, *ops, *master, *pool[size_t(i)]);
         sync(*ops, *master);
@@ -405,7 +406,11 @@ BenchReport run_bench(const BenchOptions& o) {
         for (int64_t s = 0; s < steps; ++s) {
           for (int64_t i = 0; i < b; ++i) {
             tokens[size_t(i)] = int32_t(rng() % uint64_t(c.vocab_size));
-            batch[size_t(i)] = {pool[size_t(i)].get(), &tokens[size_t(i)], 1, logits.data() + i * c.vocab_size, false};
+            batch[size_t(i)] = o.download_logits
+                                   ? StepInput{pool[size_t(i)].get(), &tokens[size_t(i)], 1,
+                                               logits.data() + i * c.vocab_size, false}
+                                   : StepInput{pool[size_t(i)].get(), &tokens[size_t(i)], 1, nullptr, false,
+                                               &next[size_t(i)]};
           }
           model.step(batch);
         }
@@ -458,7 +463,10 @@ std::string bench_markdown(const BenchReport& r) {
     out << line;
   }
   out << "* " << r.options.reps << " repetitions (mean ± sd); decode: " << r.options.decode_steps
-      << " steps per repetition, one new token per sequence per step, logits of every sequence downloaded\n\n";
+      << " steps per repetition, one new token per sequence per step, "
+      << (r.options.download_logits ? "logits of every sequence downloaded"
+                                    : "the greedy next tokens chosen on the backend (ids downloaded)")
+      << "\n\n";
 
   out << "| prefill tokens | step | ms | tokens/s |\n|---:|---:|---:|---:|\n";
   for (const PrefillRow& p : r.prefill)
@@ -499,7 +507,7 @@ nlohmann::json bench_json(const BenchReport& r) {
                  {"peak_bytes", r.memory_peak}};
   j["load_seconds"] = r.load_seconds;
   j["options"] = {{"reps", r.options.reps}, {"decode_steps", r.options.decode_steps}, {"step", r.step_tokens},
-                  {"seed", r.options.seed}};
+                  {"seed", r.options.seed}, {"decode_output", r.options.download_logits ? "logits" : "greedy ids"}};
   if (!r.synth.is_null()) j["synth"] = r.synth;
   j["prefill"] = json::array();
   for (const PrefillRow& p : r.prefill)

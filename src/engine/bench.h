@@ -23,6 +23,9 @@ struct BenchOptions {
   int64_t reps = 3;
   int64_t decode_steps = 16;  // timed steps per decode repetition
   int64_t step = 512;         // prefill tokens per forward step
+  // Decode output: every sequence's logits downloaded (as a host sampler needs them), or, by default, its greedy
+  // next token chosen on the backend with only the ids downloaded (as `dsv4 generate --temperature 0` runs).
+  bool download_logits = false;
   uint64_t seed = 0;
   std::function<void(const std::string&)> log;  // progress lines (may be empty)
 };

@@ -29,13 +29,21 @@ GenerationStats generate(DeepseekV4& model, const std::vector<int32_t>& prompt, 
   prefill(model, prompt.data(), int64_t(prompt.size()), logits.data(), /*all_rows=*/false);
   const auto t1 = clock::now();
   std::vector<int32_t> generated;
+  // Plain greedy decoding lets the backend choose each next token: only its id crosses to the host.
+  const bool on_backend = sampler.plain_greedy();
+  int32_t next = sampler.sample(logits.data(), prompt, generated);
   while (int64_t(generated.size()) < max_tokens) {
-    const int32_t next = sampler.sample(logits.data(), prompt, generated);
     generated.push_back(next);
     const bool keep_going = on_token(next);
     if (!keep_going || (stop_at_eos && next == model.config().eos_token_id)) break;
     if (int64_t(generated.size()) == max_tokens) break;
-    model.step(&next, 1, logits.data(), /*all_rows=*/false);
+    const int32_t input = next;
+    if (on_backend) {
+      model.step(&input, 1, nullptr, /*all_rows=*/false, &next);
+    } else {
+      model.step(&input, 1, logits.data(), /*all_rows=*/false);
+      next = sampler.sample(logits.data(), prompt, generated);
+    }
   }
   stats.generated_tokens = int64_t(generated.size());
   stats.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();

@@ -28,7 +28,8 @@ struct Scheduler::Active {
   int64_t prefilled = 0;           // prompt tokens consumed so far
   std::vector<int32_t> generated;  // the last one is the input of the next decode step
   std::vector<float> logits;       // [V] the row the next token is sampled from
-  bool has_logits = false;         // this step produced that row
+  bool has_logits = false;         // this step produced that row (or, plain greedy, the token itself)
+  int32_t greedy_token = -1;       // plain greedy decode: the next token, chosen on the backend (−1: none)
 
   Active(RequestId id_, GenerationRequest r, EventSink s, int64_t vocab)
       : id(id_), request(std::move(r)), sink(std::move(s)), sampler(request.sampling, vocab), logits(size_t(vocab)) {}
@@ -173,7 +174,9 @@ int64_t Scheduler::step(std::vector<Active*>& members) {
   // Decodes first (one row each), then prompt chunks in admission order with the rows left.
   for (auto& a : running_) {
     if (!a->decoding()) continue;
-    batch.push_back({slots_[a->slot].get(), &a->generated.back(), 1, a->logits.data(), false});
+    batch.push_back(a->sampler.plain_greedy()
+                        ? StepInput{slots_[a->slot].get(), &a->generated.back(), 1, nullptr, false, &a->greedy_token}
+                        : StepInput{slots_[a->slot].get(), &a->generated.back(), 1, a->logits.data(), false});
     members.push_back(a.get());
     --budget;
   }
@@ -186,7 +189,7 @@ int64_t Scheduler::step(std::vector<Active*>& members) {
     members.push_back(a.get());
     budget -= n;
   }
-  for (size_t i = 0; i < members.size(); ++i) members[i]->has_logits = batch[i].logits != nullptr;
+  for (size_t i = 0; i < members.size(); ++i) members[i]->has_logits = batch[i].logits || batch[i].next_token;
   try {
     model_.step(batch);
   } catch (const std::exception& e) {
@@ -206,7 +209,9 @@ int64_t Scheduler::step(std::vector<Active*>& members) {
     Active& a = *ap;
     if (!a.has_logits) return false;
     a.has_logits = false;
-    const int32_t token = a.sampler.sample(a.logits.data(), a.request.prompt, a.generated);
+    const int32_t token = a.greedy_token >= 0 ? a.greedy_token
+                                              : a.sampler.sample(a.logits.data(), a.request.prompt, a.generated);
+    a.greedy_token = -1;
     a.generated.push_back(token);
     a.sink({token, std::nullopt, {}});
     std::optional<FinishReason> done;

@@ -1,5 +1,6 @@
 #include "model/deepseek_v4.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -13,6 +14,7 @@ Activations plan_activations(const ModelConfig& c, Ops& ops, int64_t n) {
   Activations a;
   a.max_step = n;
   a.tokens = ops.alloc_i32(size_t(n));
+  a.greedy = ops.alloc_i32(size_t(n));
   a.X = f(c.hc_mult * c.dim);
   a.x = f(c.dim);
   a.xn = f(c.dim);
@@ -53,8 +55,8 @@ std::unique_ptr<SequenceState> DeepseekV4::new_sequence(int64_t max_context) {
   return std::make_unique<SequenceState>(model_, ops_, max_context, act_.max_step, numerics_ != Numerics::kExact);
 }
 
-void DeepseekV4::step(const int32_t* tokens, int64_t n, float* logits, bool all_rows) {
-  const StepInput input{&state_, tokens, n, logits, all_rows};
+void DeepseekV4::step(const int32_t* tokens, int64_t n, float* logits, bool all_rows, int32_t* next_token) {
+  const StepInput input{&state_, tokens, n, logits, all_rows, next_token};
   step(std::span<const StepInput>(&input, 1));
 }
 
@@ -99,7 +101,7 @@ void DeepseekV4::step(std::span<const StepInput> batch) {
     rows = forward();
   }
   for (const Span& s : spans_) s.sequence->position += s.n;
-  download_logits(batch, rows);
+  deliver(batch, rows);
 }
 
 void DeepseekV4::mtp_step(const int32_t* next_tokens, int64_t n, float* logits) {
@@ -123,7 +125,7 @@ void DeepseekV4::mtp_step(const int32_t* next_tokens, int64_t n, float* logits) 
   state_.mtp_position += n;
   const StepInput all{&state_, next_tokens, n, logits, /*all_rows=*/true};
   const std::span<const StepInput> batch(&all, 1);
-  download_logits(batch, head(m.hc_head, m.norm, batch, n));
+  deliver(batch, head(m.hc_head, m.norm, batch, n));
 }
 
 // One decoder layer: attention then MoE, each wrapped in an mHC pre-mix / post-mix (spec §4–§5). A sub-block's
@@ -252,8 +254,9 @@ void DeepseekV4::output_projection(const AttentionWeights& w, int64_t n) {
 
 void DeepseekV4::moe(const LayerWeights& l, int64_t n) { ops_.moe(l.moe, act_.xn, act_.tokens, n, act_.sub_out); }
 
-// Final hyper-connection collapse, norm and LM head (spec §5.4, §4), only for the rows whose logits the batch
-// asked for: they are gathered into y_rows and projected together. Returns the number of logits rows.
+// Final hyper-connection collapse, norm and LM head (spec §5.4, §4), only for the rows whose logits or greedy
+// token the batch asked for: they are gathered into y_rows and projected together. Returns the number of
+// logits rows.
 int64_t DeepseekV4::head(const HcHeadWeights& hc, const std::vector<float>& norm, std::span<const StepInput> batch,
                          int64_t n) {
   const ModelConfig& c = model_.config;
@@ -263,8 +266,8 @@ int64_t DeepseekV4::head(const HcHeadWeights& hc, const std::vector<float>& norm
   ops_.hc_head(act_.X, hc, n, act_.y);
   int64_t rows = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
-    if (!batch[i].logits) continue;
-    const int64_t first = batch[i].all_rows ? 0 : batch[i].n - 1, count = batch[i].n - first;
+    if (!batch[i].logits && !batch[i].next_token) continue;
+    const int64_t first = batch[i].logits && batch[i].all_rows ? 0 : batch[i].n - 1, count = batch[i].n - first;
     ops_.copy(act_.y + (spans_[i].row0 + first) * D, size_t(count * D), act_.y_rows + rows * D);
     rows += count;
   }
@@ -274,18 +277,29 @@ int64_t DeepseekV4::head(const HcHeadWeights& hc, const std::vector<float>& norm
   return rows;
 }
 
-// One download for the whole step, then each input's rows to its own host buffer.
-void DeepseekV4::download_logits(std::span<const StepInput> batch, int64_t rows) {
+// The step's results to the host, in head()'s row order: the greedy ids (chosen on the backend) if any input
+// asked for one, one logits download for the whole step if any asked for logits, then each input's share.
+void DeepseekV4::deliver(std::span<const StepInput> batch, int64_t rows) {
   if (rows == 0) return;
   const int64_t V = model_.config.vocab_size;
-  host_logits_.resize(size_t(rows * V));
-  ops_.download(host_logits_.data(), act_.logits, size_t(rows * V));
-  const float* src = host_logits_.data();
+  const bool want_tokens = std::any_of(batch.begin(), batch.end(), [](const StepInput& in) { return in.next_token != nullptr; });
+  const bool want_logits = std::any_of(batch.begin(), batch.end(), [](const StepInput& in) { return in.logits != nullptr; });
+  if (want_tokens) {
+    host_tokens_.resize(size_t(rows));
+    ops_.greedy_tokens(act_.logits, rows, V, act_.greedy);
+    ops_.download_i32(host_tokens_.data(), act_.greedy, size_t(rows));
+  }
+  if (want_logits) {
+    host_logits_.resize(size_t(rows * V));
+    ops_.download(host_logits_.data(), act_.logits, size_t(rows * V));
+  }
+  int64_t row = 0;
   for (const StepInput& in : batch) {
-    if (!in.logits) continue;
-    const int64_t count = in.all_rows ? in.n : 1;
-    std::copy(src, src + count * V, in.logits);
-    src += count * V;
+    if (!in.logits && !in.next_token) continue;
+    const int64_t count = in.logits && in.all_rows ? in.n : 1;
+    if (in.logits) std::copy_n(host_logits_.data() + row * V, count * V, in.logits);
+    if (in.next_token) *in.next_token = host_tokens_[size_t(row + count - 1)];
+    row += count;
   }
 }
 

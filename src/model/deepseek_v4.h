@@ -16,6 +16,7 @@ namespace dsv4 {
 struct Activations {
   int64_t max_step = 0;
   int32_t* tokens = nullptr;  // [n]
+  int32_t* greedy = nullptr;  // [n] the greedy next token of each logits row
   float* X = nullptr;         // [n, hc, D] residual streams
   float* x = nullptr;         // [n, D] collapsed sub-block input
   float* xn = nullptr;        // [n, D] normed sub-block input
@@ -44,6 +45,9 @@ struct StepInput {
   int64_t n = 0;
   float* logits = nullptr;  // host: [n, V] when all_rows, else the last token's [V]; nullptr = none wanted
   bool all_rows = false;
+  // host: the greedy next token (argmax of the last token's logits, chosen on the backend: only the id crosses
+  // to the host when no input of the step asks for logits); nullptr = none wanted.
+  int32_t* next_token = nullptr;
 };
 
 class DeepseekV4 {
@@ -68,7 +72,7 @@ class DeepseekV4 {
   // The default sequence: consumes n ≤ max_step tokens at positions position() .. position()+n−1 and writes
   // logits to host memory: all n rows ([n, V]) when all_rows, otherwise only the last row ([V]).
   // The final residual streams of these tokens stay in the arena for mtp_step().
-  void step(const int32_t* tokens, int64_t n, float* logits, bool all_rows);
+  void step(const int32_t* tokens, int64_t n, float* logits, bool all_rows, int32_t* next_token = nullptr);
 
   // MTP draft logits [n, V] for the tokens of the last single-sequence step(): row i from the main model's
   // final streams at that step's token i and next_tokens[i] (the true or sampled token that follows it).
@@ -92,7 +96,7 @@ class DeepseekV4 {
   void moe(const LayerWeights& l, int64_t n);
   // Logits of the rows the batch asked for, on the device (returns how many rows), then to each input's buffer.
   int64_t head(const HcHeadWeights& hc, const std::vector<float>& norm, std::span<const StepInput> batch, int64_t n);
-  void download_logits(std::span<const StepInput> batch, int64_t rows);
+  void deliver(std::span<const StepInput> batch, int64_t rows);
 
   LayerState& layer_state(const Span& s, size_t layer, bool mtp) const {
     return mtp ? s.sequence->mtp[layer] : s.sequence->layers[layer];
@@ -106,6 +110,7 @@ class DeepseekV4 {
   std::vector<Span> spans_;        // the current step's sequences
   bool post_pending_ = false;      // sub_out holds a sub-block's output that is not mixed back into X yet
   std::vector<float> host_logits_;  // gathered logits rows of one step, before scattering
+  std::vector<int32_t> host_tokens_;  // greedy ids of those rows
 
 };
 

@@ -85,6 +85,7 @@ class Ops {
   virtual void fill(float* x, size_t count, float value) = 0;
   virtual void upload_i32(int32_t* dst, const int32_t* host, size_t count) = 0;
   virtual void download(float* host, const float* src, size_t count) = 0;
+  virtual void download_i32(int32_t* host, const int32_t* src, size_t count) = 0;
   virtual void copy(const float* src, size_t count, float* dst) = 0;  // backend memory to backend memory
   // Rows [0, rows) of one cache into another of the same format and row size.
   virtual void copy_cache(const float* src, int64_t rows, int64_t dim, float* dst) {
@@ -108,6 +109,9 @@ class Ops {
   virtual void broadcast_streams(const float* x, int64_t n, int64_t hc, int64_t dim, float* X) = 0;  // X [n, hc, D]
   virtual void add(const float* a, const float* b, size_t count, float* out) = 0;
   virtual void scale(float* x, size_t count, float factor) = 0;
+  // tokens[r] = the greedy token of logits row r (rows of `vocab` floats): the lowest id among the row's maxima,
+  // as argmax() in sampler.h. tokens is backend memory (alloc_i32).
+  virtual void greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens) = 0;
 
   // Writes rows x[i] to ring[(pos0 + i) % slots] (the sliding-window KV ring, a cache).
   virtual void ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) = 0;

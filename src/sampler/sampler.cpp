@@ -28,6 +28,11 @@ int32_t argmax(const float* logits, int64_t vocab) {
   return int32_t(best);
 }
 
+bool Sampler::plain_greedy() const {
+  return params_.temperature == 0.0f && params_.repetition_penalty == 1.0f && params_.presence_penalty == 0.0f &&
+         params_.frequency_penalty == 0.0f;
+}
+
 Sampler::Sampler(const SamplingParams& params, int64_t vocab)
     : params_(params), vocab_(vocab), rng_(params.seed), work_(size_t(vocab)), order_(size_t(vocab)),
       counts_(size_t(vocab), 0), seen_(size_t(vocab), 0), prob_(size_t(vocab)) {

@@ -31,6 +31,9 @@ class Sampler {
 
   // logits [vocab] (not modified); prompt / generated: token history for the penalties.
   int32_t sample(const float* logits, std::span<const int32_t> prompt, std::span<const int32_t> generated);
+  // Temperature 0 without penalties: sample() is argmax(logits), which the backend can choose itself
+  // (StepInput::next_token) so that the logits never cross to the host.
+  bool plain_greedy() const;
 
  private:
   SamplingParams params_;

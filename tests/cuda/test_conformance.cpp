@@ -79,6 +79,18 @@ class TeeOps final : public Ops {
     cpu_.upload_i32(dst, host, count);
     gpu_.upload_i32(g(dst), host, count);
   }
+  void download_i32(int32_t* host, const int32_t* src, size_t count) override { cpu_.download_i32(host, src, count); }
+  // The logits twins are equal here (every check leaves the CUDA copy equal to the CPU's): the ids must be too.
+  void greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens) override {
+    cpu_.greedy_tokens(logits, rows, vocab, tokens);
+    gpu_.greedy_tokens(g(logits), rows, vocab, g(tokens));
+    OpStats& s = stats_["greedy_tokens"];
+    const int64_t call = s.calls++;
+    const std::vector<int32_t> got = to_host(gpu_, g(tokens), size_t(rows));
+    int64_t differing = 0;
+    for (int64_t r = 0; r < rows; ++r) differing += got[size_t(r)] != tokens[r];
+    record(s, call, double(differing), differing > 0);
+  }
   void download(float* host, const float* src, size_t count) override {
     cpu_.download(host, src, count);
     check("download", 1e-4, {{src, count}});
@@ -384,9 +396,12 @@ TEST_P(Conformance, EveryOpOfARefSmallForwardMatchesCpu) {
     model.step(prompt.data() + i, n, logits.data(), /*all_rows=*/true);
   }
   int32_t next = int32_t(std::max_element(logits.begin(), logits.begin() + V) - logits.begin());
-  for (int64_t t = 0; t < decodes; ++t) {
-    model.step(&next, 1, logits.data(), false);
+  for (int64_t t = 0; t < decodes; ++t) {  // with the backend's greedy choice too (StepInput::next_token)
+    const int32_t input = next;
+    int32_t chosen = -1;
+    model.step(&input, 1, logits.data(), false, &chosen);
     next = int32_t(std::max_element(logits.begin(), logits.begin() + V) - logits.begin());
+    EXPECT_EQ(chosen, next) << "decode " << t;
   }
   model.mtp_step(&next, 1, logits.data());
 
@@ -396,7 +411,7 @@ TEST_P(Conformance, EveryOpOfARefSmallForwardMatchesCpu) {
                            << s.first_failed_call << " (worst error " << s.worst << " at call " << s.worst_call << ")";
   const bool reference = GetParam() == Numerics::kReference;
   for (const char* op : {"linear", "linear_pair", "linear_grouped", "attention", "moe", "hc_pre_norm", "hc_post_pre_norm", "hc_post", "hc_head",
-                         "indexer_topk", "download", "norm_rope", "kv_finish", "rms_norm",
+                         "indexer_topk", "download", "greedy_tokens", "norm_rope", "kv_finish", "rms_norm",
                          reference ? "compressor_fp8" : "compressor", reference ? "compressor_fp4" : "rope",
                          reference ? "hadamard_sim_fp4" : "rope"})
     EXPECT_GT(tee.stats().count(op) ? tee.stats().at(op).calls : 0, 0) << op << " was never exercised";

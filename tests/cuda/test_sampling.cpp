@@ -147,6 +147,39 @@ TEST(CudaSampling, GreedyEqualsCpuArgmax) {
 #endif
 }
 
+// The decode loop's greedy selection (CudaOps::greedy_tokens: a row spread over many blocks, the last block of
+// each row reducing their winners) and download_i32 (pinned staging): vocabularies of one block, of several
+// with a short last slice, of the V4 head, and past the slice cap (each block loops); ties at several ids of
+// one row; run twice on the same workspace so that the arrival counters must have been left at zero.
+TEST(CudaSampling, MultiBlockGreedyEqualsCpuArgmax) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  CudaOps ops(ModelConfig{});
+  struct Case { int64_t rows, V; };
+  for (const Case& c : {Case{2, 1}, Case{3, 2047}, Case{4, 2049}, Case{1, 4097}, Case{5, 129280}, Case{3, 300001},
+                        Case{5, 129280}}) {
+    for (int pass = 0; pass < 2; ++pass) {
+      auto logits = random_floats(size_t(c.rows * c.V), rng, -20.0f, 20.0f);
+      // Row 0: several exact copies of a new maximum, the lowest id must win; the last row: its maximum at
+      // the very end (the last slice's last element).
+      for (int64_t i = c.V - 1; i >= 0; i -= std::max<int64_t>(1, c.V / 5)) logits[size_t(i)] = 25.0f;
+      if (c.rows > 1) logits[size_t(c.rows * c.V - 1)] = 30.0f;
+      std::vector<int32_t> want(size_t(c.rows));
+      for (int64_t r = 0; r < c.rows; ++r) want[size_t(r)] = argmax(logits.data() + r * c.V, c.V);
+      int32_t* tokens = settled(ops.alloc_i32(size_t(c.rows)));
+      poison(tokens, size_t(c.rows));
+      settle();
+      ops.greedy_tokens(to_device(ops, logits), c.rows, c.V, tokens);
+      std::vector<int32_t> got(size_t(c.rows), -7);
+      ops.download_i32(got.data(), tokens, size_t(c.rows));
+      EXPECT_EQ(got, want) << "rows=" << c.rows << " V=" << c.V << " pass " << pass;
+    }
+  }
+#endif
+}
+
 TEST(CudaSampling, StochasticModesMatchTheFilteredSoftmax) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA

@@ -3,14 +3,18 @@
 // the CUDA backend (skipped without a GPU).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "engine/backend.h"
+#include "engine/generator.h"
 #include "harness/compare.h"
 #include "harness/files.h"
 #include "harness/gpu_skip.h"
 #include "loader/weight_map.h"
 #include "model/deepseek_v4.h"
+#include "sampler/sampler.h"
 
 namespace dsv4::test {
 namespace {
@@ -81,6 +85,83 @@ TEST(Batch, MixedChunksMatchSequencesRunAloneReference) { check_batched("cpu", N
 TEST(Batch, CudaMixedChunksMatchSequencesRunAlone) {
   DSV4_REQUIRE_GPU();
   check_batched("cuda", Numerics::kExact, {2e-4, 1e-4});
+}
+
+// StepInput::next_token: the backend's greedy choice from a row's logits, in steps that mix inputs asking for
+// logits only (A, all rows), the token only (B), both (C: the last row of a 3-token chunk; E), neither (D) and
+// logits only again (F). B / E and C / F are twins (same history, same tokens), so B's token must be E's and
+// C's logits F's: a row delivered to the wrong input shows up as a mismatch.
+void check_next_tokens(const std::string& backend, const Tolerance& twin_tol) {
+  const auto weights = load_model(source_path("tests/data/golden/v4-flashlike"));
+  const int64_t V = weights->config.vocab_size;
+  auto ops = make_backend(backend, *weights);
+  DeepseekV4 model(*weights, *ops, Numerics::kExact, /*max_context=*/64, /*max_step=*/16);
+  std::mt19937_64 rng(11);
+  const auto random_tokens = [&](size_t n) {
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = int32_t(rng() % uint64_t(V));
+    return t;
+  };
+  const std::vector<int32_t> history = random_tokens(9);
+  std::vector<std::unique_ptr<SequenceState>> seqs;
+  for (int i = 0; i < 6; ++i) {
+    seqs.push_back(model.new_sequence(64));
+    const StepInput in{seqs.back().get(), history.data(), int64_t(history.size()), nullptr, false};
+    model.step(std::span<const StepInput>(&in, 1));
+  }
+  enum { A, B, C, D, E, F };
+  for (int round = 0; round < 3; ++round) {
+    const std::vector<int32_t> ta = random_tokens(2), tb = random_tokens(1), tc = random_tokens(3), td = random_tokens(2);
+    std::vector<float> la(2 * size_t(V), NAN), lc(size_t(V), NAN), le(size_t(V), NAN), lf(size_t(V), NAN);
+    int32_t nb = -7, nc = -7, ne = -7;
+    const std::vector<StepInput> batch = {
+        {seqs[A].get(), ta.data(), 2, la.data(), true},       {seqs[B].get(), tb.data(), 1, nullptr, false, &nb},
+        {seqs[C].get(), tc.data(), 3, lc.data(), false, &nc}, {seqs[D].get(), td.data(), 2, nullptr, false},
+        {seqs[E].get(), tb.data(), 1, le.data(), false, &ne}, {seqs[F].get(), tc.data(), 3, lf.data(), false}};
+    model.step(batch);
+    const std::string where = backend + " round " + std::to_string(round);
+    EXPECT_EQ(nc, argmax(lc.data(), V)) << where;
+    EXPECT_EQ(ne, argmax(le.data(), V)) << where;
+    EXPECT_EQ(nb, ne) << where;
+    EXPECT_TRUE(compare(lc, lf, twin_tol, where + ": C's logits against its twin F's"));
+    EXPECT_TRUE(std::all_of(la.begin(), la.end(), [](float x) { return std::isfinite(x); })) << where;
+  }
+}
+
+TEST(Batch, NextTokensAreTheArgmaxOfTheirRows) { check_next_tokens("cpu", {0.0, 0.0}); }
+
+// CUDA: the twins' rows run through the same kernels in one step; allow the fp32 order of a split reduction.
+TEST(Batch, CudaNextTokensAreTheArgmaxOfTheirRows) {
+  DSV4_REQUIRE_GPU();
+  check_next_tokens("cuda", {1e-5, 1e-5});
+}
+
+// generate() with plain greedy sampling takes the backend's token (no logits download); it must produce what
+// sampling each step's downloaded logits on the host produces.
+TEST(Batch, GreedyGenerateMatchesHostArgmax) {
+  const auto weights = load_model(source_path("tests/data/golden/v4-flashlike"));
+  const int64_t V = weights->config.vocab_size;
+  auto ops = make_backend("cpu", *weights);
+  const std::vector<int32_t> prompt = {3, 17, 250, 9, 41};
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  Sampler sampler(greedy, V);
+  ASSERT_TRUE(sampler.plain_greedy());
+  DeepseekV4 model(*weights, *ops, Numerics::kReference, 64);
+  std::vector<int32_t> got;
+  generate(model, prompt, 12, sampler, /*stop_at_eos=*/false, [&](int32_t t) {
+    got.push_back(t);
+    return true;
+  });
+  DeepseekV4 host(*weights, *ops, Numerics::kReference, 64);
+  std::vector<float> logits(static_cast<size_t>(V));
+  host.step(prompt.data(), int64_t(prompt.size()), logits.data(), false);
+  std::vector<int32_t> want;
+  while (want.size() < 12) {
+    want.push_back(argmax(logits.data(), V));
+    host.step(&want.back(), 1, logits.data(), false);
+  }
+  EXPECT_EQ(got, want);
 }
 
 }  // namespace

@@ -41,6 +41,8 @@ Markdown on stdout, progress on stderr.
   --reps N             repetitions of every measurement (default 3)
   --decode-steps N     timed decode steps per repetition (default 16)
   --step N             prefill tokens per forward step (default 512)
+  --logits             decode steps download every sequence's logits (as a host sampler needs them) instead
+                       of the greedy next tokens chosen on the backend (as generate --temperature 0 runs)
   --seed N             seed of the random tokens (and of the synthesised weights)
   --json FILE          also write the results as JSON
 )";
@@ -84,7 +86,7 @@ int cmd_bench(int argc, char** argv) {
                   {"--model", "--synth", "--layers", "--synth-dir", "--experts", "--vocab", "--dim", "--inter", "--set",
                    "--backend", "--numerics", "--prefill", "--contexts", "--batches", "--reps", "--decode-steps",
                    "--step", "--seed", "--json"},
-                  {});
+                  {"--logits"});
   DSV4_CHECK(!(args.has("--model") && args.has("--synth")), "give --model DIR or --synth PRESET, not both");
   for (const char* synth_only : {"--layers", "--synth-dir", "--experts", "--vocab", "--dim", "--inter", "--set"})
     DSV4_CHECK(!args.has(synth_only) || args.has("--synth"), synth_only, " only applies with --synth PRESET");
@@ -100,6 +102,7 @@ int cmd_bench(int argc, char** argv) {
   o.reps = args.get_int("--reps", o.reps);
   o.decode_steps = args.get_int("--decode-steps", o.decode_steps);
   o.step = args.get_int("--step", o.step);
+  o.download_logits = args.has("--logits");
   o.seed = uint64_t(seed);
   o.log = [](const std::string& line) { std::fprintf(stderr, "bench: %s\n", line.c_str()); };
   // Fail on an unwritable --json before the (possibly long) run.

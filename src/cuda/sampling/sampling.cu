@@ -14,10 +14,12 @@
 // The filters each keep a prefix of the rank order, as the CPU's sort-then-truncate does.
 #include "cuda/sampling/sampling.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "cuda/common/check.h"
+#include "cuda/common/launch.cuh"
 
 namespace dsv4::cuda {
 
@@ -309,7 +311,96 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
   }
 }
 
+constexpr int kGreedyThreads = 256;
+constexpr int kGreedyUnroll = 8;  // loads in flight per thread: a block's round covers 2048 logits
+constexpr int kGreedyMaxSlices = 128;
+
+// grid (slices, rows), kGreedyThreads threads. Block (s, r) takes logits [s·per, (s+1)·per) of row r.
+__global__ void __launch_bounds__(kGreedyThreads) greedy_kernel(GreedyParams p) {
+  __shared__ float best_s[kGreedyThreads / 32];
+  __shared__ int best_id_s[kGreedyThreads / 32];
+  __shared__ bool last_s;
+  cuda::pdl_wait();  // the logits come from the previous kernel
+  const int64_t row = blockIdx.y, slices = gridDim.x, V = p.vocab;
+  const float* logits = p.logits + row * p.ld;
+  const int64_t per = (V + slices - 1) / slices, begin = blockIdx.x * per, end = min(V, begin + per);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+
+  float best = -INFINITY;
+  int64_t best_id = -1;
+  for (int64_t base = begin + threadIdx.x; base < end; base += int64_t(kGreedyThreads) * kGreedyUnroll) {
+    float v[kGreedyUnroll];
+#pragma unroll
+    for (int u = 0; u < kGreedyUnroll; ++u) {
+      const int64_t i = base + int64_t(u) * kGreedyThreads;
+      v[u] = i < end ? logits[i] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kGreedyUnroll; ++u) {
+      const int64_t i = base + int64_t(u) * kGreedyThreads;
+      if (i < end && better(v[u], i, best, best_id)) best = v[u], best_id = i;
+    }
+  }
+  // The block's winner (ids fit int32: the launcher checks the vocabulary).
+  const auto block_best = [&](float& v, int& id) {
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const float ov = __shfl_xor_sync(kFull, v, offset);
+      const int oid = __shfl_xor_sync(kFull, id, offset);
+      if (better(ov, oid, v, id)) v = ov, id = oid;
+    }
+    if (lane == 0) best_s[warp] = v, best_id_s[warp] = id;
+    __syncthreads();
+    v = best_s[0];
+    id = best_id_s[0];
+    for (int w = 1; w < kGreedyThreads / 32; ++w)
+      if (better(best_s[w], best_id_s[w], v, id)) v = best_s[w], id = best_id_s[w];
+    __syncthreads();  // best_s is reused by the final reduction
+  };
+  float v = best;
+  int id = int(best_id);
+  block_best(v, id);
+  if (slices == 1) {
+    if (threadIdx.x == 0) p.tokens[row] = id;
+    return;
+  }
+  if (threadIdx.x == 0) {
+    p.partials[row * slices + blockIdx.x] = make_int2(__float_as_int(v), id);
+    __threadfence();  // the partial is visible device-wide before the arrival is counted
+    last_s = atomicAdd(&p.arrivals[row], 1u) == unsigned(slices - 1);
+  }
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();  // the other slices' partials are read after their arrivals
+  v = -INFINITY;
+  id = -1;
+  for (int64_t s = threadIdx.x; s < slices; s += kGreedyThreads) {
+    const int2 q = __ldcg(p.partials + row * slices + s);
+    if (better(__int_as_float(q.x), q.y, v, id)) v = __int_as_float(q.x), id = q.y;
+  }
+  block_best(v, id);
+  if (threadIdx.x == 0) {
+    p.tokens[row] = id;
+    p.arrivals[row] = 0;  // ready for the next call (stream order publishes it)
+  }
+}
+
 }  // namespace
+
+int greedy_slices(int64_t vocab) {
+  return int(std::min<int64_t>(kGreedyMaxSlices, std::max<int64_t>(1, (vocab + 2047) / 2048)));
+}
+
+void greedy_tokens(const GreedyParams& p, cudaStream_t stream, bool pdl) {
+  DSV4_CHECK(p.rows >= 0 && p.rows <= 65535, "greedy_tokens: rows ", p.rows, " out of range (at most 65535)");
+  DSV4_CHECK(p.vocab >= 1 && p.vocab <= int64_t(INT32_MAX), "greedy_tokens: vocab ", p.vocab, " out of range");
+  DSV4_CHECK(p.ld >= p.vocab, "greedy_tokens: row stride ", p.ld, " shorter than the vocabulary ", p.vocab);
+  DSV4_CHECK(p.logits && p.tokens, "greedy_tokens: logits and tokens are required");
+  const int slices = greedy_slices(p.vocab);
+  DSV4_CHECK(slices == 1 || (p.partials && p.arrivals), "greedy_tokens: ", slices,
+             " slices per row need partials and arrival counters");
+  if (p.rows == 0) return;
+  cuda::launch_pdl(greedy_kernel, dim3(unsigned(slices), unsigned(p.rows)), dim3(kGreedyThreads), 0, stream, pdl, p);
+}
 
 void sample_tokens(const SampleParams& p, cudaStream_t stream) {
   DSV4_CHECK(p.rows >= 0 && p.rows <= int64_t(INT32_MAX), "sample_tokens: rows ", p.rows, " out of range");

@@ -24,4 +24,20 @@ struct SampleParams {
 // Validates the parameters (DSV4_CHECK, naming the field) and launches on `stream`.
 void sample_tokens(const SampleParams& p, cudaStream_t stream);
 
+// Greedy selection alone, for the decode loop: a row's argmax spread over `greedy_slices(vocab)` blocks (one
+// block per row, as above, has too few loads in flight for a 0.5 MB row); each block reduces a contiguous slice, and
+// the last block of the row to arrive (an arrival counter per row) reduces the slices' winners. Same answer as
+// sample_tokens with temperature 0 and as the CPU's argmax (the lowest id among the maxima): the (value, id)
+// order is total, so the reduction order does not matter.
+struct GreedyParams {
+  const float* logits = nullptr;  // [rows, ld] device
+  int64_t rows = 0, vocab = 0, ld = 0;
+  int32_t* tokens = nullptr;      // [rows] device
+  int2* partials = nullptr;       // [rows, greedy_slices(vocab)] (value bits, id) of each slice's winner
+  unsigned* arrivals = nullptr;   // [rows], zero between calls (the last block of a row resets its counter)
+};
+int greedy_slices(int64_t vocab);
+// Validates and launches on `stream` (programmatic dependent launch when `pdl`: it waits for the logits' writer).
+void greedy_tokens(const GreedyParams& p, cudaStream_t stream, bool pdl);
+
 }  // namespace dsv4::cuda
