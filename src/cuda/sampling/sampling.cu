@@ -50,23 +50,29 @@ __device__ __forceinline__ bool within(const RankBound& b, uint32_t key, int64_t
   return key < b.key || (key == b.key && id <= b.id);
 }
 
-// Calls f(logit, id) for the row's tokens id = threadIdx.x, + kThreads, ... in increasing order, with kUnroll
-// loads issued before they are used.
-template <class F>
-__device__ __forceinline__ void for_each_token(const float* logits, int64_t V, F&& f) {
-  for (int64_t base = threadIdx.x; base < V; base += int64_t(kThreads) * kUnroll) {
-    float v[kUnroll];
+// Calls f(logit, id) for the tokens id = begin + threadIdx.x, + Threads, ... below end in increasing order, with
+// Unroll loads issued before they are used.
+template <int Threads, int Unroll, class F>
+__device__ __forceinline__ void for_each_in(const float* logits, int64_t begin, int64_t end, F&& f) {
+  for (int64_t base = begin + threadIdx.x; base < end; base += int64_t(Threads) * Unroll) {
+    float v[Unroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + int64_t(u) * kThreads;
-      v[u] = i < V ? logits[i] : 0.0f;
+    for (int u = 0; u < Unroll; ++u) {
+      const int64_t i = base + int64_t(u) * Threads;
+      v[u] = i < end ? logits[i] : 0.0f;
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + int64_t(u) * kThreads;
-      if (i < V) f(v[u], i);
+    for (int u = 0; u < Unroll; ++u) {
+      const int64_t i = base + int64_t(u) * Threads;
+      if (i < end) f(v[u], i);
     }
   }
+}
+
+// The whole row, by the sampling kernel's threads.
+template <class F>
+__device__ __forceinline__ void for_each_token(const float* logits, int64_t V, F&& f) {
+  for_each_in<kThreads, kUnroll>(logits, 0, V, f);
 }
 
 struct Shared {
@@ -328,19 +334,9 @@ __global__ void __launch_bounds__(kGreedyThreads) greedy_kernel(GreedyParams p) 
 
   float best = -INFINITY;
   int64_t best_id = -1;
-  for (int64_t base = begin + threadIdx.x; base < end; base += int64_t(kGreedyThreads) * kGreedyUnroll) {
-    float v[kGreedyUnroll];
-#pragma unroll
-    for (int u = 0; u < kGreedyUnroll; ++u) {
-      const int64_t i = base + int64_t(u) * kGreedyThreads;
-      v[u] = i < end ? logits[i] : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < kGreedyUnroll; ++u) {
-      const int64_t i = base + int64_t(u) * kGreedyThreads;
-      if (i < end && better(v[u], i, best, best_id)) best = v[u], best_id = i;
-    }
-  }
+  for_each_in<kGreedyThreads, kGreedyUnroll>(logits, begin, end, [&](float l, int64_t i) {
+    if (better(l, i, best, best_id)) best = l, best_id = i;
+  });
   // The block's winner (ids fit int32: the launcher checks the vocabulary).
   const auto block_best = [&](float& v, int& id) {
     for (int offset = 16; offset > 0; offset /= 2) {
