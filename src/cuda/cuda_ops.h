@@ -27,7 +27,7 @@ enum WorkspaceSlot : int {
   kWsGemmPartials,          // tensor-core path: split-K partial sums
   kWsHcPartials,            // hc_pre / hc_head: per-slice partial mixes
   kWsAttentionPartials,     // split-KV partial outputs and softmax statistics
-  kWsIndexerScores,         // per-row score keys and top-bits histograms
+  kWsIndexerScores,         // indexer_topk: per-row score keys
   kWsCompressorProj,        // the chunk's kv and gate projections (held across linear())
   kWsMoeStep,               // moe: routing, grouping and intermediate activations of one call
   kWsMoeTables,             // moe: device tables of expert weight pointers
@@ -37,6 +37,7 @@ enum WorkspaceSlot : int {
   kWsGemvArrivals,          // gemv: split-K arrival counters (zeroed: every call leaves them zero)
   kWsGreedyPartials,        // greedy_tokens: each slice's winner
   kWsGreedyArrivals,        // greedy_tokens: per-row arrival counters (zeroed: every call leaves them zero)
+  kWsIndexerHist,           // indexer_topk: per-row top-bits histograms (zeroed: every call leaves them zero)
 };
 
 // The storage of a cache from CudaOps::alloc_cache (layouts in attention/kv_cache.cuh).

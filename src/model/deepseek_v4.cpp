@@ -264,15 +264,29 @@ int64_t DeepseekV4::head(const HcHeadWeights& hc, const std::vector<float>& norm
   if (post_pending_) ops_.hc_post(act_.sub_out, act_.post, act_.comb, n, act_.X);
   post_pending_ = false;
   ops_.hc_head(act_.X, hc, n, act_.y);
+  // The rows that need logits, in batch order, as runs of y (first row, count).
+  head_runs_.clear();
   int64_t rows = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     if (!batch[i].logits && !batch[i].next_token) continue;
     const int64_t first = batch[i].logits && batch[i].all_rows ? 0 : batch[i].n - 1, count = batch[i].n - first;
-    ops_.copy(act_.y + (spans_[i].row0 + first) * D, size_t(count * D), act_.y_rows + rows * D);
+    head_runs_.push_back({spans_[i].row0 + first, count});
     rows += count;
   }
   if (rows == 0) return 0;
-  ops_.rms_norm(act_.y_rows, &norm, rows, D, act_.y_rows);
+  // One run (a decode step: every sequence's only row, in order) is normalised straight out of y; otherwise
+  // the runs are gathered into y_rows first. The copy would sit between two kernels every token.
+  const bool one_run = head_runs_.back().first + head_runs_.back().second - head_runs_.front().first == rows;
+  if (one_run) {
+    ops_.rms_norm(act_.y + head_runs_.front().first * D, &norm, rows, D, act_.y_rows);
+  } else {
+    int64_t row = 0;
+    for (const auto& [first, count] : head_runs_) {
+      ops_.copy(act_.y + first * D, size_t(count * D), act_.y_rows + row * D);
+      row += count;
+    }
+    ops_.rms_norm(act_.y_rows, &norm, rows, D, act_.y_rows);
+  }
   ops_.linear(act_.y_rows, D, model_.head, rows, act_.logits, c.vocab_size);
   return rows;
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "model/ops.h"
@@ -108,6 +109,7 @@ class DeepseekV4 {
   SequenceState state_;
   Activations act_;
   std::vector<Span> spans_;        // the current step's sequences
+  std::vector<std::pair<int64_t, int64_t>> head_runs_;  // head(): the rows that need logits, as (first, count) runs of y
   bool post_pending_ = false;      // sub_out holds a sub-block's output that is not mixed back into X yet
   std::vector<float> host_logits_;  // gathered logits rows of one step, before scattering
   std::vector<int32_t> host_tokens_;  // greedy ids of those rows

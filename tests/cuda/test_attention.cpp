@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <string>
 
@@ -247,7 +248,8 @@ struct IndexerCase {
   bool compact = false;  // keys in a compact FP4 cache, queries and keys Hadamard-FP4 simulated (reference)
 };
 
-void check_indexer(const IndexerCase& c) {
+// On `shared` when given (one CudaOps across calls: its workspaces carry over), else on a fresh CudaOps.
+void check_indexer(const IndexerCase& c, CudaOps* shared = nullptr) {
   SCOPED_TRACE(c.name + " seed " + std::to_string(seed()));
   std::mt19937_64 rng(case_seed(c.name));
   const int64_t nI = c.heads, dI = c.head_dim, visible_max = (c.pos0 + c.n) / c.ratio;
@@ -295,7 +297,9 @@ void check_indexer(const IndexerCase& c) {
   pc.selected = want.data();
   cpu.indexer_topk(pc);
 
-  CudaOps gpu(config);
+  std::unique_ptr<CudaOps> own;
+  if (!shared) own = std::make_unique<CudaOps>(config);
+  CudaOps& gpu = shared ? *shared : *own;
   IndexerParams pg = p;
   pg.q = to_device(gpu, q);
   pg.weights = to_device(gpu, weights);
@@ -363,6 +367,27 @@ TEST(CudaIndexer, CompactFp4Keys) {
       {"compact_v4_prefill_n33_pos2040", 64, 128, 4, 512, 33, 2040, Keys::kRandom, true},
   };
   for (const IndexerCase& c : cases) check_indexer(c);
+#endif
+}
+
+// The score kernel counts into histograms that the select kernel zeroes after reading, for the next call (no
+// memset between the calls' kernels): a sequence of calls on one CudaOps — prefill, decode, a row that selects
+// every visible entry (it reads no histogram but must still clear it), odd shapes, FP4 keys — must each select
+// what the CPU does.
+TEST(CudaIndexer, RepeatedCallsOnOneOps) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  const std::vector<IndexerCase> cases = {
+      {"seq_prefill_n33_pos2040", 64, 128, 4, 512, 33, 2040},
+      {"seq_decode_32k", 64, 128, 4, 512, 1, 32767},
+      {"seq_decode_all_visible", 64, 128, 4, 512, 1, 2047},
+      {"seq_decode_after_all_visible", 64, 128, 4, 512, 1, 8001},
+      {"seq_h5_d128_ratio128_n7", 5, 128, 128, 19, 7, 10000},
+      {"seq_compact_decode", 64, 128, 4, 512, 1, 4093, Keys::kRandom, true},
+      {"seq_h3_d64_n33", 3, 64, 4, 7, 33, 3000},
+  };
+  CudaOps gpu(attention_config(64));
+  for (const IndexerCase& c : cases) check_indexer(c, &gpu);
 #endif
 }
 

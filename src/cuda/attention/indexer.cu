@@ -46,14 +46,14 @@ struct ScoreParams {
   const float* keys;     // [*, head_dim] fp32 rows, or a compact kFp4Keys cache (key_layout.format)
   CacheLayout key_layout;
   uint32_t* score_keys;  // [rows, v_stride] order-preserving bits of each score
-  uint32_t* hist;        // [rows, kBins] counts of the score keys' top 11 bits (zeroed by the launcher)
+  uint32_t* hist;        // [rows, kBins] counts of the score keys' top 11 bits (zero on entry: select re-zeroes)
   int64_t pos0, ratio, v_stride;  // pos0: position of row 0
   int heads, head_dim;
 };
 
 struct SelectParams {
   const uint32_t* score_keys;  // [rows, v_stride]
-  const uint32_t* hist;        // [rows, kBins]
+  uint32_t* hist;              // [rows, kBins], left zero for the next call
   int32_t* selected;           // [rows, top_k]
   int64_t pos0, ratio, v_stride, top_k;
 };
@@ -71,11 +71,22 @@ __device__ __forceinline__ uint64_t composite(uint32_t key, int64_t e) {
 }
 __device__ __forceinline__ int32_t composite_index(uint64_t v) { return int32_t(~uint32_t(v)); }
 
-// grid (ceil(visible_max / 64), rows), kScoreThreads threads, dynamic smem heads · head_dim floats.
+// Staged key rows are key_stride4(d4) float4 apart: an odd count, so the 8 lanes of a quarter warp reading 16 bytes
+// of 8 consecutive rows hit distinct banks.
+__host__ __device__ constexpr int key_stride4(int d4) { return d4 % 2 == 0 ? d4 + 1 : d4; }
+size_t score_smem_bytes(int heads, int head_dim) {
+  const int d4 = head_dim / 4;
+  return size_t(heads * d4 + kScoreEntries * key_stride4(d4)) * sizeof(float4);
+}
+
+// grid (ceil(visible_max / 64), rows), kScoreThreads threads, dynamic smem score_smem_bytes(heads, head_dim).
+// The block's 64 keys are decoded into shared memory first, a warp reading consecutive channels of one row:
+// read in the dot loop (one lane per entry, each its own row) every key load gathered 32 rows, and a block
+// took ~25 µs however few entries it had (H200, the batch-1 trace).
 // Thread (entry el, head group g) runs the 8 dot products of its heads against key[e0 + el]; the head sum
 // then goes in order through shared memory.
 __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreParams p) {
-  extern __shared__ float4 q_s[];  // [heads][head_dim / 4]
+  extern __shared__ float4 score_smem[];  // q [heads][d4], then keys [kScoreEntries][key_stride4(d4)]
   __shared__ float w_s[kMaxIndexerHeads];
   __shared__ float term_s[kScoreEntries][kMaxIndexerHeads + 1];  // +1: conflict-free column access
   __shared__ uint32_t hist_s[kBins];
@@ -84,11 +95,22 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreParam
   const int64_t r = blockIdx.y, visible = (p.pos0 + r + 1) / p.ratio;
   const int64_t e0 = int64_t(blockIdx.x) * kScoreEntries;
   if (e0 >= visible) return;  // the whole block: rows before the batch's last see fewer entries
-  const int tid = threadIdx.x, d4 = p.head_dim / 4;
+  const int tid = threadIdx.x, d4 = p.head_dim / 4, ks4 = key_stride4(d4);
+  float4* q_s = score_smem;
+  float4* k_s = score_smem + p.heads * d4;
   const float4* q4 = reinterpret_cast<const float4*>(p.q + r * p.heads * p.head_dim);
   for (int x = tid; x < p.heads * d4; x += kScoreThreads) q_s[x] = q4[x];
   for (int h = tid; h < p.heads; h += kScoreThreads) w_s[h] = p.weights[r * p.heads + h];
   for (int b = tid; b < kBins; b += kScoreThreads) hist_s[b] = 0;
+  const int n_keys = int(visible - e0 < kScoreEntries ? visible - e0 : kScoreEntries);
+  const bool compact = p.key_layout.format == CacheFormat::kFp4Keys;
+  for (int x = tid; x < n_keys * d4; x += kScoreThreads) {
+    const int el = x / d4, j4 = x % d4;
+    const int64_t e = e0 + el;
+    k_s[el * ks4 + j4] = compact ? load_fp4key4(reinterpret_cast<const uint8_t*>(p.keys) + e * p.key_layout.row_bytes,
+                                                4 * j4, p.key_layout)
+                                 : __ldg(reinterpret_cast<const float4*>(p.keys + e * p.head_dim) + j4);
+  }
   __syncthreads();
 
   // A warp = 32 entries of one head group: q reads are broadcasts.
@@ -98,11 +120,10 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreParam
 #pragma unroll
   for (int hh = 0; hh < kHeadsPerThread; ++hh) dot[hh] = 0.0f;
   if (e < visible) {
-    const bool compact = p.key_layout.format == CacheFormat::kFp4Keys;
-    const float4* key = reinterpret_cast<const float4*>(p.keys + e * p.head_dim);
-    const uint8_t* key_row = reinterpret_cast<const uint8_t*>(p.keys) + e * p.key_layout.row_bytes;
+    const float4* key = k_s + el * ks4;
+#pragma unroll 4
     for (int j4 = 0; j4 < d4; ++j4) {
-      const float4 k = compact ? load_fp4key4(key_row, 4 * j4, p.key_layout) : __ldg(key + j4);
+      const float4 k = key[j4];
 #pragma unroll
       for (int hh = 0; hh < kHeadsPerThread; ++hh) {
         const int h = group * kHeadsPerThread + hh;
@@ -195,7 +216,10 @@ __global__ void __launch_bounds__(kSelectThreads) indexer_select_kernel(SelectPa
   const int64_t k = p.top_k < visible ? p.top_k : visible;
   const uint32_t* row = p.score_keys + r * p.v_stride;
   if (tid == 0) nsel_s = ncand_s = 0;
-  for (int b = tid; b < kBins; b += kSelectThreads) hist_s[b] = k < visible ? p.hist[r * kBins + b] : 0u;
+  for (int b = tid; b < kBins; b += kSelectThreads) {
+    hist_s[b] = k < visible ? p.hist[r * kBins + b] : 0u;
+    p.hist[r * kBins + b] = 0;  // zero for the next call's score kernel: no memset (and no break in PDL) before it
+  }
   __syncthreads();
 
   if (k == visible) {  // every visible entry is selected (also k = 0)
@@ -309,7 +333,7 @@ void CudaOps::indexer_topk(const IndexerParams& p) {
 
   static const bool smem_opted_in = [] {
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(kMaxIndexerHeads * kMaxIndexerHeadDim * sizeof(float))));
+                                         int(score_smem_bytes(kMaxIndexerHeads, kMaxIndexerHeadDim))));
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(kCandidates * sizeof(uint64_t))));
     return true;
@@ -317,24 +341,23 @@ void CudaOps::indexer_topk(const IndexerParams& p) {
   (void)smem_opted_in;
 
   const bool pdl = props_.major >= 9;
-  // Rows go in batches whose score keys fit a fixed budget, so the workspace is sized once.
+  // Rows go in batches whose score keys and histograms fit a fixed budget, so the workspaces are sized once.
   const int64_t v_stride = std::max<int64_t>(1, (p.pos0 + p.n) / p.ratio);  // the last row sees the most
   const size_t row_bytes = size_t(v_stride + kBins) * sizeof(uint32_t);
   const size_t budget = std::max(kScoreBudgetBytes, row_bytes);
   const int64_t batch = std::min<int64_t>({p.n, int64_t(budget / row_bytes), 65535});
   auto* score_keys = static_cast<uint32_t*>(workspace(kWsIndexerScores, budget));
-  uint32_t* hist = score_keys + batch * v_stride;
+  auto* hist = static_cast<uint32_t*>(workspace(kWsIndexerHist, size_t(batch * kBins) * sizeof(uint32_t), /*zeroed=*/true));
 
   for (int64_t row0 = 0; row0 < p.n; row0 += batch) {
     const int64_t rows = std::min(batch, p.n - row0), pos0 = p.pos0 + row0;
     const int64_t visible_max = (pos0 + rows) / p.ratio;
     if (visible_max > 0) {
-      DSV4_CUDA_CHECK(cudaMemsetAsync(hist, 0, size_t(rows * kBins) * sizeof(uint32_t), stream_));
       ScoreParams s{p.q + row0 * p.heads * p.head_dim, p.weights + row0 * p.heads, p.keys,
                     key_layout ? *key_layout : CacheLayout{}, score_keys, hist, pos0, p.ratio, v_stride,
                     int(p.heads), int(p.head_dim)};
       const dim3 grid(unsigned(ceil_div(visible_max, kScoreEntries)), unsigned(rows));
-      const size_t smem = size_t(p.heads * p.head_dim) * sizeof(float);
+      const size_t smem = score_smem_bytes(int(p.heads), int(p.head_dim));
       launch_pdl(indexer_score_kernel, grid, dim3(kScoreThreads), smem, stream_, pdl, s);
     }
     SelectParams sel{score_keys, hist, p.selected + row0 * p.top_k, pos0, p.ratio, v_stride, p.top_k};
