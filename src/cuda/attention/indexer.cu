@@ -27,10 +27,14 @@ namespace dsv4 {
 namespace cuda {
 namespace {
 
-constexpr int kScoreEntries = 64;                            // entries per score block
-constexpr int kHeadsPerThread = 8;                           // 8 independent dot chains per thread
-constexpr int kMaxIndexerHeads = 64;                         // 8 head groups of 8
-constexpr int kScoreThreads = kScoreEntries * kMaxIndexerHeads / kHeadsPerThread;
+constexpr int kMaxIndexerHeads = 64;
+constexpr int kMaxScoreThreads = 1024;
+// The score kernel's shapes: H heads per thread (H independent dot chains), up to max_entries(H) entries per
+// block (kMaxIndexerHeads / H head groups per entry). Decode rows: H = 2 and 8–32 entries, small blocks over
+// every SM; prefill batches: H = 8 and 64 entries, so that each block's staged q serves more work.
+constexpr int max_entries(int H) { return H == 8 ? 64 : kMaxScoreThreads * H / kMaxIndexerHeads; }
+constexpr int kPrefillHeads = 8, kDecodeHeads = 2;
+constexpr int64_t kDecodeMaxRows = 4;                        // rows of a launch batch that take the decode shape
 constexpr int kMaxIndexerHeadDim = 256;                      // q of all heads in shared memory: ≤ 64 KiB
 constexpr int kBins = 2048;                                  // 11-bit radix digits
 constexpr int kTopBitsShift = 32 - 11;                       // the score kernel's digit: key bits 31..21
@@ -49,6 +53,7 @@ struct ScoreParams {
   uint32_t* hist;        // [rows, kBins] counts of the score keys' top 11 bits (zero on entry: select re-zeroes)
   int64_t pos0, ratio, v_stride;  // pos0: position of row 0
   int heads, head_dim;
+  int entries;           // entries per block, ≤ max_entries(H)
 };
 
 struct SelectParams {
@@ -74,37 +79,40 @@ __device__ __forceinline__ int32_t composite_index(uint64_t v) { return int32_t(
 // Staged key rows are key_stride4(d4) float4 apart: an odd count, so the 8 lanes of a quarter warp reading 16 bytes
 // of 8 consecutive rows hit distinct banks.
 __host__ __device__ constexpr int key_stride4(int d4) { return d4 % 2 == 0 ? d4 + 1 : d4; }
-size_t score_smem_bytes(int heads, int head_dim) {
+size_t score_smem_bytes(int heads, int head_dim, int entries) {
   const int d4 = head_dim / 4;
-  return size_t(heads * d4 + kScoreEntries * key_stride4(d4)) * sizeof(float4);
+  return size_t(heads * d4 + entries * key_stride4(d4)) * sizeof(float4);
 }
 
-// grid (ceil(visible_max / 64), rows), kScoreThreads threads, dynamic smem score_smem_bytes(heads, head_dim).
-// The block's 64 keys are decoded into shared memory first, a warp reading consecutive channels of one row:
-// read in the dot loop (one lane per entry, each its own row) every key load gathered 32 rows, and a block
-// took ~25 µs however few entries it had (H200, the batch-1 trace).
-// Thread (entry el, head group g) runs the 8 dot products of its heads against key[e0 + el]; the head sum
-// then goes in order through shared memory.
-__global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreParams p) {
-  extern __shared__ float4 score_smem[];  // q [heads][d4], then keys [kScoreEntries][key_stride4(d4)]
+// grid (ceil(visible_max / entries), rows), entries · ceil(heads / H) threads, dynamic smem score_smem_bytes.
+// Thread (entry el, head group g) runs the dot products of its H heads against key[e0 + el]; the head sum then
+// goes in order through shared memory. The block's keys are decoded into shared memory first, a warp reading
+// consecutive channels of one row. At decode blocks are small (entries chosen per call so that the grid spans
+// the SMs): the work per thread is a serial chain (the CPU's order), and a few large blocks — 64 entries × 8
+// heads per thread, 16 SMs busy at context 4096 — took ~20 µs however few entries there were (H200, ncu).
+template <int H>
+__global__ void __launch_bounds__(kMaxScoreThreads) indexer_score_kernel(ScoreParams p) {
+  constexpr int kHeadsPerThread = H;
+  extern __shared__ float4 score_smem[];  // q [heads][d4], then keys [entries][key_stride4(d4)]
   __shared__ float w_s[kMaxIndexerHeads];
-  __shared__ float term_s[kScoreEntries][kMaxIndexerHeads + 1];  // +1: conflict-free column access
+  __shared__ float term_s[max_entries(H)][kMaxIndexerHeads + 1];  // +1: conflict-free column access
   __shared__ uint32_t hist_s[kBins];
   pdl_wait();
 
+  const int entries = p.entries, threads = int(blockDim.x);
   const int64_t r = blockIdx.y, visible = (p.pos0 + r + 1) / p.ratio;
-  const int64_t e0 = int64_t(blockIdx.x) * kScoreEntries;
+  const int64_t e0 = int64_t(blockIdx.x) * entries;
   if (e0 >= visible) return;  // the whole block: rows before the batch's last see fewer entries
   const int tid = threadIdx.x, d4 = p.head_dim / 4, ks4 = key_stride4(d4);
   float4* q_s = score_smem;
   float4* k_s = score_smem + p.heads * d4;
   const float4* q4 = reinterpret_cast<const float4*>(p.q + r * p.heads * p.head_dim);
-  for (int x = tid; x < p.heads * d4; x += kScoreThreads) q_s[x] = q4[x];
-  for (int h = tid; h < p.heads; h += kScoreThreads) w_s[h] = p.weights[r * p.heads + h];
-  for (int b = tid; b < kBins; b += kScoreThreads) hist_s[b] = 0;
-  const int n_keys = int(visible - e0 < kScoreEntries ? visible - e0 : kScoreEntries);
+  for (int x = tid; x < p.heads * d4; x += threads) q_s[x] = q4[x];
+  for (int h = tid; h < p.heads; h += threads) w_s[h] = p.weights[r * p.heads + h];
+  for (int b = tid; b < kBins; b += threads) hist_s[b] = 0;
+  const int n_keys = int(visible - e0 < entries ? visible - e0 : entries);
   const bool compact = p.key_layout.format == CacheFormat::kFp4Keys;
-  for (int x = tid; x < n_keys * d4; x += kScoreThreads) {
+  for (int x = tid; x < n_keys * d4; x += threads) {
     const int el = x / d4, j4 = x % d4;
     const int64_t e = e0 + el;
     k_s[el * ks4 + j4] = compact ? load_fp4key4(reinterpret_cast<const uint8_t*>(p.keys) + e * p.key_layout.row_bytes,
@@ -113,22 +121,24 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreParam
   }
   __syncthreads();
 
-  // A warp = 32 entries of one head group: q reads are broadcasts.
-  const int el = tid % kScoreEntries, group = tid / kScoreEntries;
+  // The 8 lanes of a quarter warp = 8 entries of one head group: q reads are broadcasts, key rows odd-strided.
+  const int el = tid % entries, group = tid / entries;
   const int64_t e = e0 + el;
   float dot[kHeadsPerThread];
 #pragma unroll
   for (int hh = 0; hh < kHeadsPerThread; ++hh) dot[hh] = 0.0f;
   if (e < visible) {
     const float4* key = k_s + el * ks4;
+    const float4* q_h[kHeadsPerThread];
+#pragma unroll
+    for (int hh = 0; hh < kHeadsPerThread; ++hh) q_h[hh] = q_s + (group * kHeadsPerThread + hh) * d4;
 #pragma unroll 4
     for (int j4 = 0; j4 < d4; ++j4) {
       const float4 k = key[j4];
 #pragma unroll
       for (int hh = 0; hh < kHeadsPerThread; ++hh) {
-        const int h = group * kHeadsPerThread + hh;
-        if (h < p.heads) {
-          const float4 q = q_s[h * d4 + j4];
+        if (group * kHeadsPerThread + hh < p.heads) {
+          const float4 q = q_h[hh][j4];
           dot[hh] = __fadd_rn(dot[hh], __fmul_rn(q.x, k.x));
           dot[hh] = __fadd_rn(dot[hh], __fmul_rn(q.y, k.y));
           dot[hh] = __fadd_rn(dot[hh], __fmul_rn(q.z, k.z));
@@ -144,7 +154,7 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreParam
     if (h < p.heads) term_s[el][h] = __fmul_rn(w_s[h], dot[hh] < 0.0f ? 0.0f : dot[hh]);
   }
   __syncthreads();
-  if (tid < kScoreEntries && e0 + tid < visible) {
+  if (tid < entries && e0 + tid < visible) {
     float total = 0.0f;
     for (int h = 0; h < p.heads; ++h) total = __fadd_rn(total, term_s[tid][h]);
     const uint32_t key = order_key(total);
@@ -152,7 +162,7 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreParam
     atomicAdd(&hist_s[key >> kTopBitsShift], 1u);
   }
   __syncthreads();
-  for (int b = tid; b < kBins; b += kScoreThreads)
+  for (int b = tid; b < kBins; b += threads)
     if (hist_s[b]) atomicAdd(&p.hist[r * kBins + b], hist_s[b]);
 }
 
@@ -332,8 +342,10 @@ void CudaOps::indexer_topk(const IndexerParams& p) {
   if (p.n == 0 || p.top_k == 0) return;
 
   static const bool smem_opted_in = [] {
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(score_smem_bytes(kMaxIndexerHeads, kMaxIndexerHeadDim))));
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_score_kernel<kDecodeHeads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(score_smem_bytes(kMaxIndexerHeads, kMaxIndexerHeadDim, max_entries(kDecodeHeads)))));
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_score_kernel<kPrefillHeads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(score_smem_bytes(kMaxIndexerHeads, kMaxIndexerHeadDim, max_entries(kPrefillHeads)))));
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(kCandidates * sizeof(uint64_t))));
     return true;
@@ -353,12 +365,22 @@ void CudaOps::indexer_topk(const IndexerParams& p) {
     const int64_t rows = std::min(batch, p.n - row0), pos0 = p.pos0 + row0;
     const int64_t visible_max = (pos0 + rows) / p.ratio;
     if (visible_max > 0) {
+      const bool decode = rows <= kDecodeMaxRows;
+      const int H = decode ? kDecodeHeads : kPrefillHeads;
+      int entries = max_entries(H);
+      if (decode) {  // the fewest entries per block that keep the grid within two blocks per SM
+        entries = 8;
+        while (entries < max_entries(H) && ceil_div(visible_max, int64_t(entries)) * rows > 2 * props_.multiProcessorCount)
+          entries *= 2;
+      }
       ScoreParams s{p.q + row0 * p.heads * p.head_dim, p.weights + row0 * p.heads, p.keys,
                     key_layout ? *key_layout : CacheLayout{}, score_keys, hist, pos0, p.ratio, v_stride,
-                    int(p.heads), int(p.head_dim)};
-      const dim3 grid(unsigned(ceil_div(visible_max, kScoreEntries)), unsigned(rows));
-      const size_t smem = score_smem_bytes(int(p.heads), int(p.head_dim));
-      launch_pdl(indexer_score_kernel, grid, dim3(kScoreThreads), smem, stream_, pdl, s);
+                    int(p.heads), int(p.head_dim), entries};
+      const dim3 grid(unsigned(ceil_div(visible_max, int64_t(entries))), unsigned(rows));
+      const dim3 threads(unsigned(entries * ceil_div(p.heads, int64_t(H))));
+      const size_t smem = score_smem_bytes(int(p.heads), int(p.head_dim), entries);
+      if (decode) launch_pdl(indexer_score_kernel<kDecodeHeads>, grid, threads, smem, stream_, pdl, s);
+      else launch_pdl(indexer_score_kernel<kPrefillHeads>, grid, threads, smem, stream_, pdl, s);
     }
     SelectParams sel{score_keys, hist, p.selected + row0 * p.top_k, pos0, p.ratio, v_stride, p.top_k};
     launch_pdl(indexer_select_kernel, dim3(unsigned(rows)), dim3(kSelectThreads), kCandidates * sizeof(uint64_t),
