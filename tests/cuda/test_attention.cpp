@@ -335,6 +335,7 @@ TEST(CudaIndexer, OddSizes) {
       {"h3_d64_k7_n33_pos3000", 3, 64, 4, 7, 33, 3000},
       {"h5_d128_ratio128_k19_n7_pos10000", 5, 128, 128, 19, 7, 10000},
       {"h17_d20_k100_n5_pos390", 17, 20, 4, 100, 5, 390},  // visible 97 .. 98 < top_k: all, sorted
+      {"h4_d32_k1500_n2_pos7000", 4, 32, 4, 1500, 2, 7000},  // more winners than select's threads: shared sort
   };
   for (const IndexerCase& c : cases) check_indexer(c);
 #endif

@@ -299,6 +299,29 @@ __global__ void __launch_bounds__(kSelectThreads) indexer_select_kernel(SelectPa
   // Bitonic sort of the k winners, descending; zero padding (below every real composite) sorts last.
   int sorted = 1;
   while (sorted < k) sorted <<= 1;
+  int32_t* out = p.selected + r * p.top_k;
+  if (sorted <= kSelectThreads) {  // one element per thread, in a register
+    uint64_t v = tid < k ? sel_s[tid] : 0u;
+    for (int size = 2; size <= sorted; size <<= 1)
+      for (int stride = size / 2; stride > 0; stride >>= 1) {
+        // Partner tid ^ stride (in the same block of `size`); the lower index of the pair keeps the larger
+        // value in a descending block, the smaller in an ascending one.
+        uint64_t other;
+        if (stride >= 32) {  // across warps: through shared memory, two barriers
+          __syncthreads();  // the previous stage's reads are done
+          sel_s[tid] = v;
+          __syncthreads();
+          other = sel_s[tid ^ stride];
+        } else {  // within the warp: a shuffle, no barrier (the network's first 15 stages and 5 of each later size)
+          other = __shfl_xor_sync(0xffffffffu, v, stride);
+        }
+        const bool keep_larger = ((tid & stride) == 0) == ((tid & size) == 0);
+        v = keep_larger ? (v > other ? v : other) : (v < other ? v : other);
+      }
+    if (tid < k) out[tid] = composite_index(v);
+    for (int64_t j = k + tid; j < p.top_k; j += kSelectThreads) out[j] = -1;
+    return;
+  }
   for (int64_t x = k + tid; x < sorted; x += kSelectThreads) sel_s[x] = 0;
   __syncthreads();
   for (int size = 2; size <= sorted; size <<= 1)
@@ -314,7 +337,6 @@ __global__ void __launch_bounds__(kSelectThreads) indexer_select_kernel(SelectPa
       }
       __syncthreads();
     }
-  int32_t* out = p.selected + r * p.top_k;
   for (int64_t j = tid; j < p.top_k; j += kSelectThreads) out[j] = j < k ? composite_index(sel_s[j]) : -1;
 }
 
