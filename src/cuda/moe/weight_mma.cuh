@@ -97,29 +97,42 @@ __device__ __forceinline__ float row_abs_max_part(const float* __restrict__ row,
 
 // One staged row (stride mma_stride16<F>(cols) uint4) written by thread `rank` of `size`: one uint4 per (group,
 // MMA, lane), {hi(a,b), hi(c,d), lo(a,b), lo(c,d)} of x·2^sh; zeros for row == nullptr and past `cols`.
+// A slot's four columns are four consecutive elements (FP4 in the order 0, 2, 1, 3: mma_columns): one 16-byte
+// load where the row allows. x·2^sh is two exact multiplies, 2^min(sh, 127) then the rest (sh ≥ −113, from
+// staging_shift): the value ldexpf gives, without its range handling — the staging is a per-warp serial
+// prologue of expert_down's decode kernel, before its first weight load.
 template <WFormat F>
 __device__ void stage_row_fragments(const float* __restrict__ row, int64_t cols, int sh, uint4* xs_row, int rank,
                                     int size) {
   const int64_t stride = mma_stride16<F>(cols);
   const int64_t slots = (cols + kGroupCols<F> - 1) / kGroupCols<F> * kMmasPerChunk<F> * 4;
+  const float s1 = __int_as_float((min(sh, 127) + 127) << 23), s2 = __int_as_float((max(sh - 127, 0) + 127) << 23);
+  const bool vec = cols % 4 == 0 && reinterpret_cast<uintptr_t>(row) % 16 == 0;
   for (int64_t s = rank; s < stride; s += size) {  // the row is in L1 since the max pass
     uint4 v = make_uint4(0, 0, 0, 0);
     if (row && s < slots) {
       const int64_t g = s / (kMmasPerChunk<F> * 4);
       const int j = int(s / 4 % kMmasPerChunk<F>), c = int(s % 4);
-      const int64_t base = g * kGroupCols<F> + int64_t(c) * kChunkElems<F>;
       int col[4];
       mma_columns<F>(j, col);
-      __half hi[4], lo[4];
+      const int64_t k0 = g * kGroupCols<F> + int64_t(c) * kChunkElems<F> + col[0];  // col[0] is the smallest
+      float x[4];  // the four consecutive elements k0 .. k0 + 3
+      if (vec && k0 + 3 < cols) {
+        const float4 q = *reinterpret_cast<const float4*>(row + k0);
+        x[0] = q.x; x[1] = q.y; x[2] = q.z; x[3] = q.w;
+      } else {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t k = base + col[e];
-        const float x = k < cols ? ldexpf(row[k], sh) : 0.0f;
-        hi[e] = __float2half_rn(x);
-        lo[e] = __float2half_rn(x - __half2float(hi[e]));
+        for (int e = 0; e < 4; ++e) x[e] = k0 + e < cols ? row[k0 + e] : 0.0f;
       }
-      v = make_uint4(pack_half2(hi[0], hi[1]), pack_half2(hi[2], hi[3]), pack_half2(lo[0], lo[1]),
-                     pack_half2(lo[2], lo[3]));
+      float xs[4];  // in fragment order, scaled
+#pragma unroll
+      for (int e = 0; e < 4; ++e) xs[e] = x[col[e] - col[0]] * s1 * s2;
+      const __half2 hi01 = __floats2half2_rn(xs[0], xs[1]), hi23 = __floats2half2_rn(xs[2], xs[3]);
+      const float2 h01 = __half22float2(hi01), h23 = __half22float2(hi23);
+      const __half2 lo01 = __floats2half2_rn(xs[0] - h01.x, xs[1] - h01.y);
+      const __half2 lo23 = __floats2half2_rn(xs[2] - h23.x, xs[3] - h23.y);
+      v = make_uint4(*reinterpret_cast<const uint32_t*>(&hi01), *reinterpret_cast<const uint32_t*>(&hi23),
+                     *reinterpret_cast<const uint32_t*>(&lo01), *reinterpret_cast<const uint32_t*>(&lo23));
     }
     xs_row[s] = v;
   }
