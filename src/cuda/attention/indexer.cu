@@ -32,7 +32,7 @@ constexpr int kMaxScoreThreads = 1024;
 // The score kernel's shapes: H heads per thread (H independent dot chains), up to max_entries(H) entries per
 // block (kMaxIndexerHeads / H head groups per entry). Decode rows: H = 2 and 8–32 entries, small blocks over
 // every SM; prefill batches: H = 8 and 64 entries, so that each block's staged q serves more work.
-constexpr int max_entries(int H) { return H == 8 ? 64 : kMaxScoreThreads * H / kMaxIndexerHeads; }
+constexpr int max_entries(int H) { return std::min(64, kMaxScoreThreads * H / kMaxIndexerHeads); }
 constexpr int kPrefillHeads = 8, kDecodeHeads = 2;
 constexpr int64_t kDecodeMaxRows = 4;                        // rows of a launch batch that take the decode shape
 constexpr int kMaxIndexerHeadDim = 256;                      // q of all heads in shared memory: ≤ 64 KiB
@@ -84,18 +84,17 @@ size_t score_smem_bytes(int heads, int head_dim, int entries) {
   return size_t(heads * d4 + entries * key_stride4(d4)) * sizeof(float4);
 }
 
-// grid (ceil(visible_max / entries), rows), entries · ceil(heads / H) threads, dynamic smem score_smem_bytes.
-// Thread (entry el, head group g) runs the dot products of its H heads against key[e0 + el]; the head sum then
-// goes in order through shared memory. The block's keys are decoded into shared memory first, a warp reading
-// consecutive channels of one row. At decode blocks are small (entries chosen per call so that the grid spans
+// grid (ceil(visible_max / entries), rows), entries · ceil(heads / kHeadsPerThread) threads, dynamic smem
+// score_smem_bytes. Thread (entry el, head group g) runs the dot products of its kHeadsPerThread heads against
+// key[e0 + el]; the head sum then goes in order through shared memory. The block's keys are decoded into shared
+// memory first, a warp reading consecutive channels of one row. At decode blocks are small (entries chosen per call so that the grid spans
 // the SMs): the work per thread is a serial chain (the CPU's order), and a few large blocks — 64 entries × 8
 // heads per thread, 16 SMs busy at context 4096 — took ~20 µs however few entries there were (H200, ncu).
-template <int H>
+template <int kHeadsPerThread>
 __global__ void __launch_bounds__(kMaxScoreThreads) indexer_score_kernel(ScoreParams p) {
-  constexpr int kHeadsPerThread = H;
   extern __shared__ float4 score_smem[];  // q [heads][d4], then keys [entries][key_stride4(d4)]
   __shared__ float w_s[kMaxIndexerHeads];
-  __shared__ float term_s[max_entries(H)][kMaxIndexerHeads + 1];  // +1: conflict-free column access
+  __shared__ float term_s[max_entries(kHeadsPerThread)][kMaxIndexerHeads + 1];  // +1: conflict-free column access
   __shared__ uint32_t hist_s[kBins];
   pdl_wait();
 
