@@ -122,8 +122,6 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
   __shared__ const uint8_t* rows_s[kTileKeys];
   __shared__ float m_s[kHeadsPerBlock], l_s[kHeadsPerBlock], alpha_s[kHeadsPerBlock];
   __shared__ float2 rot_s[kMaxHeadDim / 2];  // the output's derotation (splits == 1)
-  pdl_wait();
-
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int head0 = blockIdx.x * kHeadsPerBlock, split = blockIdx.y;
   const int64_t i = blockIdx.z, t = p.pos0 + i;
@@ -132,6 +130,10 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
   const int64_t total = nw + compressed_keys(p.entries != nullptr, p.selected != nullptr, p.top_k, p.ratio, t);
   const int64_t begin = int64_t(split) * p.keys_per_split;
   const int64_t end = total < begin + p.keys_per_split ? total : begin + p.keys_per_split;
+  // Before waiting for the predecessor, what does not depend on it: the derotation's fp64 sin/cos (published
+  // by the key loop's barriers).
+  if (p.splits == 1) derotation_table(p, i, rot_s);
+  pdl_wait();
 
   const float4* q4 = reinterpret_cast<const float4*>(p.q + (i * p.heads + head0) * p.head_dim);
   for (int x = tid; x < kHeadsPerBlock * d4; x += kAttnThreads) {
@@ -143,7 +145,6 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
     m_s[tid] = -INFINITY;
     l_s[tid] = 0.0f;
   }
-  if (p.splits == 1) derotation_table(p, i, rot_s);  // published by the key loop's barriers
 
   // QK roles: 8-thread group (hq, kq) computes heads 4hq..4hq+3 × keys 4kq..4kq+3, thread `slice` of the
   // group takes float4 columns slice, slice + 8, ... (8 consecutive float4 per access: no bank conflicts).
@@ -302,10 +303,14 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(AttnKerne
   __shared__ float4 group_s[kCombineGroups - 1][kMaxHeadDim / 4];
   __shared__ float red_s[kCombineThreads / 32];
   __shared__ float2 rot_s[kMaxHeadDim / 2];  // the output's derotation
-  pdl_wait();
   const int h = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, d4 = p.head_dim / 4;
   const int f = tid % (kMaxHeadDim / 4), g = tid / (kMaxHeadDim / 4);
   const int64_t i = blockIdx.y;
+  // What does not depend on the predecessor, before waiting for it: the sink (a weight: an HBM round trip at
+  // decode) and the derotation's fp64 sin/cos (published by the reductions' barriers).
+  const float sink = p.sinks[h];
+  derotation_table(p, i, rot_s);
+  pdl_wait();
   const bool column = f < d4;
   const int64_t stride = int64_t(p.heads) * d4;  // between splits, in float4
   const float4* o_col = p.part_o + (i * p.splits * p.heads + h) * d4 + f;
@@ -316,9 +321,7 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(AttnKerne
     const int s = g + kCombineGroups * k;
     v[k] = column && s < p.splits ? o_col[s * stride] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  const float sink = p.sinks[h];
   const float2 part = tid < p.splits ? p.part_ml[(i * p.splits + tid) * p.heads + h] : make_float2(-INFINITY, 0.0f);
-  derotation_table(p, i, rot_s);  // while the loads fly; published by the reductions' barriers
 
   const auto block_reduce = [&](float x, bool is_max) {
     x = is_max ? warp_max(x) : warp_sum(x);

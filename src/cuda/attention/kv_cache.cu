@@ -115,10 +115,11 @@ struct KvFinishParams {
 // kv_finish into a compact FP8 ring, one block per row: norm and RoPE in shared memory (norm_rope_row), then
 // the block's warps store the row's 64-channel blocks and its rope channels.
 __global__ void __launch_bounds__(kNormRopeThreads) kv_finish_kernel(KvFinishParams p) {
-  pdl_wait();
   extern __shared__ float row_s[];  // [dim]
   const int64_t i = p.first + blockIdx.x;
-  norm_rope_row(p.norm, p.kv + i * p.norm.dim, p.pos0 + i, row_s, nullptr);
+  const NormRopeRowConsts consts = norm_rope_row_consts(p.norm, p.pos0 + i);
+  pdl_wait();
+  norm_rope_row(p.norm, consts, p.kv + i * p.norm.dim, p.pos0 + i, row_s, nullptr);
   __syncthreads();
   uint8_t* row = p.ring + (p.pos0 + i) % p.slots * p.layout.row_bytes;
   for (int b = int(threadIdx.x / 32); b < store_items_per_row(p.layout); b += kNormRopeThreads / 32)

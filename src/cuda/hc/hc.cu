@@ -184,14 +184,25 @@ __device__ __forceinline__ void barrier_sync(int id, int threads) {
 // grid has one block per token (kSlices slices cover D) and the block also writes the RMSNorm.
 template <int N, int kSlices>
 __global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParams p) {
-  cuda::pdl_wait();
   __shared__ double chunk_sums[kCollapseWarps][32];
   __shared__ float pre[kMaxHc];
   __shared__ float warp_sumsq[kCollapseWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = blockIdx.y;
+  const int hh = p.hc * p.hc;
 
   if (warp == kCollapseWarps) {  // the coefficient warp
+    // The affine maps' constants before the wait: weights, an HBM round trip each at decode, which would
+    // otherwise sit on the step's path (twice: before pre, and before the Sinkhorn).
+    const float scale_pre = p.scale[0], base_pre = lane < p.hc ? p.base[lane] : 0.0f;
+    float scale_post = 0.0f, scale_comb = 0.0f, base_post = 0.0f, base_comb = 0.0f;
+    if (p.post) {
+      scale_post = p.scale[1];
+      scale_comb = p.scale[2];
+      if (lane < p.hc) base_post = p.base[p.hc + lane];
+      if (lane < hh) base_comb = p.base[2 * p.hc + lane];
+    }
+    cuda::pdl_wait();
     barrier_sync(kBarrierSums, kFinishThreads);  // the collapse warps' chunk sums
     double total = 0.0;
     for (int w = 0; w < kCollapseWarps; ++w) total += chunk_sums[w][lane];
@@ -199,36 +210,26 @@ __global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParam
     const double sumsq = __shfl_sync(0xffffffffu, total, p.M);
     const float rinv = float(1.0 / sqrt(sumsq / double(int64_t(p.hc) * p.D) + p.norm_eps));
     const float m = __fmul_rn(float(total), rinv);  // lane i < M: mixing logit i before its affine map
-    if (lane < p.hc) pre[lane] = sigmoid(affine(m, p.scale[0], p.base[lane])) + p.hc_eps;
+    if (lane < p.hc) pre[lane] = sigmoid(affine(m, scale_pre, base_pre)) + p.hc_eps;
     barrier_sync(kBarrierPre, kFinishThreads);  // the collapse warps are waiting there already
     if (!p.post) return;
     // Lane j < hc needs logit hc + j; lane l < hc² needs logit 2·hc + l.
     const float m_post = __shfl_sync(0xffffffffu, m, (p.hc + lane) % 32);
     const float m_comb = __shfl_sync(0xffffffffu, m, (2 * p.hc + lane) % 32);
-    const int hh = p.hc * p.hc;
-    const float logit = lane < hh ? affine(m_comb, p.scale[2], p.base[2 * p.hc + lane]) : 0.0f;
+    const float logit = lane < hh ? affine(m_comb, scale_comb, base_comb) : 0.0f;
     const float c = sinkhorn_entry(logit, p.hc, p.sinkhorn_iters, p.hc_eps);
     if (blockIdx.x == 0) {
-      if (lane < p.hc) p.post[t * p.hc + lane] = 2.0f * sigmoid(affine(m_post, p.scale[1], p.base[p.hc + lane]));
+      if (lane < p.hc) p.post[t * p.hc + lane] = 2.0f * sigmoid(affine(m_post, scale_post, base_post));
       if (lane < hh) p.comb[t * hh + lane] = c;
     }
     return;
   }
 
-  // The collapse warps. This thread's columns of the streams, loaded now: the loads overlap the chunk sums
-  // and the coefficient warp's work.
+  // The collapse warps. hc_pre_norm's γ first, before the wait (a weight) — but for the widest rows (V4-Pro),
+  // where the streams alone take 128 registers of the 224 that 288 threads leave each: there it is loaded at use.
   int64_t c[kSlices];
 #pragma unroll
   for (int s = 0; s < kSlices; ++s) c[s] = ((int64_t(blockIdx.x) * kSlices + s) * kCollapseThreads + threadIdx.x) * N;
-  const float* Xt = p.X + t * p.hc * p.D;
-  Pack<N> streams[kSlices][kMaxHc];
-#pragma unroll
-  for (int s = 0; s < kSlices; ++s)
-#pragma unroll
-    for (int j = 0; j < kMaxHc; ++j)
-      if (j < p.hc && c[s] < p.D) streams[s][j] = cuda::load_pack<N>(Xt + j * p.D + c[s]);
-  // hc_pre_norm's γ, also in flight before the coefficient work — but for the widest rows (V4-Pro), where the
-  // streams alone take 128 registers of the 224 that 288 threads leave each: there it is loaded at use.
   constexpr bool kPrefetchGain = kSlices <= 4;
   Pack<N> gain[kSlices];
   if (kPrefetchGain && p.xn) {
@@ -236,6 +237,16 @@ __global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParam
     for (int s = 0; s < kSlices; ++s)
       if (c[s] < p.D) gain[s] = cuda::load_pack<N>(p.gamma + c[s]);
   }
+  cuda::pdl_wait();
+  // This thread's columns of the streams, loaded now: the loads overlap the chunk sums and the coefficient
+  // warp's work.
+  const float* Xt = p.X + t * p.hc * p.D;
+  Pack<N> streams[kSlices][kMaxHc];
+#pragma unroll
+  for (int s = 0; s < kSlices; ++s)
+#pragma unroll
+    for (int j = 0; j < kMaxHc; ++j)
+      if (j < p.hc && c[s] < p.D) streams[s][j] = cuda::load_pack<N>(Xt + j * p.D + c[s]);
 
   // Value `lane` (rows 0..M−1 of fn·v, then Σ v² at M) summed over the chunks: warp w takes chunks w, w + 8, ...
   double s = 0.0;

@@ -60,6 +60,12 @@ __global__ void __launch_bounds__(kLogitsWarps * 32) router_logits_kernel(Router
   extern __shared__ float4 smem_logits[];
   float* xs = reinterpret_cast<float*>(smem_logits);
   __shared__ float partials[kLogitsWarps * kGateRowsPerBlock * kChunk];
+  {  // the block's gate rows (contiguous) into L2 while the predecessor drains; x is read after the wait
+    const int64_t row0 = int64_t(blockIdx.x) * kGateRowsPerBlock;
+    const int64_t bytes = std::min<int64_t>(kGateRowsPerBlock, p.E - row0) * p.gate.row_bytes;
+    for (int64_t b = int64_t(threadIdx.x) * 128; b < bytes; b += kLogitsWarps * 32 * 128)
+      prefetch_l2(p.gate.data + row0 * p.gate.row_bytes + b);
+  }
   wait_for_predecessor();
   const int64_t t0 = int64_t(blockIdx.y) * kChunk;
   const int count = int(std::min<int64_t>(kChunk, p.n - t0));
@@ -109,8 +115,19 @@ __device__ int block_exclusive_scan(int v, int* warp_totals, int* total) {
   return before + inclusive - v;
 }
 
+// The gate bias of the lane's experts lane, lane + 32, ... (0 for hash routing), read before the kernel waits
+// for its predecessor: a weight, an HBM round trip at decode.
+__device__ void load_bias(const RouteParams& p, float (&bias)[kScoresPerLane]) {
+  const int lane = int(threadIdx.x % 32);
+#pragma unroll
+  for (int i = 0; i < kScoresPerLane; ++i) {
+    const int e = lane + 32 * i;
+    bias[i] = p.gate_bias && e < p.E ? p.gate_bias[e] : 0.0f;
+  }
+}
+
 // Token t's choices, by one warp: lane j < k ends with choice j's expert. Scores replace the logits.
-__device__ int choose_experts(const RouteParams& p, int64_t t) {
+__device__ int choose_experts(const RouteParams& p, const float (&bias)[kScoresPerLane], int64_t t) {
   const int lane = int(threadIdx.x % 32);
   float* s = p.plan.scores + t * p.E;
   float biased[kScoresPerLane];
@@ -121,7 +138,7 @@ __device__ int choose_experts(const RouteParams& p, int64_t t) {
     if (e < p.E) {
       const float score = sqrtf(softplus(s[e]));
       s[e] = score;
-      biased[i] = p.gate_bias ? score + p.gate_bias[e] : score;
+      biased[i] = p.gate_bias ? score + bias[i] : score;
     }
   }
   int chosen = -1;
@@ -215,6 +232,8 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
   __shared__ int warp_totals[kRouteWarps];
   // expert_up may start at once: its shared-expert items read only x (complete: router_logits waited for
   // it before letting this kernel launch) and wait for this kernel before anything routed.
+  float bias[kScoresPerLane];
+  load_bias(p, bias);
   allow_dependents();
   wait_for_predecessor();
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
@@ -224,7 +243,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
   // 1. Per token: scores, choices, weights = score / Σ chosen scores × routed_scaling_factor (the CPU's
   //    order: the sum runs over j = 0 .. k−1), and the combine order.
   for (int64_t t = warp; t < p.n; t += kRouteWarps) {
-    const int chosen = choose_experts(p, t);
+    const int chosen = choose_experts(p, bias, t);
     __syncwarp();  // the lanes' score writes are visible to the warp
     const float score = lane < k ? plan.scores[t * p.E + chosen] : 0.0f;
     float sum = 0.0f;

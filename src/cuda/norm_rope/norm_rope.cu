@@ -56,29 +56,53 @@ __device__ __forceinline__ float block_sum(float v) {
   return total;
 }
 
+// A thread's first kHeldPacks packs stay in registers between the two passes, and their gains are read before
+// the wait for the predecessor (a weight read after it is an HBM round trip on the decode step's path).
+constexpr int kHeldPacks = 4;  // rows of up to 4·256·N channels are read once
+
 template <int N>
 __global__ void __launch_bounds__(kNormMaxThreads) rms_norm_kernel(RmsNormParams p) {
-  cuda::pdl_wait();
   const float* x = p.x + int64_t(blockIdx.x) * p.dim;
   float* y = p.y + int64_t(blockIdx.x) * p.dim;
+  const int64_t first = int64_t(threadIdx.x) * N, step = int64_t(blockDim.x) * N;
+  Pack<N> gain[kHeldPacks], held[kHeldPacks];
+#pragma unroll
+  for (int i = 0; i < kHeldPacks; ++i)
+    if (p.gamma && first + i * step < p.dim) gain[i] = cuda::load_pack<N>(p.gamma + first + i * step);
+  cuda::pdl_wait();
   float sum = 0.0f;
-  for (int64_t c = int64_t(threadIdx.x) * N; c < p.dim; c += int64_t(blockDim.x) * N) {
+#pragma unroll
+  for (int i = 0; i < kHeldPacks; ++i) {
+    if (first + i * step >= p.dim) break;
+    held[i] = cuda::load_pack<N>(x + first + i * step);
+#pragma unroll
+    for (int k = 0; k < N; ++k) sum += held[i].v[k] * held[i].v[k];
+  }
+  for (int64_t c = first + kHeldPacks * step; c < p.dim; c += step) {
     const Pack<N> v = cuda::load_pack<N>(x + c);
 #pragma unroll
     for (int k = 0; k < N; ++k) sum += v.v[k] * v.v[k];
   }
   const float inv = 1.0f / sqrtf(block_sum(sum) / float(p.dim) + p.eps);
-  for (int64_t c = int64_t(threadIdx.x) * N; c < p.dim; c += int64_t(blockDim.x) * N) {
-    Pack<N> v = cuda::load_pack<N>(x + c);
+  const auto normalize = [&](Pack<N> v, const Pack<N>& g) {
     if (p.gamma) {
-      const Pack<N> g = cuda::load_pack<N>(p.gamma + c);
 #pragma unroll
       for (int k = 0; k < N; ++k) v.v[k] = g.v[k] * (v.v[k] * inv);
     } else {
 #pragma unroll
       for (int k = 0; k < N; ++k) v.v[k] = v.v[k] * inv;
     }
-    cuda::store_pack<N>(y + c, v);
+    return v;
+  };
+#pragma unroll
+  for (int i = 0; i < kHeldPacks; ++i) {
+    if (first + i * step >= p.dim) break;
+    cuda::store_pack<N>(y + first + i * step, normalize(held[i], gain[i]));
+  }
+  for (int64_t c = first + kHeldPacks * step; c < p.dim; c += step) {
+    Pack<N> g{};
+    if (p.gamma) g = cuda::load_pack<N>(p.gamma + c);
+    cuda::store_pack<N>(y + c, normalize(cuda::load_pack<N>(x + c), g));
   }
 }
 
@@ -91,10 +115,12 @@ struct NormRopeParams {
 };
 
 __global__ void __launch_bounds__(cuda::kNormRopeThreads) norm_rope_kernel(NormRopeParams p) {
-  cuda::pdl_wait();
   extern __shared__ float row_s[];  // [dim]
   float* x = p.x + int64_t(blockIdx.x) * p.row.dim;
-  cuda::norm_rope_row(p.row, x, p.pos0 + int64_t(blockIdx.x) / p.rows_per_pos, row_s, x);
+  const int64_t pos = p.pos0 + int64_t(blockIdx.x) / p.rows_per_pos;
+  const cuda::NormRopeRowConsts consts = cuda::norm_rope_row_consts(p.row, pos);
+  cuda::pdl_wait();
+  cuda::norm_rope_row(p.row, consts, x, pos, row_s, x);
 }
 
 // ---- rope

@@ -21,12 +21,41 @@ struct NormRopeRow {
   float eps;
 };
 
+// Thread t's constants of a row at position pos — γ and the rotation's (cos, sin) for its first kRowPrefetch
+// channel pairs — gathered before the kernel waits for its predecessor: they do not depend on it, and at
+// decode a weight read after the wait is an HBM round trip (and the fp64 sin/cos a chain) on the step's path.
+constexpr int kRowPrefetch = 4;  // covers rows of up to 2·kNormRopeThreads·4 = 1024 channels
+struct NormRopeRowConsts {
+  float2 gamma[kRowPrefetch];  // (1, 1) without a gain
+  float2 cs[kRowPrefetch];     // (cos, sin); channels before the rope offset leave it unused
+};
+
+// Channel pair i of thread t: channels 2t + 2·kNormRopeThreads·i and the next one.
+__device__ __forceinline__ int64_t row_pair_channel(int i) { return 2 * (int64_t(threadIdx.x) + int64_t(kNormRopeThreads) * i); }
+
+__device__ __forceinline__ float2 row_gamma(const NormRopeRow& p, int64_t c) {
+  if (!p.gamma) return make_float2(1.0f, 1.0f);
+  return make_float2(p.gamma[c], c + 1 < p.dim ? p.gamma[c + 1] : 1.0f);
+}
+
+__device__ __forceinline__ NormRopeRowConsts norm_rope_row_consts(const NormRopeRow& p, int64_t pos) {
+  NormRopeRowConsts k;
+#pragma unroll
+  for (int i = 0; i < kRowPrefetch; ++i) {
+    const int64_t c = row_pair_channel(i);
+    k.gamma[i] = c < p.dim ? row_gamma(p, c) : make_float2(1.0f, 1.0f);
+    k.cs[i] = c < p.dim && c >= p.offset ? rope_cos_sin(pos, p.inv_freq[(c - p.offset) / 2], /*inverse=*/false)
+                                         : make_float2(1.0f, 0.0f);
+  }
+  return k;
+}
+
 // x [dim] → row_s [dim] (shared memory): γ·(x·inv), inv = 1 / sqrt(Σx²/dim + eps), channels [offset, dim)
-// rotated at position pos; also into out [dim] when out is not null (out may alias x). Thread t owns channels
-// 2t, 2t + 1 (+ 2·kNormRopeThreads, ...) of row_s and out: a rope pair stays with one thread. Other threads'
-// channels of row_s may be read after a barrier.
-__device__ __forceinline__ void norm_rope_row(const NormRopeRow& p, const float* x, int64_t pos, float* row_s,
-                                              float* out) {
+// rotated at position pos (k = norm_rope_row_consts(p, pos)); also into out [dim] when out is not null (out may
+// alias x). Thread t owns the channel pairs row_pair_channel(i) of row_s and out: a rope pair stays with one
+// thread. Other threads' channels of row_s may be read after a barrier.
+__device__ __forceinline__ void norm_rope_row(const NormRopeRow& p, const NormRopeRowConsts& k, const float* x,
+                                              int64_t pos, float* row_s, float* out) {
   __shared__ float partial[kNormLanes];
   __shared__ float inv_s;
   for (int64_t c = threadIdx.x; c < p.dim; c += kNormRopeThreads) row_s[c] = x[c];
@@ -48,20 +77,27 @@ __device__ __forceinline__ void norm_rope_row(const NormRopeRow& p, const float*
   }
   __syncthreads();
   const float inv = inv_s;
-  for (int64_t c = 2 * int64_t(threadIdx.x); c < p.dim; c += 2 * kNormRopeThreads) {
+  const auto finish_pair = [&](int64_t c, float2 g, float2 cs) {
     float a = __fmul_rn(row_s[c], inv), b = c + 1 < p.dim ? __fmul_rn(row_s[c + 1], inv) : 0.0f;
     if (p.gamma) {
-      a = __fmul_rn(p.gamma[c], a);
-      if (c + 1 < p.dim) b = __fmul_rn(p.gamma[c + 1], b);
+      a = __fmul_rn(g.x, a);
+      b = __fmul_rn(g.y, b);
     }
-    if (c >= p.offset) rotate_pair(a, b, pos, p.inv_freq[(c - p.offset) / 2], /*inverse=*/false);
+    if (c >= p.offset) rotate(a, b, cs);
     row_s[c] = a;
     if (c + 1 < p.dim) row_s[c + 1] = b;
     if (out) {
       out[c] = a;
       if (c + 1 < p.dim) out[c + 1] = b;
     }
-  }
+  };
+#pragma unroll
+  for (int i = 0; i < kRowPrefetch; ++i)
+    if (row_pair_channel(i) < p.dim) finish_pair(row_pair_channel(i), k.gamma[i], k.cs[i]);
+  for (int64_t c = row_pair_channel(kRowPrefetch); c < p.dim; c += 2 * kNormRopeThreads)
+    finish_pair(c, row_gamma(p, c),
+                c >= p.offset ? rope_cos_sin(pos, p.inv_freq[(c - p.offset) / 2], /*inverse=*/false)
+                              : make_float2(1.0f, 0.0f));
 }
 
 }  // namespace dsv4::cuda
