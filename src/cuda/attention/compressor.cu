@@ -28,21 +28,26 @@ struct CompressorKernelParams {
   const float* ape;          // [m, width]
   const float* state_kv;     // [coff·m, width] state at the start of the chunk
   const float* state_score;  // [coff·m, width]
-  float* new_kv;             // [coff·m, width] state after the chunk (compressor_state_kernel only)
-  float* new_score;          // [coff·m, width]
+  float* new_kv;             // [coff·m, width] state after the chunk (compressor_state_kernel only): the
+  float* new_score;          // state buffers themselves — the kernel rewrites only the cells the chunk changes
   float* entries;            // [*, c]: entry w at row w − entries_row0
   int64_t pos0, n, m, c, width, first_entry, entries_row0;
   bool overlap;
 };
 
-// Token kk (0 ≤ kk < m) of window ww, column col: its kv value and score, from the chunk when it is in it,
-// else from the state as it was at the start of the chunk (window pos0/m: current rows; the one before:
-// previous rows, which also hold the initial (0, −inf) before the first window completes).
-__device__ __forceinline__ float2 window_cell(const CompressorKernelParams& p, int64_t ww, int64_t kk, int64_t col) {
-  const int64_t pos = ww * p.m + kk;
-  if (pos >= p.pos0) {
-    const int64_t at = (pos - p.pos0) * p.width + col;
-    return make_float2(p.kv[at], __fadd_rn(p.gate[at], p.ape[kk * p.width + col]));
+// Token kk (0 ≤ kk < m) of window ww, column col: its kv value and score, from the chunk when it is in it
+// (in_chunk; ape_v = ape[kk, col], which the caller reads before waiting for the predecessor: a weight, an HBM
+// round trip at decode), else from the state as it was at the start of the chunk (window pos0/m: current
+// rows; the one before: previous rows, which also hold the initial (0, −inf) before the first window
+// completes).
+__device__ __forceinline__ bool in_chunk(const CompressorKernelParams& p, int64_t ww, int64_t kk) {
+  return ww * p.m + kk >= p.pos0;
+}
+__device__ __forceinline__ float2 window_cell(const CompressorKernelParams& p, int64_t ww, int64_t kk, int64_t col,
+                                              float ape_v) {
+  if (in_chunk(p, ww, kk)) {
+    const int64_t at = (ww * p.m + kk - p.pos0) * p.width + col;
+    return make_float2(p.kv[at], __fadd_rn(p.gate[at], ape_v));
   }
   const int64_t row = ww == p.pos0 / p.m ? (p.overlap ? p.m : 0) + kk : kk;
   return make_float2(p.state_kv[row * p.width + col], p.state_score[row * p.width + col]);
@@ -50,53 +55,106 @@ __device__ __forceinline__ float2 window_cell(const CompressorKernelParams& p, i
 
 // Candidate k of entry w, channel ch, in the CPU's order: overlap → the previous window's A-half (columns
 // [0, c)) then the current window's B-half (columns [c, 2c)); else the window's m tokens.
-__device__ __forceinline__ float2 candidate(const CompressorKernelParams& p, int64_t w, int64_t k, int64_t ch) {
-  if (!p.overlap) return window_cell(p, w, k, ch);
-  return k < p.m ? window_cell(p, w - 1, k, ch) : window_cell(p, w, k - p.m, p.c + ch);
+struct Cell {
+  int64_t ww, kk, col;
+};
+__device__ __forceinline__ Cell candidate(const CompressorKernelParams& p, int64_t w, int64_t k, int64_t ch) {
+  if (!p.overlap) return {w, k, ch};
+  return k < p.m ? Cell{w - 1, k, ch} : Cell{w, k - p.m, p.c + ch};
+}
+
+// Candidates whose loads are in flight together: CSA's 2·4 in one batch, HCA's 128 in 8 (one loop iteration
+// per candidate waited for each load in turn).
+constexpr int kCandBatch = 16;
+
+// Candidates k0 .. k0 + kCandBatch − 1 (those below n_cand) of entry w, channel ch; ape_v[j] is candidate
+// k0 + j's ape value when it is in the chunk.
+__device__ __forceinline__ void load_candidates(const CompressorKernelParams& p, int64_t w, int64_t k0, int64_t ch,
+                                                int64_t n_cand, const float (&ape_v)[kCandBatch],
+                                                float2 (&cell)[kCandBatch]) {
+#pragma unroll
+  for (int j = 0; j < kCandBatch; ++j) {
+    const Cell x = candidate(p, w, k0 + j, ch);
+    cell[j] = k0 + j < n_cand ? window_cell(p, x.ww, x.kk, x.col, ape_v[j]) : make_float2(0.0f, -INFINITY);
+  }
+}
+
+__device__ __forceinline__ void load_candidate_ape(const CompressorKernelParams& p, int64_t w, int64_t k0, int64_t ch,
+                                                   int64_t n_cand, float (&ape_v)[kCandBatch]) {
+#pragma unroll
+  for (int j = 0; j < kCandBatch; ++j) {
+    const Cell x = candidate(p, w, k0 + j, ch);
+    ape_v[j] = k0 + j < n_cand && in_chunk(p, x.ww, x.kk) ? p.ape[x.kk * p.width + x.col] : 0.0f;
+  }
 }
 
 // grid (ceil(c / kPoolThreads), entries completed in the chunk); thread = one channel of one entry.
 // Same order and roundings as the CPU (products rounded before the adds); only expf's last bit may differ.
+// The first batch's ape values are read before the wait, and kept with its cells for the second pass.
 __global__ void __launch_bounds__(kPoolThreads) compressor_pool_kernel(CompressorKernelParams p) {
-  pdl_wait();
   const int64_t ch = int64_t(blockIdx.x) * kPoolThreads + threadIdx.x;
-  if (ch >= p.c) return;
   const int64_t w = p.first_entry + blockIdx.y, n_cand = p.overlap ? 2 * p.m : p.m;
+  float ape_v[kCandBatch];
+  if (ch < p.c) load_candidate_ape(p, w, 0, ch, n_cand, ape_v);
+  pdl_wait();
+  if (ch >= p.c) return;
+  float2 first[kCandBatch], cell[kCandBatch];
+  load_candidates(p, w, 0, ch, n_cand, ape_v, first);
   float mx = -INFINITY;
-  for (int64_t k = 0; k < n_cand; ++k) mx = fmaxf(mx, candidate(p, w, k, ch).y);
+  for (int64_t k0 = 0; k0 < n_cand; k0 += kCandBatch) {
+    if (k0 > 0) {
+      load_candidate_ape(p, w, k0, ch, n_cand, ape_v);
+      load_candidates(p, w, k0, ch, n_cand, ape_v, cell);
+    }
+#pragma unroll
+    for (int j = 0; j < kCandBatch; ++j)
+      if (k0 + j < n_cand) mx = fmaxf(mx, (k0 == 0 ? first[j] : cell[j]).y);
+  }
   float denom = 0.0f, num = 0.0f;
-  for (int64_t k = 0; k < n_cand; ++k) {
-    const float2 cell = candidate(p, w, k, ch);
-    const float e = expf(cell.y - mx);
-    denom = __fadd_rn(denom, e);
-    num = __fadd_rn(num, __fmul_rn(e, cell.x));
+  for (int64_t k0 = 0; k0 < n_cand; k0 += kCandBatch) {
+    if (k0 > 0) {
+      load_candidate_ape(p, w, k0, ch, n_cand, ape_v);
+      load_candidates(p, w, k0, ch, n_cand, ape_v, cell);
+    }
+#pragma unroll
+    for (int j = 0; j < kCandBatch; ++j) {
+      if (k0 + j >= n_cand) break;
+      const float2 x = k0 == 0 ? first[j] : cell[j];
+      const float e = expf(x.y - mx);
+      denom = __fadd_rn(denom, e);
+      num = __fadd_rn(num, __fmul_rn(e, x.x));
+    }
   }
   p.entries[(w - p.entries_row0) * p.c + ch] = num / denom;
 }
 
 // grid ceil(m · width / kStateThreads): thread = column col of in-window slot kk, for both the current row
-// and (overlap) the previous row, so reading the old current row and rewriting it cannot race.
+// and (overlap) the previous row, so reading the old current row and rewriting it cannot race. Only the cells
+// the chunk changes are read and written: at decode the slot of the step's token (and, when a window
+// completes, the previous rows), whose ape value is read before the wait.
 __global__ void __launch_bounds__(kStateThreads) compressor_state_kernel(CompressorKernelParams p) {
-  pdl_wait();
   const int64_t cell = int64_t(blockIdx.x) * kStateThreads + threadIdx.x;
-  if (cell >= p.m * p.width) return;
   const int64_t kk = cell / p.width, col = cell % p.width;
   const int64_t end = p.pos0 + p.n, window_at_start = p.pos0 / p.m;
-  const int64_t cur = ((p.overlap ? p.m : 0) + kk) * p.width + col;
-  float2 current = make_float2(p.state_kv[cur], p.state_score[cur]);
   // With overlap, the last window completed in the chunk (if any) becomes the previous window.
-  if (p.overlap && end / p.m > window_at_start) {
-    const float2 prev = window_cell(p, end / p.m - 1, kk, col);
+  const bool shift = cell < p.m * p.width && p.overlap && end / p.m > window_at_start;
+  // The current row of slot kk takes the chunk's last token at a position ≡ kk (mod m), if there is one.
+  const int64_t last = end - 1 >= kk ? end - 1 - (end - 1 - kk) % p.m : -1;
+  const bool take = cell < p.m * p.width && last >= p.pos0;
+  const float ape_v = take || (shift && in_chunk(p, end / p.m - 1, kk)) ? p.ape[kk * p.width + col] : 0.0f;
+  pdl_wait();
+  if (!shift && !take) return;
+  const int64_t cur = ((p.overlap ? p.m : 0) + kk) * p.width + col;
+  const float2 prev = shift ? window_cell(p, end / p.m - 1, kk, col, ape_v) : float2{};  // before any write
+  const float2 current = take ? window_cell(p, last / p.m, kk, col, ape_v) : float2{};
+  if (shift) {
     p.new_kv[kk * p.width + col] = prev.x;
     p.new_score[kk * p.width + col] = prev.y;
   }
-  // The current row of slot kk holds the chunk's last token at a position ≡ kk (mod m), if there is one.
-  if (end - 1 >= kk) {
-    const int64_t last = end - 1 - (end - 1 - kk) % p.m;
-    if (last >= p.pos0) current = window_cell(p, last / p.m, kk, col);
+  if (take) {
+    p.new_kv[cur] = current.x;
+    p.new_score[cur] = current.y;
   }
-  p.new_kv[cur] = current.x;
-  p.new_score[cur] = current.y;
 }
 
 }  // namespace

@@ -58,12 +58,21 @@ struct HcMixParams {
 // kRows: rows per warp, ≥ ceil((M + 1) / kMixWarps); warp w owns rows w, w + kMixWarps, ... ≤ M.
 template <int N, int kRows>
 __global__ void __launch_bounds__(kMixWarps * 32) hc_mix_kernel(HcMixParams p) {
-  cuda::pdl_wait();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t0 = int64_t(blockIdx.y) * kMixTokens;
   const int64_t c_end = min(p.K, int64_t(blockIdx.x + 1) * p.chunk_cols);
+  const int64_t c_first = int64_t(blockIdx.x) * p.chunk_cols + lane * N;
+  // This warp's fn rows at the lane's first columns (at decode, its only ones): constants, in flight before
+  // the wait.
+  Pack<N> w_first[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int r = warp + kMixWarps * i;
+    if (r < p.M && c_first < c_end) w_first[i] = cuda::weight_pack<N>(p.fn, r, c_first);
+  }
+  cuda::pdl_wait();
   float acc[kRows][kMixTokens] = {};
-  for (int64_t c = int64_t(blockIdx.x) * p.chunk_cols + lane * N; c < c_end; c += 32 * N) {
+  for (int64_t c = c_first; c < c_end; c += 32 * N) {
     Pack<N> xv[kMixTokens];
 #pragma unroll
     for (int tt = 0; tt < kMixTokens; ++tt) {
@@ -78,7 +87,7 @@ __global__ void __launch_bounds__(kMixWarps * 32) hc_mix_kernel(HcMixParams p) {
     for (int i = 0; i < kRows; ++i) {
       const int r = warp + kMixWarps * i;
       if (r < p.M) {
-        const Pack<N> w = cuda::weight_pack<N>(p.fn, r, c);
+        const Pack<N> w = c == c_first ? w_first[i] : cuda::weight_pack<N>(p.fn, r, c);
 #pragma unroll
         for (int tt = 0; tt < kMixTokens; ++tt)
 #pragma unroll

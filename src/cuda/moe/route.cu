@@ -115,77 +115,102 @@ __device__ int block_exclusive_scan(int v, int* warp_totals, int* total) {
   return before + inclusive - v;
 }
 
-// The gate bias of the lane's experts lane, lane + 32, ... (0 for hash routing), read before the kernel waits
-// for its predecessor: a weight, an HBM round trip at decode.
-__device__ void load_bias(const RouteParams& p, float (&bias)[kScoresPerLane]) {
+// Before the wait, what a warp's first token needs that is not the predecessor's: the gate bias of the lane's
+// experts lane, lane + 32, ... (scored layers), and on hash layers the table's choice j = lane < k for the token.
+// Both are weights, an HBM round trip each at decode (the table's after the token id's); the step's token ids
+// are uploaded by a copy before its first kernel, which no kernel overlaps.
+struct RoutePrefetch {
+  float bias[kScoresPerLane];
+  int hashed = -1;  // hash layers: the table's expert for the warp's first token, lane < k
+};
+
+__device__ RoutePrefetch prefetch_route(const RouteParams& p) {
   const int lane = int(threadIdx.x % 32);
+  const int64_t t = int64_t(threadIdx.x / 32);  // the warp's first token
+  RoutePrefetch r;
 #pragma unroll
   for (int i = 0; i < kScoresPerLane; ++i) {
     const int e = lane + 32 * i;
-    bias[i] = p.gate_bias && e < p.E ? p.gate_bias[e] : 0.0f;
+    r.bias[i] = p.gate_bias && e < p.E ? p.gate_bias[e] : 0.0f;
   }
+  if (p.tid2eid && t < p.n && lane < p.k) r.hashed = p.tid2eid[int64_t(p.tokens[t]) * p.k + lane];
+  return r;
 }
 
-// Token t's choices, by one warp: lane j < k ends with choice j's expert. Scores replace the logits.
-__device__ int choose_experts(const RouteParams& p, const float (&bias)[kScoresPerLane], int64_t t) {
+struct Choice {
+  int expert = -1;     // lane j < k: choice j
+  float score = 0.0f;  // its sqrt-softplus score
+};
+
+// Token t's choices, by one warp. Scores replace the logits.
+__device__ Choice choose_experts(const RouteParams& p, const RoutePrefetch& pre, int64_t t) {
   const int lane = int(threadIdx.x % 32);
   float* s = p.plan.scores + t * p.E;
-  float biased[kScoresPerLane];
+  float score[kScoresPerLane], biased[kScoresPerLane];
 #pragma unroll
   for (int i = 0; i < kScoresPerLane; ++i) {
     const int e = lane + 32 * i;
-    biased[i] = 0.0f;
+    score[i] = biased[i] = 0.0f;
     if (e < p.E) {
-      const float score = sqrtf(softplus(s[e]));
-      s[e] = score;
-      biased[i] = p.gate_bias ? score + bias[i] : score;
+      score[i] = sqrtf(softplus(s[e]));
+      s[e] = score[i];
+      biased[i] = p.gate_bias ? score[i] + pre.bias[i] : score[i];
     }
   }
-  int chosen = -1;
+  Choice c;
   if (p.tid2eid) {
-    if (lane < p.k) chosen = p.tid2eid[int64_t(p.tokens[t]) * p.k + lane];
-    return chosen;
-  }
-  // k rounds of a warp argmax over the untaken experts: larger biased score first, the lower index on an
-  // exact tie (the CPU's partial_sort order). NaN ranks as −inf.
-  uint32_t taken = 0;
-  for (int j = 0; j < p.k; ++j) {
-    float best = -INFINITY;
-    int best_e = INT_MAX;
+    if (lane < p.k)
+      c.expert = t == int64_t(threadIdx.x / 32) ? pre.hashed : p.tid2eid[int64_t(p.tokens[t]) * p.k + lane];
+  } else {
+    // k rounds of a warp argmax over the untaken experts: larger biased score first, the lower index on an
+    // exact tie (the CPU's partial_sort order). NaN ranks as −inf.
+    uint32_t taken = 0;
+    for (int j = 0; j < p.k; ++j) {
+      float best = -INFINITY;
+      int best_e = INT_MAX;
 #pragma unroll
-    for (int i = 0; i < kScoresPerLane; ++i) {
-      const int e = lane + 32 * i;
-      if (e < p.E && !((taken >> i) & 1u)) {
-        const float v = biased[i] != biased[i] ? -INFINITY : biased[i];
-        if (v > best || (v == best && e < best_e)) {
-          best = v;
-          best_e = e;
+      for (int i = 0; i < kScoresPerLane; ++i) {
+        const int e = lane + 32 * i;
+        if (e < p.E && !((taken >> i) & 1u)) {
+          const float v = biased[i] != biased[i] ? -INFINITY : biased[i];
+          if (v > best || (v == best && e < best_e)) {
+            best = v;
+            best_e = e;
+          }
         }
       }
-    }
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float ov = __shfl_xor_sync(0xFFFFFFFFu, best, off);
-      const int oe = __shfl_xor_sync(0xFFFFFFFFu, best_e, off);
-      if (ov > best || (ov == best && oe < best_e)) {
-        best = ov;
-        best_e = oe;
+      for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_xor_sync(0xFFFFFFFFu, best, off);
+        const int oe = __shfl_xor_sync(0xFFFFFFFFu, best_e, off);
+        if (ov > best || (ov == best && oe < best_e)) {
+          best = ov;
+          best_e = oe;
+        }
       }
+      if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
+      if (lane == j) c.expert = best_e;
     }
-    if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
-    if (lane == j) chosen = best_e;
   }
-  return chosen;
+  // The choice's score from the lane that holds it (expert e: lane e % 32, slot e / 32), not read back.
+  const int owner = c.expert < 0 ? 0 : c.expert % 32, slot = c.expert < 0 ? -1 : c.expert / 32;
+#pragma unroll
+  for (int i = 0; i < kScoresPerLane; ++i) {
+    const float v = __shfl_sync(0xFFFFFFFFu, score[i], owner);
+    if (slot == i) c.score = v;
+  }
+  return c;
 }
 
 // Step 2 of route_kernel for P ≤ 32 pairs (decode-sized steps), by one warp with a pair per lane: the same
 // plan as the general path — pairs ordered by (expert, pair), kChunk-pair chunks per expert in that order —
 // from shuffles, without the shared-memory counters, scans and barriers (a third of the kernel's time at n = 1).
-__device__ void group_few_pairs(const RouteParams& p, int P) {
+// The pairs' experts and weights come from shared memory (step 1's copy of topk_expert / topk_weight).
+__device__ void group_few_pairs(const RouteParams& p, int P, const int* few_expert, const float* few_weight) {
   const Plan& plan = p.plan;
   const int lane = int(threadIdx.x % 32), k = int(p.k);
   const int shared_chunks = int((p.n + kChunk - 1) / kChunk);
-  const int e = lane < P ? plan.topk_expert[lane] : INT_MAX;
+  const int e = lane < P ? few_expert[lane] : INT_MAX;
   int pos = 0, first = 0;  // this pair's place among all pairs; the pairs of smaller experts
   for (int q = 0; q < P; ++q) {
     const int eq = __shfl_sync(0xFFFFFFFFu, e, q);
@@ -204,7 +229,7 @@ __device__ void group_few_pairs(const RouteParams& p, int P) {
     const int t = lane / k, j = lane % k;
     plan.pair_token[pos] = t;
     plan.pair_out[pos] = t * (k + 1) + j;
-    plan.pair_weight[pos] = plan.topk_weight[lane];
+    plan.pair_weight[pos] = few_weight[lane];
     if (starts) {
       plan.chunk_pair[chunk] = pos;
       plan.chunk_count[chunk] = min(kChunk, count - in_expert);
@@ -230,10 +255,11 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
   __shared__ int warp_counts[kRouteWarps][kMaxExperts];  // pass 1: pairs per (warp range, expert); then bases
   __shared__ int expert_offset[kMaxExperts];
   __shared__ int warp_totals[kRouteWarps];
+  __shared__ int few_expert[32];  // P ≤ 32: topk_expert and topk_weight for step 2, without a global read-back
+  __shared__ float few_weight[32];
   // expert_up may start at once: its shared-expert items read only x (complete: router_logits waited for
   // it before letting this kernel launch) and wait for this kernel before anything routed.
-  float bias[kScoresPerLane];
-  load_bias(p, bias);
+  const RoutePrefetch pre = prefetch_route(p);
   allow_dependents();
   wait_for_predecessor();
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
@@ -243,9 +269,9 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
   // 1. Per token: scores, choices, weights = score / Σ chosen scores × routed_scaling_factor (the CPU's
   //    order: the sum runs over j = 0 .. k−1), and the combine order.
   for (int64_t t = warp; t < p.n; t += kRouteWarps) {
-    const int chosen = choose_experts(p, bias, t);
-    __syncwarp();  // the lanes' score writes are visible to the warp
-    const float score = lane < k ? plan.scores[t * p.E + chosen] : 0.0f;
+    const Choice choice = choose_experts(p, pre, t);
+    const int chosen = choice.expert;
+    const float score = lane < k ? choice.score : 0.0f;
     float sum = 0.0f;
     for (int j = 0; j < k; ++j) sum += __shfl_sync(0xFFFFFFFFu, score, j);
     int rank = 0;  // position of (chosen, lane) among the token's (expert, j) in ascending order
@@ -257,13 +283,17 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
       const float weight = score / sum;
       plan.topk_expert[t * k + lane] = chosen;
       plan.topk_weight[t * k + lane] = weight * p.routed_scaling_factor;
+      if (t * k + lane < 32) {
+        few_expert[t * k + lane] = chosen;
+        few_weight[t * k + lane] = weight * p.routed_scaling_factor;
+      }
       plan.combine_order[t * k + rank] = lane;
     }
   }
   const int P = int(p.n) * k;
   if (P <= 32) {
-    __syncthreads();  // step 1's plan writes are visible to warp 0
-    if (warp == 0) group_few_pairs(p, P);
+    __syncthreads();  // step 1's few_expert / few_weight are visible to warp 0
+    if (warp == 0) group_few_pairs(p, P, few_expert, few_weight);
     return;
   }
   for (int i = int(threadIdx.x); i < kRouteWarps * kMaxExperts; i += kRouteThreads) (&warp_counts[0][0])[i] = 0;

@@ -139,8 +139,8 @@ struct RopeParams {
 };
 
 __global__ void __launch_bounds__(kRopeThreads) rope_kernel(RopeParams p) {
-  cuda::pdl_wait();
-  // cos/sin per (position slot, pair): a block's rows span at most rows_per_block distinct positions.
+  // cos/sin per (position slot, pair): a block's rows span at most rows_per_block distinct positions. They
+  // depend on nothing the predecessor writes: computed (inv_freq read, the fp64 sin/cos) before the wait.
   __shared__ float cos_table[kRopeThreads], sin_table[kRopeThreads];
   const int64_t row0 = int64_t(blockIdx.x) * p.rows_per_block;
   const int64_t group0 = row0 / p.rows_per_pos;
@@ -155,6 +155,7 @@ __global__ void __launch_bounds__(kRopeThreads) rope_kernel(RopeParams p) {
     cos_table[threadIdx.x] = float(c);
     sin_table[threadIdx.x] = p.inverse ? -float(s) : float(s);
   }
+  cuda::pdl_wait();
   __syncthreads();
   const int64_t r = row0 + local;
   if (local >= p.rows_per_block || r >= p.rows) return;
