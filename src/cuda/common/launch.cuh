@@ -1,6 +1,10 @@
 // Kernel launches with programmatic dependent launch (PDL, sm_90+), shared by the families. A kernel launched this
 // way may be scheduled while its predecessor in the stream drains (hiding the launch gap between the small
-// kernels of a decode step); it must call pdl_wait() before touching anything an earlier kernel wrote.
+// kernels of a decode step); it must call pdl_wait() before touching anything its predecessor wrote.
+//
+// Reads before the wait: constants (weights, tables) may be read at once — at decode that takes an HBM round
+// trip off the step's path — and so may what a copy or memset earlier in the stream wrote (no kernel overlaps
+// those; read through L2 with __ldcg, as this SM's L1 may still hold an earlier step's lines).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -118,7 +118,7 @@ __device__ int block_exclusive_scan(int v, int* warp_totals, int* total) {
 // Before the wait, what a warp's first token needs that is not the predecessor's: the gate bias of the lane's
 // experts lane, lane + 32, ... (scored layers), and on hash layers the table's choice j = lane < k for the token.
 // Both are weights, an HBM round trip each at decode (the table's after the token id's); the step's token ids
-// are uploaded by a copy before its first kernel, which no kernel overlaps.
+// are uploaded by a copy before its first kernel (launch.cuh).
 struct RoutePrefetch {
   float bias[kScoresPerLane];
   int hashed = -1;  // hash layers: the table's expert for the warp's first token, lane < k
@@ -133,7 +133,7 @@ __device__ RoutePrefetch prefetch_route(const RouteParams& p) {
     const int e = lane + 32 * i;
     r.bias[i] = p.gate_bias && e < p.E ? p.gate_bias[e] : 0.0f;
   }
-  if (p.tid2eid && t < p.n && lane < p.k) r.hashed = p.tid2eid[int64_t(p.tokens[t]) * p.k + lane];
+  if (p.tid2eid && t < p.n && lane < p.k) r.hashed = p.tid2eid[int64_t(__ldcg(p.tokens + t)) * p.k + lane];
   return r;
 }
 
