@@ -116,6 +116,8 @@ class CudaOps final : public Ops {
                  int64_t rows_per_pos, int64_t pos0, RopeKind kind) override;
   void kv_finish(float* kv, const std::vector<float>& gamma, int64_t n, int64_t dim, int64_t nope, int64_t pos0,
                  RopeKind kind, bool simulate, int64_t slots, float* ring) override;
+  void query_kv_finish(float* q, int64_t heads, float* kv, const std::vector<float>& kv_gamma, int64_t n, int64_t dim,
+                       int64_t nope, int64_t pos0, RopeKind kind, bool simulate, int64_t slots, float* ring) override;
 
   void sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block) override;
   void hadamard_sim_fp4(float* x, int64_t rows, int64_t dim) override;

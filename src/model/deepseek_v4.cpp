@@ -158,8 +158,8 @@ void DeepseekV4::attention(const LayerWeights& l, size_t layer, bool mtp, int64_
   const bool reference = numerics_ != Numerics::kExact;  // kFast keeps the simulation points
   const int64_t H = c.n_heads, d = c.head_dim;
   ops_.linear_pair(act_.xn, c.dim, n, w.wq_a, act_.qr, c.q_lora_rank, w.wkv, act_.kv, d);  // qr and kv of xn
-  query(w, rope, n);
-  key_value(w, layer, mtp, rope, n);
+  query(w, n);
+  finish_query_key_value(w, layer, mtp, rope);
   if (l.attn_type == AttnType::kCsa) indexer_query(w.indexer, n);
   for (const Span& s : spans_) {
     LayerState& state = layer_state(s, layer, mtp);
@@ -191,23 +191,22 @@ void DeepseekV4::attention(const LayerWeights& l, size_t layer, bool mtp, int64_
   output_projection(w, n);
 }
 
-// q = headRMS(wq_b · RMSNorm(qr)), qr = wq_a · x (attention()), RoPE on the last rope_dim channels; the normed
-// qr is kept for the indexer.
-void DeepseekV4::query(const AttentionWeights& w, RopeKind rope, int64_t n) {
+// q = wq_b · RMSNorm(qr), qr = wq_a · x (attention()); the normed qr is kept for the indexer.
+void DeepseekV4::query(const AttentionWeights& w, int64_t n) {
   const ModelConfig& c = model_.config;
-  const int64_t H = c.n_heads, d = c.head_dim;
   ops_.rms_norm(act_.qr, &w.q_norm, n, c.q_lora_rank, act_.qr);
-  ops_.linear(act_.qr, c.q_lora_rank, w.wq_b, n, act_.q, H * d);
-  for (const Span& s : spans_) ops_.norm_rope(act_.q + s.row0 * H * d, nullptr, s.n * H, d, c.nope_dim(), H, s.pos0, rope);
+  ops_.linear(act_.qr, c.q_lora_rank, w.wq_b, n, act_.q, c.n_heads * c.head_dim);
 }
 
-// The single shared K = V head (kv = wkv · x, attention()), stored in each sequence's sliding-window ring.
-void DeepseekV4::key_value(const AttentionWeights& w, size_t layer, bool mtp, RopeKind rope, int64_t n) {
+// Per sequence: the query heads' RMS norm and RoPE on the last rope_dim channels, and the single shared K = V
+// head (kv = wkv · x, attention()) normed, rotated and stored in the sequence's sliding-window ring.
+void DeepseekV4::finish_query_key_value(const AttentionWeights& w, size_t layer, bool mtp, RopeKind rope) {
   const ModelConfig& c = model_.config;
-  const int64_t d = c.head_dim;
+  const int64_t H = c.n_heads, d = c.head_dim;
   for (const Span& s : spans_)
-    ops_.kv_finish(act_.kv + s.row0 * d, w.kv_norm, s.n, d, c.nope_dim(), s.pos0, rope,
-                   /*simulate=*/numerics_ != Numerics::kExact, s.sequence->ring_slots, layer_state(s, layer, mtp).window);
+    ops_.query_kv_finish(act_.q + s.row0 * H * d, H, act_.kv + s.row0 * d, w.kv_norm, s.n, d, c.nope_dim(), s.pos0,
+                         rope, /*simulate=*/numerics_ != Numerics::kExact, s.sequence->ring_slots,
+                         layer_state(s, layer, mtp).window);
 }
 
 // Lightning indexer queries and head weights (spec §8) for the whole batch, from qr and xn.

@@ -89,8 +89,8 @@ class DeepseekV4 {
   void block(const LayerWeights& l, size_t layer, bool mtp, int64_t n);
   void mix_in(const HcWeights& hc, const std::vector<float>& norm, int64_t n);
   void attention(const LayerWeights& l, size_t layer, bool mtp, int64_t n);
-  void query(const AttentionWeights& w, RopeKind rope, int64_t n);
-  void key_value(const AttentionWeights& w, size_t layer, bool mtp, RopeKind rope, int64_t n);
+  void query(const AttentionWeights& w, int64_t n);
+  void finish_query_key_value(const AttentionWeights& w, size_t layer, bool mtp, RopeKind rope);
   void indexer_query(const IndexerWeights& w, int64_t n);
   void indexer(const IndexerWeights& w, const Span& s, LayerState& state);
   void output_projection(const AttentionWeights& w, int64_t n);

@@ -153,6 +153,14 @@ class Ops {
     if (simulate) sim_fp8(kv, n, dim, nope, 64);
     ring_store(kv, n, dim, pos0, slots, ring);
   }
+  // A sequence's query heads q [n, heads, dim] normed (no gain) and rotated (norm_rope, heads rows per position),
+  // and its K = V rows kv_finish'ed: the two in one call, which a backend may fuse (neither reads the other).
+  virtual void query_kv_finish(float* q, int64_t heads, float* kv, const std::vector<float>& kv_gamma, int64_t n,
+                               int64_t dim, int64_t nope, int64_t pos0, RopeKind kind, bool simulate, int64_t slots,
+                               float* ring) {
+    norm_rope(q, nullptr, n * heads, dim, nope, heads, pos0, kind);
+    kv_finish(kv, kv_gamma, n, dim, nope, pos0, kind, simulate, slots, ring);
+  }
 
   // ---- quant (simulation points of the official numerics, in place)
   virtual void sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block) = 0;

@@ -176,6 +176,12 @@ class TeeOps final : public Ops {
     gpu_.kv_finish(g(kv), gamma, n, dim, nope, pos0, kind, simulate, slots, g(ring));
     check("kv_finish", 1e-5, {{ring, size_t(slots * dim)}});
   }
+  void query_kv_finish(float* q, int64_t heads, float* kv, const std::vector<float>& kv_gamma, int64_t n, int64_t dim,
+                       int64_t nope, int64_t pos0, RopeKind kind, bool simulate, int64_t slots, float* ring) override {
+    cpu_.query_kv_finish(q, heads, kv, kv_gamma, n, dim, nope, pos0, kind, simulate, slots, ring);
+    gpu_.query_kv_finish(g(q), heads, g(kv), kv_gamma, n, dim, nope, pos0, kind, simulate, slots, g(ring));
+    check("query_kv_finish", 1e-5, {{q, size_t(n * heads * dim)}, {ring, size_t(slots * dim)}});
+  }
 
   void sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block) override {
     cpu_.sim_fp8(x, rows, row_stride, cols, block);
@@ -411,7 +417,7 @@ TEST_P(Conformance, EveryOpOfARefSmallForwardMatchesCpu) {
                            << s.first_failed_call << " (worst error " << s.worst << " at call " << s.worst_call << ")";
   const bool reference = GetParam() == Numerics::kReference;
   for (const char* op : {"linear", "linear_pair", "linear_grouped", "attention", "moe", "hc_pre_norm", "hc_post_pre_norm", "hc_post", "hc_head",
-                         "indexer_topk", "download", "greedy_tokens", "norm_rope", "kv_finish", "rms_norm",
+                         "indexer_topk", "download", "greedy_tokens", "query_kv_finish", "rms_norm",
                          reference ? "compressor_fp8" : "compressor", reference ? "compressor_fp4" : "rope",
                          reference ? "hadamard_sim_fp4" : "rope"})
     EXPECT_GT(tee.stats().count(op) ? tee.stats().at(op).calls : 0, 0) << op << " was never exercised";

@@ -208,5 +208,53 @@ TEST(CudaNormRope, KvFinishMatchesCpu) {
 #endif
 }
 
+// query_kv_finish (CUDA: one launch, the query heads' norm_rope blocks then kv_finish's) against the CPU's
+// norm_rope and kv_finish: the query heads as NormRopeMatchesCpu (normed channels bit-identical, rope channels
+// 1e-6), the ring as KvFinishMatchesCpu; odd head counts, a row, a wrap of the ring, position 0.
+TEST(CudaNormRope, QueryKvFinishMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  const ModelConfig cfg = v4_config();
+  CudaOps ops(cfg);
+  CpuOps cpu(cfg);
+  const int64_t d = 512, nope = d - cfg.rope_dim, slots = 37;
+  const std::vector<float> gamma = random_floats(size_t(d), rng, 0.5f, 1.5f);
+  ops.upload(gamma);
+  struct Case {
+    int64_t n, pos0, heads;
+  };
+  for (const Case& c : {Case{1, 4095, 64}, Case{13, 30, 3}, Case{5, 0, 1}, Case{40, 7, 5}}) {
+    std::vector<float> ring = random_floats(size_t(slots * d), rng, -2.0f, 2.0f);
+    cpu.sim_fp8(ring.data(), slots, d, nope, 64);  // stored rows are simulated
+    float* dring = ops.alloc_cache(CacheFormat::kFp8Kv, slots, d);
+    ops.write_cache(dring, slots, d, ring.data());
+    const auto q = random_floats(size_t(c.n * c.heads * d), rng, -3.0f, 3.0f);
+    const auto kv = random_floats(size_t(c.n * d), rng, -3.0f, 3.0f);
+    std::vector<float> q_cpu = q, kv_cpu = kv;
+    cpu.query_kv_finish(q_cpu.data(), c.heads, kv_cpu.data(), gamma, c.n, d, nope, c.pos0, RopeKind::kPlain, true,
+                        slots, ring.data());
+    float* dq = to_device(ops, q);
+    ops.query_kv_finish(dq, c.heads, to_device(ops, kv), gamma, c.n, d, nope, c.pos0, RopeKind::kPlain, true, slots,
+                        dring);
+    const std::string what = cat("query_kv_finish n=", c.n, " pos0=", c.pos0, " heads=", c.heads);
+    const auto got_q = to_host(ops, dq, q.size());
+    size_t q_differing = 0;
+    for (int64_t r = 0; r < c.n * c.heads; ++r)
+      for (int64_t i = 0; i < nope; ++i) q_differing += got_q[size_t(r * d + i)] != q_cpu[size_t(r * d + i)];
+    EXPECT_EQ(q_differing, 0u) << what << ": normed query channels not bit-identical";
+    EXPECT_TRUE(compare(got_q, q_cpu, Tolerance{1e-6, 0.0}, what + " q"));
+    std::vector<float> got(ring.size());
+    ops.read_cache(dring, slots, d, got.data());
+    size_t fp8_differing = 0;
+    for (int64_t r = 0; r < slots; ++r)
+      for (int64_t i = 0; i < nope; ++i) fp8_differing += got[size_t(r * d + i)] != ring[size_t(r * d + i)];
+    EXPECT_EQ(fp8_differing, 0u) << what << ": FP8 channels not bit-identical";
+    EXPECT_TRUE(compare(got, ring, Tolerance{1e-6, 0.0}, what + " ring"));
+  }
+#endif
+}
+
 }  // namespace
 }  // namespace dsv4::test

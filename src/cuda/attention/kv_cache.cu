@@ -112,18 +112,59 @@ struct KvFinishParams {
   int64_t slots;
 };
 
-// kv_finish into a compact FP8 ring, one block per row: norm and RoPE in shared memory (norm_rope_row), then
-// the block's warps store the row's 64-channel blocks and its rope channels.
-__global__ void __launch_bounds__(kNormRopeThreads) kv_finish_kernel(KvFinishParams p) {
-  extern __shared__ float row_s[];  // [dim]
-  const int64_t i = p.first + blockIdx.x;
-  const NormRopeRowConsts consts = norm_rope_row_consts(p.norm, p.pos0 + i);
-  pdl_wait();
+// kv_finish of row i into a compact FP8 ring by one block: norm and RoPE in shared memory (norm_rope_row, its
+// constants gathered before the kernel's wait), then the block's warps store the row's 64-channel blocks and its
+// rope channels.
+__device__ __forceinline__ void kv_finish_row(const KvFinishParams& p, int64_t i, const NormRopeRowConsts& consts,
+                                              float* row_s) {
   norm_rope_row(p.norm, consts, p.kv + i * p.norm.dim, p.pos0 + i, row_s, nullptr);
   __syncthreads();
   uint8_t* row = p.ring + (p.pos0 + i) % p.slots * p.layout.row_bytes;
   for (int b = int(threadIdx.x / 32); b < store_items_per_row(p.layout); b += kNormRopeThreads / 32)
     store_item(p.layout, row_s, row, b, int(threadIdx.x % 32));
+}
+
+// One block per row.
+__global__ void __launch_bounds__(kNormRopeThreads) kv_finish_kernel(KvFinishParams p) {
+  extern __shared__ float row_s[];  // [dim]
+  const int64_t i = p.first + blockIdx.x;
+  const NormRopeRowConsts consts = norm_rope_row_consts(p.norm, p.pos0 + i);
+  pdl_wait();
+  kv_finish_row(p, i, consts, row_s);
+}
+
+struct QueryKvFinishParams {
+  float* q;               // [q_rows, dim], normed and rotated in place
+  NormRopeRow q_norm;     // no gain
+  int64_t q_rows, heads;  // q row r at position kv.pos0 + r / heads
+  KvFinishParams kv;
+};
+
+// query_kv_finish: blocks [0, q_rows) norm and rotate a query head's row each (norm_rope), the others finish a
+// K = V row each (kv_finish_row). One launch instead of two: at decode each is a short chain after a PDL wait.
+__global__ void __launch_bounds__(kNormRopeThreads) query_kv_finish_kernel(QueryKvFinishParams p) {
+  extern __shared__ float row_s[];  // [dim]
+  const bool query = blockIdx.x < p.q_rows;  // block-uniform
+  const int64_t i = query ? int64_t(blockIdx.x) : p.kv.first + (int64_t(blockIdx.x) - p.q_rows);
+  const int64_t pos = p.kv.pos0 + (query ? i / p.heads : i);
+  const NormRopeRowConsts consts = norm_rope_row_consts(query ? p.q_norm : p.kv.norm, pos);
+  pdl_wait();
+  if (query) {
+    float* x = p.q + i * p.q_norm.dim;
+    norm_rope_row(p.q_norm, consts, x, pos, row_s, x);
+  } else {
+    kv_finish_row(p.kv, i, consts, row_s);
+  }
+}
+
+// kv_finish's arguments against the compact ring it stores into.
+void check_kv_finish(const CacheLayout& layout, int64_t n, int64_t dim, int64_t nope, int64_t pos0, int64_t slots,
+                     size_t gamma_size, int64_t rope_dim) {
+  DSV4_CHECK(n >= 0 && pos0 >= 0 && slots >= 1 && slots <= layout.rows && layout.dim == dim &&
+                 int64_t(gamma_size) == dim && dim - nope == rope_dim,
+             "kv_finish: ", n, " rows of ", dim, " channels (", nope, " without RoPE) into a ring of ", slots,
+             " slots of a ", layout.rows, " x ", layout.dim, " cache, gain of ", gamma_size);
+  DSV4_CHECK(dim <= kNormRopeMaxDim, "kv_finish: rows of ", dim, " channels (at most ", kNormRopeMaxDim, ")");
 }
 
 struct LoadParams {
@@ -168,17 +209,33 @@ void CudaOps::kv_finish(float* kv, const std::vector<float>& gamma, int64_t n, i
   const cuda::CacheLayout* layout = compact_cache(ring);
   if (!simulate || !layout || layout->format != CacheFormat::kFp8Kv || layout->nope != nope)
     return Ops::kv_finish(kv, gamma, n, dim, nope, pos0, kind, simulate, slots, ring);
-  DSV4_CHECK(n >= 0 && pos0 >= 0 && slots >= 1 && slots <= layout->rows && layout->dim == dim &&
-                 int64_t(gamma.size()) == dim && dim - nope == config_.rope_dim,
-             "kv_finish: ", n, " rows of ", dim, " channels (", nope, " without RoPE) into a ring of ", slots,
-             " slots of a ", layout->rows, " x ", layout->dim, " cache, gain of ", gamma.size());
-  DSV4_CHECK(dim <= cuda::kNormRopeMaxDim, "kv_finish: rows of ", dim, " channels (at most ", cuda::kNormRopeMaxDim, ")");
+  cuda::check_kv_finish(*layout, n, dim, nope, pos0, slots, gamma.size(), config_.rope_dim);
   // Rows i and i + slots share a slot: only the last `slots` rows are stored, as ring_store does.
   const int64_t first = std::max<int64_t>(0, n - slots);
   if (n == first) return;
   const cuda::KvFinishParams p{kv,    {dev(gamma), inv_freq(kind), dim, nope, float(config_.norm_eps)},
                                first, pos0, *layout, reinterpret_cast<uint8_t*>(ring), slots};
   cuda::launch_pdl(cuda::kv_finish_kernel, dim3(unsigned(n - first)), dim3(cuda::kNormRopeThreads),
+                   size_t(dim) * sizeof(float), stream_, pdl(), p);
+}
+
+void CudaOps::query_kv_finish(float* q, int64_t heads, float* kv, const std::vector<float>& kv_gamma, int64_t n,
+                              int64_t dim, int64_t nope, int64_t pos0, RopeKind kind, bool simulate, int64_t slots,
+                              float* ring) {
+  const cuda::CacheLayout* layout = compact_cache(ring);
+  if (!simulate || !layout || layout->format != CacheFormat::kFp8Kv || layout->nope != nope)
+    return Ops::query_kv_finish(q, heads, kv, kv_gamma, n, dim, nope, pos0, kind, simulate, slots, ring);
+  cuda::check_kv_finish(*layout, n, dim, nope, pos0, slots, kv_gamma.size(), config_.rope_dim);
+  DSV4_CHECK(heads >= 1 && n * heads + n <= int64_t(INT32_MAX), "query_kv_finish: ", n, " rows of ", heads,
+             " query heads");
+  const int64_t first = std::max<int64_t>(0, n - slots);  // as kv_finish: the last `slots` rows are stored
+  const int64_t blocks = n * heads + (n - first);
+  if (blocks == 0) return;
+  const cuda::QueryKvFinishParams p{
+      q, {nullptr, inv_freq(kind), dim, nope, float(config_.norm_eps)}, n * heads, heads,
+      {kv, {dev(kv_gamma), inv_freq(kind), dim, nope, float(config_.norm_eps)}, first, pos0, *layout,
+       reinterpret_cast<uint8_t*>(ring), slots}};
+  cuda::launch_pdl(cuda::query_kv_finish_kernel, dim3(unsigned(blocks)), dim3(cuda::kNormRopeThreads),
                    size_t(dim) * sizeof(float), stream_, pdl(), p);
 }
 
