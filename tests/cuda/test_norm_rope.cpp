@@ -1,5 +1,5 @@
-// norm_rope family: rms_norm, rope and the fused norm_rope / kv_finish on the GPU against CpuOps, at V4-Flash
-// shapes and odd ones.
+// norm_rope family: rms_norm, rope and the fused norm_rope / kv_finish / query_kv_finish on the GPU against CpuOps,
+// at V4-Flash shapes and odd ones.
 #include <cmath>
 #include <cstdio>
 #include <deque>
@@ -132,6 +132,50 @@ TEST(CudaNormRope, RopeMatchesCpu) {
 #endif
 }
 
+#if DSV4_HAVE_CUDA
+// got against want, rows of dim channels: the first `exact` channels of each row bit for bit (the norm, or the
+// FP8 codes), every channel within 1e-6 (the rope channels carry the fp64 sin/cos last bits).
+void expect_rows_match(const std::vector<float>& got, const std::vector<float>& want, int64_t rows, int64_t dim,
+                       int64_t exact, const std::string& what) {
+  size_t differing = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < exact; ++i) differing += got[size_t(r * dim + i)] != want[size_t(r * dim + i)];
+  EXPECT_EQ(differing, 0u) << what << ": " << differing << " of the first " << exact << " channels of each row differ";
+  EXPECT_TRUE(compare(got, want, Tolerance{1e-6, 0.0}, what));
+}
+
+// A window ring on the host (fp32) and on the device (compact FP8).
+struct Rings {
+  std::vector<float> host;
+  float* dev;
+};
+
+// What the K = V tests share: V4-Flash's head_dim rows (448 FP8 channels, 64 rope), a 37-slot ring, a gain in
+// [0.5, 1.5] (uploaded), on both backends.
+struct KvRows {
+  std::mt19937_64 rng{seed()};
+  ModelConfig cfg = v4_config();
+  CudaOps ops{cfg};
+  CpuOps cpu{cfg};
+  int64_t d = 512, nope = d - cfg.rope_dim, slots = 37;
+  std::vector<float> gamma = random_floats(size_t(d), rng, 0.5f, 1.5f);
+  KvRows() { ops.upload(gamma); }
+  // A ring of random stored (so simulated) rows, on the host and in a compact FP8 cache of the same contents.
+  Rings random_rings() {
+    Rings r{random_floats(size_t(slots * d), rng, -2.0f, 2.0f), ops.alloc_cache(CacheFormat::kFp8Kv, slots, d)};
+    cpu.sim_fp8(r.host.data(), slots, d, nope, 64);
+    ops.write_cache(r.dev, slots, d, r.host.data());
+    return r;
+  }
+  // The compact ring read back against the CPU's fp32 one: FP8 channels bit for bit, rope channels 1e-6.
+  void expect_rings_match(const Rings& r, const std::string& what) {
+    std::vector<float> got(r.host.size());
+    ops.read_cache(r.dev, slots, d, got.data());
+    expect_rows_match(got, r.host, slots, d, nope, what);
+  }
+};
+#endif
+
 // norm_rope: RMSNorm bit-identical to the CPU's (same 8 partial sums, same tree, unfused products), then the
 // rotation of RopeMatchesCpu: channels before the rope range must match bit for bit, the rope channels within
 // RopeMatchesCpu's sin/cos bound (outputs ≤ ~4 in magnitude here: 1e-6 absolute).
@@ -161,12 +205,7 @@ TEST(CudaNormRope, NormRopeMatchesCpu) {
     cpu.norm_rope(want.data(), g, c.rows, c.dim, offset, c.rows_per_pos, c.pos0, c.kind);
     float* dx = to_device(ops, x);
     ops.norm_rope(dx, g, c.rows, c.dim, offset, c.rows_per_pos, c.pos0, c.kind);
-    const auto got = to_host(ops, dx, x.size());
-    size_t norm_differing = 0;
-    for (int64_t r = 0; r < c.rows; ++r)
-      for (int64_t i = 0; i < offset; ++i) norm_differing += got[size_t(r * c.dim + i)] != want[size_t(r * c.dim + i)];
-    EXPECT_EQ(norm_differing, 0u) << c.what << ": normed channels not bit-identical";
-    EXPECT_TRUE(compare(got, want, Tolerance{1e-6, 0.0}, c.what));
+    expect_rows_match(to_host(ops, dx, x.size()), want, c.rows, c.dim, offset, c.what);
   }
 #endif
 }
@@ -179,31 +218,17 @@ TEST(CudaNormRope, NormRopeMatchesCpu) {
 TEST(CudaNormRope, KvFinishMatchesCpu) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
-  std::mt19937_64 rng(seed());
   SCOPED_TRACE(seed());
-  const ModelConfig cfg = v4_config();
-  CudaOps ops(cfg);
-  CpuOps cpu(cfg);
-  const int64_t d = 512, nope = d - cfg.rope_dim, slots = 37;
-  const std::vector<float> gamma = random_floats(size_t(d), rng, 0.5f, 1.5f);
-  ops.upload(gamma);
+  KvRows k;
   for (const auto& [n, pos0] : {std::pair<int64_t, int64_t>{1, 4095}, {13, 30}, {5, 0}, {40, 7}}) {
-    std::vector<float> ring = random_floats(size_t(slots * d), rng, -2.0f, 2.0f);
-    cpu.sim_fp8(ring.data(), slots, d, nope, 64);  // stored rows are simulated
-    float* dring = ops.alloc_cache(CacheFormat::kFp8Kv, slots, d);
-    ops.write_cache(dring, slots, d, ring.data());
-    const auto kv = random_floats(size_t(n * d), rng, -3.0f, 3.0f);
+    Rings rings = k.random_rings();
+    const auto kv = random_floats(size_t(n * k.d), k.rng, -3.0f, 3.0f);
     std::vector<float> kv_cpu = kv;
-    cpu.kv_finish(kv_cpu.data(), gamma, n, d, nope, pos0, RopeKind::kCompressed, true, slots, ring.data());
-    ops.kv_finish(to_device(ops, kv), gamma, n, d, nope, pos0, RopeKind::kCompressed, true, slots, dring);
-    std::vector<float> got(ring.size());
-    ops.read_cache(dring, slots, d, got.data());
-    size_t fp8_differing = 0;
-    for (int64_t r = 0; r < slots; ++r)
-      for (int64_t i = 0; i < nope; ++i) fp8_differing += got[size_t(r * d + i)] != ring[size_t(r * d + i)];
-    const std::string what = cat("kv_finish n=", n, " pos0=", pos0);
-    EXPECT_EQ(fp8_differing, 0u) << what << ": FP8 channels not bit-identical";
-    EXPECT_TRUE(compare(got, ring, Tolerance{1e-6, 0.0}, what));
+    k.cpu.kv_finish(kv_cpu.data(), k.gamma, n, k.d, k.nope, pos0, RopeKind::kCompressed, true, k.slots,
+                    rings.host.data());
+    k.ops.kv_finish(to_device(k.ops, kv), k.gamma, n, k.d, k.nope, pos0, RopeKind::kCompressed, true, k.slots,
+                    rings.dev);
+    k.expect_rings_match(rings, cat("kv_finish n=", n, " pos0=", pos0));
   }
 #endif
 }
@@ -214,44 +239,24 @@ TEST(CudaNormRope, KvFinishMatchesCpu) {
 TEST(CudaNormRope, QueryKvFinishMatchesCpu) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
-  std::mt19937_64 rng(seed());
   SCOPED_TRACE(seed());
-  const ModelConfig cfg = v4_config();
-  CudaOps ops(cfg);
-  CpuOps cpu(cfg);
-  const int64_t d = 512, nope = d - cfg.rope_dim, slots = 37;
-  const std::vector<float> gamma = random_floats(size_t(d), rng, 0.5f, 1.5f);
-  ops.upload(gamma);
+  KvRows k;
   struct Case {
     int64_t n, pos0, heads;
   };
   for (const Case& c : {Case{1, 4095, 64}, Case{13, 30, 3}, Case{5, 0, 1}, Case{40, 7, 5}}) {
-    std::vector<float> ring = random_floats(size_t(slots * d), rng, -2.0f, 2.0f);
-    cpu.sim_fp8(ring.data(), slots, d, nope, 64);  // stored rows are simulated
-    float* dring = ops.alloc_cache(CacheFormat::kFp8Kv, slots, d);
-    ops.write_cache(dring, slots, d, ring.data());
-    const auto q = random_floats(size_t(c.n * c.heads * d), rng, -3.0f, 3.0f);
-    const auto kv = random_floats(size_t(c.n * d), rng, -3.0f, 3.0f);
+    Rings rings = k.random_rings();
+    const auto q = random_floats(size_t(c.n * c.heads * k.d), k.rng, -3.0f, 3.0f);
+    const auto kv = random_floats(size_t(c.n * k.d), k.rng, -3.0f, 3.0f);
     std::vector<float> q_cpu = q, kv_cpu = kv;
-    cpu.query_kv_finish(q_cpu.data(), c.heads, kv_cpu.data(), gamma, c.n, d, nope, c.pos0, RopeKind::kPlain, true,
-                        slots, ring.data());
-    float* dq = to_device(ops, q);
-    ops.query_kv_finish(dq, c.heads, to_device(ops, kv), gamma, c.n, d, nope, c.pos0, RopeKind::kPlain, true, slots,
-                        dring);
+    k.cpu.query_kv_finish(q_cpu.data(), c.heads, kv_cpu.data(), k.gamma, c.n, k.d, k.nope, c.pos0, RopeKind::kPlain,
+                          true, k.slots, rings.host.data());
+    float* dq = to_device(k.ops, q);
+    k.ops.query_kv_finish(dq, c.heads, to_device(k.ops, kv), k.gamma, c.n, k.d, k.nope, c.pos0, RopeKind::kPlain,
+                          true, k.slots, rings.dev);
     const std::string what = cat("query_kv_finish n=", c.n, " pos0=", c.pos0, " heads=", c.heads);
-    const auto got_q = to_host(ops, dq, q.size());
-    size_t q_differing = 0;
-    for (int64_t r = 0; r < c.n * c.heads; ++r)
-      for (int64_t i = 0; i < nope; ++i) q_differing += got_q[size_t(r * d + i)] != q_cpu[size_t(r * d + i)];
-    EXPECT_EQ(q_differing, 0u) << what << ": normed query channels not bit-identical";
-    EXPECT_TRUE(compare(got_q, q_cpu, Tolerance{1e-6, 0.0}, what + " q"));
-    std::vector<float> got(ring.size());
-    ops.read_cache(dring, slots, d, got.data());
-    size_t fp8_differing = 0;
-    for (int64_t r = 0; r < slots; ++r)
-      for (int64_t i = 0; i < nope; ++i) fp8_differing += got[size_t(r * d + i)] != ring[size_t(r * d + i)];
-    EXPECT_EQ(fp8_differing, 0u) << what << ": FP8 channels not bit-identical";
-    EXPECT_TRUE(compare(got, ring, Tolerance{1e-6, 0.0}, what + " ring"));
+    expect_rows_match(to_host(k.ops, dq, q.size()), q_cpu, c.n * c.heads, k.d, k.nope, what + " q");
+    k.expect_rings_match(rings, what + " ring");
   }
 #endif
 }
