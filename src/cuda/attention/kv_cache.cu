@@ -10,6 +10,7 @@
 // the fixtures' numerics keep them unrounded.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "cuda/attention/kv_cache.cuh"
 #include "cuda/common/check.h"
@@ -157,14 +158,23 @@ __global__ void __launch_bounds__(kNormRopeThreads) query_kv_finish_kernel(Query
   }
 }
 
-// kv_finish's arguments against the compact ring it stores into.
-void check_kv_finish(const CacheLayout& layout, int64_t n, int64_t dim, int64_t nope, int64_t pos0, int64_t slots,
-                     size_t gamma_size, int64_t rope_dim) {
-  DSV4_CHECK(n >= 0 && pos0 >= 0 && slots >= 1 && slots <= layout.rows && layout.dim == dim &&
-                 int64_t(gamma_size) == dim && dim - nope == rope_dim,
+// kv_finish's kernel parameters when it runs fused into a compact FP8 ring (simulated numerics: the store
+// rounds like sim_fp8), its arguments checked; nullopt: the default composition (Ops::kv_finish). Rows i and
+// i + slots share a slot: only the last `slots` rows are stored (from `first`), as ring_store does.
+std::optional<KvFinishParams> fused_kv_finish(const CudaOps& ops, float* kv, const std::vector<float>& gamma,
+                                              int64_t n, int64_t dim, int64_t nope, int64_t pos0, RopeKind kind,
+                                              bool simulate, int64_t slots, float* ring) {
+  const CacheLayout* layout = ops.compact_cache(ring);
+  if (!simulate || !layout || layout->format != CacheFormat::kFp8Kv || layout->nope != nope) return std::nullopt;
+  DSV4_CHECK(n >= 0 && pos0 >= 0 && slots >= 1 && slots <= layout->rows && layout->dim == dim &&
+                 int64_t(gamma.size()) == dim && dim - nope == ops.config().rope_dim,
              "kv_finish: ", n, " rows of ", dim, " channels (", nope, " without RoPE) into a ring of ", slots,
-             " slots of a ", layout.rows, " x ", layout.dim, " cache, gain of ", gamma_size);
+             " slots of a ", layout->rows, " x ", layout->dim, " cache, gain of ", gamma.size());
   DSV4_CHECK(dim <= kNormRopeMaxDim, "kv_finish: rows of ", dim, " channels (at most ", kNormRopeMaxDim, ")");
+  const float eps = float(ops.config().norm_eps);
+  const NormRopeRow norm{ops.dev(gamma), ops.inv_freq(kind), dim, nope, eps};
+  return KvFinishParams{kv, norm, std::max<int64_t>(0, n - slots), pos0, *layout, reinterpret_cast<uint8_t*>(ring),
+                        slots};
 }
 
 struct LoadParams {
@@ -206,35 +216,24 @@ void cache_store(CudaOps& ops, const CacheLayout& layout, float* cache, const fl
 // is skipped, and the norm, the RoPE and the store run as one kernel (kv is left as it came: scratch).
 void CudaOps::kv_finish(float* kv, const std::vector<float>& gamma, int64_t n, int64_t dim, int64_t nope, int64_t pos0,
                         RopeKind kind, bool simulate, int64_t slots, float* ring) {
-  const cuda::CacheLayout* layout = compact_cache(ring);
-  if (!simulate || !layout || layout->format != CacheFormat::kFp8Kv || layout->nope != nope)
-    return Ops::kv_finish(kv, gamma, n, dim, nope, pos0, kind, simulate, slots, ring);
-  cuda::check_kv_finish(*layout, n, dim, nope, pos0, slots, gamma.size(), config_.rope_dim);
-  // Rows i and i + slots share a slot: only the last `slots` rows are stored, as ring_store does.
-  const int64_t first = std::max<int64_t>(0, n - slots);
-  if (n == first) return;
-  const cuda::KvFinishParams p{kv,    {dev(gamma), inv_freq(kind), dim, nope, float(config_.norm_eps)},
-                               first, pos0, *layout, reinterpret_cast<uint8_t*>(ring), slots};
-  cuda::launch_pdl(cuda::kv_finish_kernel, dim3(unsigned(n - first)), dim3(cuda::kNormRopeThreads),
-                   size_t(dim) * sizeof(float), stream_, pdl(), p);
+  const auto p = cuda::fused_kv_finish(*this, kv, gamma, n, dim, nope, pos0, kind, simulate, slots, ring);
+  if (!p) return Ops::kv_finish(kv, gamma, n, dim, nope, pos0, kind, simulate, slots, ring);
+  if (n == p->first) return;
+  cuda::launch_pdl(cuda::kv_finish_kernel, dim3(unsigned(n - p->first)), dim3(cuda::kNormRopeThreads),
+                   size_t(dim) * sizeof(float), stream_, pdl(), *p);
 }
 
 void CudaOps::query_kv_finish(float* q, int64_t heads, float* kv, const std::vector<float>& kv_gamma, int64_t n,
                               int64_t dim, int64_t nope, int64_t pos0, RopeKind kind, bool simulate, int64_t slots,
                               float* ring) {
-  const cuda::CacheLayout* layout = compact_cache(ring);
-  if (!simulate || !layout || layout->format != CacheFormat::kFp8Kv || layout->nope != nope)
-    return Ops::query_kv_finish(q, heads, kv, kv_gamma, n, dim, nope, pos0, kind, simulate, slots, ring);
-  cuda::check_kv_finish(*layout, n, dim, nope, pos0, slots, kv_gamma.size(), config_.rope_dim);
+  const auto kv_p = cuda::fused_kv_finish(*this, kv, kv_gamma, n, dim, nope, pos0, kind, simulate, slots, ring);
+  if (!kv_p) return Ops::query_kv_finish(q, heads, kv, kv_gamma, n, dim, nope, pos0, kind, simulate, slots, ring);
   DSV4_CHECK(heads >= 1 && n * heads + n <= int64_t(INT32_MAX), "query_kv_finish: ", n, " rows of ", heads,
              " query heads");
-  const int64_t first = std::max<int64_t>(0, n - slots);  // as kv_finish: the last `slots` rows are stored
-  const int64_t blocks = n * heads + (n - first);
+  const int64_t blocks = n * heads + (n - kv_p->first);
   if (blocks == 0) return;
-  const cuda::QueryKvFinishParams p{
-      q, {nullptr, inv_freq(kind), dim, nope, float(config_.norm_eps)}, n * heads, heads,
-      {kv, {dev(kv_gamma), inv_freq(kind), dim, nope, float(config_.norm_eps)}, first, pos0, *layout,
-       reinterpret_cast<uint8_t*>(ring), slots}};
+  const cuda::QueryKvFinishParams p{q, {nullptr, inv_freq(kind), dim, nope, float(config_.norm_eps)}, n * heads,
+                                    heads, *kv_p};
   cuda::launch_pdl(cuda::query_kv_finish_kernel, dim3(unsigned(blocks)), dim3(cuda::kNormRopeThreads),
                    size_t(dim) * sizeof(float), stream_, pdl(), p);
 }

@@ -25,28 +25,31 @@ struct NormRopeRow {
 // channel pairs — gathered before the kernel waits for its predecessor: they do not depend on it, and at
 // decode a weight read after the wait is an HBM round trip (and the fp64 sin/cos a chain) on the step's path.
 constexpr int kRowPrefetch = 4;  // covers rows of up to 2·kNormRopeThreads·4 = 1024 channels
+
+// The constants of channels c, c + 1 (c even, c < dim): γ ((1, 1) without a gain) and the rotation's (cos, sin)
+// at position pos ((1, 0), unused, before the rope offset).
+struct PairConsts {
+  float2 gamma, cs;
+};
+__device__ __forceinline__ PairConsts row_pair_consts(const NormRopeRow& p, int64_t c, int64_t pos) {
+  PairConsts k{make_float2(1.0f, 1.0f), make_float2(1.0f, 0.0f)};
+  if (p.gamma) k.gamma = make_float2(p.gamma[c], c + 1 < p.dim ? p.gamma[c + 1] : 1.0f);
+  if (c >= p.offset) k.cs = rope_cos_sin(pos, p.inv_freq[(c - p.offset) / 2], /*inverse=*/false);
+  return k;
+}
+
 struct NormRopeRowConsts {
-  float2 gamma[kRowPrefetch];  // (1, 1) without a gain
-  float2 cs[kRowPrefetch];     // (cos, sin); channels before the rope offset leave it unused
+  PairConsts pair[kRowPrefetch];
 };
 
 // Channel pair i of thread t: channels 2t + 2·kNormRopeThreads·i and the next one.
 __device__ __forceinline__ int64_t row_pair_channel(int i) { return 2 * (int64_t(threadIdx.x) + int64_t(kNormRopeThreads) * i); }
 
-__device__ __forceinline__ float2 row_gamma(const NormRopeRow& p, int64_t c) {
-  if (!p.gamma) return make_float2(1.0f, 1.0f);
-  return make_float2(p.gamma[c], c + 1 < p.dim ? p.gamma[c + 1] : 1.0f);
-}
-
 __device__ __forceinline__ NormRopeRowConsts norm_rope_row_consts(const NormRopeRow& p, int64_t pos) {
   NormRopeRowConsts k;
 #pragma unroll
-  for (int i = 0; i < kRowPrefetch; ++i) {
-    const int64_t c = row_pair_channel(i);
-    k.gamma[i] = c < p.dim ? row_gamma(p, c) : make_float2(1.0f, 1.0f);
-    k.cs[i] = c < p.dim && c >= p.offset ? rope_cos_sin(pos, p.inv_freq[(c - p.offset) / 2], /*inverse=*/false)
-                                         : make_float2(1.0f, 0.0f);
-  }
+  for (int i = 0; i < kRowPrefetch; ++i)
+    if (row_pair_channel(i) < p.dim) k.pair[i] = row_pair_consts(p, row_pair_channel(i), pos);
   return k;
 }
 
@@ -77,13 +80,13 @@ __device__ __forceinline__ void norm_rope_row(const NormRopeRow& p, const NormRo
   }
   __syncthreads();
   const float inv = inv_s;
-  const auto finish_pair = [&](int64_t c, float2 g, float2 cs) {
+  const auto finish_pair = [&](int64_t c, const PairConsts& pc) {
     float a = __fmul_rn(row_s[c], inv), b = c + 1 < p.dim ? __fmul_rn(row_s[c + 1], inv) : 0.0f;
     if (p.gamma) {
-      a = __fmul_rn(g.x, a);
-      b = __fmul_rn(g.y, b);
+      a = __fmul_rn(pc.gamma.x, a);
+      b = __fmul_rn(pc.gamma.y, b);
     }
-    if (c >= p.offset) rotate(a, b, cs);
+    if (c >= p.offset) rotate(a, b, pc.cs);
     row_s[c] = a;
     if (c + 1 < p.dim) row_s[c + 1] = b;
     if (out) {
@@ -93,11 +96,9 @@ __device__ __forceinline__ void norm_rope_row(const NormRopeRow& p, const NormRo
   };
 #pragma unroll
   for (int i = 0; i < kRowPrefetch; ++i)
-    if (row_pair_channel(i) < p.dim) finish_pair(row_pair_channel(i), k.gamma[i], k.cs[i]);
+    if (row_pair_channel(i) < p.dim) finish_pair(row_pair_channel(i), k.pair[i]);
   for (int64_t c = row_pair_channel(kRowPrefetch); c < p.dim; c += 2 * kNormRopeThreads)
-    finish_pair(c, row_gamma(p, c),
-                c >= p.offset ? rope_cos_sin(pos, p.inv_freq[(c - p.offset) / 2], /*inverse=*/false)
-                              : make_float2(1.0f, 0.0f));
+    finish_pair(c, row_pair_consts(p, c, pos));
 }
 
 }  // namespace dsv4::cuda
