@@ -5,7 +5,7 @@
 // (cuBLAS / cuBLASLt through PyTorch) is bench/gemm/yardstick.py, run in the same GPU session:
 // `yardstick.py --ours <this output>` prints both side by side with the ratios.
 //
-//   bench_gemm [--iters N]
+//   bench_gemm [--iters N] [--only FMT:N:SHAPE]     (--only fp8:4096:wq_a: one case, e.g. under ncu)
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -69,7 +69,7 @@ void* device_buffer(size_t bytes) {
   return p;
 }
 
-void run(int iters) {
+void run(int iters, const std::string& only) {
   ModelConfig config;
   CudaOps ops(config);
   const cudaStream_t stream = ops.stream();
@@ -86,6 +86,8 @@ void run(int iters) {
     for (const int64_t n : {512, 4096})
       for (const Shape& s : kShapes) {
         if (fp8 && s.bf16_only) continue;
+        const std::string key = std::string(fp8 ? "fp8" : "bf16") + ":" + std::to_string(n) + ":" + s.name;
+        if (!only.empty() && key != only) continue;
         cuda::DeviceWeight w;
         w.format = fp8 ? cuda::WFormat::kFP8 : cuda::WFormat::kBF16;
         w.rows = s.rows;
@@ -153,15 +155,17 @@ void run(int iters) {
 
 int main(int argc, char** argv) {
   int iters = 10;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: bench_gemm [--iters N]\n");
+      std::fprintf(stderr, "usage: bench_gemm [--iters N] [--only FMT:N:SHAPE]\n");
       return 2;
     }
   }
   try {
-    dsv4::run(iters > 0 ? iters : 1);
+    dsv4::run(iters > 0 ? iters : 1, only);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gemm: %s\n", e.what());
     return 1;
