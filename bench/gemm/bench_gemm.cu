@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -69,7 +70,23 @@ void* device_buffer(size_t bytes) {
   return p;
 }
 
+std::string case_key(bool fp8, int64_t n, const Shape& s) {
+  return std::string(fp8 ? "fp8" : "bf16") + ":" + std::to_string(n) + ":" + s.name;
+}
+
+// Whether --only names one of the cases run() times (checked before any GPU work).
+bool names_a_case(const std::string& only) {
+  for (const bool fp8 : {false, true})
+    for (const int64_t n : {512, 4096})
+      for (const Shape& s : kShapes)
+        if (!(fp8 && s.bf16_only) && case_key(fp8, n, s) == only) return true;
+  return false;
+}
+
 void run(int iters, const std::string& only) {
+  if (!only.empty() && !names_a_case(only))
+    throw std::runtime_error("--only " + only + " names no case: FMT bf16 or fp8, N 512 or 4096, SHAPE wq_a, wq_b, "
+                             "wo_b, wkv, shared_w1, shared_w2 or lm_head (bf16 only)");
   ModelConfig config;
   CudaOps ops(config);
   const cudaStream_t stream = ops.stream();
@@ -86,8 +103,7 @@ void run(int iters, const std::string& only) {
     for (const int64_t n : {512, 4096})
       for (const Shape& s : kShapes) {
         if (fp8 && s.bf16_only) continue;
-        const std::string key = std::string(fp8 ? "fp8" : "bf16") + ":" + std::to_string(n) + ":" + s.name;
-        if (!only.empty() && key != only) continue;
+        if (!only.empty() && case_key(fp8, n, s) != only) continue;
         cuda::DeviceWeight w;
         w.format = fp8 ? cuda::WFormat::kFP8 : cuda::WFormat::kBF16;
         w.rows = s.rows;
