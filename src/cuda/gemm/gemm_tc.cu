@@ -307,7 +307,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       };
 #pragma unroll
       for (int u = 0; u < kScaleAhead; ++u) load_scale_pair(p, here, u, lane, scale_x[u], scale_w[u]);
-      // Slices i, i + 1 (i even: pair i / 2, register set u) with slice i + 2 issued; then pair i / 2 + kScaleAhead.
+      // Slices i, i + 1 (i even: pair i / 2, scales in x, w) with slice i + 2 issued; then pair i / 2 + kScaleAhead
+      // into x, w.
       const auto pair = [&](int i, float& x, float& w) {
         const float2 s0 = pair_scales(x, w, 0, lane), s1 = pair_scales(x, w, 1, lane);
         issue(other, i + 1);
