@@ -136,9 +136,9 @@ __device__ __forceinline__ void store_fragment(const float (&v)[T::kBlockN / 2],
 
 // FP8 scales are loaded kScaleAhead pairs of K slices before the promotion that waits for them: an L2 round
 // trip under the kernel's own L2 traffic outlasts a slice. H200, against the same kernel with constant scales:
-// scales loaded one slice ahead cost +25%, four pairs ahead +13-15%. What remains is mostly each tile's first
-// loads (issued at its start; issuing them during the previous tile held the next tile's addresses in
-// registers and measured slower).
+// scales loaded one slice ahead cost +25%, four pairs ahead +13-15%. The top stall left is each tile's first
+// scales, loaded at its start; loading them during the previous tile's main loop (its registers held the next
+// tile's addresses) measured slower, and before its stores neutral.
 constexpr int kScaleAhead = 4;  // pairs of K slices whose scales are loaded ahead of their promotion
 // Pair q = slices 2q, 2q + 1. A warp's 16 tile rows need 16 x scales a slice and one w scale, so a pair fits
 // two registers a lane: x_scale of slice 2q + lane / 16 at warp row lane % 16, and w_scale of slice 2q + lane % 2.
@@ -590,10 +590,17 @@ void tc_gemm(const GemmParams& p, const TcActivations& a, CudaOps& ops) {
     launch<Fp8Tiles>(p, a, grid_of<Fp8Tiles>(p, sms), ops);
     return;
   }
-  // 256-wide tiles read the activations half as often; 128-wide ones fill the GPU with twice the tiles.
+  // 256-wide tiles read the activations half as often and run ~10% faster per flop (H200: 128 × 128 tiles
+  // forced on wq_b / wo_b / lm head measured +8-14%); 128-wide ones fill the GPU with twice the tiles. Wide
+  // unless they leave more than half of the SMs idle, or the narrow ones take fewer waves, counting a narrow
+  // wave as 0.55 of a wide one (half the work, 10% slower).
   const Grid wide = grid_of<Bf16Tiles<256>>(p, sms);
-  if (int64_t(wide.m_tiles) * wide.n_tiles * p.groups >= sms) launch<Bf16Tiles<256>>(p, a, wide, ops);
-  else launch<Bf16Tiles<128>>(p, a, grid_of<Bf16Tiles<128>>(p, sms), ops);
+  const int64_t wide_tiles = int64_t(wide.m_tiles) * wide.n_tiles * p.groups;
+  const Grid narrow = grid_of<Bf16Tiles<128>>(p, sms);
+  const int64_t narrow_tiles = int64_t(narrow.m_tiles) * narrow.n_tiles * p.groups;
+  const bool wide_fills = 2 * wide_tiles > sms && 100 * ceil_div(wide_tiles, sms) <= 55 * ceil_div(narrow_tiles, sms);
+  if (wide_tiles >= sms || wide_fills) launch<Bf16Tiles<256>>(p, a, wide, ops);
+  else launch<Bf16Tiles<128>>(p, a, narrow, ops);
 }
 
 bool gemm_tensor_core(const GemmParams& p, CudaOps& ops) {
