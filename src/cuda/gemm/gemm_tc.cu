@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include "cuda/common/check.h"
+#include "cuda/common/launch.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/gemm/gemm.h"
 #include "cuda/gemm/tc_gemm.h"
@@ -354,19 +355,31 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // NOTE: other architectures get an empty body; the launcher only runs this kernel on compute capability 9.x
 }
 
-// y[r, c] = Σ_s partial[s][r, c], splits added in order. partial [splits][n, N], y [n, ldy]; N, ldy even.
-__global__ void reduce_splits_kernel(const float* __restrict__ partial, int splits, int64_t split_stride, int n,
-                                     int64_t N, float* __restrict__ y, int64_t ldy) {
-  const int64_t pairs = N / 2, count = int64_t(n) * pairs;
+// y[r, c] = Σ_s partial[s][r, c], splits added in order. Launched with PDL behind the GEMM: its launch overlaps
+// the GEMM's last tiles, and it reads the partials (through L2) after the wait.
+struct ReduceParams {
+  const float* partial;  // [splits][n, N]
+  int splits;
+  int64_t split_stride;
+  int n;
+  int64_t N;  // even
+  float* y;   // [n, ldy], ldy even
+  int64_t ldy;
+};
+
+__global__ void reduce_splits_kernel(const ReduceParams p) {
+  pdl_wait();
+  const int64_t pairs = p.N / 2, count = int64_t(p.n) * pairs;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / pairs, c = 2 * (i % pairs);
-    float2 sum = *reinterpret_cast<const float2*>(partial + r * N + c);
-    for (int s = 1; s < splits; ++s) {
-      const float2 v = *reinterpret_cast<const float2*>(partial + s * split_stride + r * N + c);
+    const float* src = p.partial + r * p.N + c;
+    float2 sum = __ldcg(reinterpret_cast<const float2*>(src));
+    for (int s = 1; s < p.splits; ++s) {
+      const float2 v = __ldcg(reinterpret_cast<const float2*>(src + s * p.split_stride));
       sum.x += v.x;
       sum.y += v.y;
     }
-    *reinterpret_cast<float2*>(y + r * ldy + c) = sum;
+    *reinterpret_cast<float2*>(p.y + r * p.ldy + c) = sum;
   }
 }
 
@@ -534,9 +547,9 @@ void launch(const GemmParams& p, const TcActivations& a, const Grid& g, CudaOps&
   DSV4_LAUNCH_CHECK();
 
   if (g.splits > 1) {
-    reduce_splits_kernel<<<grid_for(int64_t(n) * p.w.rows / 2, 256), 256, 0, stream>>>(
-        tp.out, g.splits, tp.split_stride, n, p.w.rows, p.y, p.ldy);
-    DSV4_LAUNCH_CHECK();
+    const ReduceParams rp{tp.out, g.splits, tp.split_stride, n, p.w.rows, p.y, p.ldy};
+    launch_pdl(reduce_splits_kernel, dim3(grid_for(int64_t(n) * p.w.rows / 2, 256)), dim3(256), 0, stream,
+               /*pdl=*/true, rp);  // this path runs on compute capability 9.x only
   }
 }
 
