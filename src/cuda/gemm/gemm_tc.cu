@@ -8,16 +8,17 @@
 //         as CpuOps::sim_fp8(x, block 128).
 // Then one persistent warp-specialised kernel, a CTA per SM looping over output tiles (128 activation rows ×
 // kBlockN weight rows):
-//   warpgroup 0 (producer): one thread streams K slices of the x tile and of the W tile into a ring of shared
-//     memory stages with TMA (128-byte swizzle), each stage guarded by a full / empty mbarrier pair; the ring
-//     runs on across tiles, so the next tile loads while the last one is stored;
+//   warpgroup 0 (producer): one thread streams K slices of the x tile and of the W tile (FP8: and the slice's
+//     x scales of the tile rows) into a ring of shared memory stages with TMA (128-byte swizzle), each stage
+//     guarded by a full / empty mbarrier pair; the ring runs on across tiles, so the next tile loads while the
+//     last one is stored;
 //   warpgroups 1, 2 (consumers): 64 tile rows each, wgmma straight from shared memory, fp32 accumulators in
 //     registers, results stored from registers.
-// BF16 tiles are 128 × 256 (128 × 128 when 256-wide tiles would leave SMs idle) with K slices of 64; FP8 tiles
+// BF16 tiles are 128 × 256 (128 × 128 when narrow tiles take fewer waves) with K slices of 64; FP8 tiles
 // are 128 × 128 with K slices of 128 = one scale block. The FP8 tensor-core accumulator keeps only ~14 bits,
 // so each slice is accumulated in fresh registers and promoted into the fp32 total with scale_x[row] · scale_w
 // (DeepGEMM style); two register sets alternate so the next slice's wgmmas run while one is promoted, and the
-// scales are loaded four pairs of slices ahead of their promotion.
+// scales are in registers before the promotion waits for them (kScaleAhead).
 // When there are still too few tiles to fill the GPU, K is split across CTAs: each writes its partial tile to a
 // workspace and a second kernel adds the partials in a fixed order (deterministic results).
 #include <cuda.h>
@@ -66,7 +67,8 @@ template <class T>
 struct Smem {
   static constexpr int kTileA = T::kBlockM * kSwizzleBytes;  // [kBlockM rows][128 B]
   static constexpr int kTileB = T::kBlockN * kSwizzleBytes;  // [kBlockN rows][128 B]
-  static constexpr int kStage = kTileA + kTileB;             // bytes one stage's TMA copies deliver
+  static constexpr int kScales = T::kFp8 ? T::kBlockM * 4 : 0;  // FP8: the slice's x scales of the tile rows
+  static constexpr int kStage = kTileA + kTileB + kScales;   // bytes one stage's TMA copies deliver
   static constexpr int kBarriers = T::kStages * 2 * 8;       // full[stages], empty[stages]
   static constexpr int kBytes = 1024 + T::kStages * kStage + kBarriers;  // + slack for the 1024-byte alignment
   static_assert(T::kBlockK * T::kElementBytes == kSwizzleBytes, "one K slice must be one 128-byte swizzle row");
@@ -84,7 +86,6 @@ struct TcParams {
   float* out;              // [n, ld_out] y itself, or [splits][n, ld_out] partial tiles when splits > 1
   int64_t ld_out;          // even
   int64_t split_stride;    // elements between partial planes (0 when splits == 1)
-  const float* x_scale;    // FP8: [K_total / 128, n] activation scales (powers of two)
   const float* w_scale;    // FP8: [ceil(N / 128), w_scale_cols] weight block scales
   int64_t w_scale_cols;
 };
@@ -140,38 +141,12 @@ __device__ __forceinline__ void store_fragment(const float (&v)[T::kBlockN / 2],
 // scales loaded one slice ahead cost +25%, four pairs ahead +13-15%. The top stall left is each tile's first
 // scales, loaded at its start; loading them during the previous tile's main loop (its registers held the next
 // tile's addresses) measured slower, and before its stores neutral.
-constexpr int kScaleAhead = 4;  // pairs of K slices whose scales are loaded ahead of their promotion
-// Pair q = slices 2q, 2q + 1. A warp's 16 tile rows need 16 x scales a slice and one w scale, so a pair fits
-// two registers a lane: x_scale of slice 2q + lane / 16 at warp row lane % 16, and w_scale of slice 2q + lane % 2.
-struct ScaleSource {
-  const float* x;  // x_scale of the tile's first slice, [slices][n]
-  const float* w;  // w_scale of the tile's first slice, [slices]
-  int row0;        // the warp's first tile row
-  int slices;
-};
-
-template <class T>
-__device__ __forceinline__ ScaleSource scale_source(const TcParams& p, const Tile& tile, int wg, int warp) {
-  return {p.x_scale + int64_t(tile.x_k0 / kScaleBlock) * p.n,
-          p.w_scale + int64_t(tile.w_row0 / kScaleBlock) * p.w_scale_cols + tile.w_k0 / kScaleBlock,
-          tile.row0 + wg * 64 + warp * 16, tile.slices};
-}
-
-// Loads pair q's two registers (slices and rows past the end clamped: loaded, never used).
-__device__ __forceinline__ void load_scale_pair(const TcParams& p, const ScaleSource& src, int q, int lane, float& x,
-                                                float& w) {
-  const int sx = min(2 * q + lane / 16, src.slices - 1), sw = min(2 * q + lane % 2, src.slices - 1);
-  x = src.x[int64_t(sx) * p.n + min(src.row0 + lane % 16, p.n - 1)];
-  w = src.w[sw];
-}
-
-// Slice 2q + e's scale products for this lane's accumulator rows (lane / 4 and lane / 4 + 8 of the warp's 16):
-// exact, the x scale is a power of two.
-__device__ __forceinline__ float2 pair_scales(float x, float w, int e, int lane) {
-  const float we = __shfl_sync(0xFFFFFFFFu, w, e);
-  return make_float2(__shfl_sync(0xFFFFFFFFu, x, 16 * e + lane / 4) * we,
-                     __shfl_sync(0xFFFFFFFFu, x, 16 * e + lane / 4 + 8) * we);
-}
+// FP8 scales must be in registers when a slice is promoted, and a load issued a slice earlier has not returned
+// (an L2 round trip under the kernel's own L2 traffic outlasts a slice). H200, against the same kernel with
+// constant scales: x and w scales loaded one slice ahead cost +25%, four pairs ahead +13-15%; the x scales now
+// arrive in each stage by TMA with the slice's data (a further 1.00-1.07x), the w scales (one per slice) are
+// loaded kScaleAhead pairs of slices ahead, a lane holding slice 2q + lane % 2's.
+constexpr int kScaleAhead = 4;
 
 #endif
 
@@ -182,6 +157,7 @@ __device__ __forceinline__ float2 pair_scales(float x, float w, int e, int lane)
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_tc_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
+                   const __grid_constant__ CUtensorMap scale_map,
                    const TcParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace tc;
@@ -192,12 +168,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* const smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
   uint8_t* const tiles_a = smem;                               // [stages][kTileA]
   uint8_t* const tiles_b = smem + T::kStages * S::kTileA;      // [stages][kTileB]
-  uint64_t* const full = reinterpret_cast<uint64_t*>(tiles_b + T::kStages * S::kTileB);  // [stages]
+  float* const x_scales = reinterpret_cast<float*>(tiles_b + T::kStages * S::kTileB);    // FP8: [stages][kBlockM]
+  uint64_t* const full = reinterpret_cast<uint64_t*>(tiles_b + T::kStages * (S::kTileB + S::kScales));  // [stages]
   uint64_t* const empty = full + T::kStages;                                             // [stages]
 
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&x_map);
     prefetch_tensor_map(&w_map);
+    if constexpr (T::kFp8) prefetch_tensor_map(&scale_map);
     for (int s = 0; s < T::kStages; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 8);  // lane 0 of each consumer warp releases a stage
@@ -221,6 +199,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_arrive_expect_tx(&full[s], S::kStage);
           tma_load_2d(tiles_a + s * S::kTileA, &x_map, &full[s], tile.x_k0 + i * T::kBlockK, tile.row0);
           tma_load_2d(tiles_b + s * S::kTileB, &w_map, &full[s], tile.w_k0 + i * T::kBlockK, tile.w_row0);
+          if constexpr (T::kFp8)
+            tma_load_2d(x_scales + s * T::kBlockM, &scale_map, &full[s], tile.row0, tile.x_k0 / kScaleBlock + i);
         }
       }
     }
@@ -272,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       float total[T::kBlockN / 2], other[T::kBlockN / 2];
 #pragma unroll
       for (int j = 0; j < T::kBlockN / 2; ++j) total[j] = 0.0f;
-      // Issues slice i's wgmmas into d.
+      // Issues slice i's wgmmas into d; returns its x scales at rows row, row + 8 (from the stage).
       const auto issue = [&](float(&d)[T::kBlockN / 2], int i) {
         const int s = (used + i) % T::kStages;
         mbar_wait(&full[s], ((used + i) / T::kStages) & 1);
@@ -282,6 +262,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int k = 0; k < T::kBlockK / 32; ++k) wgmma_m64n128k32_e4m3(d, a + 2 * k, b + 2 * k, k > 0 ? 1u : 0u);
         wgmma_commit();
+        const float* xs = x_scales + s * T::kBlockM + fragment_row;
+        return make_float2(xs[0], xs[8]);
       };
       // Adds slice i (in d; sc = its scales at rows row, row + 8) to the total once all wgmma groups but the
       // newest `pending` are done.
@@ -300,53 +282,49 @@ __global__ void __launch_bounds__(kThreads, 1)
       using One = std::integral_constant<int, 1>;
       using None = std::integral_constant<int, 0>;
 
-      // Scales kScaleAhead pairs ahead: register set q % kScaleAhead holds pair q's.
-      float scale_x[kScaleAhead], scale_w[kScaleAhead];
-      const ScaleSource here = scale_source<T>(p, tile, wg, warp);
-      const auto load_ahead = [&](int q, float& x, float& w) {
-        if (2 * q < tile.slices) load_scale_pair(p, here, q, lane, x, w);
-      };
+      // W scales kScaleAhead pairs ahead: register q % kScaleAhead holds pair q's (lane e: slice 2q + e % 2).
+      float scale_w[kScaleAhead];
+      const float* w_scale = p.w_scale + int64_t(tile.w_row0 / kScaleBlock) * p.w_scale_cols + tile.w_k0 / kScaleBlock;
+      const auto load_w = [&](int q, float& w) { w = w_scale[min(2 * q + lane % 2, tile.slices - 1)]; };
 #pragma unroll
-      for (int u = 0; u < kScaleAhead; ++u) load_scale_pair(p, here, u, lane, scale_x[u], scale_w[u]);
-      // Slices i, i + 1 (i even: pair i / 2, scales in x, w) with slice i + 2 issued; then pair i / 2 + kScaleAhead
-      // into x, w.
-      const auto pair = [&](int i, float& x, float& w) {
-        const float2 s0 = pair_scales(x, w, 0, lane), s1 = pair_scales(x, w, 1, lane);
-        issue(other, i + 1);
-        promote(acc, i, s0, One{});
-        issue(acc, i + 2);
-        promote(other, i + 1, s1, One{});
-        load_ahead(i / 2 + kScaleAhead, x, w);
+      for (int u = 0; u < kScaleAhead; ++u) load_w(u, scale_w[u]);
+      const auto times = [](float2 x, float w) { return make_float2(x.x * w, x.y * w); };  // exact: x is 2^k
+      float2 x_acc = issue(acc, 0), x_other;
+      // Slices i, i + 1 (i even: pair i / 2, its w scales in w) with slice i + 2 issued; then pair
+      // i / 2 + kScaleAhead's into w.
+      const auto pair = [&](int i, float& w) {
+        const float w0 = __shfl_sync(0xFFFFFFFFu, w, 0), w1 = __shfl_sync(0xFFFFFFFFu, w, 1);
+        x_other = issue(other, i + 1);
+        promote(acc, i, times(x_acc, w0), One{});
+        x_acc = issue(acc, i + 2);
+        promote(other, i + 1, times(x_other, w1), One{});
+        if (2 * (i / 2 + kScaleAhead) < tile.slices) load_w(i / 2 + kScaleAhead, w);
       };
-      issue(acc, 0);
       int i = 0;
       for (; i + 2 * kScaleAhead < tile.slices; i += 2 * kScaleAhead) {
 #pragma unroll
-        for (int u = 0; u < kScaleAhead; ++u) pair(i + 2 * u, scale_x[u], scale_w[u]);
+        for (int u = 0; u < kScaleAhead; ++u) pair(i + 2 * u, scale_w[u]);
       }
-      // At most kScaleAhead − 1 more pairs, then the last pair (one or two slices) with register set u.
+      // At most kScaleAhead − 1 more pairs, then the last pair (one or two slices) with register u.
       int u = 0;
 #pragma unroll
       for (int v = 0; v + 1 < kScaleAhead; ++v)
         if (i + 2 < tile.slices) {
-          pair(i, scale_x[v], scale_w[v]);
+          pair(i, scale_w[v]);
           i += 2;
           u = v + 1;
         }
-      float x = scale_x[0], w = scale_w[0];
+      float w = scale_w[0];
 #pragma unroll
       for (int v = 1; v < kScaleAhead; ++v)
-        if (u == v) {
-          x = scale_x[v];
-          w = scale_w[v];
-        }
-      const float2 s0 = pair_scales(x, w, 0, lane), s1 = pair_scales(x, w, 1, lane);
+        if (u == v) w = scale_w[v];
+      const float w0 = __shfl_sync(0xFFFFFFFFu, w, 0), w1 = __shfl_sync(0xFFFFFFFFu, w, 1);
       if (i + 1 < tile.slices) {
-        issue(other, i + 1);
-        promote(acc, i, s0, One{});
-        promote(other, i + 1, s1, None{});
+        x_other = issue(other, i + 1);
+        promote(acc, i, times(x_acc, w0), One{});
+        promote(other, i + 1, times(x_other, w1), None{});
       } else {
-        promote(acc, i, s0, None{});
+        promote(acc, i, times(x_acc, w0), None{});
       }
       used += tile.slices;
       store_fragment<T>(total, p, out, row, col);
@@ -422,10 +400,11 @@ __device__ __forceinline__ int ceil_log2(float a) {
 
 // Per (row, 128-column block): s = 2^⌈log2(max(amax, 1e-4) / 448)⌉, xq = e4m3(x / s) (round to nearest even;
 // |x / s| ≤ 448 by construction), x_scale[block, row] = s — CpuOps::sim_fp8 with block 128, split into codes
-// and scales. x [n, ldx] fp32, xq [n, K] e4m3, x_scale [K / 128, n]. One warp per (row, block), 4 columns a lane.
+// and scales. x [n, ldx] fp32, xq [n, K] e4m3, x_scale [K / 128, scale_ld]. One warp per (row, block), 4 columns
+// a lane.
 template <bool kVector>
 __global__ void quantize_e4m3_kernel(const float* __restrict__ x, int64_t ldx, int n, int64_t K,
-                                     uint8_t* __restrict__ xq, float* __restrict__ x_scale) {
+                                     uint8_t* __restrict__ xq, float* __restrict__ x_scale, int64_t scale_ld) {
   const int64_t blocks = K / kScaleBlock, tasks = int64_t(n) * blocks;
   const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
   const int lane = int(threadIdx.x) % 32;
@@ -446,7 +425,7 @@ __global__ void quantize_e4m3_kernel(const float* __restrict__ x, int64_t ldx, i
     const __nv_fp8x2_storage_t hi =
         __nv_cvt_float2_to_fp8x2(make_float2(v.z * inv, v.w * inv), __NV_SATFINITE, __NV_E4M3);
     *reinterpret_cast<uint32_t*>(xq + r * K + b * kScaleBlock + 4 * lane) = uint32_t(lo) | (uint32_t(hi) << 16);
-    if (lane == 0) x_scale[b * n + r] = pow2(e);
+    if (lane == 0) x_scale[b * scale_ld + r] = pow2(e);
   }
 }
 
@@ -479,6 +458,21 @@ CUtensorMap operand_map(const void* base, CUtensorMapDataType type, int element_
                                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   DSV4_CHECK(r == CUDA_SUCCESS, "gemm_tensor_core: cuTensorMapEncodeTiled returned ", int(r), " for a [", rows, ", ",
              cols, "] operand");
+  return map;
+}
+
+CUtensorMap scale_map_of(const TcActivations& a, int n, int64_t slices, int box_rows) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {cuuint64_t(n), cuuint64_t(slices)};
+  const cuuint64_t strides[1] = {cuuint64_t(a.scale_ld * 4)};
+  const cuuint32_t box[2] = {cuuint32_t(box_rows), 1};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(a.scale), dims,
+                                          strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  DSV4_CHECK(r == CUDA_SUCCESS, "gemm_tensor_core: cuTensorMapEncodeTiled returned ", int(r), " for the [", slices,
+             ", ", n, "] activation scales");
   return map;
 }
 
@@ -529,13 +523,14 @@ void launch(const GemmParams& p, const TcActivations& a, const Grid& g, CudaOps&
     tp.out = static_cast<float*>(ops.workspace(kWsGemmPartials, size_t(g.splits) * size_t(tp.split_stride) * 4));
     tp.ld_out = p.w.rows;
   }
-  tp.x_scale = a.scale;
   tp.w_scale = p.w.scale_f32;
   tp.w_scale_cols = p.w.scale_cols;
 
   const CUtensorMapDataType type = T::kFp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const CUtensorMap x_map = operand_map(a.data, type, T::kElementBytes, n, p.groups * p.w.cols, T::kBlockM);
   const CUtensorMap w_map = operand_map(p.w.data, type, T::kElementBytes, p.w.rows, p.w.cols, T::kBlockN);
+  // FP8: the x scales [K_total / 128, scale_ld] in boxes of one slice × kBlockM rows (rows past n read as 0).
+  const CUtensorMap scale_map = T::kFp8 ? scale_map_of(a, n, p.groups * p.w.cols / kScaleBlock, T::kBlockM) : x_map;
 
   static const bool smem_configured = [] {
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(gemm_tc_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes));
@@ -543,7 +538,7 @@ void launch(const GemmParams& p, const TcActivations& a, const Grid& g, CudaOps&
   }();
   (void)smem_configured;
   const int ctas = std::min(tp.tiles, ops.props().multiProcessorCount);  // one per SM (~192 KB of shared memory)
-  gemm_tc_kernel<T><<<ctas, kThreads, S::kBytes, stream>>>(x_map, w_map, tp);
+  gemm_tc_kernel<T><<<ctas, kThreads, S::kBytes, stream>>>(x_map, w_map, scale_map, tp);
   DSV4_LAUNCH_CHECK();
 
   if (g.splits > 1) {
@@ -579,13 +574,15 @@ TcActivations tc_round_activations(const GemmParams& p, CudaOps& ops) {
   TcActivations a;
   if (p.w.format == WFormat::kFP8) {
     auto* xq = static_cast<uint8_t*>(ops.workspace(kWsGemmActivations, size_t(n) * size_t(k_total)));
+    const int64_t ld = (n + 3) / 4 * 4;  // 16-byte rows: the GEMM copies a slice's scales by TMA
     auto* scale =
-        static_cast<float*>(ops.workspace(kWsGemmActivationScales, size_t(n) * size_t(k_total / kScaleBlock) * 4));
+        static_cast<float*>(ops.workspace(kWsGemmActivationScales, size_t(ld) * size_t(k_total / kScaleBlock) * 4));
     const unsigned blocks = grid_for(int64_t(n) * (k_total / kScaleBlock) * 32, 256);
-    if (vector_loads) quantize_e4m3_kernel<true><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xq, scale);
-    else quantize_e4m3_kernel<false><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xq, scale);
+    if (vector_loads) quantize_e4m3_kernel<true><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xq, scale, ld);
+    else quantize_e4m3_kernel<false><<<blocks, 256, 0, stream>>>(p.x, p.ldx, n, k_total, xq, scale, ld);
     a.data = xq;
     a.scale = scale;
+    a.scale_ld = ld;
   } else {
     auto* xb = static_cast<__nv_bfloat16*>(ops.workspace(kWsGemmActivations, size_t(n) * size_t(k_total) * 2));
     const unsigned blocks = grid_for(int64_t(n) * k_total / 8, 256);

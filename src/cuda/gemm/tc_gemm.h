@@ -10,7 +10,8 @@ namespace dsv4::cuda {
 // the next tensor-core call.
 struct TcActivations {
   const void* data = nullptr;    // [n, groups·K] bf16 (BF16 weights) or e4m3 codes (FP8 weights)
-  const float* scale = nullptr;  // FP8 only: [groups·K / 128, n], powers of two: x ≈ code · scale
+  const float* scale = nullptr;  // FP8 only: [groups·K / 128, scale_ld], powers of two: x ≈ code · scale
+  int64_t scale_ld = 0;          // FP8: n rounded up to a multiple of 4 (16-byte rows for the TMA copies)
 };
 
 // Whether the tensor-core path takes this call (sm_90a, BF16/FP8 weights, K a multiple of 128, even output
