@@ -221,6 +221,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   int used = 0;
   float acc[T::kBlockN / 2];
+  // FP8: a tile's total is stored after the next tile's first wgmmas are issued, so the stores overlap them.
+  float total[T::kBlockN / 2];
+  float* stored_out = nullptr;  // the tile whose total waits to be stored (nullptr: none)
+  int stored_row = 0, stored_col = 0;
   for (int t = int(blockIdx.x); t < p.tiles; t += int(gridDim.x)) {
     const Tile tile = tile_at<T>(p, t);
     const int row = tile.row0 + fragment_row, col = tile.col0 + fragment_col;
@@ -249,9 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       store_fragment<T>(acc, p, out, row, col);
     } else {
       // Two accumulator sets: slice i + 1's wgmmas run on the tensor cores while slice i is promoted.
-      float total[T::kBlockN / 2], other[T::kBlockN / 2];
-#pragma unroll
-      for (int j = 0; j < T::kBlockN / 2; ++j) total[j] = 0.0f;
+      float other[T::kBlockN / 2];
       // Issues slice i's wgmmas into d; returns its x scales at rows row, row + 8 (from the stage).
       const auto issue = [&](float(&d)[T::kBlockN / 2], int i) {
         const int s = (used + i) % T::kStages;
@@ -290,6 +292,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int u = 0; u < kScaleAhead; ++u) load_w(u, scale_w[u]);
       const auto times = [](float2 x, float w) { return make_float2(x.x * w, x.y * w); };  // exact: x is 2^k
       float2 x_acc = issue(acc, 0), x_other;
+      if (stored_out) store_fragment<T>(total, p, stored_out, stored_row, stored_col);
+#pragma unroll
+      for (int j = 0; j < T::kBlockN / 2; ++j) total[j] = 0.0f;
       // Slices i, i + 1 (i even: pair i / 2, its w scales in w) with slice i + 2 issued; then pair
       // i / 2 + kScaleAhead's into w.
       const auto pair = [&](int i, float& w) {
@@ -327,8 +332,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         promote(acc, i, times(x_acc, w0), None{});
       }
       used += tile.slices;
-      store_fragment<T>(total, p, out, row, col);
+      stored_out = out;
+      stored_row = row;
+      stored_col = col;
     }
+  }
+  if constexpr (T::kFp8) {
+    if (stored_out) store_fragment<T>(total, p, stored_out, stored_row, stored_col);
   }
 #endif  // NOTE: other architectures get an empty body; the launcher only runs this kernel on compute capability 9.x
 }
