@@ -136,16 +136,12 @@ __device__ __forceinline__ void store_fragment(const float (&v)[T::kBlockN / 2],
   }
 }
 
-// FP8 scales are loaded kScaleAhead pairs of K slices before the promotion that waits for them: an L2 round
-// trip under the kernel's own L2 traffic outlasts a slice. H200, against the same kernel with constant scales:
-// scales loaded one slice ahead cost +25%, four pairs ahead +13-15%. The top stall left is each tile's first
-// scales, loaded at its start; loading them during the previous tile's main loop (its registers held the next
-// tile's addresses) measured slower, and before its stores neutral.
 // FP8 scales must be in registers when a slice is promoted, and a load issued a slice earlier has not returned
 // (an L2 round trip under the kernel's own L2 traffic outlasts a slice). H200, against the same kernel with
 // constant scales: x and w scales loaded one slice ahead cost +25%, four pairs ahead +13-15%; the x scales now
 // arrive in each stage by TMA with the slice's data (a further 1.00-1.07x), the w scales (one per slice) are
-// loaded kScaleAhead pairs of slices ahead, a lane holding slice 2q + lane % 2's.
+// loaded kScaleAhead pairs of slices ahead, a lane holding slice 2q + lane % 2's. Loading a tile's first w
+// scales during the previous tile measured slower or neutral (PERFORMANCE §3).
 constexpr int kScaleAhead = 4;
 
 #endif
