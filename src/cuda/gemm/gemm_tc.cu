@@ -536,6 +536,7 @@ void launch(const GemmParams& p, const TcActivations& a, const Grid& g, CudaOps&
   const CUtensorMap x_map = operand_map(a.data, type, T::kElementBytes, n, p.groups * p.w.cols, T::kBlockM);
   const CUtensorMap w_map = operand_map(p.w.data, type, T::kElementBytes, p.w.rows, p.w.cols, T::kBlockN);
   // FP8: the x scales [K_total / 128, scale_ld] in boxes of one slice × kBlockM rows (rows past n read as 0).
+  // BF16 kernels never read it: x_map fills the parameter.
   const CUtensorMap scale_map = T::kFp8 ? scale_map_of(a, n, p.groups * p.w.cols / kScaleBlock, T::kBlockM) : x_map;
 
   static const bool smem_configured = [] {
