@@ -198,18 +198,22 @@ int main(int argc, char** argv) {
       DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
       DSV4_CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
       for (int i = 0; i < 3; ++i) ops.moe(w, dx, nullptr, n, dout);
-      std::vector<double> ms_list;
-      for (int i = 0; i < iterations; ++i) {
-        DSV4_CUDA_CHECK(cudaMemsetAsync(flush, i, flush_bytes, s));
-        DSV4_CUDA_CHECK(cudaEventRecord(a, s));
-        ops.moe(w, dx, nullptr, n, dout);
-        DSV4_CUDA_CHECK(cudaEventRecord(b, s));
-        DSV4_CUDA_CHECK(cudaEventSynchronize(b));
-        float ms = 0;
-        DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-        ms_list.push_back(ms);
-      }
-      const double us = median(ms_list) * 1e3;
+      // Median µs of `iterations` runs of enqueue() between two events, the L2 flushed before each.
+      const auto flushed_us = [&](const auto& enqueue) {
+        std::vector<double> ms_list;
+        for (int i = 0; i < iterations; ++i) {
+          DSV4_CUDA_CHECK(cudaMemsetAsync(flush, i, flush_bytes, s));
+          DSV4_CUDA_CHECK(cudaEventRecord(a, s));
+          enqueue();
+          DSV4_CUDA_CHECK(cudaEventRecord(b, s));
+          DSV4_CUDA_CHECK(cudaEventSynchronize(b));
+          float ms = 0;
+          DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+          ms_list.push_back(ms);
+        }
+        return median(ms_list) * 1e3;
+      };
+      const double us = flushed_us([&] { ops.moe(w, dx, nullptr, n, dout); });
       // The same call captured once and replayed.
       cudaGraph_t graph = nullptr;
       cudaGraphExec_t exec = nullptr;
@@ -217,18 +221,7 @@ int main(int argc, char** argv) {
       ops.moe(w, dx, nullptr, n, dout);
       DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
       DSV4_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      ms_list.clear();
-      for (int i = 0; i < iterations; ++i) {
-        DSV4_CUDA_CHECK(cudaMemsetAsync(flush, i, flush_bytes, s));
-        DSV4_CUDA_CHECK(cudaEventRecord(a, s));
-        DSV4_CUDA_CHECK(cudaGraphLaunch(exec, s));
-        DSV4_CUDA_CHECK(cudaEventRecord(b, s));
-        DSV4_CUDA_CHECK(cudaEventSynchronize(b));
-        float ms = 0;
-        DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-        ms_list.push_back(ms);
-      }
-      const double graph_us = median(ms_list) * 1e3;
+      const double graph_us = flushed_us([&] { DSV4_CUDA_CHECK(cudaGraphLaunch(exec, s)); });
       DSV4_CUDA_CHECK(cudaGraphExecDestroy(exec));
       DSV4_CUDA_CHECK(cudaGraphDestroy(graph));
       // Back to back: `iterations` calls between two events; the host time is the enqueue cost per call.
