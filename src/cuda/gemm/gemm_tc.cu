@@ -452,34 +452,35 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 // TMA map of a K-major operand [rows, cols] (cols contiguous, compact rows) read in boxes of box_rows rows ×
 // 128 bytes, swizzled 128 B; rows past the end read as zeros.
-CUtensorMap operand_map(const void* base, CUtensorMapDataType type, int element_bytes, int64_t rows, int64_t cols,
-                        int box_rows) {
+// A 2-D tensor map over [outer, inner] elements whose rows lie row_bytes apart, copied in boxes of box_outer ×
+// box_inner elements; `what` names the array in the error.
+CUtensorMap tensor_map_2d(const void* base, CUtensorMapDataType type, int64_t outer, int64_t inner, int64_t row_bytes,
+                          int box_outer, int box_inner, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion promotion,
+                          const char* what) {
   CUtensorMap map;
-  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(cols * element_bytes)};
-  const cuuint32_t box[2] = {cuuint32_t(kSwizzleBytes / element_bytes), cuuint32_t(box_rows)};
+  const cuuint64_t dims[2] = {cuuint64_t(inner), cuuint64_t(outer)};
+  const cuuint64_t strides[1] = {cuuint64_t(row_bytes)};
+  const cuuint32_t box[2] = {cuuint32_t(box_inner), cuuint32_t(box_outer)};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult r = tensor_map_encoder()(&map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides,
-                                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  DSV4_CHECK(r == CUDA_SUCCESS, "gemm_tensor_core: cuTensorMapEncodeTiled returned ", int(r), " for a [", rows, ", ",
-             cols, "] operand");
+                                          CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  DSV4_CHECK(r == CUDA_SUCCESS, "gemm_tensor_core: cuTensorMapEncodeTiled returned ", int(r), " for a [", outer, ", ",
+             inner, "] ", what);
   return map;
 }
 
+// An operand [rows, cols] in boxes of box_rows rows × one 128-byte swizzle row.
+CUtensorMap operand_map(const void* base, CUtensorMapDataType type, int element_bytes, int64_t rows, int64_t cols,
+                        int box_rows) {
+  return tensor_map_2d(base, type, rows, cols, cols * element_bytes, box_rows, kSwizzleBytes / element_bytes,
+                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, "operand");
+}
+
+// FP8 activation scales [slices, scale_ld] in boxes of one slice × box_rows rows.
 CUtensorMap scale_map_of(const TcActivations& a, int n, int64_t slices, int box_rows) {
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {cuuint64_t(n), cuuint64_t(slices)};
-  const cuuint64_t strides[1] = {cuuint64_t(a.scale_ld * 4)};
-  const cuuint32_t box[2] = {cuuint32_t(box_rows), 1};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(a.scale), dims,
-                                          strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  DSV4_CHECK(r == CUDA_SUCCESS, "gemm_tensor_core: cuTensorMapEncodeTiled returned ", int(r), " for the [", slices,
-             ", ", n, "] activation scales");
-  return map;
+  return tensor_map_2d(a.scale, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, slices, n, a.scale_ld * 4, 1, box_rows,
+                       CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE, "activation scale array");
 }
 
 unsigned grid_for(int64_t items, int threads) {
