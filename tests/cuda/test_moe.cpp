@@ -252,11 +252,13 @@ double rms_of(const std::vector<float>& v) {
   return std::sqrt(s / double(std::max<size_t>(v.size(), 1)));
 }
 
-// Runs one step of n tokens on both backends and compares; returns the GPU output.
-std::vector<float> check_step(const HostMoe& m, CudaOps& ops, int64_t n, std::mt19937_64& rng, const std::string& what) {
+// Runs one step of n tokens on both backends and compares; returns the GPU output. exact_ties: the layer has
+// exact ties by construction (ExactTiesTakeTheLowerExpert), which redrawing near-ties would never get past.
+std::vector<float> check_step(const HostMoe& m, CudaOps& ops, int64_t n, std::mt19937_64& rng, const std::string& what,
+                              bool exact_ties = false) {
   const int64_t D = m.config.dim;
   std::vector<float> x = random_floats(size_t(n * D), rng);
-  avoid_near_ties(m, x, n, rng);
+  if (!exact_ties) avoid_near_ties(m, x, n, rng);
   std::vector<int32_t> tokens(static_cast<size_t>(n));
   for (auto& t : tokens) t = int32_t(rng() % uint64_t(m.config.vocab_size));
 
@@ -345,6 +347,30 @@ TEST(CudaMoe, Fp4ScaleWindowEdges) {
     m.upload_to(ops);
     for (int64_t n : {1, 6, 40}) check_step(m, ops, n, rng, cat(describe(shape, f, false), " scale byte ", int(byte)));
   }
+#endif
+}
+
+// Exact ties in the biased score go to the lower expert index on both backends (src/cpu/moe.cpp's order): the
+// gate rows of experts 2, 5, 7 and 10 are the same bytes and their bias 10 puts them first for every token,
+// so top-3 must take 2, 5 and 7 — taking 10 instead moves the output by O(rms). One token (the decode route)
+// and larger steps (the general grouping).
+TEST(CudaMoe, ExactTiesTakeTheLowerExpert) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  SCOPED_TRACE(seed());
+  std::mt19937_64 rng(seed());
+  const Shape shape{128, 64, 12, 3, 1.0f, 1.5};
+  const Formats f{Fmt::kBF16, Fmt::kFP4, Fmt::kFP8};
+  HostMoe m(shape, f, false, 100, rng());
+  auto* gate = const_cast<uint8_t*>(m.w.gate.data);  // storage owned by m
+  for (int e : {5, 7, 10}) {
+    std::memcpy(gate + e * m.w.gate.row_stride, gate + 2 * m.w.gate.row_stride, size_t(m.w.gate.row_stride));
+    m.w.gate_bias[size_t(e)] = 10.0f;
+  }
+  m.w.gate_bias[2] = 10.0f;
+  CudaOps ops(m.config);
+  m.upload_to(ops);
+  for (int64_t n : {1, 7, 40}) check_step(m, ops, n, rng, describe(shape, f, false) + " tied experts 2 5 7 10", true);
 #endif
 }
 
