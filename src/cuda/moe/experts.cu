@@ -394,73 +394,105 @@ __host__ __device__ inline size_t decode_smem_bytes(const ExpertParams& p) {
          size_t(p.n * (p.k + 1)) * kMaxSharedSlices * kMmaRows * sizeof(float);
 }
 
-// Task `slice` of `slices` of a chunk: K groups [groups·slice/slices, groups·(slice+1)/slices) of the 16-row
-// tile at row0, into y_s in x's units.
+// Task `slice` of `slices` of a one-pair chunk: K groups [groups·slice/slices, groups·(slice+1)/slices) of the
+// 16-row tile at row0, into y_s row `out` (the pair's pair_out) in x's units.
 template <WFormat F>
-__device__ void down_task_mma(const ExpertParams& p, const MatView& w2, const Chunk& chunk, int64_t row0,
+__device__ void down_task_mma(const ExpertParams& p, const MatView& w2, const Chunk& chunk, int out, int64_t row0,
                               int rows_valid, int slice, int slices, const uint4* xs, const int* shift, float* y_s) {
   const int64_t groups = (p.I + kGroupCols<F> - 1) / kGroupCols<F>;
   float acc[1][4];
   const MatView mats[1] = {w2};
   warp_mma<F, 1, kDecodeUnroll>(mats, {row0}, {rows_valid}, p.I, groups * slice / slices,
                                 groups * (slice + 1) / slices, xs, mma_stride16<F>(p.I), chunk.count, acc);
-  const int lane = int(threadIdx.x % 32), g = lane / 4, m = lane % 4;  // d0/d1: row g, d2/d3: row g + 8; token m
-  if (m >= chunk.count) return;
-  const int e = -(shift[m] + (F == WFormat::kFP4 ? kFp4Offset : 0));
-  float* y = y_s + (int64_t(p.plan.pair_out[chunk.pair0 + m]) * kMaxSharedSlices + slice) * kMmaRows;
+  const int lane = int(threadIdx.x % 32), g = lane / 4;  // d0/d1: row g, d2/d3: row g + 8; column pair 0: the token
+  if (lane % 4 != 0) return;
+  const int e = -(shift[0] + (F == WFormat::kFP4 ? kFp4Offset : 0));
+  float* y = y_s + (int64_t(out) * kMaxSharedSlices + slice) * kMmaRows;
   if (g < rows_valid) y[g] = ldexpf(acc[0][0] + acc[0][1], e);
   if (g + 8 < rows_valid) y[g + 8] = ldexpf(acc[0][2] + acc[0][3], e);
 }
 
-// Grid: ≤ one block per 16-row tile of D (looping over tiles); dynamic smem decode_smem_bytes(p).
+// The plan's chunk c, read through L2 (before the kernel's wait, when this SM's L1 may hold an earlier layer's).
+__device__ Chunk chunk_at_l2(const Plan& plan, int c) {
+  return {__ldcg(plan.chunk_pair + c), __ldcg(plan.chunk_count + c), __ldcg(plan.chunk_expert + c)};
+}
+
+// Routed expert e's w2 in the family's format, its pointers read through L2.
+__device__ MatView routed_w2_l2(const ExpertParams& p, int e) {
+  const ExpertPtrs* ptrs = p.experts + e;
+  const auto* w2 = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(&ptrs->w2)));
+  const auto* s2 = reinterpret_cast<const void*>(__ldcg(reinterpret_cast<const unsigned long long*>(&ptrs->s2)));
+  return {w2, s2, p.routed_down.row_bytes, p.routed_down.scale_cols, p.routed_down.tiled};
+}
+
+// A decode task of expert_down: K slice `slice` of `slices` of chunk c's 16-row tiles (c = 0: the shared expert).
+struct DownTask {
+  Chunk chunk;
+  MatView w2;
+  int out = 0;  // the chunk's pair's row of y_s (pair_out)
+  int c = 0, slice = 0, slices = 1;
+  bool fp4 = false;
+};
+
+__device__ DownTask down_task_at(const ExpertParams& p, int task, int sh_slices) {
+  DownTask d;
+  const bool shared = task < sh_slices;
+  d.c = shared ? 0 : task - sh_slices + 1;
+  d.chunk = shared ? shared_chunk(p, 0) : chunk_at_l2(p.plan, d.c);
+  d.w2 = shared ? p.shared_w2 : routed_w2_l2(p, d.chunk.expert);
+  d.out = __ldcg(p.plan.pair_out + d.chunk.pair0);
+  d.slice = shared ? task : 0;
+  d.slices = shared ? sh_slices : 1;
+  d.fp4 = (shared ? p.shared_down : p.routed_down).format == WFormat::kFP4;
+  return d;
+}
+
+// Grid: ≤ one block per 16-row tile of D (looping over tiles); dynamic smem decode_smem_bytes(p). One token
+// (the launcher's condition).
 __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_decode_kernel(ExpertParams p) {
   extern __shared__ float4 smem_decode[];
   __shared__ int shift_s[kExpertWarps][kChunk];
-  wait_for_predecessor();
+  __shared__ int order_s[kMaxTopK];  // the token's combine_order
   const int warp = int(threadIdx.x / 32);
   const int64_t stride = decode_stride(p.I);
   uint4* xs = reinterpret_cast<uint4*>(smem_decode) + int64_t(warp) * p.staged_rows * stride;  // this warp's rows
   float* y_s = reinterpret_cast<float*>(reinterpret_cast<uint4*>(smem_decode) + kExpertWarps * p.staged_rows * stride);
   const int sh_slices = shared_slices(p.shared_down, p.routed_down);
-  const int tasks = sh_slices + p.plan.counters[0] - 1;  // one shared chunk (n ≤ kChunk), first
+  // Route's plan before the wait, through L2: route ended before expert_up's wait returned, and expert_up lets
+  // this grid launch only after its wait. (h is expert_up's own output: after the wait.)
+  const int tasks = sh_slices + __ldcg(p.plan.counters) - 1;  // one shared chunk (n ≤ kChunk), first
+  if (int(threadIdx.x) < p.k) order_s[threadIdx.x] = __ldcg(p.plan.combine_order + threadIdx.x);
+  DownTask first;
+  if (warp < tasks) first = down_task_at(p, warp, sh_slices);
+  wait_for_predecessor();
   const int64_t tiles = (p.D + kMmaRows - 1) / kMmaRows;
   int staged = -1;  // the chunk in this warp's rows
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t row0 = tile * kMmaRows;
     const int rows_valid = int(std::min<int64_t>(kMmaRows, p.D - row0));
     for (int task = warp; task < tasks; task += kExpertWarps) {
-      const bool shared = task < sh_slices;
-      const int c = shared ? 0 : task - sh_slices + 1;
-      const Chunk chunk = shared ? shared_chunk(p, 0) : chunk_at(p.plan, c);
-      const MatFormat& f = shared ? p.shared_down : p.routed_down;
-      MatView w2 = p.shared_w2;
-      if (!shared) {
-        const ExpertPtrs e = p.experts[chunk.expert];
-        w2 = {e.w2, e.s2, f.row_bytes, f.scale_cols, f.tiled};
-      }
-      const int slice = shared ? task : 0, slices = shared ? sh_slices : 1;
+      const DownTask d = task == warp ? first : down_task_at(p, task, sh_slices);
+      const Chunk& chunk = d.chunk;
       const auto row_index = [&](int m) { return chunk.pair0 + m; };
-      if (f.format == WFormat::kFP4) {
-        if (c != staged) stage_rows_mma_warp<WFormat::kFP4>(p.plan.h, p.I, chunk.count, rows_for(chunk.count), row_index, xs, shift_s[warp]);
-        down_task_mma<WFormat::kFP4>(p, w2, chunk, row0, rows_valid, slice, slices, xs, shift_s[warp], y_s);
+      if (d.fp4) {
+        if (d.c != staged) stage_rows_mma_warp<WFormat::kFP4>(p.plan.h, p.I, chunk.count, rows_for(chunk.count), row_index, xs, shift_s[warp]);
+        down_task_mma<WFormat::kFP4>(p, d.w2, chunk, d.out, row0, rows_valid, d.slice, d.slices, xs, shift_s[warp], y_s);
       } else {
-        if (c != staged) stage_rows_mma_warp<WFormat::kFP8>(p.plan.h, p.I, chunk.count, rows_for(chunk.count), row_index, xs, shift_s[warp]);
-        down_task_mma<WFormat::kFP8>(p, w2, chunk, row0, rows_valid, slice, slices, xs, shift_s[warp], y_s);
+        if (d.c != staged) stage_rows_mma_warp<WFormat::kFP8>(p.plan.h, p.I, chunk.count, rows_for(chunk.count), row_index, xs, shift_s[warp]);
+        down_task_mma<WFormat::kFP8>(p, d.w2, chunk, d.out, row0, rows_valid, d.slice, d.slices, xs, shift_s[warp], y_s);
       }
-      staged = c;
+      staged = d.c;
     }
-    __syncthreads();  // every task's rows are in y_s
-    // out[t, row] = 0 + Σ over t's choices in (expert, j) order + the shared expert: combine_rows' order.
-    for (int i = int(threadIdx.x); i < p.n * kMmaRows; i += kExpertThreads) {
-      const int t = i / kMmaRows, r = i % kMmaRows;
-      if (r >= rows_valid) continue;
-      const float* yt = y_s + int64_t(t) * (p.k + 1) * kMaxSharedSlices * kMmaRows + r;
+    __syncthreads();  // every task's rows are in y_s (and order_s, from the first tile on)
+    // out[row] = 0 + Σ over the token's choices in (expert, j) order + the shared expert: combine_rows' order.
+    for (int r = int(threadIdx.x); r < rows_valid; r += kExpertThreads) {
+      const float* yt = y_s + r;
       float sum = 0.0f;
-      for (int64_t j = 0; j < p.k; ++j) sum += yt[int64_t(p.plan.combine_order[t * p.k + j]) * kMaxSharedSlices * kMmaRows];
+      for (int64_t j = 0; j < p.k; ++j) sum += yt[int64_t(order_s[j]) * kMaxSharedSlices * kMmaRows];
       const float* ys = yt + p.k * kMaxSharedSlices * kMmaRows;
       float shared_sum = ys[0];
       for (int s = 1; s < sh_slices; ++s) shared_sum += ys[s * kMmaRows];
-      p.out[int64_t(t) * p.D + row0 + r] = sum + shared_sum;
+      p.out[row0 + r] = sum + shared_sum;
     }
     __syncthreads();  // y_s is rewritten for the next tile
   }
@@ -507,6 +539,8 @@ __global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(E
   __shared__ int shift_s[2];            // [routed, shared]
   __shared__ float block_max[kUpDecodeWarps];
   __shared__ float y_s[kMaxTopK + 1][2][kMaxSharedSlices][kMmaRows];  // [chunk][w1, w3][slice][row]
+  __shared__ int pair_s[kMaxTopK + 1];    // [chunk] its pair (one token: one pair per chunk)
+  __shared__ float weight_s[kMaxTopK + 1];  // [chunk] the pair's routing weight
   const int warp = int(threadIdx.x / 32);
   uint4* xs_routed = reinterpret_cast<uint4*>(smem_up_decode);
   uint4* xs_shared = xs_routed + decode_stride(p.D);
@@ -535,6 +569,14 @@ __global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(E
     if (!waited) {  // the routed tasks read route's plan
       wait_for_predecessor();
       waited = true;
+      // The SwiGLU's pairs and weights, asked for now by warp 0 (shared tasks only, done): the epilogue after
+      // the barrier would otherwise wait two more L2 round trips.
+      const int lane = int(threadIdx.x % 32);
+      if (warp == 0 && lane < p.plan.counters[0]) {
+        const int pair0 = lane == 0 ? shared_chunk(p, 0).pair0 : p.plan.chunk_pair[lane];
+        pair_s[lane] = pair0;
+        weight_s[lane] = lane == 0 ? 1.0f : p.plan.pair_weight[pair0];
+      }
     }
     const int chunks = p.plan.counters[0];  // the shared chunk, then one per chosen expert
     // Routed task j is task shared_tasks + j of the tile: warps continue round-robin after the shared ones.
@@ -559,9 +601,7 @@ __global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(E
         g += y_s[c][0][s][r];
         u += y_s[c][1][s][r];
       }
-      const Chunk chunk = c == 0 ? shared_chunk(p, 0) : chunk_at(p.plan, c);
-      const float weight = c == 0 ? 1.0f : p.plan.pair_weight[chunk.pair0];
-      p.plan.h[int64_t(chunk.pair0) * p.I + row0 + r] = swiglu(g, u, p.swiglu_limit, weight);
+      p.plan.h[int64_t(pair_s[c]) * p.I + row0 + r] = swiglu(g, u, p.swiglu_limit, weight_s[c]);
     }
     __syncthreads();  // y_s is rewritten for the next tile
   }

@@ -81,10 +81,12 @@ __device__ __forceinline__ uint32_t pack_half2(__half lo, __half hi) {
 __device__ __forceinline__ int staging_shift(float mx) { return (mx > 0.0f && mx <= 3.4e38f) ? 14 - ilogbf(mx) : 0; }
 
 // max |x| over the columns of `row` that thread `rank` of `size` visits (the caller reduces over the threads).
+// kInFlight float4 loads are issued together: each batch is an L2 round trip on the caller's path.
+template <int kInFlight = 4>
 __device__ __forceinline__ float row_abs_max_part(const float* __restrict__ row, int64_t cols, int rank, int size) {
   float mx = 0.0f;
   if (cols % 4 == 0) {  // 16-byte aligned rows: batches of float4 loads in flight
-#pragma unroll 4
+#pragma unroll kInFlight
     for (int64_t k = 4 * int64_t(rank); k < cols; k += 4 * int64_t(size)) {
       const float4 v = *reinterpret_cast<const float4*>(row + k);
       mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
@@ -177,7 +179,9 @@ __device__ void stage_rows_mma_warp(const float* __restrict__ src, int64_t cols,
   __syncwarp();  // every lane is done reading the rows and shifts this replaces
   for (int m = 0; m < rows_total; ++m) {
     const float* row = m < count ? src + int64_t(row_index(m)) * cols : nullptr;
-    float mx = row ? row_abs_max_part(row, cols, lane, 32) : 0.0f;
+    // A decode row (I = 2048: 16 float4 per lane) in one batch of loads, not four, each an L2 round trip: the
+    // staging is the per-warp prologue of expert_down's decode kernel, before its first weight load.
+    float mx = row ? row_abs_max_part<16>(row, cols, lane, 32) : 0.0f;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
     const int sh = staging_shift(mx);
