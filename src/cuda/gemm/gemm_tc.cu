@@ -450,10 +450,8 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// TMA map of a K-major operand [rows, cols] (cols contiguous, compact rows) read in boxes of box_rows rows ×
-// 128 bytes, swizzled 128 B; rows past the end read as zeros.
-// A 2-D tensor map over [outer, inner] elements whose rows lie row_bytes apart, copied in boxes of box_outer ×
-// box_inner elements; `what` names the array in the error.
+// A 2-D TMA map over [outer, inner] elements whose rows lie row_bytes apart, copied in boxes of box_outer ×
+// box_inner elements (elements past either end read as zeros); `what` names the array in the error.
 CUtensorMap tensor_map_2d(const void* base, CUtensorMapDataType type, int64_t outer, int64_t inner, int64_t row_bytes,
                           int box_outer, int box_inner, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion promotion,
                           const char* what) {
@@ -470,7 +468,8 @@ CUtensorMap tensor_map_2d(const void* base, CUtensorMapDataType type, int64_t ou
   return map;
 }
 
-// An operand [rows, cols] in boxes of box_rows rows × one 128-byte swizzle row.
+// A K-major operand [rows, cols] (cols contiguous, compact rows) in boxes of box_rows rows × one 128-byte
+// swizzle row.
 CUtensorMap operand_map(const void* base, CUtensorMapDataType type, int element_bytes, int64_t rows, int64_t cols,
                         int box_rows) {
   return tensor_map_2d(base, type, rows, cols, cols * element_bytes, box_rows, kSwizzleBytes / element_bytes,
