@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/event_timing.h"
 #include "cuda/attention/attention.h"
 #include "cuda/bandwidth.h"
 #include "cuda/common/check.h"
@@ -31,18 +32,6 @@ using namespace dsv4;
 constexpr int64_t kHeads = 64, kHeadDim = 512, kWindow = 128, kTopK = 512;
 constexpr int64_t kIndexHeads = 64, kIndexDim = 128;
 
-struct Timer {
-  cudaEvent_t start, stop;
-  Timer() {
-    DSV4_CUDA_CHECK(cudaEventCreate(&start));
-    DSV4_CUDA_CHECK(cudaEventCreate(&stop));
-  }
-  ~Timer() {
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-  }
-};
-
 // µs per call of fn(), averaged over `iters` calls.
 struct Timing {
   double cold = 0.0;   // CUDA graph of one call, L2 flushed before each (decode's real case)
@@ -52,40 +41,20 @@ struct Timing {
 
 template <class Fn>
 Timing measure(CudaOps& ops, Fn&& fn, int iters, void* flush, size_t flush_bytes) {
-  Timer t;
   cudaStream_t s = ops.stream();
   for (int i = 0; i < 3; ++i) fn();  // warm-up: workspaces and one-time kernel attributes settle here
   DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  fn();
-  DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  DSV4_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  const auto elapsed_ms = [&] {
-    DSV4_CUDA_CHECK(cudaEventSynchronize(t.stop));
-    float ms = 0.0f;
-    DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
-    return double(ms);
-  };
+  const bench::CapturedGraph graph(s, fn);
   Timing r;
-  for (int i = 0; i < iters; ++i) {
-    DSV4_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, s));
-    DSV4_CUDA_CHECK(cudaEventRecord(t.start, s));
-    DSV4_CUDA_CHECK(cudaGraphLaunch(exec, s));
-    DSV4_CUDA_CHECK(cudaEventRecord(t.stop, s));
-    r.cold += 1e3 * elapsed_ms() / iters;
-  }
-  DSV4_CUDA_CHECK(cudaEventRecord(t.start, s));
-  for (int i = 0; i < iters; ++i) DSV4_CUDA_CHECK(cudaGraphLaunch(exec, s));
-  DSV4_CUDA_CHECK(cudaEventRecord(t.stop, s));
-  r.graph = 1e3 * elapsed_ms() / iters;
-  DSV4_CUDA_CHECK(cudaEventRecord(t.start, s));
+  const std::vector<double> cold = bench::flushed_ms(s, flush, flush_bytes, iters, [&] { graph.launch(s); });
+  r.cold = 1e3 * std::accumulate(cold.begin(), cold.end(), 0.0) / iters;
+  bench::EventTimer timer;
+  timer.start(s);
+  for (int i = 0; i < iters; ++i) graph.launch(s);
+  r.graph = 1e3 * timer.stop_ms(s) / iters;
+  timer.start(s);
   for (int i = 0; i < iters; ++i) fn();
-  DSV4_CUDA_CHECK(cudaEventRecord(t.stop, s));
-  r.hot = 1e3 * elapsed_ms() / iters;
-  DSV4_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  DSV4_CUDA_CHECK(cudaGraphDestroy(graph));
+  r.hot = 1e3 * timer.stop_ms(s) / iters;
   return r;
 }
 

@@ -3,7 +3,7 @@
 # cuBLASLt yardstick is bench/gemm/yardstick.py, run with PyTorch on the GPU machine in the same session.
 if(DSV4_HAVE_CUDA)
   add_executable(bench_gemv ${CMAKE_CURRENT_LIST_DIR}/bench_gemv.cpp)
-  target_link_libraries(bench_gemv PRIVATE dsv4_cuda)
+  target_link_libraries(bench_gemv PRIVATE dsv4_cuda dsv4_bench_common)
   add_executable(bench_gemm ${CMAKE_CURRENT_LIST_DIR}/bench_gemm.cu)
-  target_link_libraries(bench_gemm PRIVATE dsv4_cuda)
+  target_link_libraries(bench_gemm PRIVATE dsv4_cuda dsv4_bench_common)
 endif()

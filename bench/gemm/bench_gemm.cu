@@ -11,10 +11,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "common/event_timing.h"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/gemm/gemm.h"
@@ -95,9 +97,6 @@ void run(int iters, const std::string& only) {
               ops.props().name, ops.props().multiProcessorCount, iters);
   const size_t flush_bytes = size_t(4) * size_t(ops.props().l2CacheSize);
   void* flush = device_buffer(flush_bytes);
-  cudaEvent_t start, stop;
-  DSV4_CUDA_CHECK(cudaEventCreate(&start));
-  DSV4_CUDA_CHECK(cudaEventCreate(&stop));
 
   for (const bool fp8 : {false, true})
     for (const int64_t n : {512, 4096})
@@ -137,18 +136,8 @@ void run(int iters, const std::string& only) {
           const auto time_us = [&](const auto& call) {
             call();
             call();
-            float total_ms = 0.0f;
-            for (int i = 0; i < iters; ++i) {
-              DSV4_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, stream));
-              DSV4_CUDA_CHECK(cudaEventRecord(start, stream));
-              call();
-              DSV4_CUDA_CHECK(cudaEventRecord(stop, stream));
-              DSV4_CUDA_CHECK(cudaEventSynchronize(stop));
-              float ms = 0.0f;
-              DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-              total_ms += ms;
-            }
-            return 1e3 * total_ms / iters;
+            const std::vector<double> ms = bench::flushed_ms(stream, flush, flush_bytes, iters, call);
+            return 1e3 * std::accumulate(ms.begin(), ms.end(), 0.0) / iters;
           };
           const double op_us = time_us([&] { cuda::gemm_tensor_core(p, ops); });
           const cuda::TcActivations rounded = cuda::tc_round_activations(p, ops);

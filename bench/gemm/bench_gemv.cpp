@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/event_timing.h"
 #include "core/error.h"
 #include "cuda/bandwidth.h"
 #include "cuda/common/check.h"
@@ -110,30 +111,17 @@ int64_t make_weight(const Shape& s, std::mt19937_64& rng, DeviceWeight* w, std::
 template <class Body>
 double time_calls(cudaStream_t stream, int batch, int trials, Body body) {
   for (int i = 0; i < batch; ++i) body(i);  // warm-up
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  DSV4_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < batch; ++i) body(i);
-  DSV4_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  DSV4_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  DSV4_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  cudaEvent_t start, stop;
-  DSV4_CUDA_CHECK(cudaEventCreate(&start));
-  DSV4_CUDA_CHECK(cudaEventCreate(&stop));
+  const dsv4::bench::CapturedGraph graph(stream, [&] {
+    for (int i = 0; i < batch; ++i) body(i);
+  });
+  graph.launch(stream);
+  dsv4::bench::EventTimer timer;
   std::vector<double> t;
   for (int trial = 0; trial < trials; ++trial) {
-    DSV4_CUDA_CHECK(cudaEventRecord(start, stream));
-    DSV4_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    DSV4_CUDA_CHECK(cudaEventRecord(stop, stream));
-    DSV4_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    t.push_back(double(ms) * 1e-3 / batch);
+    timer.start(stream);
+    graph.launch(stream);
+    t.push_back(timer.stop_ms(stream) * 1e-3 / batch);
   }
-  DSV4_CUDA_CHECK(cudaEventDestroy(start));
-  DSV4_CUDA_CHECK(cudaEventDestroy(stop));
-  DSV4_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  DSV4_CUDA_CHECK(cudaGraphDestroy(graph));
   return median(t);
 }
 

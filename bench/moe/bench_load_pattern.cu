@@ -7,9 +7,12 @@
 //   bench_load_pattern
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <vector>
 
+#include "common/event_timing.h"
 #include "cuda/common/check.h"
 #include "cuda/moe/weight_mma.cuh"
 
@@ -61,24 +64,11 @@ __global__ void __launch_bounds__(256, 2) load_items(const uint8_t* w, unsigned*
 
 template <class Kernel>
 float best_us(Kernel kernel, const uint8_t* w, unsigned* sink, uint8_t* flush, size_t flush_bytes) {
-  cudaEvent_t start, stop;
-  DSV4_CUDA_CHECK(cudaEventCreate(&start));
-  DSV4_CUDA_CHECK(cudaEventCreate(&stop));
-  float best = 1e30f;
-  for (int rep = 0; rep < 20; ++rep) {
-    DSV4_CUDA_CHECK(cudaMemsetAsync(flush, rep, flush_bytes));
-    DSV4_CUDA_CHECK(cudaEventRecord(start));
+  const std::vector<double> ms = bench::flushed_ms(nullptr, flush, flush_bytes, 20, [&] {
     kernel<<<264, 256>>>(w, sink);
     DSV4_CUDA_CHECK(cudaGetLastError());
-    DSV4_CUDA_CHECK(cudaEventRecord(stop));
-    DSV4_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (rep >= 2 && ms < best) best = ms;  // the first two warm up
-  }
-  DSV4_CUDA_CHECK(cudaEventDestroy(start));
-  DSV4_CUDA_CHECK(cudaEventDestroy(stop));
-  return best * 1e3f;
+  });
+  return float(*std::min_element(ms.begin() + 2, ms.end()) * 1e3);  // the first two warm up
 }
 
 int run() {

@@ -22,10 +22,11 @@
 #include <set>
 #include <vector>
 
+#include "common/event_timing.h"
 #include "core/dtype.h"
-#include "cuda/common/check.h"
 #include "core/random.h"
 #include "cuda/bandwidth.h"
+#include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 
 namespace {
@@ -177,9 +178,7 @@ int main(int argc, char** argv) {
     void* flush = nullptr;
     const size_t flush_bytes = size_t(256) << 20;  // several times the L2
     DSV4_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
-    cudaEvent_t a, b;
-    DSV4_CUDA_CHECK(cudaEventCreate(&a));
-    DSV4_CUDA_CHECK(cudaEventCreate(&b));
+    bench::EventTimer timer;
 
     size_t shared_bytes = weight_bytes(w.shared.w1) + weight_bytes(w.shared.w3) + weight_bytes(w.shared.w2);
     const size_t expert_bytes = weight_bytes(w.experts[0].w1) * 2 + weight_bytes(w.experts[0].w2);
@@ -198,43 +197,19 @@ int main(int argc, char** argv) {
       DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
       DSV4_CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
       for (int i = 0; i < 3; ++i) ops.moe(w, dx, nullptr, n, dout);
-      // Median µs of `iterations` runs of enqueue() between two events, the L2 flushed before each.
-      const auto flushed_us = [&](const auto& enqueue) {
-        std::vector<double> ms_list;
-        for (int i = 0; i < iterations; ++i) {
-          DSV4_CUDA_CHECK(cudaMemsetAsync(flush, i, flush_bytes, s));
-          DSV4_CUDA_CHECK(cudaEventRecord(a, s));
-          enqueue();
-          DSV4_CUDA_CHECK(cudaEventRecord(b, s));
-          DSV4_CUDA_CHECK(cudaEventSynchronize(b));
-          float ms = 0;
-          DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-          ms_list.push_back(ms);
-        }
-        return median(ms_list) * 1e3;
-      };
-      const double us = flushed_us([&] { ops.moe(w, dx, nullptr, n, dout); });
-      // The same call captured once and replayed.
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      ops.moe(w, dx, nullptr, n, dout);
-      DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-      DSV4_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      const double graph_us = flushed_us([&] { DSV4_CUDA_CHECK(cudaGraphLaunch(exec, s)); });
-      DSV4_CUDA_CHECK(cudaGraphExecDestroy(exec));
-      DSV4_CUDA_CHECK(cudaGraphDestroy(graph));
+      const auto call = [&] { ops.moe(w, dx, nullptr, n, dout); };
+      const double us = median(bench::flushed_ms(s, flush, flush_bytes, iterations, call)) * 1e3;
+      const bench::CapturedGraph graph(s, call);
+      const double graph_us =
+          median(bench::flushed_ms(s, flush, flush_bytes, iterations, [&] { graph.launch(s); })) * 1e3;
       // Back to back: `iterations` calls between two events; the host time is the enqueue cost per call.
       DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
       const auto t0 = std::chrono::steady_clock::now();
-      DSV4_CUDA_CHECK(cudaEventRecord(a, s));
-      for (int i = 0; i < iterations; ++i) ops.moe(w, dx, nullptr, n, dout);
-      DSV4_CUDA_CHECK(cudaEventRecord(b, s));
+      timer.start(s);
+      for (int i = 0; i < iterations; ++i) call();
       const double host_us =
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iterations;
-      DSV4_CUDA_CHECK(cudaEventSynchronize(b));
-      float chain_ms = 0;
-      DSV4_CUDA_CHECK(cudaEventElapsedTime(&chain_ms, a, b));
+      const double chain_ms = timer.stop_ms(s);
       const size_t experts = distinct_experts(w, x, n, D, E, k);
       const double bytes = double(experts * expert_bytes + shared_bytes + gate_bytes);
       const double gbs = bytes / (us * 1e-6) / 1e9;
