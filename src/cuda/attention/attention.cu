@@ -378,8 +378,8 @@ size_t attn_smem_bytes(int64_t head_dim) {
 // Key counts never shrink with t (window and HCA parts grow, CSA's is fixed): the step's last row has the most.
 int64_t max_keys(const AttentionParams& p) { return attention_keys(p, p.pos0 + p.n - 1); }
 
-// Split count that gives every SM one block (measured on H200: one wave beats two, whose extra partials cost
-// more than the shorter slices save) without slices under kMinKeysPerSplit keys.
+// Split count that gives every SM one block (one wave: a second wave's extra partials cost more than its
+// shorter slices save; docs/design/attention.md) without slices under kMinKeysPerSplit keys.
 int64_t heuristic_splits(int sms, int64_t blocks_per_split, int64_t keys) {
   if (blocks_per_split >= sms) return 1;
   const int64_t want = std::min<int64_t>(ceil_div(sms, blocks_per_split), kMaxSplits);

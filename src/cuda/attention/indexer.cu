@@ -87,9 +87,10 @@ size_t score_smem_bytes(int heads, int head_dim, int entries) {
 // grid (ceil(visible_max / entries), rows), entries · ceil(heads / kHeadsPerThread) threads, dynamic smem
 // score_smem_bytes. Thread (entry el, head group g) runs the dot products of its kHeadsPerThread heads against
 // key[e0 + el]; the head sum then goes in order through shared memory. The block's keys are decoded into shared
-// memory first, a warp reading consecutive channels of one row. At decode blocks are small (entries chosen per call so that the grid spans
-// the SMs): the work per thread is a serial chain (the CPU's order), and a few large blocks — 64 entries × 8
-// heads per thread, 16 SMs busy at context 4096 — took ~20 µs however few entries there were (H200, ncu).
+// memory first, a warp reading consecutive channels of one row. At decode blocks are small (entries chosen per
+// call so that the grid spans the SMs): the work per thread is a serial chain (the CPU's order), so a few large
+// blocks (64 entries × 8 heads per thread, 16 SMs busy at context 4096) took as long however few entries there
+// were (docs/design/attention.md).
 template <int kHeadsPerThread>
 __global__ void __launch_bounds__(kMaxScoreThreads) indexer_score_kernel(ScoreParams p) {
   extern __shared__ float4 score_smem[];  // q [heads][d4], then keys [entries][key_stride4(d4)]

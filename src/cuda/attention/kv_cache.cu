@@ -55,7 +55,7 @@ struct StoreParams {
 
 // One warp per (row, scale block): the block's absmax, its E8M0 exponent, then each lane's codes; for FP8 KV
 // rows one more item per row copies the fp32 rope channels. (A warp per row walked its 7–16 blocks in
-// sequence: ~7 µs for the single row of a decode step.)
+// sequence, a serial chain for the single row of a decode step: docs/design/attention.md.)
 __device__ void store_fp8_block(const CacheLayout& l, const float* v, uint8_t* row, int b0, int lane) {
   const int b1 = min(l.nope, b0 + 64);
   const int c0 = b0 + lane, c1 = b0 + 32 + lane;

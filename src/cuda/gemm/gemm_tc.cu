@@ -137,11 +137,11 @@ __device__ __forceinline__ void store_fragment(const float (&v)[T::kBlockN / 2],
 }
 
 // FP8 scales must be in registers when a slice is promoted, and a load issued a slice earlier has not returned
-// (an L2 round trip under the kernel's own L2 traffic outlasts a slice). H200, against the same kernel with
-// constant scales: x and w scales loaded one slice ahead cost +25%, four pairs ahead +13-15%; the x scales now
-// arrive in each stage by TMA with the slice's data (a further 1.00-1.07x), the w scales (one per slice) are
-// loaded kScaleAhead pairs of slices ahead, a lane holding slice 2q + lane % 2's. Loading a tile's first w
-// scales during the previous tile measured slower or neutral (PERFORMANCE §3).
+// (an L2 round trip under the kernel's own L2 traffic outlasts a slice): the promotion waited on it, and with
+// constant scales the kernel ran in cuBLASLt's time. So the x scales arrive in each stage by TMA with the
+// slice's data, and the w scales (one per slice) are loaded kScaleAhead pairs of slices ahead, a lane holding
+// slice 2q + lane % 2's. Loading a tile's first w scales during the previous tile did not help. The
+// measurements: docs/design/gemm.md, "The FP8 scale loads".
 constexpr int kScaleAhead = 4;
 
 #endif
@@ -607,10 +607,10 @@ void tc_gemm(const GemmParams& p, const TcActivations& a, CudaOps& ops) {
     launch<Fp8Tiles>(p, a, grid_of<Fp8Tiles>(p, sms), ops);
     return;
   }
-  // 256-wide tiles read the activations half as often and run ~10% faster per flop (H200: 128 × 128 tiles
-  // forced on wq_b / wo_b / lm head measured +8-14%); 128-wide ones fill the GPU with twice the tiles. Wide
-  // unless they leave more than half of the SMs idle, or the narrow ones take fewer waves, counting a narrow
-  // wave as 0.55 of a wide one (half the work, 10% slower).
+  // 256-wide tiles read the activations half as often and run faster per flop; 128-wide ones fill the GPU with
+  // twice the tiles. Wide unless they leave more than half of the SMs idle, or the narrow ones take fewer
+  // waves, counting a narrow wave as 0.55 of a wide one: half the work at a lower rate per flop (the
+  // measurement behind the factor: docs/design/gemm.md).
   const Grid wide = grid_of<Bf16Tiles<256>>(p, sms);
   const int64_t wide_tiles = int64_t(wide.m_tiles) * wide.n_tiles * p.groups;
   const Grid narrow = grid_of<Bf16Tiles<128>>(p, sms);

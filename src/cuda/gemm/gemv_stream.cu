@@ -2,8 +2,8 @@
 //
 // NOTE: why a second GEMV. At batch 1 the decode step's matrices (2–34 MB each, V4-Flash) must stream at
 // HBM speed, and a kernel that stages x in shared memory first pays a memory round trip and a barrier
-// before its first FMA; with 1–2 weight loads in flight per thread between barriers it measured 27–36% of
-// the copy bandwidth (docs/PERFORMANCE.md). Here nothing waits for anything but the weights:
+// before its first FMA; with 1–2 weight loads in flight per thread between barriers it stayed far below the
+// copy bandwidth (docs/design/gemm.md). Here nothing waits for anything but the weights:
 //  * A task is kRowsPerTask consecutive rows of one group × one K slice, owned by one warp. Its lanes
 //    interleave over the slice's 16-byte chunks (each warp load reads 512 contiguous bytes of a row), and
 //    every lane issues kUnroll × kRowsPerTask loads before the first use (~128 bytes in flight per lane).
