@@ -11,12 +11,12 @@
 #include <set>
 
 #include "cpu/cpu_ops.h"
-#include "engine/bench.h"
+#include "dsv4/synth.h"
+#include "e2e/bench_e2e.h"
 #include "harness/files.h"
 #include "loader/checkpoint.h"
 #include "loader/hf_config.h"
 #include "loader/quantize.h"
-#include "loader/synth.h"
 #include "loader/weight_map.h"
 
 namespace dsv4::test {

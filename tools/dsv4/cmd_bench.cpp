@@ -1,5 +1,5 @@
 // dsv4 bench: prefill and batched decode throughput of a model on a backend, against the HBM floor
-// (engine/bench.h); optionally on a checkpoint synthesised for the run (loader/synth.h).
+// (bench/e2e/bench_e2e.h); optionally on a checkpoint synthesised for the run (synth.h).
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -11,10 +11,10 @@
 #include "args.h"
 #include "commands.h"
 #include "core/error.h"
+#include "e2e/bench_e2e.h"
 #include "engine/backend.h"
-#include "engine/bench.h"
-#include "loader/synth.h"
 #include "model_options.h"
+#include "synth.h"
 
 namespace dsv4::cli {
 

@@ -1,4 +1,4 @@
-// dsv4 synth: a random checkpoint with V4-Flash / V4-Pro shapes and official storage formats (loader/synth.h).
+// dsv4 synth: a random checkpoint with V4-Flash / V4-Pro shapes and official storage formats (synth.h).
 #include <unistd.h>
 
 #include <cstdio>
@@ -6,7 +6,7 @@
 #include "args.h"
 #include "commands.h"
 #include "core/error.h"
-#include "loader/synth.h"
+#include "synth.h"
 
 namespace dsv4::cli {
 

@@ -1,4 +1,4 @@
-#include "engine/bench.h"
+#include "e2e/bench_e2e.h"
 
 #include <omp.h>
 

@@ -1,4 +1,4 @@
-#include "loader/synth.h"
+#include "synth.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
