@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda/common/device_weight.h"
+#include "cuda/moe/moe_tables.h"
 #include "model/ops.h"
 
 namespace dsv4 {
@@ -182,6 +183,7 @@ class CudaOps final : public Ops {
   bool capturing_ = false;
   std::unordered_map<size_t, cudaGraphExec_t> graph_execs_;  // by node count
   GraphStats graph_stats_;
+  cuda::moe::TablesPtr moe_tables_ = cuda::moe::make_tables();  // moe's per-layer expert tables (moe/moe.cu)
 };
 
 }  // namespace dsv4

@@ -1,6 +1,7 @@
 // Kernel launches with programmatic dependent launch (PDL, sm_90+), shared by the families. A kernel launched this
 // way may be scheduled while its predecessor in the stream drains (hiding the launch gap between the small
-// kernels of a decode step); it must call pdl_wait() before touching anything its predecessor wrote.
+// kernels of a decode step); it must wait for the predecessor (pdl_wait, or pdl_wait_predecessor) before touching
+// anything the predecessor wrote.
 //
 // Reads before the wait: constants (weights, tables) may be read at once — at decode that takes an HBM round
 // trip off the step's path — and so may what a copy or memset earlier in the stream wrote (no kernel overlaps
@@ -13,22 +14,38 @@
 
 namespace dsv4::cuda {
 
-// Waits for the predecessor grid to complete (its memory visible), then lets this grid's successor launch
-// at once if this grid is a single wave (no more blocks than SMs × per_sm, the blocks of this kernel an SM
-// holds at once by its launch bounds; 1 where that is not pinned); a larger grid lets it launch as its blocks
-// exit. An early successor's blocks sit resident until this grid completes: with blocks of this grid still
-// waiting for a slot they would take slots from them.
-// A no-op without PDL (sm_80, or a launch without the attribute).
-__device__ __forceinline__ void pdl_wait(unsigned per_sm = 1) {
+// The two PDL instructions; no-ops without PDL (sm_80, or a launch without the attribute).
+// pdl_wait_predecessor: the calling thread waits until the predecessor grid has completed and its memory is
+// visible. pdl_trigger: this block lets the successor grid launch, which it does once every block of this grid
+// has triggered or exited; a block's repeated triggers do nothing more.
+__device__ __forceinline__ void pdl_wait_predecessor() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  unsigned sms;
-  asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
-  if (gridDim.x * gridDim.y * gridDim.z <= sms * per_sm) asm volatile("griddepcontrol.launch_dependents;");
 #endif
 }
 
-// pdl: the device supports it (compute capability ≥ 9); the kernel must begin with pdl_wait().
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// The usual prologue: waits for the predecessor, then lets this grid's successor launch at once if this grid is
+// a single wave (no more blocks than SMs × per_sm, the blocks of this kernel an SM holds at once by its launch
+// bounds; 1 where that is not pinned); a larger grid lets it launch as its blocks exit. An early successor's
+// blocks sit resident until this grid completes: with blocks of this grid still waiting for a slot they would
+// take slots from them.
+__device__ __forceinline__ void pdl_wait(unsigned per_sm = 1) {
+  pdl_wait_predecessor();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned sms;
+  asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
+  if (gridDim.x * gridDim.y * gridDim.z <= sms * per_sm) pdl_trigger();
+#endif
+}
+
+// pdl: the device supports it (compute capability ≥ 9); the kernel must wait before reading what its predecessor
+// wrote (pdl_wait or pdl_wait_predecessor).
 template <class Params>
 void launch_pdl(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
                 const Params& p) {

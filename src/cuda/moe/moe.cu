@@ -1,18 +1,56 @@
 // moe family (CUDA): CudaOps::moe, the same function as CpuOps::moe (src/cpu/moe.cpp, spec §9) in four
 // launches on the stream and no host round-trip: router_logits → route → expert_up → expert_down
 // (moe_kernels.h). The per-expert pointer table of a layer is built on its first call and kept on the
-// device; the step's plan, SwiGLU outputs and per-pair down projections live in one workspace.
+// device (the backend's Tables, moe_tables.h); the step's plan, SwiGLU outputs and per-pair down projections
+// live in one workspace.
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/moe/moe_kernels.h"
+#include "cuda/moe/moe_tables.h"
 
 namespace dsv4 {
+
+namespace cuda::moe {
+
+// A backend's MoE state (moe_tables.h): what each layer's kernels need from its weights, resolved on the layer's
+// first call — 3·E + 4 weight lookups (and the FP4 scale scan) per call would cost more host time than the
+// decode kernels take — and the host copy of every layer's device table entries.
+struct Tables {
+  // The host storage a MoeWeights pointed to when its table was built: a changed struct at the same address
+  // gets a new table.
+  struct Identity {
+    const void* gate = nullptr;
+    const void* shared = nullptr;
+    const void* first = nullptr;
+    const void* last = nullptr;
+    size_t experts = 0;
+    bool operator==(const Identity& o) const {
+      return gate == o.gate && shared == o.shared && first == o.first && last == o.last && experts == o.experts;
+    }
+  };
+
+  struct Layer {
+    Identity identity;
+    DeviceWeight gate, shared_w1, shared_w3, shared_w2;
+    MatFormat routed_up, routed_down, shared_up, shared_down;
+    size_t first_entry = 0;  // this layer's E entries in the device table
+  };
+
+  std::unordered_map<const MoeWeights*, Layer> layers;
+  std::vector<ExpertPtrs> host;  // every layer's entries, concatenated
+  size_t device_entries = 0;     // entries the device copy has room for
+};
+
+void TablesDeleter::operator()(Tables* tables) const { delete tables; }
+
+TablesPtr make_tables() { return TablesPtr(new Tables); }
+
+}  // namespace cuda::moe
 
 namespace {
 
@@ -90,43 +128,12 @@ bool same_layout(const DeviceWeight& a, const DeviceWeight& b) {
   return a.format == b.format && a.rows == b.rows && a.cols == b.cols && a.scale_cols == b.scale_cols;
 }
 
-// What a layer's kernels need from its weights, resolved once: 3·E + 4 weight lookups (and the FP4 scale
-// scan) per call would cost more host time than the decode kernels take.
-// The host storage a MoeWeights pointed to when its table was built: a changed struct at the same address
-// gets a new table.
-struct Identity {
-  const void* gate = nullptr;
-  const void* shared = nullptr;
-  const void* first = nullptr;
-  const void* last = nullptr;
-  size_t experts = 0;
-  bool operator==(const Identity& o) const {
-    return gate == o.gate && shared == o.shared && first == o.first && last == o.last && experts == o.experts;
-  }
-};
+using Identity = cuda::moe::Tables::Identity;
+using LayerTables = cuda::moe::Tables::Layer;
 
 Identity identify(const MoeWeights& w) {
   return {w.gate.data, w.shared.w1.data, w.experts.front().w1.data, w.experts.back().w2.data, w.experts.size()};
 }
-
-struct LayerTables {
-  Identity identity;
-  DeviceWeight gate, shared_w1, shared_w3, shared_w2;
-  MatFormat routed_up, routed_down, shared_up, shared_down;
-  size_t first_entry = 0;  // this layer's E entries in the device table
-};
-
-// NOTE: CudaOps keeps no per-family state, so the tables live here, per CudaOps. A CudaOps destroyed and
-// another created at the same address is told apart by its stream's id (unique for the process lifetime).
-struct OpsTables {
-  unsigned long long stream_id = 0;
-  std::unordered_map<const MoeWeights*, LayerTables> layers;
-  std::vector<ExpertPtrs> host;  // every layer's entries, concatenated
-  size_t device_entries = 0;     // entries the device copy has room for
-};
-
-std::mutex g_tables_mutex;
-std::unordered_map<const CudaOps*, OpsTables> g_tables;
 
 // A family's matrices go to the MMA tile order when the tensor cores read them and they are whole tiles. A
 // matrix already tiled (it serves another layer too) must be read that way here as well.
@@ -196,21 +203,12 @@ LayerTables build_layer(CudaOps& ops, const MoeWeights& w, int64_t D, int64_t I,
 
 // The layer's tables and its device entries, built and uploaded on the layer's first call (outside a graph
 // recording, like every workspace growth).
-LayerTables layer_tables(CudaOps& ops, const MoeWeights& w, int64_t D, int64_t I, const ExpertPtrs** entries) {
-  std::lock_guard<std::mutex> lock(g_tables_mutex);
-  OpsTables& tables = g_tables[&ops];
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  DSV4_CUDA_CHECK(cudaStreamIsCapturing(ops.stream(), &capture));
-  if (capture == cudaStreamCaptureStatusNone) {
-    unsigned long long id = 0;
-    DSV4_CUDA_CHECK(cudaStreamGetId(ops.stream(), &id));
-    if (id != tables.stream_id) {
-      tables = OpsTables{};
-      tables.stream_id = id;
-    }
-  }
+LayerTables layer_tables(CudaOps& ops, cuda::moe::Tables& tables, const MoeWeights& w, int64_t D, int64_t I,
+                         const ExpertPtrs** entries) {
   auto it = tables.layers.find(&w);
   if (it == tables.layers.end() || !(it->second.identity == identify(w))) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    DSV4_CUDA_CHECK(cudaStreamIsCapturing(ops.stream(), &capture));
     // Nothing changes before this check: the caller aborts the recording and runs the step directly.
     DSV4_CHECK(capture == cudaStreamCaptureStatusNone, "moe: a layer's expert table is built on its first call, "
                "which cannot happen inside a graph recording");
@@ -321,7 +319,7 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
   if (n == 0) return;
 
   const ExpertPtrs* experts = nullptr;
-  const LayerTables layer = layer_tables(*this, w, D, I, &experts);
+  const LayerTables layer = layer_tables(*this, *moe_tables_, w, D, I, &experts);
   DSV4_CHECK(layer.gate.rows == E && layer.gate.cols == D, "moe: gate is [", layer.gate.rows, ", ", layer.gate.cols,
              "], expected [", E, ", ", D, "]");
 

@@ -2,10 +2,16 @@
 //   router_logits  logits [n, E] = x · gateᵀ                               (route.cu)
 //   route          scores, top-k / hash choice, weights, and the grouping of (token, choice) pairs by expert
 //                  into chunks of ≤ kChunk pairs, all on the GPU (one block)  (route.cu)
-//   expert_up      h = clip-SwiGLU(w1·x, w3·x) · weight per pair             (experts.cu)
-//   expert_down    y = w2 · h per pair, then the ordered combine into out     (experts.cu)
+//   expert_up      h = clip-SwiGLU(w1·x, w3·x) · weight per pair             (experts_items.cu)
+//   expert_down    y = w2 · h per pair, then the ordered combine into out     (experts_items.cu)
+// At one token each of the two runs on its decode kernel instead (experts_decode.cu) when its matrices all go
+// through the tensor cores.
 // Every launch reads each selected expert's weights once per chunk; the number of chunks lives on the
 // device, so nothing waits for the host between the steps. expert_up's shared-expert items overlap route.
+//
+// NOTE: every kernel here lets its successor launch (pdl_trigger, launch.cuh) right after its wait for the
+// predecessor, whatever its grid size, and route before its wait: each kernel's early part (weight prefetch,
+// the shared expert's items, the plan read through L2) runs while its predecessor drains.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -66,7 +66,8 @@ __global__ void __launch_bounds__(kLogitsWarps * 32) router_logits_kernel(Router
     for (int64_t b = int64_t(threadIdx.x) * 128; b < bytes; b += kLogitsWarps * 32 * 128)
       prefetch_l2(p.gate.data + row0 * p.gate.row_bytes + b);
   }
-  wait_for_predecessor();
+  pdl_wait_predecessor();
+  pdl_trigger();
   const int64_t t0 = int64_t(blockIdx.y) * kChunk;
   const int count = int(std::min<int64_t>(kChunk, p.n - t0));
   stage_rows(p.x, p.D, count, rows_for(count), [&](int m) { return t0 + m; }, xs);
@@ -171,7 +172,7 @@ __device__ Choice choose_experts(const RouteParams& p, const RoutePrefetch& pre,
     // k rounds of a warp argmax over the untaken experts on ordered_bits keys (0: taken or absent, below
     // every score; NaN ranks as −inf): the largest key by one warp reduction, then the lowest expert holding
     // it by another (the CPU's partial_sort order on an exact tie). Two reductions a round instead of five
-    // levels of paired shuffles and compares: the decode route of a scored layer 9.0 → 5.4 µs (H200 trace).
+    // levels of paired shuffles and compares, which shortens the decode route of a scored layer (GPU timeline).
     uint32_t key[kScoresPerLane];
 #pragma unroll
     for (int i = 0; i < kScoresPerLane; ++i)
@@ -205,8 +206,8 @@ __device__ Choice choose_experts(const RouteParams& p, const RoutePrefetch& pre,
 
 // Step 2 of route_kernel for P ≤ 32 pairs (decode-sized steps), by one warp with a pair per lane: the same
 // plan as the general path — pairs ordered by (expert, pair), kChunk-pair chunks per expert in that order —
-// from shuffles, without the shared-memory counters, scans and barriers (a third of the kernel's time at n = 1).
-// The pairs' experts and weights come from shared memory (step 1's copy of topk_expert / topk_weight).
+// from shuffles, without the shared-memory counters, scans and barriers (a large share of the kernel's time
+// at n = 1). The pairs' experts and weights come from shared memory (step 1's copy of topk_expert / topk_weight).
 __device__ void group_few_pairs(const RouteParams& p, int P, const int* few_expert, const float* few_weight) {
   const Plan& plan = p.plan;
   const int lane = int(threadIdx.x % 32), k = int(p.k);
@@ -261,8 +262,8 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
   // expert_up may start at once: its shared-expert items read only x (complete: router_logits waited for
   // it before letting this kernel launch) and wait for this kernel before anything routed.
   const RoutePrefetch pre = prefetch_route(p);
-  allow_dependents();
-  wait_for_predecessor();
+  pdl_trigger();
+  pdl_wait_predecessor();
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const Plan& plan = p.plan;
   const int k = int(p.k);

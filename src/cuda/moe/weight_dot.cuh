@@ -298,26 +298,10 @@ __device__ __forceinline__ void stage_rows(const float* __restrict__ src, int64_
   }
 }
 
-// Asks for the 128-byte line holding p in L2, without waiting: a weight read after wait_for_predecessor is an
-// HBM round trip on the decode step's path unless it was asked for before.
+// Asks for the 128-byte line holding p in L2, without waiting: a weight read after the wait for the predecessor
+// (launch.cuh) is an HBM round trip on the decode step's path unless it was asked for before.
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<uint64_t>(p)));
-}
-
-// Programmatic dependent launch (sm_90): a kernel may start while its predecessor drains. It waits for the
-// predecessor (complete, memory visible) before touching anything the predecessor wrote, and lets its own
-// successor launch once every block has allowed it; the successor waits in turn before it reads.
-__device__ __forceinline__ void allow_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
-}
-
-__device__ __forceinline__ void wait_for_predecessor() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-  allow_dependents();
 }
 
 }  // namespace dsv4::cuda::moe

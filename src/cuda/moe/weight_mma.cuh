@@ -40,10 +40,10 @@ constexpr int kMmasPerChunk = kChunkElems<F> / 4;  // MMAs a lane's 16-byte chun
 // groups (64 bytes of a row: FP4 128 columns, FP8 64) stored as 16-byte units
 //   unit ((T · groups + G) · 2 + h) · 32 + lane  =  chunk 4·G + c of row 16·T + g + 8·h,  lane = 4·g + c,
 // the chunk lane (g, c) of warp_mma loads for tile T, group G and row half h. In row order one warp load
-// reads 64 bytes of each of 8 rows; in this order it reads 512 contiguous bytes: the loads alone, on the
-// expert kernels' grid, take 26.8 → 20.3 µs for 59 MB (bench/moe/bench_load_pattern.cu, H200). FP4's
-// E8M0 scales (one per 16-byte chunk) follow the same order, one byte per unit; FP8's 128 x 128 block
-// scales keep theirs. CudaOps::tile_for_mma permutes a matrix once, on the MoE's first call of its layer.
+// reads 64 bytes of each of 8 rows; in this order it reads 512 contiguous bytes, which the expert kernels'
+// grid loads faster (bench/moe/bench_load_pattern.cu, the loads alone). FP4's E8M0 scales (one per 16-byte
+// chunk) follow the same order, one byte per unit; FP8's 128 x 128 block scales keep theirs.
+// CudaOps::tile_for_mma permutes a matrix once, on the MoE's first call of its layer.
 constexpr int kTileRows = 16;
 constexpr int kTileGroupBytes = 64;
 __host__ __device__ constexpr bool mma_tiles_fit(int64_t rows, int64_t row_bytes) {

@@ -1,0 +1,49 @@
+// moe family (CUDA): what the two kinds of expert kernels share. launch_expert_up / launch_expert_down
+// (experts_items.cu) run the item kernels there, which take any step, or for one token whose matrices all go
+// through the tensor cores the decode kernels of experts_decode.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/moe/moe_kernels.h"
+
+namespace dsv4::cuda::moe {
+
+constexpr int kExpertThreads = kExpertWarps * 32;
+
+struct Chunk {
+  int pair0, count, expert;  // expert −1 = shared
+};
+
+__device__ __forceinline__ Chunk chunk_at(const Plan& plan, int c) {
+  return {plan.chunk_pair[c], plan.chunk_count[c], plan.chunk_expert[c]};
+}
+
+// The shared expert's chunk c (of ceil(n / kChunk)): known without the plan (pairs P + t, t = token).
+__device__ __forceinline__ Chunk shared_chunk(const ExpertParams& p, int c) {
+  return {int(p.n * p.k) + c * kChunk, int(std::min<int64_t>(kChunk, p.n - int64_t(c) * kChunk)), -1};
+}
+
+__device__ __forceinline__ float swiglu(float g, float u, float limit, float weight) {
+  if (limit > 0.0f) {  // the CPU's std::min / std::clamp, NaN handling included
+    g = limit < g ? limit : g;
+    u = u < -limit ? -limit : (limit < u ? limit : u);
+  }
+  return g / (1.0f + expf(-g)) * u * weight;
+}
+
+// Blocks of `kernel` (kExpertThreads threads, `smem` dynamic bytes) that the device holds at once: the size of a
+// persistent grid.
+int resident_blocks(const void* kernel, size_t smem, int sm_count);
+
+// The decode kernels (experts_decode.cu): whether one fits the step, and its launch. The caller has checked p.
+bool expert_up_decode_fits(const ExpertParams& p);
+bool expert_down_decode_fits(const ExpertParams& p);
+void launch_expert_up_decode(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream);
+void launch_expert_down_decode(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream);
+
+}  // namespace dsv4::cuda::moe
