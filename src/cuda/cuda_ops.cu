@@ -20,7 +20,7 @@ CudaOps::CudaOps(const ModelConfig& config, int device) : config_(config), devic
   DSV4_CHECK(device >= 0 && device < count, "CUDA device ", device, " requested, ", count, " visible");
   DSV4_CUDA_CHECK(cudaSetDevice(device));
   DSV4_CUDA_CHECK(cudaGetDeviceProperties(&props_, device));
-  DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_.handle(), cudaStreamNonBlocking));
   const auto constants = [&](const std::vector<float>& host) {
     auto* d = static_cast<float*>(device_alloc(std::max<size_t>(host.size(), 1) * sizeof(float)));
     DSV4_CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -32,14 +32,17 @@ CudaOps::CudaOps(const ModelConfig& config, int device) : config_(config), devic
 }
 
 CudaOps::~CudaOps() {
-  // Destructors must not throw: errors here are reported by nobody, the process is ending or moving on.
+  // Destructors must not throw: errors here are reported by nobody, the process is ending or moving on. A
+  // deferred hc_post is dropped: nobody can observe its X any more.
+  deferred_post_ = {};
   if (capturing_) abort_graph();
-  if (stream_) cudaStreamSynchronize(stream_);
+  cudaStream_t stream = stream_.handle();
+  if (stream) cudaStreamSynchronize(stream);
   for (auto& [nodes, exec] : graph_execs_) cudaGraphExecDestroy(exec);
   for (void* p : allocations_) cudaFree(p);
   for (auto& [p, bytes] : workspaces_) cudaFree(p);
   if (pinned_i32_) cudaFreeHost(pinned_i32_);
-  if (stream_) cudaStreamDestroy(stream_);
+  if (stream) cudaStreamDestroy(stream);
 }
 
 void* CudaOps::device_alloc(size_t bytes) {
@@ -138,6 +141,7 @@ bool CudaOps::begin_graph() {
 void CudaOps::abort_graph() {
   DSV4_ASSERT(capturing_);
   capturing_ = false;
+  deferred_post_ = {};  // recorded, not run, like the rest of the step (begin_graph flushed the one before it)
   cudaGraph_t graph = nullptr;
   cudaStreamEndCapture(stream_, &graph);  // fails when an unrecordable call invalidated the capture: fine
   if (graph) cudaGraphDestroy(graph);

@@ -1,7 +1,8 @@
 // The CUDA backend: the Ops seam on one GPU, every operation a kernel of our own (src/cuda/<family>/).
 // Weights are uploaded once, in checkpoint precision (common/device_weight.h); activations and per-sequence
 // state come from alloc() at load; op workspaces grow on the first step and are reused after, so the decode
-// loop never allocates. Everything runs in order on one stream; download() is the only synchronising call.
+// loop never allocates. Everything runs in order on one stream; download() is the only synchronising call. One
+// op is deferred: hc_post waits for the next use of the stream, so that hc_pre_norm can run it fused (Stream).
 //
 // Each family implements its members in its own folder: elementwise/, gemm/, norm_rope/, quant/, hc/,
 // attention/ (compressor, indexer_topk, attention), moe/.
@@ -124,13 +125,12 @@ class CudaOps final : public Ops {
   void hadamard_sim_fp4(float* x, int64_t rows, int64_t dim) override;
 
   void hc_pre(const float* X, const HcWeights& w, int64_t n, float* x, float* post, float* comb) override;
+  // Deferred (ops.h): launched fused into the hc_pre_norm that follows on the same X at decode, else by the next
+  // use of the stream (flush_post).
   void hc_post(const float* f, const float* post, const float* comb, int64_t n, float* X) override;
   void hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y) override;
   void hc_pre_norm(const float* X, const HcWeights& w, const std::vector<float>& gamma, int64_t n, int64_t dim,
                    float* x, float* xn, float* post, float* comb) override;
-  void hc_post_pre_norm(const float* f, const float* post, const float* comb, int64_t n, float* X, const HcWeights& w,
-                        const std::vector<float>& gamma, int64_t dim, float* x, float* xn, float* post_out,
-                        float* comb_out) override;
 
   void compressor(const CompressorWeights& w, CompressorState& state, const float* x, int64_t pos0, int64_t n,
                   EntrySim sim) override;
@@ -140,6 +140,8 @@ class CudaOps final : public Ops {
   void moe(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) override;
 
   // ---- for the families
+  // The ops' stream; a deferred hc_post is launched first (Stream). A caller that keeps the handle and enqueues
+  // on it after a later hc_post must ask again.
   cudaStream_t stream() const { return stream_; }
   // Programmatic dependent launch (sm_90+): decode-step kernels launch while their predecessor drains and
   // wait for it on the device (common/launch.cuh).
@@ -168,7 +170,33 @@ class CudaOps final : public Ops {
   ModelConfig config_;
   int device_ = 0;
   cudaDeviceProp props_{};
-  cudaStream_t stream_ = nullptr;
+  // NOTE: the stream is reachable only through this guard. Converting it to a cudaStream_t — which every kernel
+  // launch, copy, memset, synchronisation and capture call on it does, in any family — first launches a
+  // deferred hc_post: later work never overtakes it, and no op has a flush to remember.
+  class Stream {
+   public:
+    explicit Stream(CudaOps& ops) : ops_(ops) {}
+    operator cudaStream_t() const {
+      ops_.flush_post();
+      return handle_;
+    }
+    cudaStream_t& handle() { return handle_; }  // unguarded: creation and destruction only
+   private:
+    CudaOps& ops_;
+    cudaStream_t handle_ = nullptr;
+  };
+  // hc_post's arguments while it is deferred (hc/hc.cu); n = 0: none.
+  struct DeferredPost {
+    const float* f = nullptr;     // [n, D]
+    const float* post = nullptr;  // [n, hc]
+    const float* comb = nullptr;  // [n, hc, hc]
+    float* X = nullptr;           // [n, hc, D]
+    int64_t n = 0;
+  };
+  void flush_post();  // launches the deferred hc_post, if any (hc/hc.cu)
+
+  Stream stream_{*this};
+  DeferredPost deferred_post_;
   std::vector<void*> allocations_;
   std::unordered_map<const void*, cuda::DeviceWeight> weights_;   // by host Weight::data
   std::unordered_map<const void*, const void*> vectors_;          // host vector data → device copy

@@ -82,7 +82,6 @@ void DeepseekV4::step(std::span<const StepInput> batch) {
   const auto forward = [&] {
     ops_.embed(model_.embed, act_.tokens, n, act_.x);
     ops_.broadcast_streams(act_.x, n, c.hc_mult, c.dim, act_.X);
-    post_pending_ = false;
     for (size_t i = 0; i < model_.layers.size(); ++i) block(model_.layers[i], i, /*mtp=*/false, n);
     return head(model_.hc_head, model_.norm, batch, n);
   };
@@ -119,7 +118,6 @@ void DeepseekV4::mtp_step(const int32_t* next_tokens, int64_t n, float* logits) 
   ops_.linear(act_.x, D, m.e_proj, n, act_.mtp_e, D);
   ops_.broadcast_streams(act_.mtp_e, n, hc, D, act_.X);
   ops_.add(act_.X, act_.mtp_h, size_t(n * hc * D), act_.X);
-  post_pending_ = false;
   spans_.assign(1, Span{0, n, state_.mtp_position, &state_});
   block(m.block, 0, /*mtp=*/true, n);
   state_.mtp_position += n;
@@ -128,26 +126,25 @@ void DeepseekV4::mtp_step(const int32_t* next_tokens, int64_t n, float* logits) 
   deliver(batch, head(m.hc_head, m.norm, batch, n));
 }
 
-// One decoder layer: attention then MoE, each wrapped in an mHC pre-mix / post-mix (spec §4–§5). A sub-block's
-// post-mix runs with the next pre-mix as one op (the MoE's with the next layer's, the last one in head()).
+// One decoder layer (spec §4–§5): attention then MoE, each between an mHC pre-mix and post-mix. A backend may
+// run a post-mix fused with the pre-mix (or head collapse) that follows it (ops.h, hc_post).
 void DeepseekV4::block(const LayerWeights& l, size_t layer, bool mtp, int64_t n) {
-  mix_in(l.hc_attn, l.attn_norm, n);
+  hc_pre(l.hc_attn, l.attn_norm, n);
   attention(l, layer, mtp, n);
-  mix_in(l.hc_ffn, l.ffn_norm, n);
+  hc_post(n);
+  hc_pre(l.hc_ffn, l.ffn_norm, n);
   moe(l, n);
+  hc_post(n);
 }
 
-// X ← post-mix of the pending sub-block output (if any), then the next sub-block's pre-mix and norm: xn, and
-// the post / comb coefficients its own post-mix will use.
-void DeepseekV4::mix_in(const HcWeights& hc, const std::vector<float>& norm, int64_t n) {
-  const ModelConfig& c = model_.config;
-  if (post_pending_)
-    ops_.hc_post_pre_norm(act_.sub_out, act_.post, act_.comb, n, act_.X, hc, norm, c.dim, act_.x, act_.xn, act_.post,
-                          act_.comb);
-  else
-    ops_.hc_pre_norm(act_.X, hc, norm, n, c.dim, act_.x, act_.xn, act_.post, act_.comb);
-  post_pending_ = true;  // the sub-block that follows writes sub_out
+// The streams X collapsed into the sub-block input and normed: xn, and the post / comb coefficients of the
+// sub-block's own post-mix.
+void DeepseekV4::hc_pre(const HcWeights& hc, const std::vector<float>& norm, int64_t n) {
+  ops_.hc_pre_norm(act_.X, hc, norm, n, model_.config.dim, act_.x, act_.xn, act_.post, act_.comb);
 }
+
+// The sub-block's output sub_out mixed back into the streams X with the coefficients of its pre-mix.
+void DeepseekV4::hc_post(int64_t n) { ops_.hc_post(act_.sub_out, act_.post, act_.comb, n, act_.X); }
 
 // Attention sub-block (spec §6): xn → sub_out. Projections run over the whole batch; the KV cache, the
 // compressors, the indexer and the attention itself run per sequence on its rows.
@@ -260,8 +257,6 @@ int64_t DeepseekV4::head(const HcHeadWeights& hc, const std::vector<float>& norm
                          int64_t n) {
   const ModelConfig& c = model_.config;
   const int64_t D = c.dim;
-  if (post_pending_) ops_.hc_post(act_.sub_out, act_.post, act_.comb, n, act_.X);
-  post_pending_ = false;
   ops_.hc_head(act_.X, hc, n, act_.y);
   // The rows that need logits, in batch order, as runs of y (first row, count).
   head_runs_.clear();

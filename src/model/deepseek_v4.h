@@ -87,7 +87,8 @@ class DeepseekV4 {
   };
   // `layer` indexes SequenceState::layers (mtp = false) or ::mtp (mtp = true).
   void block(const LayerWeights& l, size_t layer, bool mtp, int64_t n);
-  void mix_in(const HcWeights& hc, const std::vector<float>& norm, int64_t n);
+  void hc_pre(const HcWeights& hc, const std::vector<float>& norm, int64_t n);
+  void hc_post(int64_t n);
   void attention(const LayerWeights& l, size_t layer, bool mtp, int64_t n);
   void query(const AttentionWeights& w, int64_t n);
   void finish_query_key_value(const AttentionWeights& w, size_t layer, bool mtp, RopeKind rope);
@@ -110,7 +111,6 @@ class DeepseekV4 {
   Activations act_;
   std::vector<Span> spans_;        // the current step's sequences
   std::vector<std::pair<int64_t, int64_t>> head_runs_;  // head(): the rows that need logits, as (first, count) runs of y
-  bool post_pending_ = false;      // sub_out holds a sub-block's output that is not mixed back into X yet
   std::vector<float> host_logits_;  // gathered logits rows of one step, before scattering
   std::vector<int32_t> host_tokens_;  // greedy ids of those rows
 

@@ -166,9 +166,18 @@ class Ops {
   virtual void sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block) = 0;
   virtual void hadamard_sim_fp4(float* x, int64_t rows, int64_t dim) = 0;
 
-  // ---- hc (mHC)
+  // ---- hc (mHC, spec §5): X [n, hc, D] residual streams, post [n, hc], comb [n, hc, hc] (C[j][k]: source
+  // stream j, destination stream k)
+  // Pre-mix: the mixing coefficients of X (post and comb for this sub-block's own post-mix) and the collapse
+  // x [n, D] = Σ_j pre[j]·X[j].
   virtual void hc_pre(const float* X, const HcWeights& w, int64_t n, float* x, float* post, float* comb) = 0;
+  // Post-mix of a sub-block's output f [n, D] into the streams, in place: X[k] ← post[k]·f + Σ_j C[j][k]·X[j].
+  // NOTE: a backend may defer it, to run it fused with the hc_pre_norm or hc_head that follows on the same X (the
+  // CUDA backend fuses it into hc_pre_norm at decode). Everything else that follows — any other op, a download,
+  // a graph's end — sees X as if it had run at once: a deferring backend runs it first. The next hc_pre_norm may
+  // write its post and comb over this call's (the model reuses the buffers): a fused backend reads them first.
   virtual void hc_post(const float* f, const float* post, const float* comb, int64_t n, float* X) = 0;
+  // The final collapse before the output norm (§5.4): y [n, D] = Σ_j pre[j]·X[j], pre from the head's weights.
   virtual void hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y) = 0;
   // hc_pre, then xn = RMSNorm(x) with gain gamma over the dim channels of each row: the two in one call,
   // which a backend may fuse (every sub-block starts so).
@@ -176,15 +185,6 @@ class Ops {
                            int64_t dim, float* x, float* xn, float* post, float* comb) {
     hc_pre(X, w, n, x, post, comb);
     rms_norm(x, &gamma, n, dim, xn);
-  }
-  // hc_post of a sub-block's output f into X, then hc_pre_norm of the next sub-block on the updated X: the two
-  // in one call, which a backend may fuse (every sub-block of a step but the first starts so). post and comb
-  // are read before post_out and comb_out are written: they may be the same buffers.
-  virtual void hc_post_pre_norm(const float* f, const float* post, const float* comb, int64_t n, float* X,
-                                const HcWeights& w, const std::vector<float>& gamma, int64_t dim, float* x,
-                                float* xn, float* post_out, float* comb_out) {
-    hc_post(f, post, comb, n, X);
-    hc_pre_norm(X, w, gamma, n, dim, x, xn, post_out, comb_out);
   }
 
   // ---- attention family

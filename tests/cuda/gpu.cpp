@@ -41,17 +41,17 @@ int32_t* to_device(CudaOps& ops, const std::vector<int32_t>& host) {
   return settled(d);
 }
 
-std::vector<float> to_host(CudaOps&, const float* device, size_t n) {
+std::vector<float> to_host(CudaOps& ops, const float* device, size_t n) {
   std::vector<float> h(n);
   settle();
-  DSV4_CUDA_CHECK(cudaMemcpy(h.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost));
+  ops.download(h.data(), device, n);
   return h;
 }
 
-std::vector<int32_t> to_host(CudaOps&, const int32_t* device, size_t n) {
+std::vector<int32_t> to_host(CudaOps& ops, const int32_t* device, size_t n) {
   std::vector<int32_t> h(n);
   settle();
-  DSV4_CUDA_CHECK(cudaMemcpy(h.data(), device, n * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  ops.download_i32(h.data(), device, n);
   return h;
 }
 

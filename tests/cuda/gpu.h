@@ -40,6 +40,7 @@ T* settled(T* device) {
 // ops.alloc + copy; `shift` floats into the allocation (shift 1 breaks 16-byte alignment).
 float* to_device(CudaOps& ops, const std::vector<float>& host, size_t shift = 0);
 int32_t* to_device(CudaOps& ops, const std::vector<int32_t>& host);
+// Through the ops (download): ordered after every op, a deferred one (CudaOps::hc_post) included.
 std::vector<float> to_host(CudaOps& ops, const float* device, size_t n);
 std::vector<int32_t> to_host(CudaOps& ops, const int32_t* device, size_t n);
 void poison(float* device, size_t n);    // every element NaN

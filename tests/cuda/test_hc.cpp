@@ -1,8 +1,10 @@
-// hc family: hc_pre, hc_pre_norm, hc_post, hc_post_pre_norm and hc_head on the GPU against CpuOps, at V4-Flash sizes (hc 4 × dim 4096,
-// fn [24, 16384] F32) and odd ones.
+// hc family: hc_pre, hc_pre_norm, hc_post and hc_head on the GPU against CpuOps, at V4-Flash sizes (hc 4 × dim 4096,
+// fn [24, 16384] F32) and odd ones; and CudaOps' deferred hc_post: fused into the hc_pre_norm that follows it at
+// decode, run first by anything else, and never an extra kernel launch.
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <functional>
 
 #include "core/dtype.h"
 #include "cuda/gpu.h"
@@ -13,6 +15,7 @@
 namespace dsv4::test {
 namespace {
 
+#if DSV4_HAVE_CUDA
 ModelConfig hc_config(int64_t hc, int64_t dim) {
   ModelConfig c;
   c.dim = dim;
@@ -95,6 +98,25 @@ PreInputs pre_inputs(const Case& c, std::mt19937_64& rng, CudaOps& ops) {
   return in;
 }
 
+// hc_head's weights (uploaded), fn entries ~ 1/sqrt(hc·D) as hc_pre's.
+struct HeadInputs {
+  HostMatrix fn;  // owns w.fn's storage
+  HcHeadWeights w;
+};
+HeadInputs head_inputs(const Case& c, std::mt19937_64& rng, CudaOps& ops) {
+  const int64_t K = c.hc * c.dim;
+  HeadInputs in;
+  in.fn = random_matrix(c.fn_dtype, c.hc, K, std::sqrt(3.0f / float(K)), rng);
+  in.w.fn = in.fn.w;
+  in.w.base = random_floats(size_t(c.hc), rng);
+  in.w.scale = random_floats(1, rng, 0.5f, 2.0f);
+  ops.upload(in.w.fn);
+  ops.upload(in.w.base);
+  ops.upload(in.w.scale);
+  settle();
+  return in;
+}
+
 std::string describe(const Case& c) {
   return cat("hc=", c.hc, " dim=", c.dim, " n=", c.n, " fn ", dtype_name(c.fn_dtype), " shift=", c.shift);
 }
@@ -128,6 +150,7 @@ void expect_pre_outputs(CudaOps& ops, CpuOps& cpu, const Case& c, const std::vec
   cpu.rms_norm(got_x.data(), gamma, c.n, c.dim, xn_of_got.data());
   EXPECT_TRUE(compare(to_host(ops, got.xn, want.xn.size()), xn_of_got, Tolerance{1e-6, 1e-5}, "xn " + what));
 }
+#endif
 
 TEST(CudaHc, HcPreMatchesCpu) {
   DSV4_REQUIRE_GPU();
@@ -181,21 +204,12 @@ TEST(CudaHc, HcHeadMatchesCpu) {
     const ModelConfig cfg = hc_config(c.hc, c.dim);
     CudaOps ops(cfg);
     CpuOps cpu(cfg);
-    const int64_t K = c.hc * c.dim;
-    HcHeadWeights w;
-    const HostMatrix fn = random_matrix(c.fn_dtype, c.hc, K, std::sqrt(3.0f / float(K)), rng);
-    w.fn = fn.w;
-    w.base = random_floats(size_t(c.hc), rng);
-    w.scale = random_floats(1, rng, 0.5f, 2.0f);
-    ops.upload(w.fn);
-    ops.upload(w.base);
-    ops.upload(w.scale);
-    settle();
-    const auto X = random_floats(size_t(c.n * K), rng);
+    const HeadInputs head = head_inputs(c, rng, ops);
+    const auto X = random_floats(size_t(c.n * c.hc * c.dim), rng);
     std::vector<float> y(size_t(c.n * c.dim));
-    cpu.hc_head(X.data(), w, c.n, y.data());
+    cpu.hc_head(X.data(), head.w, c.n, y.data());
     float* dy = poisoned(ops, y.size(), c.shift);
-    ops.hc_head(to_device(ops, X, c.shift), w, c.n, dy);
+    ops.hc_head(to_device(ops, X, c.shift), head.w, c.n, dy);
     EXPECT_TRUE(compare(to_host(ops, dy, y.size()), y, kCollapseTol, "hc_head " + describe(c)));
   }
 #endif
@@ -203,7 +217,7 @@ TEST(CudaHc, HcHeadMatchesCpu) {
 
 // hc_post runs the CPU's operations in the CPU's order (unfused fp32 products, sums over j in order), so the
 // results are bit-identical unless the host compiler contracts a·b + c into an FMA: one rounding of a sum of
-// hc + 1 terms of size ≤ 2, ≤ 2.4e-7 each; 1e-6 absolute.
+// hc + 1 terms of size ≤ 2, ≤ 2.4e-7 each; 1e-6 absolute. CudaOps defers hc_post: to_host's download runs it.
 TEST(CudaHc, HcPostMatchesCpu) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -227,11 +241,11 @@ TEST(CudaHc, HcPostMatchesCpu) {
 #endif
 }
 
-// hc_post_pre_norm: X as hc_post leaves it (the same operations: 1e-6 absolute), then hc_pre_norm's outputs on
-// that X within hc_pre_norm's tolerances. post and comb are read and written through the same buffers, as the
-// model calls it. Decode-sized cases (n ≤ 8, dim % 4 == 0, aligned) take the fused kernel, the others the
-// default composition.
-TEST(CudaHc, HcPostPreNormMatchesCpu) {
+// hc_post then hc_pre_norm on the same streams, as every sub-block after a step's first: X as hc_post leaves it
+// (the same operations: 1e-6 absolute), then hc_pre_norm's outputs on that X within hc_pre_norm's tolerances.
+// post and comb are read and written through the same buffers, as the model calls it. Decode-sized cases (n ≤ 8,
+// dim % 4 == 0, aligned) take the fused kernel, the others hc_post's own.
+TEST(CudaHc, HcPostThenPreNormMatchesCpu) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
   std::mt19937_64 rng(seed());
@@ -246,18 +260,159 @@ TEST(CudaHc, HcPostPreNormMatchesCpu) {
     settle();
     const auto f = random_floats(size_t(c.n * c.dim), rng);
     PreOutputs want(c);
-    want.post = random_floats(want.post.size(), rng, 0.0f, 2.0f);  // the pending sub-block's coefficients
+    want.post = random_floats(want.post.size(), rng, 0.0f, 2.0f);  // the previous sub-block's coefficients
     want.comb = random_floats(want.comb.size(), rng, 0.0f, 1.0f);
     const DevicePreOutputs got{poisoned(ops, want.x.size(), c.shift), poisoned(ops, want.xn.size(), c.shift),
                                to_device(ops, want.post, 0), to_device(ops, want.comb, 0)};
-    std::vector<float> X = in.X;
-    cpu.hc_post_pre_norm(f.data(), want.post.data(), want.comb.data(), c.n, X.data(), in.w, gamma, c.dim,
-                         want.x.data(), want.xn.data(), want.post.data(), want.comb.data());
+    const float* df = to_device(ops, f, c.shift);
     float* dX = to_device(ops, in.X, c.shift);
-    ops.hc_post_pre_norm(to_device(ops, f, c.shift), got.post, got.comb, c.n, dX, in.w, gamma, c.dim, got.x, got.xn,
-                         got.post, got.comb);
+    std::vector<float> X = in.X;
+    cpu.hc_post(f.data(), want.post.data(), want.comb.data(), c.n, X.data());
+    cpu.hc_pre_norm(X.data(), in.w, gamma, c.n, c.dim, want.x.data(), want.xn.data(), want.post.data(),
+                    want.comb.data());
+    ops.hc_post(df, got.post, got.comb, c.n, dX);
+    ops.hc_pre_norm(dX, in.w, gamma, c.n, c.dim, got.x, got.xn, got.post, got.comb);
     EXPECT_TRUE(compare(to_host(ops, dX, X.size()), X, Tolerance{1e-6, 0.0}, "X " + describe(c)));
     expect_pre_outputs(ops, cpu, c, &gamma, got, want);
+  }
+#endif
+}
+
+// A deferred hc_post runs before whatever follows it that is not its fused partner: an rms_norm reading X, hc_head,
+// a second hc_post on X, hc_pre_norm on other streams. Each against the CPU's ops one after the other, at decode
+// size (where hc_pre_norm would fuse) and an odd unaligned size. The post-mixed streams are bounded by
+// post + Σ_j C[j][k] ≤ 2 + hc = 6. X after one hc_post: 1e-6 absolute (HcPostMatchesCpu); after two, the first's
+// error carried through Σ_j C[j][k] (≤ 4e-6) plus the second's rounding over terms ≤ 6 (≤ 2e-6): 1e-5. rms_norm
+// of rows within 1e-6 of the CPU's (rms ~1): 1e-5 absolute, 1e-5 relative. hc_head: kCollapseTol's bound, derived
+// for streams ≤ 1, times 6: 6e-4 absolute.
+TEST(CudaHc, DeferredHcPostRunsBeforeOtherOps) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  for (const Case& c : {kCases[0], kCases[4]}) {
+    const ModelConfig cfg = hc_config(c.hc, c.dim);
+    const std::string what = describe(c);
+    CudaOps ops(cfg);
+    CpuOps cpu(cfg);
+    const PreInputs in = pre_inputs(c, rng, ops);  // hc_pre_norm's weights, and X
+    const HeadInputs head = head_inputs(c, rng, ops);
+    const std::vector<float> gamma = random_floats(size_t(c.dim), rng, 0.5f, 1.5f);
+    ops.upload(gamma);
+    settle();
+    const auto f = random_floats(size_t(c.n * c.dim), rng), f2 = random_floats(f.size(), rng);
+    const auto post = random_floats(size_t(c.n * c.hc), rng, 0.0f, 2.0f);
+    const auto comb = random_floats(size_t(c.n * c.hc * c.hc), rng, 0.0f, 1.0f);
+    const auto Y = random_floats(in.X.size(), rng);  // other streams
+    const float *df = to_device(ops, f, c.shift), *df2 = to_device(ops, f2, c.shift);
+    const float *dpost = to_device(ops, post, 0), *dcomb = to_device(ops, comb, 0);
+    std::vector<float> X = in.X;  // X after hc_post
+    cpu.hc_post(f.data(), post.data(), comb.data(), c.n, X.data());
+    {  // rms_norm of X's rows
+      float* dX = to_device(ops, in.X, c.shift);
+      float* dy = poisoned(ops, X.size(), c.shift);
+      std::vector<float> y(X.size());
+      cpu.rms_norm(X.data(), nullptr, c.n * c.hc, c.dim, y.data());
+      ops.hc_post(df, dpost, dcomb, c.n, dX);
+      ops.rms_norm(dX, nullptr, c.n * c.hc, c.dim, dy);
+      EXPECT_TRUE(compare(to_host(ops, dy, y.size()), y, Tolerance{1e-5, 1e-5}, "rms_norm after hc_post " + what));
+    }
+    {  // hc_head
+      float* dX = to_device(ops, in.X, c.shift);
+      float* dy = poisoned(ops, size_t(c.n * c.dim), c.shift);
+      std::vector<float> y(size_t(c.n * c.dim));
+      cpu.hc_head(X.data(), head.w, c.n, y.data());
+      ops.hc_post(df, dpost, dcomb, c.n, dX);
+      ops.hc_head(dX, head.w, c.n, dy);
+      EXPECT_TRUE(compare(to_host(ops, dy, y.size()), y, Tolerance{6e-4, 1e-5}, "hc_head after hc_post " + what));
+    }
+    {  // a second hc_post on the same streams
+      float* dX = to_device(ops, in.X, c.shift);
+      std::vector<float> X2 = X;
+      cpu.hc_post(f2.data(), post.data(), comb.data(), c.n, X2.data());
+      ops.hc_post(df, dpost, dcomb, c.n, dX);
+      ops.hc_post(df2, dpost, dcomb, c.n, dX);
+      EXPECT_TRUE(compare(to_host(ops, dX, X2.size()), X2, Tolerance{1e-5, 0.0}, "hc_post twice " + what));
+    }
+    {  // hc_pre_norm on other streams: X still gets its post-mix, Y its pre-mix
+      float* dX = to_device(ops, in.X, c.shift);
+      float* dY = to_device(ops, Y, c.shift);
+      PreOutputs want(c);
+      cpu.hc_pre_norm(Y.data(), in.w, gamma, c.n, c.dim, want.x.data(), want.xn.data(), want.post.data(),
+                      want.comb.data());
+      const DevicePreOutputs got = poisoned_outputs(ops, c, want);
+      ops.hc_post(df, dpost, dcomb, c.n, dX);
+      ops.hc_pre_norm(dY, in.w, gamma, c.n, c.dim, got.x, got.xn, got.post, got.comb);
+      EXPECT_TRUE(compare(to_host(ops, dX, X.size()), X, Tolerance{1e-6, 0.0}, "X beside hc_pre_norm " + what));
+      expect_pre_outputs(ops, cpu, c, &gamma, got, want);
+    }
+  }
+#endif
+}
+
+#if DSV4_HAVE_CUDA
+// The kernels a call sequence enqueues on the ops' stream, counted on a recording of it (stream capture) made
+// after one direct run, which grows the workspaces (they cannot grow during a recording).
+size_t kernels_enqueued(CudaOps& ops, const std::function<void()>& calls) {
+  calls();
+  DSV4_CUDA_CHECK(cudaStreamBeginCapture(ops.stream(), cudaStreamCaptureModeThreadLocal));
+  calls();
+  cudaGraph_t graph = nullptr;
+  DSV4_CUDA_CHECK(cudaStreamEndCapture(ops.stream(), &graph));  // a trailing deferred hc_post is recorded first
+  size_t count = 0;
+  DSV4_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  DSV4_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
+  size_t kernels = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    DSV4_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    kernels += type == cudaGraphNodeTypeKernel;
+  }
+  DSV4_CUDA_CHECK(cudaGraphDestroy(graph));
+  settle();
+  return kernels;
+}
+#endif
+
+// Deferring hc_post costs no launch: hc_post then hc_pre_norm is as many kernels as hc_pre_norm alone at decode
+// (hc_post_mix takes hc_mix's place), and as the two apart in a prefill; before hc_head, or last, it is its own
+// kernel. So a decode step launches what it did when the seam had a fused hc_post_pre_norm op.
+TEST(CudaHc, DeferredHcPostAddsNoLaunch) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  for (const Case& c : {kCases[0], kCases[1]}) {  // V4-Flash sizes, decode (1 token) and prefill (19)
+    const ModelConfig cfg = hc_config(c.hc, c.dim);
+    const std::string what = describe(c);
+    CudaOps ops(cfg);
+    const PreInputs in = pre_inputs(c, rng, ops);
+    const HeadInputs head = head_inputs(c, rng, ops);
+    const std::vector<float> gamma = random_floats(size_t(c.dim), rng, 0.5f, 1.5f);
+    ops.upload(gamma);
+    settle();
+    const float* f = to_device(ops, random_floats(size_t(c.n * c.dim), rng), 0);
+    float* post = to_device(ops, random_floats(size_t(c.n * c.hc), rng, 0.0f, 2.0f), 0);
+    float* comb = to_device(ops, random_floats(size_t(c.n * c.hc * c.hc), rng, 0.0f, 1.0f), 0);
+    float* X = to_device(ops, in.X, 0);
+    float *x = ops.alloc(size_t(c.n * c.dim)), *xn = ops.alloc(size_t(c.n * c.dim));
+    const auto hc_post = [&] { ops.hc_post(f, post, comb, c.n, X); };
+    const auto pre_norm = [&] { ops.hc_pre_norm(X, in.w, gamma, c.n, c.dim, x, xn, post, comb); };
+    const auto hc_head = [&] { ops.hc_head(X, head.w, c.n, x); };
+    const size_t post_alone = kernels_enqueued(ops, hc_post), pre_norm_alone = kernels_enqueued(ops, pre_norm);
+    const size_t head_alone = kernels_enqueued(ops, hc_head);
+    EXPECT_EQ(post_alone, 1u) << what;
+    const size_t fused = kernels_enqueued(ops, [&] {
+      hc_post();
+      pre_norm();
+    });
+    EXPECT_EQ(fused, c.n <= 8 ? pre_norm_alone : post_alone + pre_norm_alone) << what;
+    const size_t before_head = kernels_enqueued(ops, [&] {
+      hc_post();
+      hc_head();
+    });
+    EXPECT_EQ(before_head, post_alone + head_alone) << what;
   }
 #endif
 }

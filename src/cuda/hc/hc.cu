@@ -15,10 +15,13 @@
 // NOTE: X is read twice (once per kernel); at decode the second read hits L2 (64 KiB per token at V4 sizes),
 // while fn (1.5 MiB fp32 per site) is spread over every SM by the split-K — that is where the time goes.
 // hc_post: block (D slice, token), post and comb in shared memory, X'[k] = post[k]·f + Σ_j C[j][k]·X[j] in place.
-// hc_post_pre_norm at decode (n ≤ kPostMixMaxTokens): hc_post_mix replaces hc_post + hc_mix — block (128-column
-// slice of D, token) computes X' over its slice of every stream as hc_post does, writes it, and dots it with its
-// warps' fn rows (loaded before waiting for the predecessor): the partials hc_finish sums, one launch less.
+// CudaOps::hc_post only records its arguments (DeferredPost); the next use of the stream launches it (flush_post),
+// unless the next op is hc_pre_norm on the same X at decode (n ≤ kPostMixMaxTokens): then hc_post_mix replaces
+// hc_post + hc_mix — block (128-column slice of D, token) computes X' over its slice of every stream as hc_post
+// does, writes it, and dots it with its warps' fn rows (loaded before waiting for the predecessor): the partials
+// hc_finish sums, one launch less.
 #include <algorithm>
+#include <utility>
 
 #include "cuda/common/check.h"
 #include "cuda/common/launch.cuh"
@@ -449,8 +452,8 @@ int norm_slices(int64_t D) {
 }
 
 // Shared by hc_pre (M = (2 + hc)·hc, post and comb written), hc_pre_norm (also xn = RMSNorm(x) with gain
-// gamma; the caller checked norm_slices), hc_post_pre_norm (`pending`: hc_post into X first, by hc_post_mix;
-// the caller checked its conditions) and hc_head (M = hc, pre only).
+// gamma; the caller checked norm_slices; with `pending`, a deferred hc_post into X first, by hc_post_mix: the
+// caller checked its conditions) and hc_head (M = hc, pre only).
 void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std::vector<float>& base,
                  const std::vector<float>& scale, int64_t n, float* x, float* post, float* comb, const char* what,
                  const float* gamma = nullptr, float* xn = nullptr, const HcPostParams* pending = nullptr) {
@@ -545,18 +548,13 @@ void CudaOps::hc_pre_norm(const float* X, const HcWeights& w, const std::vector<
   const float* g = nullptr;
   if (!norm_fuses(*this, "hc_pre_norm", X, gamma, dim, x, xn, post, comb, &g))
     return Ops::hc_pre_norm(X, w, gamma, n, dim, x, xn, post, comb);
+  const DeferredPost d = deferred_post_;
+  if (d.n > 0 && d.X == X && d.n == n && n <= kPostMixMaxTokens && cuda::aligned16(d.f)) {
+    deferred_post_ = {};  // launched here, by hc_post_mix
+    const HcPostParams pending{d.f, d.post, d.comb, d.X, n, dim, int(config_.hc_mult)};
+    return hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn, &pending);
+  }
   hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn);
-}
-
-void CudaOps::hc_post_pre_norm(const float* f, const float* post, const float* comb, int64_t n, float* X,
-                               const HcWeights& w, const std::vector<float>& gamma, int64_t dim, float* x, float* xn,
-                               float* post_out, float* comb_out) {
-  const float* g = nullptr;
-  if (!norm_fuses(*this, "hc_post_pre_norm", X, gamma, dim, x, xn, post_out, comb_out, &g) ||
-      n > kPostMixMaxTokens || !cuda::aligned16(f))
-    return Ops::hc_post_pre_norm(f, post, comb, n, X, w, gamma, dim, x, xn, post_out, comb_out);
-  const HcPostParams pending{f, post, comb, X, n, dim, int(config_.hc_mult)};
-  hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post_out, comb_out, "hc_post_pre_norm", g, xn, &pending);
 }
 
 void CudaOps::hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y) {
@@ -564,13 +562,20 @@ void CudaOps::hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* 
 }
 
 void CudaOps::hc_post(const float* f, const float* post, const float* comb, int64_t n, float* X) {
-  const int64_t hc = config_.hc_mult, D = config_.dim;
+  const int64_t hc = config_.hc_mult;
   DSV4_CHECK(hc >= 1 && hc <= kMaxHc, "hc_post: hc_mult ", hc, " outside [1, ", kMaxHc, "]");
   DSV4_CHECK(n >= 0 && n <= int64_t(65535), "hc_post: ", n, " tokens in one step (at most 65535)");
-  if (n == 0) return;
-  const HcPostParams p{f, post, comb, X, n, D, int(hc)};
-  const bool vec = D % 4 == 0 && cuda::aligned16(f) && cuda::aligned16(X);
-  const dim3 grid(unsigned(cuda::ceil_div(D, kPostThreads * (vec ? 4 : 1))), unsigned(n));
+  flush_post();  // an earlier one first
+  if (n > 0) deferred_post_ = {f, post, comb, X, n};
+}
+
+void CudaOps::flush_post() {
+  if (deferred_post_.n == 0) return;
+  const DeferredPost d = std::exchange(deferred_post_, {});  // cleared first: the launch below uses the stream
+  const int64_t D = config_.dim;
+  const HcPostParams p{d.f, d.post, d.comb, d.X, d.n, D, int(config_.hc_mult)};
+  const bool vec = D % 4 == 0 && cuda::aligned16(d.f) && cuda::aligned16(d.X);
+  const dim3 grid(unsigned(cuda::ceil_div(D, kPostThreads * (vec ? 4 : 1))), unsigned(d.n));
   if (vec) cuda::launch_pdl(hc_post_kernel<4>, dim3(grid), dim3(kPostThreads), 0, stream_, pdl(), p);
   else cuda::launch_pdl(hc_post_kernel<1>, dim3(grid), dim3(kPostThreads), 0, stream_, pdl(), p);
 }
