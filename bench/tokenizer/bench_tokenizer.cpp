@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   try {
     const std::string data_dir = DSV4_TOKENIZER_DATA_DIR;
     const auto t_load = Clock::now();
-    const dsv4::Tokenizer tok = which == "v3"   ? dsv4::tokfix::load_v3(DSV4_SHARED_DIR)
+    const dsv4::Tokenizer tok = which == "v3"   ? dsv4::tokfix::load_v3(data_dir)
                                 : which == "v4" ? dsv4::tokfix::load_v4(data_dir)
                                                 : dsv4::Tokenizer::from_file(which);
     const double load_s = seconds_since(t_load);

@@ -4,7 +4,7 @@
 // localises an end-to-end mismatch (the golden tests only see logits): the table of worst errors per op is
 // printed on every run, and a failure names the op and its call number.
 //
-// Model: ../shared/fixtures/reference/ref-small (every layer type, MTP, hash routing), its fixture prompt as
+// Model: tests/data/reference/ref-small (every layer type, MTP, hash routing), its fixture prompt as
 // prefill chunks of 13 then single-token decodes, in reference and exact numerics.
 //
 // Tolerances (error = max |cuda − cpu| over the op's outputs / max |cpu|): ops that only move or round values

@@ -12,6 +12,7 @@
 namespace dsv4::test {
 namespace {
 
+#if DSV4_HAVE_CUDA
 // V4-Flash's RoPE and norm settings (spec §3.2): rope_dim 64, θ 10000 on sliding layers, 160000 with YaRN
 // (factor 16 over 65536 original positions) on compressed layers.
 ModelConfig v4_config() {
@@ -44,6 +45,7 @@ NormInputs norm_inputs(int64_t rows, int64_t dim, bool weighted, std::mt19937_64
   settle();
   return in;
 }
+#endif
 
 // RMSNorm: fp32 everywhere in the same operation order; only the order of the sum of squares differs
 // (the CPU's 8 strided partial sums vs per-thread sums, warp trees and a block step). Each ordering has a

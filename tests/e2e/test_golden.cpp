@@ -1,5 +1,5 @@
 // End-to-end numerics of the CPU reference against golden logits:
-//  * ../shared/fixtures/reference/ref-small, computed by DeepSeek's own inference code (both numerics, MTP);
+//  * tests/data/reference/ref-small, computed by DeepSeek's own inference code (both numerics, MTP);
 //  * tests/data/golden/*, computed by transformers' DeepseekV4ForCausalLM (exact numerics).
 // Every check runs through the dsv4 CLI (logits / generate), for whole-prompt prefill, token-by-token
 // decode (--step 1) and odd chunkings (--step 7), so the incremental state is exercised against the oracle.

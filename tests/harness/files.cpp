@@ -18,8 +18,7 @@ namespace dsv4::test {
 namespace fs = std::filesystem;
 
 std::string source_path(const std::string& relative) { return std::string(DSV4_SOURCE_DIR) + "/" + relative; }
-std::string shared_path(const std::string& relative) { return std::string(DSV4_SHARED_DIR) + "/" + relative; }
-std::string ref_small_dir() { return shared_path("fixtures/reference/ref-small"); }
+std::string ref_small_dir() { return source_path("tests/data/reference/ref-small"); }
 
 std::vector<float> read_f32(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);

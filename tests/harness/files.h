@@ -8,8 +8,7 @@
 namespace dsv4::test {
 
 std::string source_path(const std::string& relative);  // inside the repository
-std::string shared_path(const std::string& relative);  // inside ../shared
-std::string ref_small_dir();                           // the reference fixture made by DeepSeek's code
+std::string ref_small_dir();  // tests/data/reference/ref-small: the reference fixture made by DeepSeek's code
 
 std::vector<float> read_f32(const std::string& path);
 std::string read_text(const std::string& path);

