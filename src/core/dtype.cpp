@@ -71,6 +71,8 @@ uint16_t f32_to_bf16(float value) {
   return uint16_t(u >> 16);
 }
 
+float round_bf16(float value) { return bf16_to_f32(f32_to_bf16(value)); }
+
 float f16_to_f32(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000) << 16;
   const int exp = (h >> 10) & 0x1F;

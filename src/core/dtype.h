@@ -28,6 +28,7 @@ bool parse_dtype(const std::string& label, DType* out);
 
 float bf16_to_f32(uint16_t bits);
 uint16_t f32_to_bf16(float value);  // round to nearest even; NaN stays NaN
+float round_bf16(float value);      // the bf16 round trip: bf16_to_f32(f32_to_bf16(value))
 float f16_to_f32(uint16_t bits);
 uint16_t f32_to_f16(float value);   // round to nearest even, overflow to inf
 

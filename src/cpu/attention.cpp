@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "cpu/cpu_ops.h"
 
@@ -15,8 +16,8 @@ void CpuOps::compressor(const CompressorWeights& w, CompressorState& s, const fl
   const int64_t m = w.ratio, c = w.width, width = (w.overlap ? 2 : 1) * c, D = config_.dim;
   std::vector<float>& kv = scratch(1, size_t(n * width));
   std::vector<float>& gate = scratch(2, size_t(n * width));
-  linear(x, D, w.wkv, n, kv.data(), width);
-  linear(x, D, w.wgate, n, gate.data(), width);
+  linear_f32(x, D, w.wkv, n, kv.data(), width);  // fp32 projections and state in every numerics
+  linear_f32(x, D, w.wgate, n, gate.data(), width);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t pos = pos0 + i;
     const float* ape = w.ape.data() + (pos % m) * width;
@@ -46,6 +47,7 @@ void CpuOps::compressor(const CompressorWeights& w, CompressorState& s, const fl
       }
       out[ch] = num / denom;
     }
+    if (fast()) round_bf16(out, size_t(c));  // the pooled row becomes bf16 before its norm
     if (w.overlap) {  // the current window becomes the previous one
       std::copy(s.kv + m * width, s.kv + 2 * m * width, s.kv);
       std::copy(s.score + m * width, s.score + 2 * m * width, s.score);
@@ -75,9 +77,12 @@ void CpuOps::indexer_topk(const IndexerParams& p) {
       for (int64_t h = 0; h < p.heads; ++h) {
         float d = 0.0f;
         for (int64_t j = 0; j < p.head_dim; ++j) d += q[h * p.head_dim + j] * key[j];
-        total += w[h] * std::max(d, 0.0f);
+        if (fast())  // bf16 einsum, bf16 product with the weight (fast-numerics.md §2.3)
+          total += round_bf16(w[h] * std::max(round_bf16(d), 0.0f));
+        else
+          total += w[h] * std::max(d, 0.0f);
       }
-      score[size_t(e)] = total;
+      score[size_t(e)] = fast() ? round_bf16(total) : total;  // fast: the head sum is a bf16 tensor
     }
     order.resize(size_t(visible));
     std::iota(order.begin(), order.end(), 0);
@@ -89,6 +94,33 @@ void CpuOps::indexer_topk(const IndexerParams& p) {
     for (int64_t j = 0; j < p.top_k; ++j) sel[j] = j < k ? order[size_t(j)] : -1;
   }
 }
+
+namespace {
+
+// One head of sparse_attn_kernel (fast-numerics.md §2.3): bf16 q and keys, fp32 scores × scale, the softmax
+// relative to the keys' maximum (the sink excluded), P rounded to bf16 for P·V while the denominator sums the
+// fp32 P, the sink in the denominator only, a bf16 output. out [d] starts at zero.
+void attend_fast(const float* q, const std::vector<const float*>& keys, float scale, float sink, int64_t d,
+                 float* logit, float* out) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (size_t j = 0; j < keys.size(); ++j) {
+    float dot = 0.0f;
+    for (int64_t c = 0; c < d; ++c) dot += q[c] * keys[j][c];
+    logit[j] = dot * scale;
+    mx = std::max(mx, logit[j]);
+  }
+  float denom = 0.0f;
+  for (size_t j = 0; j < keys.size(); ++j) {
+    const float e = std::exp(logit[j] - mx);
+    denom += e;
+    const float e_bf16 = round_bf16(e);
+    for (int64_t c = 0; c < d; ++c) out[c] += e_bf16 * keys[j][c];
+  }
+  denom += std::exp(sink - mx);
+  for (int64_t c = 0; c < d; ++c) out[c] = round_bf16(out[c] / denom);
+}
+
+}  // namespace
 
 void CpuOps::attention(const AttentionParams& p) {
   DSV4_CHECK(!p.entries || p.ratio >= 1, "attention: compressed entries need ratio >= 1, got ", p.ratio);
@@ -112,6 +144,12 @@ void CpuOps::attention(const AttentionParams& p) {
         for (int64_t e = 0; e < (t + 1) / p.ratio; ++e) keys.push_back(p.entries + e * d);
       }
       logit.resize(keys.size());
+      float* out = p.out + (i * p.heads + h) * d;
+      std::fill(out, out + d, 0.0f);
+      if (fast()) {
+        attend_fast(q, keys, p.scale, p.sinks[h], d, logit.data(), out);
+        continue;
+      }
       float mx = p.sinks[h];
       for (size_t j = 0; j < keys.size(); ++j) {
         float dot = 0.0f;
@@ -120,8 +158,6 @@ void CpuOps::attention(const AttentionParams& p) {
         mx = std::max(mx, logit[j]);
       }
       float denom = std::exp(p.sinks[h] - mx);  // the sink adds mass to the denominator only
-      float* out = p.out + (i * p.heads + h) * d;
-      std::fill(out, out + d, 0.0f);
       for (size_t j = 0; j < keys.size(); ++j) {
         const float e = std::exp(logit[j] - mx);
         denom += e;

@@ -31,6 +31,7 @@ std::vector<float>& CpuOps::scratch(size_t slot, size_t count) {
 
 void CpuOps::embed(const Weight& table, const int32_t* tokens, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) dequant_row(table, tokens[i], out + i * table.cols);
+  if (fast()) round_bf16(out, size_t(n * table.cols));  // exact for the bf16 table of a real checkpoint
 }
 
 void CpuOps::broadcast_streams(const float* x, int64_t n, int64_t hc, int64_t dim, float* X) {
@@ -40,10 +41,12 @@ void CpuOps::broadcast_streams(const float* x, int64_t n, int64_t hc, int64_t di
 
 void CpuOps::add(const float* a, const float* b, size_t count, float* out) {
   for (size_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
+  if (fast()) round_bf16(out, count);  // a bf16 add
 }
 
 void CpuOps::scale(float* x, size_t count, float factor) {
   for (size_t i = 0; i < count; ++i) x[i] *= factor;
+  if (fast()) round_bf16(x, count);  // a bf16 tensor times an fp32 scalar
 }
 
 void CpuOps::ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) {

@@ -13,12 +13,26 @@ namespace dsv4 {
 // Row r of a checkpoint matrix decoded to fp32 (the spec §3.3 formulas).
 void dequant_row(const Weight& w, int64_t row, float* out);
 
+// ---- The rounding points of fast numerics (docs/design/fast-numerics.md §1.2, §1.3), in place.
+// Every value of x [count] rounded to bf16 (RNE) and back.
+void round_bf16(float* x, size_t count);
+// DeepSeek's act_quant of one row, dequantised: per block of `block` columns a power-of-two scale
+// s = 2^ceil_log2(max(amax, 1e-4) / 448), then v ← e4m3_RNE(clamp(v / s, ±448)) · s (exact in fp32).
+void fp8_round_trip(float* v, int64_t cols, int64_t block);
+// fp4_act_quant of one row, dequantised: per 32 columns s = 2^ceil_log2(max(amax, 6·2^-126) / 6), then
+// v ← e2m1_RNE(clamp(v / s, ±6)) · s. cols is a multiple of 32.
+void fp4_round_trip(float* v, int64_t cols);
+
 // Inverse frequencies f_i of the rope_dim/2 rotary pairs (spec §3.2), YaRN applied when enabled.
 std::vector<float> rope_inv_freq(int64_t rope_dim, double theta, const YarnConfig* yarn);
 
 class CpuOps final : public Ops {
  public:
   explicit CpuOps(const ModelConfig& config);
+
+  // kFast rounds where DeepSeek's GPU code rounds (fast-numerics.md §7): bf16 between ops, act_quant before
+  // FP8 / FP4 GEMMs. exact and reference stay fp32 between ops.
+  void set_numerics(Numerics numerics) override { numerics_ = numerics; }
 
   float* alloc(size_t count) override;
   int32_t* alloc_i32(size_t count) override;
@@ -58,8 +72,17 @@ class CpuOps final : public Ops {
 
  private:
   std::vector<float>& scratch(size_t slot, size_t count);  // reused per-op buffers, grown on demand
+  bool fast() const { return numerics_ == Numerics::kFast; }
+  // y = x · Wᵀ in fp32 from the decoded weight, whatever the numerics: the projections DeepSeek runs in fp32
+  // (mHC mixes, compressor, router, LM head) and every GEMM of exact and reference numerics.
+  void linear_f32(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy);
+  // A GEMM as fast numerics computes it (fast-numerics.md §1.4, §1.5): bf16 activations, act_quant'ed per 128
+  // for FP8 / FP4 weights with fp32 partial sums per scale tile, and a bf16 output.
+  void linear_fast(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy);
+  void rms_norm_bf16(const float* x, int64_t rows, int64_t dim, float* y);  // the gain-less q re-norm (§2.3)
 
   ModelConfig config_;
+  Numerics numerics_ = Numerics::kReference;
   std::vector<float> inv_freq_plain_, inv_freq_compressed_;
   std::deque<std::vector<float>> buffers_;  // deque: growth keeps earlier buffers' addresses
   std::deque<std::vector<int32_t>> int_buffers_;

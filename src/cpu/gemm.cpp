@@ -1,5 +1,6 @@
 // gemm family, CPU reference: weights are decoded row by row from checkpoint storage (never expanded
 // in memory), then dotted with every activation row in fp32.
+#include <algorithm>
 #include <array>
 #include <cstring>
 
@@ -91,6 +92,15 @@ void dequant_row(const Weight& w, int64_t r, float* out) {
 constexpr int64_t kParallelWork = 1 << 18;
 
 void CpuOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
+  // DeepSeek's linear() picks the arithmetic by the weight's dtype; fp32 weights stay fp32. The LM head (the
+  // only projection with vocab rows) is an fp32 GEMM of the widened bf16 weight (fast-numerics.md §2.5).
+  if (fast() && w.dtype != DType::kF32 && w.rows != config_.vocab_size)
+    linear_fast(x, ldx, w, n, y, ldy);
+  else
+    linear_f32(x, ldx, w, n, y, ldy);
+}
+
+void CpuOps::linear_f32(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
 #pragma omp parallel if (w.rows * w.cols * n > kParallelWork)
   {
     thread_local std::vector<float> row;  // one decoded weight row per thread, reused across calls
@@ -103,8 +113,47 @@ void CpuOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, flo
   }
 }
 
+// FP8 (128×128 scales) and FP4 (1×32 scales) weights: the fp8_gemm / fp4_gemm of §1.4 / §1.5. Each scale tile's
+// dot product in fp32, scaled by both powers of two (exact: here folded into the decoded values), the tiles
+// added in K order in fp32. Other weights (bf16): F.linear in bf16, fp32 accumulation. Output bf16.
+void CpuOps::linear_fast(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
+  const int64_t K = w.cols;
+  const bool fp8_gemm = w.dtype == DType::kF8E4M3 || w.dtype == DType::kI8;
+  const int64_t tile = fp8_gemm ? w.scale_block_cols : K;
+  thread_local std::vector<float> a;  // the activations as the GEMM reads them
+  a.resize(size_t(n * K));
+  for (int64_t i = 0; i < n; ++i) {
+    float* ai = a.data() + i * K;
+    std::copy(x + i * ldx, x + i * ldx + K, ai);
+    round_bf16(ai, size_t(K));
+    if (fp8_gemm) fp8_round_trip(ai, K, 128);  // act_quant: e4m3 with a ue8m0 scale per token per 128
+  }
+  const float* act = a.data();
+#pragma omp parallel if (w.rows * w.cols * n > kParallelWork)
+  {
+    thread_local std::vector<float> row;
+    row.resize(size_t(K));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < w.rows; ++r) {
+      dequant_row(w, r, row.data());
+      for (int64_t i = 0; i < n; ++i) {
+        float acc = 0.0f;
+        for (int64_t k0 = 0; k0 < K; k0 += tile) acc += dot(act + i * K + k0, row.data() + k0, std::min(tile, K - k0));
+        y[i * ldy + r] = round_bf16(acc);
+      }
+    }
+  }
+}
+
+// wo_a: a bf16 einsum in fast numerics (the FP8 weight dequantised to bf16 is exact), bf16 in and out.
 void CpuOps::linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) {
   const int64_t out_g = w.rows / groups, in_g = w.cols;
+  thread_local std::vector<float> rounded;
+  if (fast()) {
+    rounded.assign(x, x + n * groups * in_g);
+    round_bf16(rounded.data(), rounded.size());
+    x = rounded.data();
+  }
 #pragma omp parallel if (w.rows * w.cols * n > kParallelWork)
   {
     thread_local std::vector<float> row;  // one decoded weight row per thread, reused across calls
@@ -116,6 +165,7 @@ void CpuOps::linear_grouped(const float* x, const Weight& w, int64_t groups, int
       for (int64_t i = 0; i < n; ++i) y[i * w.rows + r] = dot(x + i * groups * in_g + g * in_g, row.data(), in_g);
     }
   }
+  if (fast()) round_bf16(y, size_t(n * w.rows));
 }
 
 }  // namespace dsv4

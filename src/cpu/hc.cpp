@@ -1,8 +1,10 @@
 // hc family, CPU reference: manifold-constrained hyper-connections (spec §5). Per token, the hc·D
 // streams are mixed down to one sub-block input (pre), and the sub-block output is mixed back (post, comb).
+// Fast numerics: the mixes, Sinkhorn, post and comb stay fp32; the collapsed row and the new streams are bf16.
 #include <algorithm>
 #include <cmath>
 
+#include "core/dtype.h"
 #include "cpu/cpu_ops.h"
 
 namespace dsv4 {
@@ -55,7 +57,7 @@ float stream_rms_inv(const float* v, int64_t count, double eps) {
 void CpuOps::hc_pre(const float* X, const HcWeights& w, int64_t n, float* x, float* post, float* comb) {
   const int64_t hc = config_.hc_mult, D = config_.dim, mix = (2 + hc) * hc;
   std::vector<float>& m = scratch(0, size_t(n * mix));
-  linear(X, hc * D, w.fn, n, m.data(), mix);
+  linear_f32(X, hc * D, w.fn, n, m.data(), mix);
   const float eps = float(config_.hc_eps);
 #pragma omp parallel for schedule(static) if (n > 8)
   for (int64_t t = 0; t < n; ++t) {
@@ -75,7 +77,7 @@ void CpuOps::hc_pre(const float* X, const HcWeights& w, int64_t n, float* x, flo
     for (int64_t d = 0; d < D; ++d) {
       float acc = 0.0f;
       for (int64_t j = 0; j < hc; ++j) acc += pre[j] * Xt[j * D + d];
-      xt[d] = acc;
+      xt[d] = fast() ? round_bf16(acc) : acc;
     }
   }
 }
@@ -95,7 +97,7 @@ void CpuOps::hc_post(const float* f, const float* post, const float* comb, int64
         for (int64_t j = 0; j < hc; ++j) acc += C[j * hc + k] * Xt[j * D + d];
         mixed[k] = acc;
       }
-      for (int64_t k = 0; k < hc; ++k) Xt[k * D + d] = mixed[k];
+      for (int64_t k = 0; k < hc; ++k) Xt[k * D + d] = fast() ? round_bf16(mixed[k]) : mixed[k];
     }
   }
 }
@@ -103,7 +105,7 @@ void CpuOps::hc_post(const float* f, const float* post, const float* comb, int64
 void CpuOps::hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y) {
   const int64_t hc = config_.hc_mult, D = config_.dim;
   std::vector<float>& m = scratch(0, size_t(n * hc));
-  linear(X, hc * D, w.fn, n, m.data(), hc);
+  linear_f32(X, hc * D, w.fn, n, m.data(), hc);
   const float eps = float(config_.hc_eps);
 #pragma omp parallel for schedule(static) if (n > 8)
   for (int64_t t = 0; t < n; ++t) {
@@ -114,7 +116,7 @@ void CpuOps::hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y
     for (int64_t d = 0; d < D; ++d) {
       float acc = 0.0f;
       for (int64_t j = 0; j < hc; ++j) acc += pre[j] * Xt[j * D + d];
-      y[t * D + d] = acc;
+      y[t * D + d] = fast() ? round_bf16(acc) : acc;
     }
   }
 }

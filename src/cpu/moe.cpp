@@ -1,9 +1,12 @@
 // moe family, CPU reference: sqrt-softplus router (hash or bias-adjusted top-k), experts grouped so each
-// expert's weights are decoded once per step, clipped SwiGLU, and the shared expert (spec §9).
+// expert's weights are decoded once per step, clipped SwiGLU, and the shared expert (spec §9). Fast numerics
+// (fast-numerics.md §2.4): bf16 expert GEMM outputs widened to fp32 for SwiGLU and the routing weight, a bf16
+// hidden row into w2, an fp32 combine in ascending expert id then the shared expert, one bf16 rounding.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
+#include "core/dtype.h"
 #include "cpu/cpu_ops.h"
 
 namespace dsv4 {
@@ -21,7 +24,7 @@ void CpuOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, int
 
   // Router: scores s = sqrt(softplus(gate · x)); the bias only affects which experts are chosen.
   std::vector<float>& logits = scratch(3, size_t(n * E));
-  linear(x, D, w.gate, n, logits.data(), E);
+  linear_f32(x, D, w.gate, n, logits.data(), E);  // the router is fp32 in every numerics
   // expert → (token, weight); thread_local keeps steady-state decode free of allocations.
   thread_local std::vector<std::vector<std::pair<int64_t, float>>> routed;
   thread_local std::vector<int32_t> order;
@@ -74,6 +77,7 @@ void CpuOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, int
         gate[size_t(r * I + i)] = g / (1.0f + std::exp(-g)) * u * rows[r].second;
       }
     }
+    if (fast()) round_bf16(gate.data(), size_t(m * I));  // x.to(dtype) before w2
     linear(gate.data(), I, ew.w2, m, down.data(), D);
     for (int64_t r = 0; r < m; ++r)
       for (int64_t d = 0; d < D; ++d) out[rows[r].first * D + d] += down[size_t(r * D + d)];
@@ -83,6 +87,7 @@ void CpuOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, int
   all.resize(size_t(n));
   for (int64_t t = 0; t < n; ++t) all[size_t(t)] = {t, 1.0f};
   run_expert(w.shared, all);
+  if (fast()) round_bf16(out, size_t(n * D));  // the fp32 combine, then one bf16 rounding
 }
 
 }  // namespace dsv4

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/dtype.h"
 #include "cpu/cpu_ops.h"
 
 namespace dsv4 {
@@ -29,7 +30,10 @@ std::vector<float> rope_inv_freq(int64_t rope_dim, double theta, const YarnConfi
   return f;
 }
 
+// Fast numerics: the output is bf16 (RMSNorm.forward's `.to(dtype)`), and the gain-less norm, the per-head
+// query re-norm, is bf16 arithmetic throughout (rms_norm_bf16).
 void CpuOps::rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y) {
+  if (fast() && !gamma) return rms_norm_bf16(x, rows, dim, y);
   // NOTE: fp32 throughout, in the reference's order (mean of squares, rsqrt, x·inv, then γ·): the official
   // numerics round window/compressed KV to FP8 right after this norm, and an fp64 mean moves enough values
   // across FP8 rounding boundaries to change the indexer's choices downstream.
@@ -46,6 +50,23 @@ void CpuOps::rms_norm(const float* x, const std::vector<float>* gamma, int64_t r
     for (; i < dim; ++i) sum += xr[i] * xr[i];
     const float inv = 1.0f / std::sqrt(sum / float(dim) + eps);
     for (int64_t j = 0; j < dim; ++j) yr[j] = (gamma ? (*gamma)[size_t(j)] : 1.0f) * (xr[j] * inv);
+    if (fast()) round_bf16(yr, size_t(dim));
+  }
+}
+
+// DeepSeek's q *= torch.rsqrt(q.square().mean(-1, keepdim=True) + eps) on a bf16 q: every elementwise step
+// rounds to bf16; the mean accumulates in fp32 (fast-numerics.md §2.3, checklist step 5).
+void CpuOps::rms_norm_bf16(const float* x, int64_t rows, int64_t dim, float* y) {
+  const float eps = float(config_.norm_eps);
+#pragma omp parallel for schedule(static) if (rows > 64)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = y + r * dim;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < dim; ++i) sum += round_bf16(round_bf16(xr[i]) * round_bf16(xr[i]));
+    const float mean = round_bf16(sum / float(dim));
+    const float inv = round_bf16(1.0f / std::sqrt(round_bf16(mean + eps)));
+    for (int64_t j = 0; j < dim; ++j) yr[j] = round_bf16(round_bf16(xr[j]) * inv);
   }
 }
 
@@ -65,6 +86,7 @@ void CpuOps::rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, in
       v[2 * i] = a * c - b * s;
       v[2 * i + 1] = a * s + b * c;
     }
+    if (fast()) round_bf16(v, size_t(2 * pairs));  // apply_rotary_emb writes back into the bf16 tensor
   }
 }
 

@@ -25,38 +25,55 @@ void hadamard(float* v, int64_t n) {
 
 }  // namespace
 
-void CpuOps::sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block) {
-#pragma omp parallel for schedule(static) if (rows > 64)
-  for (int64_t r = 0; r < rows; ++r) {
-    float* v = x + r * row_stride;
-    for (int64_t b0 = 0; b0 < cols; b0 += block) {
-      const int64_t b1 = std::min(cols, b0 + block);
-      float amax = 1e-4f;
-      for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(v[i]));
-      const int e = ceil_log2(amax / 448.0f);
-      for (int64_t i = b0; i < b1; ++i) {
-        const float q = std::clamp(std::ldexp(v[i], -e), -448.0f, 448.0f);
-        v[i] = std::ldexp(e4m3_to_f32(f32_to_e4m3(q)), e);
-      }
+void round_bf16(float* x, size_t count) {
+  for (size_t i = 0; i < count; ++i) x[i] = round_bf16(x[i]);
+}
+
+void fp8_round_trip(float* v, int64_t cols, int64_t block) {
+  for (int64_t b0 = 0; b0 < cols; b0 += block) {
+    const int64_t b1 = std::min(cols, b0 + block);
+    float amax = 1e-4f;
+    for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const int e = ceil_log2(amax / 448.0f);
+    for (int64_t i = b0; i < b1; ++i) {
+      const float q = std::clamp(std::ldexp(v[i], -e), -448.0f, 448.0f);
+      v[i] = std::ldexp(e4m3_to_f32(f32_to_e4m3(q)), e);
     }
   }
 }
 
-void CpuOps::hadamard_sim_fp4(float* x, int64_t rows, int64_t dim) {
+void fp4_round_trip(float* v, int64_t cols) {
   const float min_amax = 6.0f * std::ldexp(1.0f, -126);
+  for (int64_t b0 = 0; b0 < cols; b0 += 32) {
+    float amax = min_amax;
+    for (int64_t i = b0; i < b0 + 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const int e = ceil_log2(amax / 6.0f);
+    for (int64_t i = b0; i < b0 + 32; ++i) {
+      const float q = std::clamp(std::ldexp(v[i], -e), -6.0f, 6.0f);
+      v[i] = std::ldexp(e2m1_to_f32(f32_to_e2m1(q)), e);
+    }
+  }
+}
+
+// Fast numerics quantise bf16 values (§4.1): amax and the codes come from the bf16-rounded row.
+void CpuOps::sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block) {
+#pragma omp parallel for schedule(static) if (rows > 64)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* v = x + r * row_stride;
+    if (fast()) round_bf16(v, size_t(cols));
+    fp8_round_trip(v, cols, block);
+  }
+}
+
+// Fast numerics: bf16 into the Hadamard transform and bf16 out of it, then Q4 (fast-numerics.md §1.6, §2.3).
+void CpuOps::hadamard_sim_fp4(float* x, int64_t rows, int64_t dim) {
 #pragma omp parallel for schedule(static) if (rows > 64)
   for (int64_t r = 0; r < rows; ++r) {
     float* v = x + r * dim;
+    if (fast()) round_bf16(v, size_t(dim));
     hadamard(v, dim);
-    for (int64_t b0 = 0; b0 < dim; b0 += 32) {
-      float amax = min_amax;
-      for (int64_t i = b0; i < b0 + 32; ++i) amax = std::max(amax, std::fabs(v[i]));
-      const int e = ceil_log2(amax / 6.0f);
-      for (int64_t i = b0; i < b0 + 32; ++i) {
-        const float q = std::clamp(std::ldexp(v[i], -e), -6.0f, 6.0f);
-        v[i] = std::ldexp(e2m1_to_f32(f32_to_e2m1(q)), e);
-      }
-    }
+    if (fast()) round_bf16(v, size_t(dim));
+    fp4_round_trip(v, dim);
   }
 }
 

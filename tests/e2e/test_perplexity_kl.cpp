@@ -9,6 +9,7 @@
 #include <regex>
 
 #include "harness/files.h"
+#include "harness/perplexity.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dsv4::test {
@@ -19,35 +20,11 @@ constexpr size_t kHeaderBytes = 72;      // the file format of tools/dsv4/kl_div
 constexpr size_t kVocabOffset = 16;      // u32 vocab after magic, version, encoding
 constexpr size_t kPositionsOffset = 32;  // u64 positions
 
-std::string tiny() { return source_path("models/tiny"); }
 
 // The first `bytes` bytes of the held-out text, cut at a space.
 std::string heldout_prefix(size_t bytes) {
-  const std::string text = read_text(tiny() + "/heldout.txt");
+  const std::string text = read_text(tiny_model_dir() + "/heldout.txt");
   return text.substr(0, text.rfind(' ', bytes));
-}
-
-CliResult perplexity(const std::string& text_file, const std::string& numerics, std::vector<std::string> extra = {}) {
-  std::vector<std::string> args = {"perplexity", "-f", text_file, "--backend", "cpu", "--numerics", numerics};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return run_cli(args, 120);
-}
-
-// The number after "label ... :" in a report line.
-double field(const std::string& out, const std::string& label) {
-  const size_t at = out.find(label);
-  if (at == std::string::npos) throw std::runtime_error("no '" + label + "' in:\n" + out);
-  return std::strtod(out.c_str() + out.find(':', at) + 1, nullptr);
-}
-
-// The first line every perplexity run prints, and the perplexity in it.
-std::string ppl_line(const std::string& out) { return out.substr(0, out.find('\n')); }
-double ppl_of(const std::string& out) {
-  std::smatch m;
-  const std::string line = ppl_line(out);
-  if (!std::regex_search(line, m, std::regex(R"(^perplexity ([0-9.]+) over [0-9]+ tokens)")))
-    throw std::runtime_error("no perplexity line in:\n" + out);
-  return std::stod(m[1]);
 }
 
 template <class T>
@@ -66,12 +43,12 @@ TEST(PerplexityKl, SameNumericsCompareAtZero) {
   const CliResult r = perplexity(text, "exact", {"--kl-divergence", base});  // --ctx 64 comes from the file
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(ppl_line(r.out), ppl_line(saved.out));
-  EXPECT_EQ(field(r.out, "Mean    KLD"), 0.0) << r.out;
-  EXPECT_EQ(field(r.out, "Maximum KLD"), 0.0) << r.out;
-  EXPECT_EQ(field(r.out, "Same top p"), 100.0) << r.out;
-  EXPECT_EQ(field(r.out, "Mean PPL(Q)-PPL(base)"), 0.0) << r.out;
-  EXPECT_EQ(field(r.out, "Mean ln(PPL(Q)/PPL(base))"), 0.0) << r.out;
-  EXPECT_EQ(field(r.out, "RMS Δp"), 0.0) << r.out;
+  EXPECT_EQ(report_field(r.out, "Mean    KLD"), 0.0) << r.out;
+  EXPECT_EQ(report_field(r.out, "Maximum KLD"), 0.0) << r.out;
+  EXPECT_EQ(report_field(r.out, "Same top p"), 100.0) << r.out;
+  EXPECT_EQ(report_field(r.out, "Mean PPL(Q)-PPL(base)"), 0.0) << r.out;
+  EXPECT_EQ(report_field(r.out, "Mean ln(PPL(Q)/PPL(base))"), 0.0) << r.out;
+  EXPECT_EQ(report_field(r.out, "RMS Δp"), 0.0) << r.out;
 
   // The header as documented: magic, version 1, f32 rows, vocab, ctx, T positions; then ids and T rows.
   const std::string bytes = read_text(base);
@@ -99,10 +76,10 @@ TEST(PerplexityKl, U16RowsAddOnlyTheirRounding) {
   EXPECT_EQ(read_text(base16).size(), kHeaderBytes + 4 * T + T * (16 + 2 * kVocab));
   const CliResult r16 = perplexity(text, "exact", {"--kl-divergence", base16});
   ASSERT_EQ(r16.exit_code, 0) << r16.err;
-  EXPECT_EQ(field(r16.out, "Mean PPL(Q)-PPL(base)"), 0.0) << r16.out;
-  EXPECT_EQ(field(r16.out, "Same top p"), 100.0) << r16.out;
-  EXPECT_GT(field(r16.out, "Mean    KLD"), 0.0) << r16.out;
-  EXPECT_LT(field(r16.out, "Maximum KLD"), 1e-7) << r16.out;
+  EXPECT_EQ(report_field(r16.out, "Mean PPL(Q)-PPL(base)"), 0.0) << r16.out;
+  EXPECT_EQ(report_field(r16.out, "Same top p"), 100.0) << r16.out;
+  EXPECT_GT(report_field(r16.out, "Mean    KLD"), 0.0) << r16.out;
+  EXPECT_LT(report_field(r16.out, "Maximum KLD"), 1e-7) << r16.out;
 }
 
 TEST(PerplexityKl, ExactAgainstReferenceReportsBothPlainPerplexities) {
@@ -118,15 +95,15 @@ TEST(PerplexityKl, ExactAgainstReferenceReportsBothPlainPerplexities) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(ppl_line(r.out), ppl_line(reference.out));
   // Plain runs print 4 decimals; the report 6.
-  EXPECT_NEAR(field(r.out, "Mean PPL(Q)"), ppl_of(reference.out), 0.5e-4 + 1e-9) << r.out;
-  EXPECT_NEAR(field(r.out, "Mean PPL(base)"), ppl_of(exact.out), 0.5e-4 + 1e-9) << r.out;
-  const double kl = field(r.out, "Mean    KLD");
+  EXPECT_NEAR(report_field(r.out, "Mean PPL(Q)"), ppl_of(reference.out), 0.5e-4 + 1e-9) << r.out;
+  EXPECT_NEAR(report_field(r.out, "Mean PPL(base)"), ppl_of(exact.out), 0.5e-4 + 1e-9) << r.out;
+  const double kl = report_field(r.out, "Mean    KLD");
   EXPECT_GT(kl, 1e-7) << r.out;
   EXPECT_LT(kl, 5e-3) << r.out;
-  EXPECT_GE(field(r.out, "Same top p"), 97.0) << r.out;
-  EXPECT_LT(std::fabs(field(r.out, "Mean PPL(Q)/PPL(base)") - 1), 0.01) << r.out;
-  EXPECT_GE(field(r.out, "99.0%   KLD"), field(r.out, "Median  KLD")) << r.out;
-  EXPECT_GE(field(r.out, "Maximum KLD"), field(r.out, "99.0%   KLD")) << r.out;
+  EXPECT_GE(report_field(r.out, "Same top p"), 97.0) << r.out;
+  EXPECT_LT(std::fabs(report_field(r.out, "Mean PPL(Q)/PPL(base)") - 1), 0.01) << r.out;
+  EXPECT_GE(report_field(r.out, "99.0%   KLD"), report_field(r.out, "Median  KLD")) << r.out;
+  EXPECT_GE(report_field(r.out, "Maximum KLD"), report_field(r.out, "99.0%   KLD")) << r.out;
 }
 
 // KL(exact ‖ reference), both perplexities and top-1 agreement from `dsv4 logits` of [BOS] + the text's ids.
@@ -135,7 +112,7 @@ TEST(PerplexityKl, MeanKlMatchesOneComputedFromLogits) {
   const std::string text = tmp.file("text.txt"), base = tmp.file("exact.lgp");
   const std::string prefix = heldout_prefix(240);
   write_text(text, prefix);
-  const Tokenizer tok = Tokenizer::from_file(tiny());
+  const Tokenizer tok = Tokenizer::from_file(tiny_model_dir());
   std::vector<int32_t> window = {*tok.bos_id()};
   const std::vector<int32_t> ids = tok.encode(prefix);
   window.insert(window.end(), ids.begin(), ids.end());
@@ -179,10 +156,10 @@ TEST(PerplexityKl, MeanKlMatchesOneComputedFromLogits) {
 
   const double kl = kl_sum / double(n);
   EXPECT_GT(kl, 0);
-  EXPECT_NEAR(field(r.out, "Mean    KLD"), kl, 1e-5 * kl) << r.out;  // 7 digits printed
-  EXPECT_NEAR(field(r.out, "Mean PPL(base)"), std::exp(nll_p / double(n)), 1e-5) << r.out;
-  EXPECT_NEAR(field(r.out, "Mean PPL(Q)"), std::exp(nll_q / double(n)), 1e-5) << r.out;
-  EXPECT_NEAR(field(r.out, "Same top p"), 100.0 * double(same_top) / double(n), 1e-3) << r.out;
+  EXPECT_NEAR(report_field(r.out, "Mean    KLD"), kl, 1e-5 * kl) << r.out;  // 7 digits printed
+  EXPECT_NEAR(report_field(r.out, "Mean PPL(base)"), std::exp(nll_p / double(n)), 1e-5) << r.out;
+  EXPECT_NEAR(report_field(r.out, "Mean PPL(Q)"), std::exp(nll_q / double(n)), 1e-5) << r.out;
+  EXPECT_NEAR(report_field(r.out, "Same top p"), 100.0 * double(same_top) / double(n), 1e-3) << r.out;
 }
 
 void expect_error(const CliResult& r, const std::string& words) {
