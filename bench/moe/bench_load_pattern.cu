@@ -1,5 +1,5 @@
 // moe family benchmark: the expert kernels' weight loads alone, in row order and in the MMA tile order
-// (cuda/moe/weight_mma.cuh) — the measurement behind storing the expert matrices tiled (docs/PERFORMANCE.md §1).
+// (cuda/moe/weight_mma.cuh) — the measurement behind storing the expert matrices tiled (docs/PERFORMANCE.md §2).
 // The expert kernels' grid (264 blocks of 8 warps, two per SM), items of two 16-row FP4 tiles (w1 and w3 of
 // 4096 columns: 2048-byte rows), the 8 warps splitting each item's 32 K groups, U groups loaded per round, and
 // optionally the item barrier; the loaded words are XOR-consumed. Best of 18 timed launches, L2 flushed.
