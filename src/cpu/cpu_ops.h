@@ -50,6 +50,7 @@ class CpuOps final : public Ops {
   void ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) override;
 
   void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) override;
+  void lm_head(const float* x, const Weight& head, int64_t n, float* logits) override;
   void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) override;
 
   void rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y) override;

@@ -92,9 +92,8 @@ void dequant_row(const Weight& w, int64_t r, float* out) {
 constexpr int64_t kParallelWork = 1 << 18;
 
 void CpuOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
-  // DeepSeek's linear() picks the arithmetic by the weight's dtype; fp32 weights stay fp32. The LM head (the
-  // only projection with vocab rows) is an fp32 GEMM of the widened bf16 weight (fast-numerics.md §2.5).
-  if (fast() && w.dtype != DType::kF32 && w.rows != config_.vocab_size)
+  // DeepSeek's linear() picks the arithmetic by the weight's dtype; fp32 weights stay fp32.
+  if (fast() && w.dtype != DType::kF32)
     linear_fast(x, ldx, w, n, y, ldy);
   else
     linear_f32(x, ldx, w, n, y, ldy);
@@ -111,6 +110,11 @@ void CpuOps::linear_f32(const float* x, int64_t ldx, const Weight& w, int64_t n,
       for (int64_t i = 0; i < n; ++i) y[i * ldy + r] = dot(x + i * ldx, row.data(), w.cols);
     }
   }
+}
+
+// The LM head is an fp32 GEMM of the widened bf16 weight in every numerics (fast-numerics.md §2.5).
+void CpuOps::lm_head(const float* x, const Weight& head, int64_t n, float* logits) {
+  linear_f32(x, head.cols, head, n, logits, head.rows);
 }
 
 // FP8 (128×128 scales) and FP4 (1×32 scales) weights: the fp8_gemm / fp4_gemm of §1.4 / §1.5. Each scale tile's

@@ -281,7 +281,7 @@ int64_t DeepseekV4::head(const HcHeadWeights& hc, const std::vector<float>& norm
     }
     ops_.rms_norm(act_.y_rows, &norm, rows, D, act_.y_rows);
   }
-  ops_.linear(act_.y_rows, D, model_.head, rows, act_.logits, c.vocab_size);
+  ops_.lm_head(act_.y_rows, model_.head, rows, act_.logits);
   return rows;
 }
 

@@ -119,6 +119,11 @@ class Ops {
 
   // ---- gemm: y[r, ldy] = x[r, ldx] · Wᵀ for r < n (W is [out, in] in checkpoint storage)
   virtual void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) = 0;
+  // The LM head: logits [n, V] = x [n, D] · headᵀ. Its own entry because fast numerics keep it fp32 (the widened
+  // bf16 weight, fp32 logits) where other bf16 projections round their output.
+  virtual void lm_head(const float* x, const Weight& head, int64_t n, float* logits) {
+    linear(x, head.cols, head, n, logits, head.rows);
+  }
   // Two projections of the same rows: ya = x · Waᵀ, yb = x · Wbᵀ — one call, which a backend may run as one
   // pass (the attention's wq_a and wkv of xn; a compressor's wkv and wgate).
   virtual void linear_pair(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya,

@@ -288,5 +288,33 @@ TEST(FastNumerics, Fp4LinearQuantisesActivationsAndRoundsOutput) {
       rng);
 }
 
+
+// A bf16 projection rounds its output to bf16 under fast numerics; the LM head, with the same weight, keeps fp32
+// logits (an fp32 GEMM of the widened weight), equal to the reference numerics' result.
+TEST(FastNumerics, LmHeadKeepsFp32LogitsWhereLinearRounds) {
+  const int64_t rows = 37, K = 64, n = 2;
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal;
+  std::vector<uint16_t> data(size_t(rows * K));
+  for (uint16_t& b : data) b = f32_to_bf16(normal(rng));
+  std::vector<float> x(size_t(n * K));
+  for (float& v : x) v = round_bf16(normal(rng));  // bf16 already, as the final norm writes it
+  const Weight w{.dtype = DType::kBF16, .rows = rows, .cols = K,
+                 .data = reinterpret_cast<const uint8_t*>(data.data()), .row_stride = K * 2};
+  CpuOps fast(small_config()), reference(small_config());
+  fast.set_numerics(Numerics::kFast);
+  std::vector<float> head(size_t(n * rows)), projected(size_t(n * rows)), want(size_t(n * rows));
+  fast.lm_head(x.data(), w, n, head.data());
+  fast.linear(x.data(), K, w, n, projected.data(), rows);
+  reference.linear(x.data(), K, w, n, want.data(), rows);
+  int unrounded = 0;
+  for (size_t i = 0; i < head.size(); ++i) {
+    EXPECT_EQ(head[i], want[i]) << i;
+    EXPECT_EQ(projected[i], round_bf16(want[i])) << i;
+    unrounded += round_bf16(head[i]) != head[i];
+  }
+  EXPECT_GT(unrounded, int(head.size()) / 2);  // the head's logits are really not on the bf16 grid
+}
+
 }  // namespace
 }  // namespace dsv4
