@@ -98,23 +98,42 @@ void CpuOps::indexer_topk(const IndexerParams& p) {
 namespace {
 
 // One head of sparse_attn_kernel (fast-numerics.md §2.3): bf16 q and keys, fp32 scores × scale, the softmax
-// relative to the keys' maximum (the sink excluded), P rounded to bf16 for P·V while the denominator sums the
-// fp32 P, the sink in the denominator only, a bf16 output. out [d] starts at zero.
+// relative to the keys' maximum M (the sink excluded), P rounded to bf16 for P·V while the denominator sums the
+// fp32 P, the sink in the denominator only, a bf16 output. out [d] starts at zero; a null key is a masked slot.
+//
+// NOTE: where P is rounded. DeepSeek's kernel rounds P = e^(s − m) against its running maximum m (blocks of 64
+// in key order), an artifact of its own partition (§4.6). Here, and in the CUDA kernel, P is rounded against the
+// maximum m_T of its tile of kAttentionTile keys counted from the row's first key, then scaled by e^(m_T − M) in
+// fp32: the same bf16 rounding error per value, but independent of how a backend splits the key list, so both
+// backends round the same values (the CUDA kernel's splits hold whole tiles).
+constexpr size_t kAttentionTile = 32;
+
 void attend_fast(const float* q, const std::vector<const float*>& keys, float scale, float sink, int64_t d,
                  float* logit, float* out) {
-  float mx = -std::numeric_limits<float>::infinity();
+  const float inf = std::numeric_limits<float>::infinity();
+  float mx = -inf;
   for (size_t j = 0; j < keys.size(); ++j) {
     float dot = 0.0f;
-    for (int64_t c = 0; c < d; ++c) dot += q[c] * keys[j][c];
-    logit[j] = dot * scale;
+    if (keys[j])
+      for (int64_t c = 0; c < d; ++c) dot += q[c] * keys[j][c];
+    logit[j] = keys[j] ? dot * scale : -inf;
     mx = std::max(mx, logit[j]);
   }
   float denom = 0.0f;
-  for (size_t j = 0; j < keys.size(); ++j) {
-    const float e = std::exp(logit[j] - mx);
-    denom += e;
-    const float e_bf16 = round_bf16(e);
-    for (int64_t c = 0; c < d; ++c) out[c] += e_bf16 * keys[j][c];
+  for (size_t t0 = 0; t0 < keys.size(); t0 += kAttentionTile) {
+    const size_t t1 = std::min(keys.size(), t0 + kAttentionTile);
+    const float m_tile = *std::max_element(logit + t0, logit + t1);
+    if (m_tile == -inf) continue;
+    const float beta = std::exp(m_tile - mx);
+    float tile_sum = 0.0f;
+    for (size_t j = t0; j < t1; ++j) {
+      if (!keys[j]) continue;
+      const float e = std::exp(logit[j] - m_tile);
+      tile_sum += e;
+      const float w = round_bf16(e) * beta;
+      for (int64_t c = 0; c < d; ++c) out[c] += w * keys[j][c];
+    }
+    denom += tile_sum * beta;
   }
   denom += std::exp(sink - mx);
   for (int64_t c = 0; c < d; ++c) out[c] = round_bf16(out[c] / denom);
@@ -138,7 +157,7 @@ void CpuOps::attention(const AttentionParams& p) {
       if (p.entries && p.selected) {
         for (int64_t j = 0; j < std::min(p.top_k, (t + 1) / p.ratio); ++j) {
           const int32_t e = p.selected[i * p.top_k + j];
-          if (e >= 0) keys.push_back(p.entries + int64_t(e) * d);
+          keys.push_back(e >= 0 ? p.entries + int64_t(e) * d : nullptr);  // −1: a masked slot
         }
       } else if (p.entries) {
         for (int64_t e = 0; e < (t + 1) / p.ratio; ++e) keys.push_back(p.entries + e * d);
@@ -152,6 +171,7 @@ void CpuOps::attention(const AttentionParams& p) {
       }
       float mx = p.sinks[h];
       for (size_t j = 0; j < keys.size(); ++j) {
+        if (!keys[j]) continue;
         float dot = 0.0f;
         for (int64_t c = 0; c < d; ++c) dot += q[c] * keys[j][c];
         logit[j] = dot * p.scale;
@@ -159,6 +179,7 @@ void CpuOps::attention(const AttentionParams& p) {
       }
       float denom = std::exp(p.sinks[h] - mx);  // the sink adds mass to the denominator only
       for (size_t j = 0; j < keys.size(); ++j) {
+        if (!keys[j]) continue;
         const float e = std::exp(logit[j] - mx);
         denom += e;
         for (int64_t c = 0; c < d; ++c) out[c] += e * keys[j][c];

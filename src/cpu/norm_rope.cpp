@@ -55,15 +55,21 @@ void CpuOps::rms_norm(const float* x, const std::vector<float>* gamma, int64_t r
 }
 
 // DeepSeek's q *= torch.rsqrt(q.square().mean(-1, keepdim=True) + eps) on a bf16 q: every elementwise step
-// rounds to bf16; the mean accumulates in fp32 (fast-numerics.md §2.3, checklist step 5).
+// rounds to bf16; the mean accumulates in fp32 (fast-numerics.md §2.3, checklist step 5), here in rms_norm's
+// order (8 strided partial sums, then their tree), which the CUDA kernels reproduce.
 void CpuOps::rms_norm_bf16(const float* x, int64_t rows, int64_t dim, float* y) {
   const float eps = float(config_.norm_eps);
 #pragma omp parallel for schedule(static) if (rows > 64)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
     float* yr = y + r * dim;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < dim; ++i) sum += round_bf16(round_bf16(xr[i]) * round_bf16(xr[i]));
+    const auto square = [&](int64_t i) { return round_bf16(round_bf16(xr[i]) * round_bf16(xr[i])); };
+    float acc[8] = {};
+    int64_t i = 0;
+    for (; i + 8 <= dim; i += 8)
+      for (int k = 0; k < 8; ++k) acc[k] += square(i + k);
+    float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < dim; ++i) sum += square(i);
     const float mean = round_bf16(sum / float(dim));
     const float inv = round_bf16(1.0f / std::sqrt(round_bf16(mean + eps)));
     for (int64_t j = 0; j < dim; ++j) yr[j] = round_bf16(round_bf16(xr[j]) * inv);

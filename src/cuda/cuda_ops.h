@@ -79,6 +79,9 @@ class CudaOps final : public Ops {
   // re-recording every token measured slower than launching directly (docs/PERFORMANCE.md, §1).
   void set_numerics(Numerics numerics) override { numerics_ = numerics; }
   Numerics numerics() const { return numerics_; }
+  // Fast numerics round where DeepSeek's GPU code does (docs/design/fast-numerics.md §7): each family's
+  // kernels take it as a flag in their params.
+  bool fast() const { return numerics_ == Numerics::kFast; }
   bool begin_graph() override;
   void end_graph() override;
   void abort_graph() override;
@@ -110,6 +113,15 @@ class CudaOps final : public Ops {
   void linear_pair(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya, const Weight& wb,
                    float* yb, int64_t ldyb) override;
   void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) override;
+  void lm_head(const float* x, const Weight& head, int64_t n, float* logits) override;
+  // linear() in fp32 whatever the numerics: the projections DeepSeek keeps in fp32 (the compressor's; fast
+  // numerics' LM head).
+  void linear_f32(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy);
+  void linear_pair_f32(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya,
+                       const Weight& wb, float* yb, int64_t ldyb);
+  // An uploaded matrix in BF16 (for the tensor cores), made on its first use and kept; never during a graph
+  // recording (it throws there, and the step runs directly).
+  const cuda::DeviceWeight& bf16_copy(const Weight& w);
 
   void rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y) override;
   void rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, int64_t rows_per_pos, int64_t pos0,
@@ -199,6 +211,7 @@ class CudaOps final : public Ops {
   DeferredPost deferred_post_;
   std::vector<void*> allocations_;
   std::unordered_map<const void*, cuda::DeviceWeight> weights_;   // by host Weight::data
+  std::unordered_map<const void*, cuda::DeviceWeight> bf16_copies_;  // bf16_copy's, by host Weight::data
   std::unordered_map<const void*, const void*> vectors_;          // host vector data → device copy
   std::unordered_map<const void*, cuda::CacheLayout> caches_;     // compact caches by device address
   std::vector<std::pair<void*, size_t>> workspaces_;

@@ -11,6 +11,27 @@
 // Routing: scores differ by a few ulp, so inputs whose k-th and (k+1)-th biased scores lie within 1e-4 of
 // each other are redrawn (a near-tie either backend may break either way); exact ties take the lower
 // expert index on both.
+//
+// Fast numerics (the FastNumerics* tests; fast-numerics.md §7 steps 14–16): both backends round at the same
+// points — act_quant of each FP8 / FP4 GEMM's bf16 input, bf16 GEMM outputs, the bf16 hidden row, one bf16
+// rounding of the fp32 combine — and x is bf16 (the activations between ops are). The fp32 sums between those
+// points still differ by summation order (and expf by an ulp), which reaches an output only where a value sits
+// on a rounding boundary: a bf16 rounding that flips moves its value by one bf16 ulp, ≤ 2^-7 of it; an h element
+// whose e4m3 act_quant flips (rarer: its bf16 neighbours must straddle an e4m3 midpoint) moves by one e4m3
+// step, ≤ 2^-3 of it, and with it all D outputs of its token by w2[:, i]·Δh_i. So most outputs are bit-for-bit
+// the CPU's and the rest differ by about an ulp. With M = max|want| of the step:
+//   - every output is a bf16 value (the combine's one rounding; the poison fails this too);
+//   - max|got − want| ≤ 2^-6·M. One flipped bf16 rounding of an output-sized value is up to 2^-7·M; a flipped
+//     e4m3 value of h adds w2[:, i]·Δh_i. A host simulation of both arithmetics (the CPU's dot order against
+//     exact 16-element chunks summed in fp32, expf off by an ulp for a third of the elements; in reference
+//     numerics it differs from the CPU by ~1e-6 of rms at D 96, as this GPU code does) saw at most 2^-6.2·M over
+//     1.5·10^5 one-token steps at D 96 and 256 (the smallest M), and above 2^-7·M in 4 of them: 2^-7 would fail
+//     now and then;
+//   - at most 5% of the outputs, plus one token's D, differ at all. The simulation: ≤ 60 of 96 in a one-token
+//     step (one e4m3 flip), ≤ 164 of 65536 at D 1024, n 64. A missing or extra rounding point changes 60–97% of
+//     them, also where its size stays below the bounds (a missing final rounding: < 2^-8·M) — a count of outputs
+//     beyond 2^-8·M, the other candidate, would miss that.
+// Vocabulary sizes differ from D and I: CpuOps::linear takes a matrix with vocab rows for the LM head (fp32).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -204,8 +225,9 @@ struct HostMoe {
   }
 };
 
-// Redraws the rows of x whose k-th and (k+1)-th biased scores are within 1e-4 (see the file comment).
-void avoid_near_ties(const HostMoe& m, std::vector<float>& x, int64_t n, std::mt19937_64& rng) {
+// Redraws the rows of x whose k-th and (k+1)-th biased scores are within 1e-4 (see the file comment), rounded to
+// bf16 where `bf16`.
+void avoid_near_ties(const HostMoe& m, std::vector<float>& x, int64_t n, std::mt19937_64& rng, bool bf16) {
   const int64_t D = m.config.dim, E = m.config.n_routed_experts, k = m.config.n_experts_per_tok;
   if (m.w.gate_bias.empty() || k >= E) return;
   CpuOps cpu(m.config);
@@ -221,7 +243,9 @@ void avoid_near_ties(const HostMoe& m, std::vector<float>& x, int64_t n, std::mt
       std::nth_element(biased.begin(), biased.begin() + k, biased.end(), std::greater<float>());
       const float kth = *std::min_element(biased.begin(), biased.begin() + k);
       if (kth - biased[size_t(k)] > 1e-4f) break;
-      const auto row = random_floats(size_t(D), rng);
+      auto row = random_floats(size_t(D), rng);
+      if (bf16)
+        for (float& v : row) v = round_bf16(v);
       std::copy(row.begin(), row.end(), x.begin() + t * D);
     }
 }
@@ -252,33 +276,75 @@ double rms_of(const std::vector<float>& v) {
   return std::sqrt(s / double(std::max<size_t>(v.size(), 1)));
 }
 
-// Runs one step of n tokens on both backends and compares; returns the GPU output. exact_ties: the layer has
+struct Step {
+  std::vector<float> got, want;  // [n, D]: CudaOps::moe, CpuOps::moe
+};
+
+// One step of n tokens on both backends in `numerics`: fresh U(−1, 1) activations (bf16 values in fast numerics,
+// whose activations between ops are bf16), the GPU output poisoned before the call. exact_ties: the layer has
 // exact ties by construction (ExactTiesTakeTheLowerExpert), which redrawing near-ties would never get past.
-std::vector<float> check_step(const HostMoe& m, CudaOps& ops, int64_t n, std::mt19937_64& rng, const std::string& what,
-                              bool exact_ties = false) {
+Step run_step(const HostMoe& m, CudaOps& ops, int64_t n, std::mt19937_64& rng, Numerics numerics, bool exact_ties) {
   const int64_t D = m.config.dim;
+  const bool bf16 = numerics == Numerics::kFast;
   std::vector<float> x = random_floats(size_t(n * D), rng);
-  if (!exact_ties) avoid_near_ties(m, x, n, rng);
+  if (bf16)
+    for (float& v : x) v = round_bf16(v);
+  if (!exact_ties) avoid_near_ties(m, x, n, rng, bf16);
   std::vector<int32_t> tokens(static_cast<size_t>(n));
   for (auto& t : tokens) t = int32_t(rng() % uint64_t(m.config.vocab_size));
 
+  Step step;
   CpuOps cpu(m.config);
-  std::vector<float> want(static_cast<size_t>(n * D));
-  cpu.moe(m.w, x.data(), tokens.data(), n, want.data());
+  cpu.set_numerics(numerics);
+  step.want.resize(static_cast<size_t>(n * D));
+  cpu.moe(m.w, x.data(), tokens.data(), n, step.want.data());
 
   float* dx = device_copy(ops, x);
   int32_t* dtokens = device_copy(ops, tokens);
   float* dout = ops.alloc(size_t(n * D));
   poison_now(ops, dout, size_t(n * D));
+  ops.set_numerics(numerics);
   ops.moe(m.w, dx, dtokens, n, dout);
-  std::vector<float> got = to_host(ops, dout, size_t(n * D));
+  step.got = to_host(ops, dout, size_t(n * D));
+  return step;
+}
 
+// Runs one step of n tokens on both backends in reference numerics and compares; returns the GPU output.
+std::vector<float> check_step(const HostMoe& m, CudaOps& ops, int64_t n, std::mt19937_64& rng, const std::string& what,
+                              bool exact_ties = false) {
+  const Step step = run_step(m, ops, n, rng, Numerics::kReference, exact_ties);
+  const std::vector<float>& got = step.got;
+  const std::vector<float>& want = step.want;
   const double rms = rms_of(want);
   const Diff d = diff(got.data(), want.data(), got.size());
   std::printf("[moe] %-58s n=%-4lld rms %.4g  max|diff| %.3g (%.2e of rms) at %zu  cos %.12f\n", what.c_str(),
               (long long)n, rms, d.max_abs, d.max_abs / rms, d.worst, d.cosine);
   EXPECT_TRUE(compare(got, want, {5e-5 * rms, 1e-5}, what)) << "n = " << n;
   return got;
+}
+
+// One step of n tokens on both backends in fast numerics, against the bounds of the file comment.
+void check_step_fast(const HostMoe& m, CudaOps& ops, int64_t n, std::mt19937_64& rng, const std::string& what) {
+  const Step step = run_step(m, ops, n, rng, Numerics::kFast, false);
+  const std::vector<float>& got = step.got;
+  const std::vector<float>& want = step.want;
+  const int64_t D = m.config.dim;
+  double max_want = 0.0;
+  for (float v : want) max_want = std::max(max_want, double(std::fabs(v)));
+  size_t off_grid = 0, unequal = 0;  // a NaN counts as both
+  for (size_t i = 0; i < got.size(); ++i) {
+    off_grid += !(round_bf16(got[i]) == got[i]);
+    unequal += !(got[i] == want[i]);
+  }
+  const size_t unequal_allowed = size_t(0.05 * double(got.size())) + size_t(D);
+  const Diff d = diff(got.data(), want.data(), got.size());
+  std::printf("[moe fast] %-53s n=%-4lld max|want| %.4g  max|diff| %.3g (2^%.2f of it) at %zu  unequal %zu of %zu\n",
+              what.c_str(), (long long)n, max_want, d.max_abs, std::log2(d.max_abs / max_want), d.worst, unequal,
+              got.size());
+  EXPECT_EQ(off_grid, 0u) << what << ", n = " << n << ": outputs that are not bf16 values";
+  EXPECT_LE(d.max_abs, 0x1p-6 * max_want) << what << ", n = " << n << ": element " << d.worst << " got "
+                                          << got[d.worst] << ", want " << want[d.worst];
+  EXPECT_LE(unequal, unequal_allowed) << what << ", n = " << n << ": outputs that differ from the CPU's";
 }
 
 std::string describe(const Shape& s, const Formats& f, bool hash) {
@@ -374,7 +440,8 @@ TEST(CudaMoe, ExactTiesTakeTheLowerExpert) {
 #endif
 }
 
-// Prefill-sized step on a mid-sized FP4 layer: many chunks per expert, every expert busy.
+// Prefill-sized step on a mid-sized FP4 layer: many chunks per expert, every expert busy; reference and fast
+// numerics.
 TEST(CudaMoe, PrefillFp4) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -386,7 +453,10 @@ TEST(CudaMoe, PrefillFp4) {
     const HostMoe m(shape, f, hash, 5000, rng());
     CudaOps ops(m.config);
     m.upload_to(ops);
-    for (int64_t n : {64, 200}) check_step(m, ops, n, rng, describe(shape, f, hash));
+    for (int64_t n : {64, 200}) {
+      check_step(m, ops, n, rng, describe(shape, f, hash));
+      check_step_fast(m, ops, n, rng, describe(shape, f, hash) + " fast");
+    }
   }
 #endif
 }
@@ -488,6 +558,80 @@ TEST(CudaMoe, V4FlashDecode) {
     CudaOps ops(m.config);
     m.upload_to(ops);
     for (int64_t n : {1, 2, 8}) check_step(m, ops, n, rng, describe(shape, f, hash));
+  }
+#endif
+}
+
+// Fast numerics (see the file comment) on odd sizes in every format, both routings, one token (the decode
+// kernels where every matrix takes the tensor cores) to prefill sizes: act_quant in the tensor-core staging and in
+// the fp32 one (FP8 with F32 scales; rows that are not 16-byte multiples), bf16 inputs for BF16 weights, none
+// for F32 ones; a row of 99 columns ends in a partial act_quant block.
+TEST(CudaMoe, FastNumericsOddSizesEveryFormat) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  SCOPED_TRACE(seed());
+  std::mt19937_64 rng(seed());
+  const Shape shape{96, 64, 7, 3, 0.75f, 1.5};
+  const Formats formats[] = {
+      {Fmt::kBF16, Fmt::kFP4, Fmt::kFP8},
+      {Fmt::kFP8, Fmt::kFP8, Fmt::kBF16},
+      {Fmt::kF32, Fmt::kFP8F32Scales, Fmt::kF32},
+      {Fmt::kBF16, Fmt::kBF16, Fmt::kFP8F32Scales},
+      {Fmt::kBF16, Fmt::kF32, Fmt::kBF16},
+  };
+  for (const Formats& f : formats)
+    for (bool hash : {false, true}) {
+      const HostMoe m(shape, f, hash, 1000, rng());
+      CudaOps ops(m.config);
+      m.upload_to(ops);
+      for (int64_t n : {1, 5, 17, 200}) check_step_fast(m, ops, n, rng, describe(shape, f, hash));
+    }
+  for (const Shape& odd : {Shape{99, 48, 5, 2, 0.0f, 1.0}, Shape{37, 19, 3, 1, 0.0f, 2.5}})
+    for (const Formats& f : {Formats{Fmt::kF32, Fmt::kBF16, Fmt::kFP8}, Formats{Fmt::kBF16, Fmt::kFP8, Fmt::kF32}}) {
+      const HostMoe m(odd, f, false, 50, rng());
+      CudaOps ops(m.config);
+      m.upload_to(ops);
+      for (int64_t n : {1, 3, 33}) check_step_fast(m, ops, n, rng, describe(odd, f, false));
+    }
+#endif
+}
+
+// Fast numerics with FP4 scales outside the tensor cores' window (byte 101: routed w1 / w3 take the fp32 path and
+// its act_quant staging while w2 and the shared expert stay on the tensor cores) and at its edge (126).
+TEST(CudaMoe, FastNumericsFp4ScaleWindowEdges) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  SCOPED_TRACE(seed());
+  std::mt19937_64 rng(seed());
+  const Shape shape{256, 128, 8, 2, 1.0f, 1.5};
+  const Formats f{Fmt::kBF16, Fmt::kFP4, Fmt::kFP8};
+  for (uint8_t byte : {uint8_t(101), uint8_t(126)}) {
+    HostMoe m(shape, f, false, 100, rng());
+    const_cast<uint8_t*>(m.w.experts[3].w3.scale)[5] = byte;  // storage owned by m
+    CudaOps ops(m.config);
+    m.upload_to(ops);
+    for (int64_t n : {1, 6, 40})
+      check_step_fast(m, ops, n, rng, cat(describe(shape, f, false), " scale byte ", int(byte)));
+  }
+#endif
+}
+
+// Fast numerics on the real V4-Flash layer (V4FlashDecode's): one token (the decode kernels: act_quant in the
+// block's and in each warp's staging, the row-tile combine), 2 and 8 (the item kernels); then the same layer
+// again in reference numerics, which must be as before (the numerics are a per-call switch).
+TEST(CudaMoe, FastNumericsV4FlashDecode) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  SCOPED_TRACE(seed());
+  std::mt19937_64 rng(seed());
+  const Shape shape{4096, 2048, 256, 6, 10.0f, 1.5};
+  const Formats f{Fmt::kBF16, Fmt::kFP4, Fmt::kFP8};
+  for (bool hash : {false, true}) {
+    const HostMoe m(shape, f, hash, 129280, rng());
+    CudaOps ops(m.config);
+    m.upload_to(ops);
+    for (int64_t n : {1, 2, 8}) check_step_fast(m, ops, n, rng, describe(shape, f, hash));
+    for (int64_t n : {1, 8}) check_step(m, ops, n, rng, describe(shape, f, hash));
   }
 #endif
 }

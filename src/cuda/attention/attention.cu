@@ -1,7 +1,8 @@
 // attention family (CUDA): CudaOps::attention, one softmax per query row and head over
 // {sink_h} ∪ sliding-window keys (ring) ∪ compressed entries (CSA: selected ids, HCA: every visible entry),
-// K = V, exact fp32 (spec §6.3–6.4; CPU reference: src/cpu/attention.cpp). Key rows come from fp32 buffers or
-// from compact FP8 caches (reference numerics), decoded exactly to the values the CPU holds (kv_cache.cuh).
+// K = V, fp32 (spec §6.3–6.4; CPU reference: src/cpu/attention.cpp; fast numerics also round P and the output
+// to bf16, below). Key rows come from fp32 buffers or from compact FP8 caches (reference and fast numerics),
+// decoded exactly to the values the CPU holds (kv_cache.cuh).
 //
 // NOTE: MQA layout. All H heads share the single K = V head, so a block takes 16 heads of one query row and a
 // contiguous slice ("split") of that row's key list; key rows stream through shared memory in tiles of 32 and
@@ -10,11 +11,20 @@
 //   Decode (few rows): the key list is split across many blocks so that every SM works; each block writes an
 //   unnormalised partial (o, m, l) and attn_combine_kernel merges the splits with the sink (flash-decoding).
 //   Prefill (many rows): one split per row; the block adds the sink, normalises and writes the output itself.
+//
+// Fast numerics (AttnKernelParams::fast; docs/design/fast-numerics.md §2.3, §7 step 10; CPU: attend_fast) on
+// bf16-valued q and keys: the probabilities P = e^(s−m) multiply V rounded to bf16 while the denominator sums
+// them in fp32, the sink joins the denominator only, and the output is rounded to bf16 (then, derotated, its
+// rope channels again, as CpuOps::rope rounds). NOTE: P is rounded relative to the maximum m_T of its tile of
+// 32 keys, then scaled by e^(m_T − m) in fp32 before P·V, and splits hold whole tiles: the rounded values do not
+// depend on the split count, and equal the CPU's (attend_fast explains this choice against DeepSeek's running
+// maximum, whose rounding depends on its own block partition).
 #include <cmath>
 
 #include "cuda/attention/attention.h"
 #include "cuda/attention/kv_cache.cuh"
 #include "cuda/norm_rope/rotate.cuh"
+#include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
@@ -49,6 +59,7 @@ struct AttnKernelParams {
   float scale;
   const float* inv_freq;    // derotation: [rope pairs] (nullptr: none); channels [rope_offset, d) turn back
   int rope_offset;          // a multiple of 4
+  bool fast;                // fast numerics: P·V with bf16 P, bf16 output (see the top of the file)
 };
 
 // The derotation's (cos, −sin) for every rope pair of query row i, computed once per block into rot_s (read
@@ -60,12 +71,20 @@ __device__ __forceinline__ void derotation_table(const AttnKernelParams& p, int6
       rot_s[j] = rope_cos_sin(p.pos0 + i, p.inv_freq[j], /*inverse=*/true);
 }
 
-// The output's float4 column f, derotated with the table when asked (AttentionParams::derotate).
+__device__ __forceinline__ float4 round_bf16_if4(bool fast, float4 v) {
+  return make_float4(round_bf16_if(fast, v.x), round_bf16_if(fast, v.y), round_bf16_if(fast, v.z),
+                     round_bf16_if(fast, v.w));
+}
+
+// The output's float4 column f, derotated with the table when asked (AttentionParams::derotate). Fast numerics:
+// the attention output is bf16, and the derotation (CpuOps::rope) rounds what it turns to bf16 again.
 __device__ __forceinline__ float4 output_column(const AttnKernelParams& p, const float2* rot_s, int f, float4 v) {
+  v = round_bf16_if4(p.fast, v);
   if (p.inv_freq && 4 * f >= p.rope_offset) {
     const int pair = (4 * f - p.rope_offset) / 2;
     rotate(v.x, v.y, rot_s[pair]);
     rotate(v.z, v.w, rot_s[pair + 1]);
+    v = round_bf16_if4(p.fast, v);
   }
   return v;
 }
@@ -211,21 +230,25 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
     }
     __syncthreads();
 
-    // ---- online softmax: warp w updates heads 2w, 2w + 1; lane = key
+    // ---- online softmax: warp w updates heads 2w, 2w + 1; lane = key. e is relative to the running maximum; in
+    // fast numerics to the tile's maximum m_T, P·V taking bf16(e)·β with β = e^(m_T − m_new), and the denominator
+    // the fp32 e (times β).
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int head = warp * 2 + hh;
       const float v = p_s[lane * kHeadsPerBlock + head];
-      const float m_old = m_s[head], m_new = fmaxf(m_old, warp_max(v));
-      const float e = m_new == -INFINITY ? 0.0f : expf(v - m_new);
+      const float m_tile = warp_max(v), m_old = m_s[head], m_new = fmaxf(m_old, m_tile);
+      const float m_ref = p.fast ? m_tile : m_new;
+      const float e = m_ref == -INFINITY ? 0.0f : expf(v - m_ref);
+      const float beta = !p.fast ? 1.0f : m_tile == -INFINITY ? 0.0f : expf(m_tile - m_new);
       const float sum = warp_sum(e);
-      p_s[lane * kHeadsPerBlock + head] = e;
+      p_s[lane * kHeadsPerBlock + head] = p.fast ? round_bf16(e) * beta : e;
       __syncwarp();  // every lane has read m_s[head] before lane 0 replaces it
       if (lane == 0) {
         const float alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
         alpha_s[head] = alpha;
         m_s[head] = m_new;
-        l_s[head] = l_s[head] * alpha + sum;
+        l_s[head] = l_s[head] * alpha + (p.fast ? sum * beta : sum);
       }
     }
     __syncthreads();
@@ -424,7 +447,9 @@ void attention_split_kv(CudaOps& ops, const AttentionParams& p, int splits) {
   if (p.n == 0) return;
 
   const int64_t keys = max_keys(p);
-  const int64_t keys_per_split = std::max<int64_t>(1, ceil_div(keys, splits));
+  // Fast numerics round P per tile of keys counted from the row's first key: splits hold whole tiles.
+  const int64_t align = ops.fast() ? kTileKeys : 1;
+  const int64_t keys_per_split = std::max<int64_t>(1, ceil_div(ceil_div(keys, splits), align) * align);
   splits = int(std::max<int64_t>(1, ceil_div(keys, keys_per_split)));  // no split left without keys
   const int64_t groups = ceil_div(p.heads, kHeadsPerBlock);
   DSV4_CHECK(p.n <= 65535, "attention: ", p.n, " query rows in one step (at most 65535)");
@@ -449,6 +474,7 @@ void attention_split_kv(CudaOps& ops, const AttentionParams& p, int splits) {
   k.splits = splits;
   k.keys_per_split = int(keys_per_split);
   k.scale = p.scale;
+  k.fast = ops.fast();
   if (p.derotate) {
     const int64_t rope_dim = ops.config().rope_dim;
     DSV4_CHECK(rope_dim >= 4 && rope_dim % 4 == 0 && rope_dim <= p.head_dim, "attention: derotating ", rope_dim,

@@ -22,8 +22,9 @@ int attention_default_splits(const CudaOps& ops, const AttentionParams& p);
 void attention_split_kv(CudaOps& ops, const AttentionParams& p, int splits);
 
 // Compressor steps 2–3 (pooling of the windows the chunk completes, state update) on precomputed projections
-// kv, gate [n, coff·c]: leaves the pooled entries raw (before norm, RoPE and simulation) in fp32 `entries`,
-// entry w at row w − entries_row0 (state.entries itself when it is an fp32 cache).
+// kv, gate [n, coff·c]: leaves the pooled entries raw (before norm, RoPE and simulation; rounded to bf16 under
+// fast numerics) in fp32 `entries`, entry w at row w − entries_row0 (state.entries itself when it is an fp32
+// cache).
 struct CompressorChunk {
   int64_t first_entry = 0, count = 0;  // entries first_entry .. first_entry + count − 1 were emitted
 };

@@ -1,16 +1,20 @@
 // attention family (CUDA): CudaOps::compressor, the streaming KV compressor (spec §7; CPU reference:
 // src/cpu/attention.cpp). A chunk of n tokens at positions pos0 .. pos0+n−1:
-//   1. kv / gate projections of the chunk (this->linear, the gemm family);
+//   1. kv / gate projections of the chunk (the gemm family's linear_pair_f32): fp32 in every numerics, as
+//      DeepSeek's compressor Linears are;
 //   2. compressor_pool_kernel: every window completed inside the chunk is pooled (softmax over positions, per
 //      channel), reading its tokens from the chunk or, for tokens before pos0, from the state;
 //   3. compressor_state_kernel: the state becomes what the CPU's token-by-token loop leaves behind;
 //   4. the emitted entries are RMS-normed, RoPE'd at w·m and simulated per EntrySim (norm_rope / quant ops).
+// Fast numerics (fast-numerics.md §7 step 7) keep steps 1–3 fp32 and round the pooled row to bf16 as the pool
+// kernel writes it (CompressorKernelParams::fast); the ops of step 4 round their own outputs.
 //
 // State layout (CompressorState, width = coff·c): rows base + k hold token k of the current window
 // (base = m with overlap, 0 without); with overlap, rows 0..m−1 hold the previous complete window (the CPU
 // copies the current rows there when a window completes). Scores include ape.
 #include "cuda/attention/attention.h"
 #include "cuda/attention/kv_cache.cuh"
+#include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
@@ -33,6 +37,7 @@ struct CompressorKernelParams {
   float* entries;            // [*, c]: entry w at row w − entries_row0
   int64_t pos0, n, m, c, width, first_entry, entries_row0;
   bool overlap;
+  bool fast;                 // fast numerics: the pooled entries are rounded to bf16
 };
 
 // Token kk (0 ≤ kk < m) of window ww, column col: its kv value and score, from the chunk when it is in it
@@ -125,7 +130,7 @@ __global__ void __launch_bounds__(kPoolThreads) compressor_pool_kernel(Compresso
       num = __fadd_rn(num, __fmul_rn(e, x.x));
     }
   }
-  p.entries[(w - p.entries_row0) * p.c + ch] = num / denom;
+  p.entries[(w - p.entries_row0) * p.c + ch] = round_bf16_if(p.fast, num / denom);
 }
 
 // grid ceil(m · width / kStateThreads): thread = column col of in-window slot kk, for both the current row
@@ -189,6 +194,7 @@ CompressorChunk compressor_pool(CudaOps& ops, const CompressorWeights& w, Compre
   p.width = width;
   p.first_entry = chunk.first_entry;
   p.overlap = w.overlap;
+  p.fast = ops.fast();
   const bool pdl = ops.props().major >= 9;
   if (chunk.count > 0) {
     DSV4_CHECK(chunk.count <= 65535, "compressor: ", chunk.count, " entries in one chunk");
@@ -214,7 +220,7 @@ void CudaOps::compressor(const CompressorWeights& w, CompressorState& state, con
   if (n == 0) return;
   auto* kv = static_cast<float*>(workspace(cuda::kWsCompressorProj, size_t(2 * n * width) * sizeof(float)));
   float* gate = kv + n * width;
-  linear_pair(x, config_.dim, n, w.wkv, kv, width, w.wgate, gate, width);
+  linear_pair_f32(x, config_.dim, n, w.wkv, kv, width, w.wgate, gate, width);
   // A compact cache receives the chunk's entries from an fp32 scratch once they are normed, rotated and simulated.
   const cuda::CacheLayout* compact = compact_cache(state.entries);
   const int64_t first = pos0 / m, most = (pos0 + n) / m - first;

@@ -7,7 +7,10 @@
 // NOTE: the scores are computed in the CPU's exact order and rounding (each product rounded, then added: the
 // reference is built without FMA contraction; dot over j in order, then the head sum in order), so they are
 // bit-identical to the CPU's and the selection — order included — is the CPU's, ties and near-ties too. This
-// costs a multiply and an add per term instead of one FMA.
+// costs a multiply and an add per term instead of one FMA. Fast numerics (ScoreParams::fast; fast-numerics.md
+// §7 step 9) round at the CPU's points: each head's dot to bf16 before the ReLU, each weighted term to bf16, the
+// head sum (fp32, in head order) to bf16 — still bit-identical, so the many exact ties of bf16 scores resolve
+// as on the CPU (the lower entry index first).
 //
 // Selection: a radix select on 64-bit composites (order-preserving score bits << 32 | ~index), so every
 // composite is distinct and "larger" is exactly the CPU's order. The score kernel histograms the top 11 bits;
@@ -19,6 +22,7 @@
 
 #include "cuda/attention/attention.h"
 #include "cuda/attention/kv_cache.cuh"
+#include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
@@ -54,6 +58,7 @@ struct ScoreParams {
   int64_t pos0, ratio, v_stride;  // pos0: position of row 0
   int heads, head_dim;
   int entries;           // entries per block, ≤ max_entries(H)
+  bool fast;             // fast numerics: bf16 dots, terms and scores (see the top of the file)
 };
 
 struct SelectParams {
@@ -150,14 +155,15 @@ __global__ void __launch_bounds__(kMaxScoreThreads) indexer_score_kernel(ScorePa
 #pragma unroll
   for (int hh = 0; hh < kHeadsPerThread; ++hh) {
     const int h = group * kHeadsPerThread + hh;
+    const float d = round_bf16_if(p.fast, dot[hh]);
     // std::max(d, 0.0f) is (d < 0 ? 0 : d)
-    if (h < p.heads) term_s[el][h] = __fmul_rn(w_s[h], dot[hh] < 0.0f ? 0.0f : dot[hh]);
+    if (h < p.heads) term_s[el][h] = round_bf16_if(p.fast, __fmul_rn(w_s[h], d < 0.0f ? 0.0f : d));
   }
   __syncthreads();
   if (tid < entries && e0 + tid < visible) {
     float total = 0.0f;
     for (int h = 0; h < p.heads; ++h) total = __fadd_rn(total, term_s[tid][h]);
-    const uint32_t key = order_key(total);
+    const uint32_t key = order_key(round_bf16_if(p.fast, total));
     p.score_keys[r * p.v_stride + e0 + tid] = key;
     atomicAdd(&hist_s[key >> kTopBitsShift], 1u);
   }
@@ -397,7 +403,7 @@ void CudaOps::indexer_topk(const IndexerParams& p) {
       }
       ScoreParams s{p.q + row0 * p.heads * p.head_dim, p.weights + row0 * p.heads, p.keys,
                     key_layout ? *key_layout : CacheLayout{}, score_keys, hist, pos0, p.ratio, v_stride,
-                    int(p.heads), int(p.head_dim), entries};
+                    int(p.heads), int(p.head_dim), entries, fast()};
       const dim3 grid(unsigned(ceil_div(visible_max, int64_t(entries))), unsigned(rows));
       const dim3 threads(unsigned(entries * ceil_div(p.heads, int64_t(H))));
       const size_t smem = score_smem_bytes(int(p.heads), int(p.head_dim), entries);

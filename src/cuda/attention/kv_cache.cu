@@ -2,12 +2,12 @@
 // them (alone, or fused with kv_finish's norm and RoPE), and the fp32 views tests use. Reading inside kernels:
 // kv_cache.cuh.
 //
-// Why compact storage is exact: in reference numerics every window / compressed KV vector leaves sim_fp8 as
-// e4m3 × 2^k per 64 non-rope channels, and every indexer key leaves hadamard_sim_fp4 as e2m1 × 2^k per 32, so
-// 1 byte (or half a byte) plus one E8M0 scale per block holds it without loss. Re-quantising a simulated row
-// returns it unchanged (the block's largest value keeps the scale, or sits at half the grid's max and every
-// value doubles exactly), so cache_store may be given simulated or raw rows alike. Rope channels stay fp32:
-// the fixtures' numerics keep them unrounded.
+// Why compact storage is exact: in reference and fast numerics every window / compressed KV vector leaves
+// sim_fp8 as e4m3 × 2^k per 64 non-rope channels, and every indexer key leaves hadamard_sim_fp4 as e2m1 × 2^k
+// per 32, so 1 byte (or half a byte) plus one E8M0 scale per block holds it without loss. Re-quantising a
+// simulated row returns it unchanged (the block's largest value keeps the scale, or sits at half the grid's max
+// and every value doubles exactly), so cache_store may be given simulated or raw rows alike. Rope channels stay
+// fp32: the fixtures' numerics keep them unrounded (fast numerics' are bf16 values, which fp32 holds).
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -159,8 +159,10 @@ __global__ void __launch_bounds__(kNormRopeThreads) query_kv_finish_kernel(Query
 }
 
 // kv_finish's kernel parameters when it runs fused into a compact FP8 ring (simulated numerics: the store
-// rounds like sim_fp8), its arguments checked; nullopt: the default composition (Ops::kv_finish). Rows i and
-// i + slots share a slot: only the last `slots` rows are stored (from `first`), as ring_store does.
+// rounds like sim_fp8; in fast numerics norm_rope_row rounds the norm and the rotation to bf16 first, and on
+// bf16 input sim_fp8's own bf16 rounding is a no-op), its arguments checked; nullopt: the default composition
+// (Ops::kv_finish). Rows i and i + slots share a slot: only the last `slots` rows are stored (from `first`), as
+// ring_store does.
 std::optional<KvFinishParams> fused_kv_finish(const CudaOps& ops, float* kv, const std::vector<float>& gamma,
                                               int64_t n, int64_t dim, int64_t nope, int64_t pos0, RopeKind kind,
                                               bool simulate, int64_t slots, float* ring) {
@@ -172,7 +174,7 @@ std::optional<KvFinishParams> fused_kv_finish(const CudaOps& ops, float* kv, con
              " slots of a ", layout->rows, " x ", layout->dim, " cache, gain of ", gamma.size());
   DSV4_CHECK(dim <= kNormRopeMaxDim, "kv_finish: rows of ", dim, " channels (at most ", kNormRopeMaxDim, ")");
   const float eps = float(ops.config().norm_eps);
-  const NormRopeRow norm{ops.dev(gamma), ops.inv_freq(kind), dim, nope, eps};
+  const NormRopeRow norm{ops.dev(gamma), ops.inv_freq(kind), dim, nope, eps, ops.fast()};
   return KvFinishParams{kv, norm, std::max<int64_t>(0, n - slots), pos0, *layout, reinterpret_cast<uint8_t*>(ring),
                         slots};
 }
@@ -232,8 +234,8 @@ void CudaOps::query_kv_finish(float* q, int64_t heads, float* kv, const std::vec
              " query heads");
   const int64_t blocks = n * heads + (n - kv_p->first);
   if (blocks == 0) return;
-  const cuda::QueryKvFinishParams p{q, {nullptr, inv_freq(kind), dim, nope, float(config_.norm_eps)}, n * heads,
-                                    heads, *kv_p};
+  const cuda::QueryKvFinishParams p{q, {nullptr, inv_freq(kind), dim, nope, float(config_.norm_eps), fast()},
+                                    n * heads, heads, *kv_p};
   cuda::launch_pdl(cuda::query_kv_finish_kernel, dim3(unsigned(blocks)), dim3(cuda::kNormRopeThreads),
                    size_t(dim) * sizeof(float), stream_, pdl(), p);
 }

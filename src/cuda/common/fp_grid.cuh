@@ -7,6 +7,8 @@
 // of two) is the nearest grid value, ties to the even code — the same choice as the CPU's table search.
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 namespace dsv4::cuda {
@@ -82,6 +84,18 @@ __device__ __forceinline__ float e2m1_value(uint32_t code) {
   const uint32_t e = (code >> 1) & 3u, m = code & 1u;
   const float a = e == 0 ? 0.5f * float(m) : float(2u + m) * float(1u << e) * 0.25f;
   return (code & 8u) ? -a : a;
+}
+
+// ---- fast numerics (docs/design/fast-numerics.md §7): the bf16 point between ops and DeepSeek's act_quant
+
+// v rounded to bf16 (nearest even) and widened back: core/dtype.h's round_bf16, bit for bit (NaN stays NaN).
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ float round_bf16_if(bool fast, float v) { return fast ? round_bf16(v) : v; }
+
+// One value of an act_quant'ed block, dequantised: e4m3_RNE(clamp(v · 2^−e, ±448)) · 2^e with e the block's
+// e4m3_block_exponent (exact in fp32) — src/cpu/quant.cpp's fp8_round_trip.
+__device__ __forceinline__ float e4m3_round_trip(float v, int e) {
+  return ldexpf(round_e4m3(clamp_like_std(ldexpf(v, -e), -448.0f, 448.0f)), e);
 }
 
 // 2^(byte − 127), the E8M0 scale (byte ≥ 1: the simulations never produce a smaller scale).

@@ -1,10 +1,12 @@
 // elementwise family (CUDA): fill, embed, broadcast_streams, add, scale, ring_store.
 // Pure data movement: one launch per op, grid-stride loops over 16-byte packs when every pointer involved is
 // 16-byte aligned (row lengths a multiple of 4), else over single floats. Results are bit-identical to
-// src/cpu/backend.cpp (a copy, one fp32 add or one fp32 multiply per element).
+// src/cpu/backend.cpp (a copy, one fp32 add or one fp32 multiply per element; in fast numerics embed, add and
+// scale round their results to bf16).
 #include <algorithm>
 
 #include "cuda/common/check.h"
+#include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/attention/kv_cache.cuh"
 #include "cuda/cuda_ops.h"
@@ -51,6 +53,7 @@ struct AddParams {
   const float* b;  // [count]
   float* out;      // [count], may alias a or b
   int64_t count;
+  bool bf16;
 };
 
 template <int N>
@@ -61,16 +64,18 @@ __global__ void add_kernel(AddParams p) {
     const Pack<N> a = cuda::load_pack<N>(p.a + i * N), b = cuda::load_pack<N>(p.b + i * N);
     Pack<N> r;
 #pragma unroll
-    for (int k = 0; k < N; ++k) r.v[k] = a.v[k] + b.v[k];
+    for (int k = 0; k < N; ++k) r.v[k] = cuda::round_bf16_if(p.bf16, a.v[k] + b.v[k]);
     cuda::store_pack<N>(p.out + i * N, r);
   }
-  for (int64_t i = packs * N + global_thread(); i < p.count; i += grid_threads()) p.out[i] = p.a[i] + p.b[i];
+  for (int64_t i = packs * N + global_thread(); i < p.count; i += grid_threads())
+    p.out[i] = cuda::round_bf16_if(p.bf16, p.a[i] + p.b[i]);
 }
 
 struct ScaleParams {
   float* x;  // [count], in place
   int64_t count;
   float factor;
+  bool bf16;
 };
 
 template <int N>
@@ -80,10 +85,11 @@ __global__ void scale_kernel(ScaleParams p) {
   for (int64_t i = global_thread(); i < packs; i += grid_threads()) {
     Pack<N> v = cuda::load_pack<N>(p.x + i * N);
 #pragma unroll
-    for (int k = 0; k < N; ++k) v.v[k] *= p.factor;
+    for (int k = 0; k < N; ++k) v.v[k] = cuda::round_bf16_if(p.bf16, v.v[k] * p.factor);
     cuda::store_pack<N>(p.x + i * N, v);
   }
-  for (int64_t i = packs * N + global_thread(); i < p.count; i += grid_threads()) p.x[i] *= p.factor;
+  for (int64_t i = packs * N + global_thread(); i < p.count; i += grid_threads())
+    p.x[i] = cuda::round_bf16_if(p.bf16, p.x[i] * p.factor);
 }
 
 // ---- row ops: N divides the row length, so a pack never straddles two rows.
@@ -93,6 +99,7 @@ struct EmbedParams {
   const int32_t* tokens;     // [n], device
   int64_t n;
   float* out;                // [n, D]
+  bool bf16;
 };
 
 // A token outside [0, V) cannot be reported from here (no host sync in ops): its row is written as NaN so
@@ -107,6 +114,8 @@ __global__ void embed_kernel(EmbedParams p) {
     Pack<N> v;
     if (token >= 0 && token < p.table.rows) {
       v = cuda::weight_pack<N>(p.table, token, c);
+#pragma unroll
+      for (int k = 0; k < N; ++k) v.v[k] = cuda::round_bf16_if(p.bf16, v.v[k]);
     } else {
 #pragma unroll
       for (int k = 0; k < N; ++k) v.v[k] = __int_as_float(0x7fc00000);
@@ -163,7 +172,7 @@ void CudaOps::fill(float* x, size_t count, float value) {
 void CudaOps::embed(const Weight& table, const int32_t* tokens, int64_t n, float* out) {
   DSV4_CHECK(n >= 0, "embed: negative token count ", n);
   if (n == 0) return;
-  const EmbedParams p{dev(table), tokens, n, out};
+  const EmbedParams p{dev(table), tokens, n, out, fast()};
   const int64_t D = p.table.cols;
   if (D % 4 == 0 && cuda::aligned16(out)) cuda::launch_pdl(embed_kernel<4>, dim3(grid_for(n * D / 4, props_)), dim3(kThreads), 0, stream_, pdl(), p);
   else cuda::launch_pdl(embed_kernel<1>, dim3(grid_for(n * D, props_)), dim3(kThreads), 0, stream_, pdl(), p);
@@ -181,7 +190,7 @@ void CudaOps::broadcast_streams(const float* x, int64_t n, int64_t hc, int64_t d
 
 void CudaOps::add(const float* a, const float* b, size_t count, float* out) {
   if (count == 0) return;
-  const AddParams p{a, b, out, int64_t(count)};
+  const AddParams p{a, b, out, int64_t(count), fast()};
   if (cuda::aligned16(a) && cuda::aligned16(b) && cuda::aligned16(out))
     cuda::launch_pdl(add_kernel<4>, dim3(grid_for(p.count / 4, props_)), dim3(kThreads), 0, stream_, pdl(), p);
   else
@@ -190,7 +199,7 @@ void CudaOps::add(const float* a, const float* b, size_t count, float* out) {
 
 void CudaOps::scale(float* x, size_t count, float factor) {
   if (count == 0) return;
-  const ScaleParams p{x, int64_t(count), factor};
+  const ScaleParams p{x, int64_t(count), factor, fast()};
   if (cuda::aligned16(x)) cuda::launch_pdl(scale_kernel<4>, dim3(grid_for(p.count / 4, props_)), dim3(kThreads), 0, stream_, pdl(), p);
   else cuda::launch_pdl(scale_kernel<1>, dim3(grid_for(p.count, props_)), dim3(kThreads), 0, stream_, pdl(), p);
 }

@@ -27,6 +27,15 @@ struct GemmParams {
   float* y = nullptr;
   int64_t ldy = 0;
   int64_t groups = 1;
+  // Fast numerics (docs/design/fast-numerics.md §1.4, §1.5), off for exact and reference:
+  //   quant_x   the product reads x act_quant'ed: per row and 128 columns of the group, e4m3 with the scale
+  //             2^ceil_log2(max(amax, 1e-4) / 448) (fp8_round_trip in src/cpu/quant.cpp); x is bf16-valued;
+  //   bf16_out  y is rounded to bf16 (nearest even) as it is written.
+  //   x_bf16    x is bf16-valued (fast numerics hand every op bf16 values): with BF16 weights each product is
+  //             exact in fp32, so the bf16 tensor cores compute an fp32 projection up to summation order.
+  bool quant_x = false;
+  bool bf16_out = false;
+  bool x_bf16 = false;
 };
 
 constexpr int64_t kGemvMaxRows = 16;

@@ -3,11 +3,14 @@
 //
 // NOTE: tiles. A block computes 64 activation rows × 64 output rows of one group, stepping K by 32: x and
 // the decoded W tile are staged K-major in shared memory (rows padded by 4 floats to spread the transposing
-// stores over banks), and each of the 256 threads accumulates a 4 × 4 sub-tile from float4 reads.
+// stores over banks), and each of the 256 threads accumulates a 4 × 4 sub-tile from float4 reads. Fast
+// numerics (GemmParams): at each 128-column block the tile rows' act_quant exponents are found first, and x is
+// staged act_quant'ed; the output is rounded to bf16 as it is written.
 #include <cstdint>
 
 #include "cuda/common/check.h"
 #include "cuda/common/dequant.cuh"
+#include "cuda/common/fp_grid.cuh"
 #include "cuda/gemm/gemm.h"
 
 namespace dsv4::cuda {
@@ -19,6 +22,7 @@ constexpr int kTileO = 64;  // output rows per block
 constexpr int kTileK = 32;
 constexpr int kThreads = 256;
 constexpr int kPad = 4;     // keeps float4 alignment of the padded rows
+constexpr int kQuantBlock = 128;  // act_quant's columns per scale; a multiple of kTileK
 
 struct GenericParams {
   const float* x = nullptr;  // [n, ldx]; group g reads columns g·in_g ..
@@ -29,12 +33,14 @@ struct GenericParams {
   int64_t ldy = 0;
   int64_t out_g = 0;
   int64_t tiles_per_group = 0;  // ceil(out_g / kTileO)
+  bool quant_x = false, bf16_out = false;
 };
 
 // Grid: (groups · tiles_per_group, ceil(n / kTileN)).
 __global__ void __launch_bounds__(kThreads) gemm_generic_kernel(GenericParams p) {
   __shared__ __align__(16) float xs[kTileK][kTileN + kPad];  // xs[k][a] = x[a0 + a, g·in_g + k0 + k]
   __shared__ __align__(16) float ws[kTileK][kTileO + kPad];  // ws[k][o] = W[o0 + o, k0 + k]
+  __shared__ int xe[kTileN];  // quant_x: act_quant exponent of row a0 + a in the current 128-column block
 
   const int64_t g = blockIdx.x / p.tiles_per_group;
   const int64_t o0 = g * p.out_g + (blockIdx.x % p.tiles_per_group) * kTileO;
@@ -46,12 +52,25 @@ __global__ void __launch_bounds__(kThreads) gemm_generic_kernel(GenericParams p)
 
   float acc[4][4] = {};
   for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
+    if (p.quant_x && k0 % kQuantBlock == 0) {  // 4 threads (consecutive lanes) per row, 32 columns each
+      static_assert(kTileN * 4 == kThreads, "one row per 4 threads");
+      const int a = threadIdx.x / 4, part = threadIdx.x % 4;
+      float amax = 0.0f;
+      if (a0 + a < p.n)
+        for (int64_t k = k0 + part * 32; k < min(K, k0 + part * 32 + 32); ++k)
+          amax = fmaxf(amax, fabsf(xg[(a0 + a) * p.ldx + k]));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      if (part == 0) xe[a] = e4m3_block_exponent(amax);
+      __syncthreads();
+    }
     // 32 consecutive threads cover one row's 32 K values: coalesced reads of x and of W's bytes.
 #pragma unroll
     for (int j = 0; j < kTileN * kTileK / kThreads; ++j) {
       const int e = threadIdx.x + j * kThreads, a = e / kTileK, k = e % kTileK;
       const bool live = a0 + a < p.n && k0 + k < K;
-      xs[k][a] = live ? xg[(a0 + a) * p.ldx + k0 + k] : 0.0f;
+      const float v = live ? xg[(a0 + a) * p.ldx + k0 + k] : 0.0f;
+      xs[k][a] = p.quant_x ? e4m3_round_trip(v, xe[a]) : v;
     }
 #pragma unroll
     for (int j = 0; j < kTileO * kTileK / kThreads; ++j) {
@@ -79,7 +98,7 @@ __global__ void __launch_bounds__(kThreads) gemm_generic_kernel(GenericParams p)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int64_t o = o0 + tx * 4 + c;
-      if (o < o_end) p.y[a * p.ldy + o] = acc[i][c];
+      if (o < o_end) p.y[a * p.ldy + o] = round_bf16_if(p.bf16_out, acc[i][c]);
     }
   }
 }
@@ -103,6 +122,8 @@ void gemm_generic(const GemmParams& gp, cudaStream_t stream) {
   p.ldy = gp.ldy;
   p.out_g = gp.w.rows / gp.groups;
   p.tiles_per_group = ceil_div(p.out_g, kTileO);
+  p.quant_x = gp.quant_x;
+  p.bf16_out = gp.bf16_out;
   const int64_t tiles = gp.groups * p.tiles_per_group, row_tiles = ceil_div(gp.n, kTileN);
   DSV4_CHECK(tiles < (int64_t(1) << 31) && row_tiles <= 65535, "gemm_generic: [", gp.n, " x ", gp.w.rows,
              "] exceeds the grid limits");

@@ -31,6 +31,7 @@
 #include <type_traits>
 
 #include "cuda/common/check.h"
+#include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/gemm/gemm.h"
@@ -88,6 +89,7 @@ struct TcParams {
   int64_t split_stride;    // elements between partial planes (0 when splits == 1)
   const float* w_scale;    // FP8: [ceil(N / 128), w_scale_cols] weight block scales
   int64_t w_scale_cols;
+  bool round_out;          // fast numerics: y in bf16 (GemmParams::bf16_out) and no split: rounded as stored
 };
 
 // Where tile t starts.
@@ -130,9 +132,12 @@ __device__ __forceinline__ void store_fragment(const float (&v)[T::kBlockN / 2],
   for (int j = 0; j < T::kBlockN / 8; ++j) {
     const int c = col + 8 * j;
     if (c >= p.out_per_group) break;  // out_per_group is even: c + 1 is inside whenever c is
-    if (row < p.n) *reinterpret_cast<float2*>(out + int64_t(row) * p.ld_out + c) = make_float2(v[4 * j], v[4 * j + 1]);
+    const auto pair = [&](float a, float b) {
+      return make_float2(round_bf16_if(p.round_out, a), round_bf16_if(p.round_out, b));
+    };
+    if (row < p.n) *reinterpret_cast<float2*>(out + int64_t(row) * p.ld_out + c) = pair(v[4 * j], v[4 * j + 1]);
     if (row + 8 < p.n)
-      *reinterpret_cast<float2*>(out + int64_t(row + 8) * p.ld_out + c) = make_float2(v[4 * j + 2], v[4 * j + 3]);
+      *reinterpret_cast<float2*>(out + int64_t(row + 8) * p.ld_out + c) = pair(v[4 * j + 2], v[4 * j + 3]);
   }
 }
 
@@ -349,6 +354,7 @@ struct ReduceParams {
   int64_t N;  // even
   float* y;   // [n, ldy], ldy even
   int64_t ldy;
+  bool bf16_out;
 };
 
 __global__ void reduce_splits_kernel(const ReduceParams p) {
@@ -363,7 +369,8 @@ __global__ void reduce_splits_kernel(const ReduceParams p) {
       sum.x += v.x;
       sum.y += v.y;
     }
-    *reinterpret_cast<float2*>(p.y + r * p.ldy + c) = sum;
+    *reinterpret_cast<float2*>(p.y + r * p.ldy + c) =
+        make_float2(round_bf16_if(p.bf16_out, sum.x), round_bf16_if(p.bf16_out, sum.y));
   }
 }
 
@@ -398,12 +405,6 @@ __global__ void round_bf16_kernel(const float* __restrict__ x, int64_t ldx, int 
 
 __device__ __forceinline__ float pow2(int e) { return __uint_as_float(uint32_t(e + 127) << 23); }  // |e| ≤ 126
 
-// ⌈log2 a⌉ for a normal positive float, from its bits (core/dtype.cpp's ceil_log2).
-__device__ __forceinline__ int ceil_log2(float a) {
-  const uint32_t u = __float_as_uint(a);
-  return int((u >> 23) & 0xFF) - 127 + ((u & 0x7FFFFF) != 0 ? 1 : 0);
-}
-
 // Per (row, 128-column block): s = 2^⌈log2(max(amax, 1e-4) / 448)⌉, xq = e4m3(x / s) (round to nearest even;
 // |x / s| ≤ 448 by construction), x_scale[block, row] = s — CpuOps::sim_fp8 with block 128, split into codes
 // and scales. x [n, ldx] fp32, xq [n, K] e4m3, x_scale [K / 128, scale_ld]. One warp per (row, block), 4 columns
@@ -424,7 +425,7 @@ __global__ void quantize_e4m3_kernel(const float* __restrict__ x, int64_t ldx, i
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
-    const int e = ceil_log2(fmaxf(amax, 1e-4f) / 448.0f);
+    const int e = e4m3_block_exponent(amax);
     const float inv = pow2(-e);
     const __nv_fp8x2_storage_t lo =
         __nv_cvt_float2_to_fp8x2(make_float2(v.x * inv, v.y * inv), __NV_SATFINITE, __NV_E4M3);
@@ -531,6 +532,7 @@ void launch(const GemmParams& p, const TcActivations& a, const Grid& g, CudaOps&
   }
   tp.w_scale = p.w.scale_f32;
   tp.w_scale_cols = p.w.scale_cols;
+  tp.round_out = p.bf16_out && g.splits == 1;  // split partials stay fp32; the reduction rounds their sum
 
   const CUtensorMapDataType type = T::kFp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const CUtensorMap x_map = operand_map(a.data, type, T::kElementBytes, n, p.groups * p.w.cols, T::kBlockM);
@@ -549,7 +551,7 @@ void launch(const GemmParams& p, const TcActivations& a, const Grid& g, CudaOps&
   DSV4_LAUNCH_CHECK();
 
   if (g.splits > 1) {
-    const ReduceParams rp{tp.out, g.splits, tp.split_stride, n, p.w.rows, p.y, p.ldy};
+    const ReduceParams rp{tp.out, g.splits, tp.split_stride, n, p.w.rows, p.y, p.ldy, p.bf16_out};
     launch_pdl(reduce_splits_kernel, dim3(grid_for(int64_t(n) * p.w.rows / 2, 256)), dim3(256), 0, stream,
                /*pdl=*/true, rp);  // this path runs on compute capability 9.x only
   }

@@ -15,6 +15,8 @@
 //    serves the R rows of a thread and every unit of the block.
 //  * Each block walks a contiguous range of units (balanced to ±1 unit). When a matrix has too few rows to
 //    fill the GPU, blocks of an sm_90 cluster split K further and reduce through distributed shared memory.
+//  * Fast numerics (GemmParams::quant_x) act_quant the staged x in shared memory, one warp per (row, 128-column
+//    block), before any unit reads it; stages and cluster slices then start on block boundaries.
 //  * Reductions are deterministic and atomic-free: a warp butterfly reduce-scatter, then a fixed-order sum
 //    over the WK warps (and cluster ranks) in shared memory. K stages after the first add into y; the same
 //    thread writes the same output element every stage, so program order makes this safe.
@@ -30,6 +32,7 @@
 
 #include "cuda/common/check.h"
 #include "cuda/common/dequant.cuh"
+#include "cuda/common/fp_grid.cuh"
 #include "cuda/gemm/gemm.h"
 #include "cuda/gemm/gemv_decode.cuh"
 
@@ -87,6 +90,7 @@ struct GemvParams {
   int slice_chunks = 0;    // K chunks per cluster rank
   int stage_chunks = 0;    // K chunks per shared-memory stage
   int stages = 0;          // ceil(slice_chunks / stage_chunks): the same for every rank
+  bool quant_x = false, bf16_out = false;  // GemmParams' fast numerics
 };
 
 namespace cg = cooperative_groups;
@@ -116,7 +120,8 @@ __device__ void stage_x(const GemvParams& p, float* xs, int g, int c0, int len) 
     else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   asm volatile("cp.async.wait_all;" ::: "memory");
-  if constexpr (F == WFormat::kFP4)
+  if constexpr (F == WFormat::kFP4) {
+    if (p.quant_x) return;  // act_quant_stage scales its results
     for (int e = threadIdx.x; e < p.n * per_row; e += kThreads) {
       const int i = e / per_row, f = e - i * per_row;
       float4& v = reinterpret_cast<float4*>(xs)[(i * Q + f % Q) * p.stage_chunks + f / Q];
@@ -125,8 +130,30 @@ __device__ void stage_x(const GemvParams& p, float* xs, int g, int c0, int len) 
       v.z *= kE2m1Unscale;
       v.w *= kE2m1Unscale;
     }
+  }
 }
 
+
+// act_quant of the staged x (after the barrier that publishes the stage; the caller's next barrier publishes
+// the result): one warp per (row i < n, 128-column block of the stage), a float4 per lane. FP4 kernels' values
+// are then scaled by 2^14 as stage_x would have.
+template <WFormat F, int NB>
+__device__ void act_quant_stage(const GemvParams& p, float* xs, int len) {
+  constexpr int Q = elems_per_chunk(F) / 4, CB = 128 / elems_per_chunk(F);  // CB chunks per block: CB·Q = 32
+  float4* xs4 = reinterpret_cast<float4*>(xs);
+  const int blocks = (len + CB - 1) / CB, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int q = lane % Q;
+  for (int task = warp; task < p.n * blocks; task += kWarps) {
+    const int i = task / blocks, lc = (task % blocks) * CB + lane / Q;
+    float4* v = xs4 + (i * Q + q) * p.stage_chunks + lc;
+    const float4 x = lc < len ? *v : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const int e = e4m3_block_exponent(warp_max_f32(abs_max4(x)));
+    if (lc >= len) continue;
+    float4 r = act_quant4(x, e);
+    if constexpr (F == WFormat::kFP4) r = make_float4(r.x * kE2m1Unscale, r.y * kE2m1Unscale, r.z * kE2m1Unscale, r.w * kE2m1Unscale);
+    *v = r;
+  }
+}
 
 // acc[r][i] += Σ over one chunk of x[i, ·] · W[row r, ·]. wv: the chunk of each row, sc: its scale.
 // x4 points at float4 (i = 0, q = 0) of the chunk; float4 (i, q) is x4[(i·Q + q)·q_stride].
@@ -220,11 +247,13 @@ __device__ __forceinline__ void load_batch(const GemvParams& p, int row0, int ro
   }
 }
 
+// K stages add into y; the last one rounds the total in fast numerics.
 __device__ __forceinline__ void write_output(const GemvParams& p, int row, int row_end, int i, float v,
-                                             bool first_stage) {
+                                             bool first_stage, bool last_stage) {
   if (i >= p.n || row >= row_end) return;
   float* dst = p.y + int64_t(i) * p.ldy + row;
-  *dst = first_stage ? v : *dst + v;
+  const float total = first_stage ? v : *dst + v;
+  *dst = last_stage ? round_bf16_if(p.bf16_out, total) : total;
 }
 
 // All threads of the block (of the cluster when it has several blocks) wait here; cluster barriers also
@@ -282,6 +311,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(F, NB)) gemv_kerne
       __syncthreads();  // every thread is done with the previous stage
       stage_x<F, NB>(p, xs, g, c0, len);
       __syncthreads();
+      if (p.quant_x) {
+        act_quant_stage<F, NB>(p, xs, len);
+        __syncthreads();
+      }
       for (int uu = u; uu < seg_end; ++uu) {
         const int unit_row0 = g * p.out_g + (uu - g * p.units_per_group) * rows_per_unit;
         const int row0 = unit_row0 + row_group * R;
@@ -308,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(F, NB)) gemv_kerne
         const int v_index = lane / kSpread;
         const bool owner = lane % kSpread == 0;
         if (direct) {
-          if (owner) write_output(p, row0 + v_index / NB, row_end, v_index % NB, total, st == 0);
+          if (owner) write_output(p, row0 + v_index / NB, row_end, v_index % NB, total, st == 0, st == p.stages - 1);
           continue;
         }
         // Partials double-buffered: the barrier of unit u+1 orders unit u's reads before unit u+2's writes.
@@ -324,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(F, NB)) gemv_kerne
             const float* src = rank_shared(part, s, S);
             for (int wk = 0; wk < WK; ++wk) sum += src[(rg * WK + wk) * V + vi];
           }
-          write_output(p, unit_row0 + rg * R + vi / NB, row_end, vi % NB, sum, st == 0);
+          write_output(p, unit_row0 + rg * R + vi / NB, row_end, vi % NB, sum, st == 0, st == p.stages - 1);
         }
         buf ^= 1;
       }
@@ -357,6 +390,8 @@ void launch(const GemmParams& gp, cudaStream_t stream) {
   p.ldy = gp.ldy;
   p.out_g = int(gp.w.rows / gp.groups);
   p.chunks = int(gp.w.cols / E);
+  p.quant_x = gp.quant_x;
+  p.bf16_out = gp.bf16_out;
 
   // Wider K sharing (WK, then clusters) only while there are too few units to give every block ≥ 2, and
   // every lane still gets a chunk of each row.
@@ -376,9 +411,12 @@ void launch(const GemmParams& gp, cudaStream_t stream) {
   p.warps_per_row = wk;
   p.units_per_group = int(ceil_div(p.out_g, (kWarps / wk) * R));
   p.units = int(gp.groups) * p.units_per_group;
-  p.slice_chunks = int(ceil_div(p.chunks, cluster));
-  p.stages = int(ceil_div(p.slice_chunks, kMaxStageChunks));
-  p.stage_chunks = int(ceil_div(p.slice_chunks, p.stages));
+  // act_quant needs whole 128-column blocks in every slice and stage (CB chunks each).
+  constexpr int CB = 128 / E, kQuantStageChunks = kMaxStageChunks / CB * CB;
+  const int align = gp.quant_x ? CB : 1, max_stage = gp.quant_x ? kQuantStageChunks : kMaxStageChunks;
+  p.slice_chunks = int(ceil_div(ceil_div(p.chunks, cluster), align)) * align;
+  p.stages = int(ceil_div(p.slice_chunks, max_stage));
+  p.stage_chunks = int(ceil_div(ceil_div(p.slice_chunks, p.stages), align)) * align;
   const int smem = smem_for(p.stage_chunks);
   if (smem > 48 * 1024)  // above the default dynamic shared memory limit: opt in (per device, so every time)
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));

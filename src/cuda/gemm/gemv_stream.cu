@@ -11,6 +11,9 @@
 //    loaded x value serves the kRowsPerTask rows of the task.
 //  * Two matrices of one format and width that multiply the same x (a projection pair) run as one launch:
 //    their row tiles in one task space, so the pair pays one launch, one ramp-up and one tail.
+//  * Fast numerics act_quant x for FP8 weights in the kernel (kQuant): the 8 lanes that hold one 128-column
+//    block of x (8 chunks of 16) find its amax by 3 shuffles, and each lane rounds the values it uses. K slices
+//    then start on block boundaries.
 //  * Rows too few to occupy the GPU split K (tasks = row tiles × splits). Split partial sums go to scratch;
 //    the warp that completes a row tile last (an arrival counter per tile, fenced like the classic threadfence
 //    reduction) adds them in split order and resets the counter. No float atomics: results are the same
@@ -19,6 +22,7 @@
 #include <cstdint>
 
 #include "cuda/common/check.h"
+#include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/gemm/gemm.h"
 #include "cuda/gemm/gemv_decode.cuh"
@@ -33,6 +37,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kRowsPerTask = 4;  // divides 128: a task's rows share their FP8 scale row
 constexpr int kUnroll = 2;       // chunk columns per lane loaded before use
+constexpr int kQuantChunks = 8;  // FP8 chunks per 128-column act_quant block
 // Register budget (65536 / (256 threads · blocks)): 85 per thread at n = 1, 128 for the accumulators and
 // activations of n = 2 and 4 (fewer warps, each with more loads in flight).
 constexpr int blocks_per_sm(int nb) { return nb == 1 ? 3 : 2; }
@@ -56,6 +61,7 @@ struct StreamParams {
   int tiles = 0, tasks = 0;  // tiles = rows / kRowsPerTask, tasks = tiles · splits
   float* partials = nullptr;   // [splits, n, rows] when splits > 1
   int32_t* arrivals = nullptr;  // [tiles], zero between calls
+  bool bf16_out = false;        // GemmParams::bf16_out (quant_x is the kernel's kQuant)
 };
 
 template <WFormat F>
@@ -64,16 +70,35 @@ __device__ __forceinline__ float tile_scale(const float* scale, int64_t scale_co
   else return 1.0f;
 }
 
-// acc[r][i] += x[i, chunk c] · W[row0 + r, chunk c] for the kRowsPerTask rows of one chunk column.
-template <WFormat F, int NB>
+// The act_quant exponent of each x row's 128-column block holding chunk xc (FP8: 16 columns), over the 8 lanes
+// that hold the block's chunks (the whole warp calls; `live` = this lane's chunk exists, else it adds 0).
+template <int NB>
+__device__ __forceinline__ void block_exponents(const float* xc, int64_t ldx, int n, bool live, int (&e)[NB]) {
+#pragma unroll
+  for (int i = 0; i < NB; ++i) {
+    float amax = 0.0f;
+    if (live && i < n)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) amax = fmaxf(amax, abs_max4(__ldg(reinterpret_cast<const float4*>(xc + i * ldx) + j)));
+#pragma unroll
+    for (int offset = 1; offset < kQuantChunks; offset *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+    e[i] = e4m3_block_exponent(amax);
+  }
+}
+
+// acc[r][i] += x[i, chunk c] · W[row0 + r, chunk c] for the kRowsPerTask rows of one chunk column; kQuant: x
+// act_quant'ed with the exponents e.
+template <WFormat F, int NB, bool kQuant>
 __device__ __forceinline__ void fma_column(const uint4 (&wv)[kRowsPerTask], float scale, const float* xc,
-                                           int64_t ldx, int n, float (&acc)[kRowsPerTask][NB]) {
+                                           int64_t ldx, int n, const int (&e)[NB], float (&acc)[kRowsPerTask][NB]) {
 #pragma unroll
   for (int j = 0; j < kGroupsPerChunk<F>; ++j) {
     float4 xv[NB];
 #pragma unroll
-    for (int i = 0; i < NB; ++i)
+    for (int i = 0; i < NB; ++i) {
       xv[i] = i < n ? __ldg(reinterpret_cast<const float4*>(xc + i * ldx) + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+      if constexpr (kQuant) xv[i] = act_quant4(xv[i], e[i]);
+    }
 #pragma unroll
     for (int r = 0; r < kRowsPerTask; ++r) {
       float w[4];
@@ -99,9 +124,11 @@ __device__ __forceinline__ void wait_once(bool& waited) {
   }
 }
 
-// Grid: ceil(tasks / kWarps) blocks; warp-global index = task.
-template <WFormat F, int NB>
+// Grid: ceil(tasks / kWarps) blocks; warp-global index = task. The chunk loop's trip count is uniform per warp
+// (the block exponents' shuffles need every lane); lanes past the slice's end load and add nothing.
+template <WFormat F, int NB, bool kQuant>
 __global__ void __launch_bounds__(kThreads, blocks_per_sm(NB)) gemv_stream_kernel(StreamParams p) {
+  static_assert(!kQuant || F == WFormat::kFP8, "act_quant is for FP8 weights");
   constexpr int E = elems_per_chunk(F), V = kRowsPerTask * NB, kSpread = 32 / V;
   const int lane = int(threadIdx.x % 32);
   const int warps = int(gridDim.x) * kWarps;
@@ -123,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(NB)) gemv_stream_kerne
     for (int r = 0; r < kRowsPerTask; ++r)
 #pragma unroll
       for (int i = 0; i < NB; ++i) acc[r][i] = 0.0f;
-    for (int c = s * p.slice_chunks + lane; c < c_end; c += 32 * kUnroll) {
+    for (int c = s * p.slice_chunks + lane; c - lane < c_end; c += 32 * kUnroll) {
       uint4 wv[kUnroll][kRowsPerTask];
       float wscale[kUnroll];
 #pragma unroll
@@ -139,7 +166,9 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(NB)) gemv_stream_kerne
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int cu = c + 32 * u;
-        if (cu < c_end) fma_column<F, NB>(wv[u], wscale[u], xg + int64_t(cu) * E, p.ldx, p.n, acc);
+        int e[NB] = {};
+        if constexpr (kQuant) block_exponents<NB>(xg + int64_t(cu) * E, p.ldx, p.n, cu < c_end, e);
+        if (cu < c_end) fma_column<F, NB, kQuant>(wv[u], wscale[u], xg + int64_t(cu) * E, p.ldx, p.n, e, acc);
       }
     }
     wait_once<NB>(waited);  // before any write (lanes without a chunk skipped the loop)
@@ -156,7 +185,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(NB)) gemv_stream_kerne
     float* y = second ? p.y_b : p.y;
     const int64_t ldy = second ? p.ldy_b : p.ldy;
     if (p.splits == 1) {
-      if (owner) y[i * ldy + mrow0 + r] = total;
+      if (owner) y[i * ldy + mrow0 + r] = round_bf16_if(p.bf16_out, total);
       continue;
     }
     if (owner) p.partials[(int64_t(s) * p.n + i) * rows_total + row0 + r] = total;
@@ -169,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(NB)) gemv_stream_kerne
     if (owner) {
       float sum = 0.0f;
       for (int k = 0; k < p.splits; ++k) sum += __ldcg(p.partials + (int64_t(k) * p.n + i) * rows_total + row0 + r);
-      y[i * ldy + mrow0 + r] = sum;
+      y[i * ldy + mrow0 + r] = round_bf16_if(p.bf16_out, sum);
     }
     if (lane == 0) p.arrivals[tile] = 0;  // ready for the next call (stream order publishes it)
   }
@@ -186,6 +215,7 @@ StreamParams plan(const GemmParams& gp, const GemmParams* second = nullptr) {
   p.n = int(gp.n);
   p.y = gp.y;
   p.ldy = gp.ldy;
+  p.bf16_out = gp.bf16_out;
   p.rows_a = p.rows = int(gp.w.rows);
   p.out_g = int(gp.w.rows / gp.groups);
   if (second) {
@@ -201,17 +231,21 @@ StreamParams plan(const GemmParams& gp, const GemmParams* second = nullptr) {
   const int wave = device_info().sms * blocks_per_sm(p.n) * kWarps;
   if (p.tiles < wave) p.splits = std::max(1, std::min(wave / p.tiles, p.chunks / (32 * kUnroll)));
   p.slice_chunks = int(ceil_div(p.chunks, p.splits));
+  if (gp.quant_x) {  // slices of whole act_quant blocks
+    p.slice_chunks = int(ceil_div(p.slice_chunks, kQuantChunks)) * kQuantChunks;
+    p.splits = int(ceil_div(p.chunks, p.slice_chunks));
+  }
   p.tasks = p.tiles * p.splits;
   return p;
 }
 
-template <WFormat F>
+template <WFormat F, bool kQuant = false>
 void launch(const StreamParams& p, bool pdl, cudaStream_t stream) {
   const dim3 blocks(unsigned(ceil_div(p.tasks, kWarps)));
   switch (p.n) {
-    case 1: launch_pdl(gemv_stream_kernel<F, 1>, blocks, dim3(kThreads), 0, stream, pdl, p); break;
-    case 2: launch_pdl(gemv_stream_kernel<F, 2>, blocks, dim3(kThreads), 0, stream, pdl, p); break;
-    default: launch_pdl(gemv_stream_kernel<F, 4>, blocks, dim3(kThreads), 0, stream, pdl, p); break;
+    case 1: launch_pdl(gemv_stream_kernel<F, 1, kQuant>, blocks, dim3(kThreads), 0, stream, pdl, p); break;
+    case 2: launch_pdl(gemv_stream_kernel<F, 2, kQuant>, blocks, dim3(kThreads), 0, stream, pdl, p); break;
+    default: launch_pdl(gemv_stream_kernel<F, 4, kQuant>, blocks, dim3(kThreads), 0, stream, pdl, p); break;
   }
 }
 
@@ -229,7 +263,8 @@ bool stream_covers(const GemmParams& p) {
 
 bool stream_pair_covers(const GemmParams& a, const GemmParams& b) {
   return stream_covers(a) && stream_covers(b) && a.groups == 1 && b.groups == 1 && a.x == b.x && a.ldx == b.ldx &&
-         a.n == b.n && a.w.format == b.w.format && a.w.cols == b.w.cols &&
+         a.n == b.n && a.w.format == b.w.format && a.w.cols == b.w.cols && a.quant_x == b.quant_x &&
+         a.bf16_out == b.bf16_out &&
          (a.w.rows + b.w.rows) / kRowsPerTask * 4 < (int64_t(1) << 31);
 }
 
@@ -251,7 +286,10 @@ void stream(const GemmParams& gp, const GemvScratch& scratch, cudaStream_t strea
   }
   const bool pdl = device_info().cc_major >= 9;
   switch (gp.w.format) {
-    case WFormat::kFP8: launch<WFormat::kFP8>(p, pdl, stream); break;
+    case WFormat::kFP8:
+      if (gp.quant_x) launch<WFormat::kFP8, true>(p, pdl, stream);
+      else launch<WFormat::kFP8>(p, pdl, stream);
+      break;
     case WFormat::kBF16: launch<WFormat::kBF16>(p, pdl, stream); break;
     default: launch<WFormat::kF32>(p, pdl, stream); break;
   }

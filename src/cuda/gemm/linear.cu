@@ -1,6 +1,15 @@
-// gemm family (CUDA): CudaOps::linear, ::linear_pair and ::linear_grouped validate the call and choose a path (gemm.h):
-// decode shapes (n ≤ kGemvMaxRows) take the memory-bound GEMV; larger n the tensor-core kernel where it
-// covers the shape and the numerics allow rounding activations (fast), else the generic fp32 tiles.
+// gemm family (CUDA): CudaOps::linear, ::linear_pair, ::linear_grouped, ::linear_f32, ::linear_pair_f32 and
+// ::lm_head validate the call, choose its numerics and a path (gemm.h).
+// Numerics, as DeepSeek's linear() picks them by the weight (docs/design/fast-numerics.md §1.4, §2.5): in fast
+// numerics FP8 / FP4 weights multiply act_quant'ed x and BF16 weights bf16 x (already bf16-valued), both writing
+// bf16; fp32 weights, the *_f32 calls (the compressor's projections) and the LM head stay fp32 in every numerics.
+// Paths: decode shapes (n ≤ kGemvMaxRows) take the memory-bound GEMV; larger n the tensor-core kernel in fast
+// numerics where it covers the shape and computes the same function (its FP8 kernel always act_quant's x; its
+// BF16 kernel is exact for bf16 x, also for the fp32 projections), else the generic fp32 tiles. wo_a, the one
+// FP8 weight DeepSeek multiplies in bf16, gets a BF16 copy for the tensor cores (bf16_copy).
+#include <cuda_bf16.h>
+
+#include "cuda/common/dequant.cuh"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/gemm/gemm.h"
@@ -40,30 +49,91 @@ void dispatch(const cuda::GemmParams& p, CudaOps& ops) {
   if (!check(p)) return;
   if (p.n <= cuda::kGemvMaxRows) {
     cuda::gemv(p, gemv_scratch(cuda::gemv_scratch_size(p), ops), ops.stream());
-  } else if (ops.numerics() != Numerics::kFast || !cuda::gemm_tensor_core(p, ops)) {
-    cuda::gemm_generic(p, ops.stream());
+    return;
   }
+  // The tensor-core kernel rounds x to the weight's format: FP8 weights act_quant, BF16 ones bf16.
+  const bool tc_function = p.w.format == cuda::WFormat::kFP8    ? p.quant_x && p.bf16_out
+                           : p.w.format == cuda::WFormat::kBF16 ? !p.quant_x && (p.bf16_out || p.x_bf16)
+                                                                : false;
+  if (!tc_function || !cuda::gemm_tensor_core(p, ops)) cuda::gemm_generic(p, ops.stream());
+}
+
+void dispatch_pair(const cuda::GemmParams& a, const cuda::GemmParams& b, CudaOps& ops) {
+  if (check(a) && check(b) && cuda::gemv_pair_covers(a, b)) {  // else each alone (check again: cheap)
+    cuda::gemv_pair(a, b, gemv_scratch(cuda::gemv_pair_scratch_size(a, b), ops), ops.stream());
+    return;
+  }
+  dispatch(a, ops);
+  dispatch(b, ops);
+}
+
+// W [rows, cols] in BF16, from any format (one thread per element; once per weight).
+__global__ void to_bf16_kernel(cuda::DeviceWeight w, __nv_bfloat16* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < w.rows * w.cols) out[i] = __float2bfloat16_rn(cuda::weight_at(w, i / w.cols, i % w.cols));
+}
+
+// y = x · Wᵀ as the model's numerics compute this projection. groups > 1 is wo_a, which DeepSeek runs as a
+// bf16 einsum with the FP8 weight dequantised to bf16 (exact): no act_quant.
+cuda::GemmParams params(const CudaOps& ops, const float* x, int64_t ldx, const Weight& w, int64_t n, float* y,
+                        int64_t ldy, int64_t groups) {
+  cuda::GemmParams p{x, ldx, ops.dev(w), n, y, ldy, groups};
+  if (ops.fast() && p.w.format != cuda::WFormat::kF32) {
+    p.quant_x = groups == 1 && (p.w.format == cuda::WFormat::kFP8 || p.w.format == cuda::WFormat::kFP4);
+    p.bf16_out = true;
+  }
+  return p;
 }
 
 }  // namespace
 
 void CudaOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
-  dispatch({x, ldx, dev(w), n, y, ldy, 1}, *this);
+  dispatch(params(*this, x, ldx, w, n, y, ldy, 1), *this);
+}
+
+void CudaOps::linear_f32(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
+  cuda::GemmParams p{x, ldx, dev(w), n, y, ldy, 1};
+  p.x_bf16 = fast();
+  dispatch(p, *this);
+}
+
+void CudaOps::lm_head(const float* x, const Weight& head, int64_t n, float* logits) {
+  linear_f32(x, head.cols, head, n, logits, head.rows);
 }
 
 void CudaOps::linear_pair(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya,
                           const Weight& wb, float* yb, int64_t ldyb) {
-  const cuda::GemmParams a{x, ldx, dev(wa), n, ya, ldya, 1}, b{x, ldx, dev(wb), n, yb, ldyb, 1};
-  if (check(a) && check(b) && cuda::gemv_pair_covers(a, b)) {  // else each alone (check again: cheap)
-    cuda::gemv_pair(a, b, gemv_scratch(cuda::gemv_pair_scratch_size(a, b), *this), stream_);
-    return;
-  }
-  dispatch(a, *this);
-  dispatch(b, *this);
+  dispatch_pair(params(*this, x, ldx, wa, n, ya, ldya, 1), params(*this, x, ldx, wb, n, yb, ldyb, 1), *this);
+}
+
+void CudaOps::linear_pair_f32(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya,
+                              const Weight& wb, float* yb, int64_t ldyb) {
+  cuda::GemmParams a{x, ldx, dev(wa), n, ya, ldya, 1}, b{x, ldx, dev(wb), n, yb, ldyb, 1};
+  a.x_bf16 = b.x_bf16 = fast();
+  dispatch_pair(a, b, *this);
 }
 
 void CudaOps::linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) {
-  dispatch({x, groups * w.cols, dev(w), n, y, w.rows, groups}, *this);
+  cuda::GemmParams p = params(*this, x, groups * w.cols, w, n, y, w.rows, groups);
+  if (fast() && n > cuda::kGemvMaxRows && p.w.format == cuda::WFormat::kFP8 && props_.major == 9) p.w = bf16_copy(w);
+  dispatch(p, *this);
+}
+
+const cuda::DeviceWeight& CudaOps::bf16_copy(const Weight& w) {
+  const auto it = bf16_copies_.find(w.data);
+  if (it != bf16_copies_.end()) return it->second;
+  DSV4_CHECK(!capturing_, "a BF16 copy of [", w.rows, ", ", w.cols, "] cannot be made during a graph recording");
+  const cuda::DeviceWeight& src = dev(w);
+  cuda::DeviceWeight copy;
+  copy.format = cuda::WFormat::kBF16;
+  copy.rows = src.rows;
+  copy.cols = src.cols;
+  auto* data = static_cast<__nv_bfloat16*>(device_alloc(size_t(src.rows * src.cols) * 2));
+  copy.data = reinterpret_cast<const uint8_t*>(data);
+  const int64_t count = src.rows * src.cols;
+  to_bf16_kernel<<<unsigned(cuda::ceil_div(count, 256)), 256, 0, stream_>>>(src, data);
+  DSV4_LAUNCH_CHECK();
+  return bf16_copies_.emplace(w.data, copy).first->second;
 }
 
 }  // namespace dsv4

@@ -14,6 +14,8 @@
 //              xn = γ·(x·inv), inv = 1 / sqrt(Σx²/D + eps) (rms_norm's arithmetic; one launch less).
 // NOTE: X is read twice (once per kernel); at decode the second read hits L2 (64 KiB per token at V4 sizes),
 // while fn (1.5 MiB fp32 per site) is spread over every SM by the split-K — that is where the time goes.
+// Fast numerics (the `bf16` flags): the mixes, Sinkhorn, post and comb stay fp32; the collapsed x, xn and the
+// new streams are rounded to bf16 as they are written (docs/design/fast-numerics.md §7, steps 2, 12, 18).
 // hc_post: block (D slice, token), post and comb in shared memory, X'[k] = post[k]·f + Σ_j C[j][k]·X[j] in place.
 // CudaOps::hc_post only records its arguments (DeferredPost); the next use of the stream launches it (flush_post),
 // unless the next op is hc_pre_norm on the same X at decode (n ≤ kPostMixMaxTokens): then hc_post_mix replaces
@@ -24,6 +26,7 @@
 #include <utility>
 
 #include "cuda/common/check.h"
+#include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/elementwise/pack.cuh"
@@ -133,6 +136,7 @@ struct HcFinishParams {
   const float* gamma = nullptr;  // hc_pre_norm: [D] RMSNorm gain of xn
   float* xn = nullptr;           // hc_pre_norm: [n, D]
   float rms_eps = 0.0f;
+  bool bf16 = false;             // fast numerics: x and xn rounded to bf16
 };
 
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
@@ -283,6 +287,8 @@ __global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParam
 #pragma unroll
       for (int k = 0; k < N; ++k) acc[s].v[k] = __fadd_rn(acc[s].v[k], __fmul_rn(pre[j], streams[s][j].v[k]));
     }
+#pragma unroll
+    for (int k = 0; k < N; ++k) acc[s].v[k] = cuda::round_bf16_if(p.bf16, acc[s].v[k]);
     cuda::store_pack<N>(p.x + t * p.D + c[s], acc[s]);
     if (p.xn) {  // block-uniform: only hc_pre_norm needs the sum
 #pragma unroll
@@ -302,7 +308,7 @@ __global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParam
     Pack<N> y;
     if (!kPrefetchGain) gain[s] = cuda::load_pack<N>(p.gamma + c[s]);
 #pragma unroll
-    for (int k = 0; k < N; ++k) y.v[k] = gain[s].v[k] * (acc[s].v[k] * inv);
+    for (int k = 0; k < N; ++k) y.v[k] = cuda::round_bf16_if(p.bf16, gain[s].v[k] * (acc[s].v[k] * inv));
     cuda::store_pack<N>(p.xn + t * p.D + c[s], y);
   }
 }
@@ -316,6 +322,7 @@ struct HcPostParams {
   float* X;           // [n, hc, D], updated in place
   int64_t n, D;
   int hc;
+  bool bf16;          // fast numerics: the new streams rounded to bf16
 };
 
 // Stages token t's post [hc] and comb [hc, hc] in shared memory (the caller's barrier publishes them).
@@ -328,7 +335,7 @@ __device__ __forceinline__ void stage_post_coefficients(const HcPostParams& p, i
 // Loops run to kMaxHc with a guard so the streams stay in registers (no dynamically indexed local array).
 template <int N>
 __device__ __forceinline__ void post_streams(const Pack<N>& f, const Pack<N> (&streams)[kMaxHc], const float* post,
-                                             const float* C, int hc, Pack<N> (&out)[kMaxHc]) {
+                                             const float* C, int hc, bool bf16, Pack<N> (&out)[kMaxHc]) {
 #pragma unroll
   for (int k = 0; k < kMaxHc; ++k) {
     if (k >= hc) break;
@@ -338,7 +345,7 @@ __device__ __forceinline__ void post_streams(const Pack<N>& f, const Pack<N> (&s
 #pragma unroll
       for (int j = 0; j < kMaxHc; ++j)
         if (j < hc) acc = __fadd_rn(acc, __fmul_rn(C[j * hc + k], streams[j].v[e]));
-      out[k].v[e] = acc;
+      out[k].v[e] = cuda::round_bf16_if(bf16, acc);
     }
   }
 }
@@ -358,7 +365,7 @@ __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(HcPostParams p) {
 #pragma unroll
   for (int j = 0; j < kMaxHc; ++j)
     if (j < p.hc) streams[j] = cuda::load_pack<N>(Xt + j * p.D + c);
-  post_streams(f, streams, post, C, p.hc, out);
+  post_streams(f, streams, post, C, p.hc, p.bf16, out);
 #pragma unroll
   for (int k = 0; k < kMaxHc; ++k)
     if (k < p.hc) cuda::store_pack<N>(Xt + k * p.D + c, out[k]);
@@ -404,7 +411,7 @@ __global__ void __launch_bounds__(kMixWarps * 32) hc_post_mix_kernel(HcPostMixPa
   __syncthreads();  // post and C are in shared memory, and every warp has read X before warp 0 overwrites it
   Pack<4> out[kMaxHc];
   if (live) {
-    post_streams(f, streams, post, C, q.hc, out);
+    post_streams(f, streams, post, C, q.hc, q.bf16, out);
     if (warp == 0)
 #pragma unroll
       for (int k = 0; k < kMaxHc; ++k)
@@ -505,6 +512,7 @@ void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std:
 
   HcFinishParams fin{X,  partial, chunks, n, D, int(hc), int(M), ops.dev(base), ops.dev(scale),
                      float(cfg.hc_eps), cfg.norm_eps, int(cfg.hc_sinkhorn_iters), x, post, comb};
+  fin.bf16 = ops.fast();
   if (xn) {
     DSV4_ASSERT(vec_d && cuda::aligned16(xn) && cuda::aligned16(gamma));
     fin.gamma = gamma;
@@ -551,7 +559,7 @@ void CudaOps::hc_pre_norm(const float* X, const HcWeights& w, const std::vector<
   const DeferredPost d = deferred_post_;
   if (d.n > 0 && d.X == X && d.n == n && n <= kPostMixMaxTokens && cuda::aligned16(d.f)) {
     deferred_post_ = {};  // launched here, by hc_post_mix
-    const HcPostParams pending{d.f, d.post, d.comb, d.X, n, dim, int(config_.hc_mult)};
+    const HcPostParams pending{d.f, d.post, d.comb, d.X, n, dim, int(config_.hc_mult), fast()};
     return hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn, &pending);
   }
   hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn);
@@ -573,7 +581,7 @@ void CudaOps::flush_post() {
   if (deferred_post_.n == 0) return;
   const DeferredPost d = std::exchange(deferred_post_, {});  // cleared first: the launch below uses the stream
   const int64_t D = config_.dim;
-  const HcPostParams p{d.f, d.post, d.comb, d.X, d.n, D, int(config_.hc_mult)};
+  const HcPostParams p{d.f, d.post, d.comb, d.X, d.n, D, int(config_.hc_mult), fast()};
   const bool vec = D % 4 == 0 && cuda::aligned16(d.f) && cuda::aligned16(d.X);
   const dim3 grid(unsigned(cuda::ceil_div(D, kPostThreads * (vec ? 4 : 1))), unsigned(d.n));
   if (vec) cuda::launch_pdl(hc_post_kernel<4>, dim3(grid), dim3(kPostThreads), 0, stream_, pdl(), p);

@@ -36,6 +36,23 @@ __device__ __forceinline__ float swiglu(float g, float u, float limit, float wei
   return g / (1.0f + expf(-g)) * u * weight;
 }
 
+// Fast numerics at one expert matrix of format f, as CpuOps::linear computes it (fast-numerics.md §7 step 15):
+// F32 weights stay fp32 in and out; BF16 ones take bf16 activations, FP8 and FP4 ones act_quant'ed ones, and
+// both give bf16 outputs. Reference and exact numerics: fp32 throughout.
+__device__ __forceinline__ StageRounding stage_rounding(bool fast, WFormat f) {
+  if (!fast || f == WFormat::kF32) return StageRounding::kNone;
+  return f == WFormat::kBF16 ? StageRounding::kBf16 : StageRounding::kActQuant;
+}
+__device__ __forceinline__ bool bf16_output(bool fast, WFormat f) { return fast && f != WFormat::kF32; }
+
+// A pair's h from its w1 and w3 outputs g and u (fp32 sums over K) and its routing weight. Fast numerics round
+// g and u as the GEMM's output (bf16_output), take the SwiGLU and the weight in fp32, and round h to bf16: the
+// hidden row enters w2 as bf16 (CpuOps::moe).
+__device__ __forceinline__ float hidden(const ExpertParams& p, WFormat f, float g, float u, float weight) {
+  const bool bf16 = bf16_output(p.fast, f);
+  return round_bf16_if(p.fast, swiglu(round_bf16_if(bf16, g), round_bf16_if(bf16, u), p.swiglu_limit, weight));
+}
+
 // Blocks of `kernel` (kExpertThreads threads, `smem` dynamic bytes) that the device holds at once: the size of a
 // persistent grid.
 int resident_blocks(const void* kernel, size_t smem, int sm_count);

@@ -126,24 +126,31 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_decode_kernel(E
       const Chunk& chunk = d.chunk;
       const auto row_index = [&](int m) { return chunk.pair0 + m; };
       if (d.fp4) {
-        if (d.c != staged) stage_rows_mma_warp<WFormat::kFP4>(p.plan.h, p.I, chunk.count, rows_for(chunk.count), row_index, xs, shift_s[warp]);
+        if (d.c != staged)
+          stage_rows_mma_warp<WFormat::kFP4>(p.plan.h, p.I, chunk.count, rows_for(chunk.count), row_index, p.fast, xs,
+                                             shift_s[warp]);
         down_task_mma<WFormat::kFP4>(p, d.w2, chunk, d.out, row0, rows_valid, d.slice, d.slices, xs, shift_s[warp], y_s);
       } else {
-        if (d.c != staged) stage_rows_mma_warp<WFormat::kFP8>(p.plan.h, p.I, chunk.count, rows_for(chunk.count), row_index, xs, shift_s[warp]);
+        if (d.c != staged)
+          stage_rows_mma_warp<WFormat::kFP8>(p.plan.h, p.I, chunk.count, rows_for(chunk.count), row_index, p.fast, xs,
+                                             shift_s[warp]);
         down_task_mma<WFormat::kFP8>(p, d.w2, chunk, d.out, row0, rows_valid, d.slice, d.slices, xs, shift_s[warp], y_s);
       }
       staged = d.c;
     }
     __syncthreads();  // every task's rows are in y_s (and order_s, from the first tile on)
     // out[row] = 0 + Σ over the token's choices in (expert, j) order + the shared expert: combine_rows' order.
+    // Fast numerics: each expert's output (the shared one's after its slices) is a bf16 value, the sum is
+    // rounded once (combine_rows); FP8 and FP4, the only formats here, give bf16 outputs.
     for (int r = int(threadIdx.x); r < rows_valid; r += kExpertThreads) {
       const float* yt = y_s + r;
       float sum = 0.0f;
-      for (int64_t j = 0; j < p.k; ++j) sum += yt[int64_t(order_s[j]) * kMaxSharedSlices * kMmaRows];
+      for (int64_t j = 0; j < p.k; ++j)
+        sum += round_bf16_if(p.fast, yt[int64_t(order_s[j]) * kMaxSharedSlices * kMmaRows]);
       const float* ys = yt + p.k * kMaxSharedSlices * kMmaRows;
       float shared_sum = ys[0];
       for (int s = 1; s < sh_slices; ++s) shared_sum += ys[s * kMmaRows];
-      p.out[row0 + r] = sum + shared_sum;
+      p.out[row0 + r] = round_bf16_if(p.fast, sum + round_bf16_if(p.fast, shared_sum));
     }
     __syncthreads();  // y_s is rewritten for the next tile
   }
@@ -154,10 +161,11 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_decode_kernel(E
 // A block owns 16 rows of every chunk's w1 and w3 (the item kernel: items of 16 rows whose K is split over 8
 // warps, two rounds of loads each at n = 1). Its 32 warps take (chunk, matrix, K slice) tasks — half of K of a
 // routed w1 or w3 tile, the shared expert's in twice shared_slices() slices: 32 tasks of 16 KiB at V4 — over the
-// token's row, staged once per block in each format in use; the block then applies the SwiGLU per chunk from
-// shared memory. The shared expert's tasks need nothing from route and run before the wait for it, as in the
-// item kernel. Only 128 tiles (I = 2048) for 132 SMs, so a block is an SM's only one: 32 warps of 64 registers
-// issue more than 16 of 112, and the kernel is issue-bound (bench_moe n = 1 is faster with 32).
+// token's row, staged once per block in each format in use (act_quant'ed there in fast numerics); the block then
+// applies the SwiGLU per chunk from shared memory. The shared expert's tasks need nothing from route and run
+// before the wait for it, as in the item kernel. Only 128 tiles (I = 2048) for 132 SMs, so a block is an SM's
+// only one: 32 warps of 64 registers issue more than 16 of 112, and the kernel is issue-bound (bench_moe n = 1
+// is faster with 32).
 constexpr int kUpDecodeWarps = 32;
 constexpr int kUpDecodeThreads = kUpDecodeWarps * 32;
 constexpr int kUpDecodeUnroll = 2;     // 64 registers at 1024 threads
@@ -202,10 +210,10 @@ __global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(E
   const bool shared_fp4 = p.shared_up.format == WFormat::kFP4, routed_fp4 = p.routed_up.format == WFormat::kFP4;
   const auto token = [](int) { return 0; };
   // The token's row (x was written before route ran: it is read before the wait, as the item kernel does).
-  if (routed_fp4) stage_rows_mma<WFormat::kFP4>(p.x, p.D, 1, 1, token, xs_routed, &shift_s[0], block_max);
-  else stage_rows_mma<WFormat::kFP8>(p.x, p.D, 1, 1, token, xs_routed, &shift_s[0], block_max);
-  if (shared_fp4) stage_rows_mma<WFormat::kFP4>(p.x, p.D, 1, 1, token, xs_shared, &shift_s[1], block_max);
-  else stage_rows_mma<WFormat::kFP8>(p.x, p.D, 1, 1, token, xs_shared, &shift_s[1], block_max);
+  if (routed_fp4) stage_rows_mma<WFormat::kFP4>(p.x, p.D, 1, 1, token, p.fast, xs_routed, &shift_s[0], block_max);
+  else stage_rows_mma<WFormat::kFP8>(p.x, p.D, 1, 1, token, p.fast, xs_routed, &shift_s[0], block_max);
+  if (shared_fp4) stage_rows_mma<WFormat::kFP4>(p.x, p.D, 1, 1, token, p.fast, xs_shared, &shift_s[1], block_max);
+  else stage_rows_mma<WFormat::kFP8>(p.x, p.D, 1, 1, token, p.fast, xs_shared, &shift_s[1], block_max);
   bool waited = false;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t row0 = tile * kMmaRows;
@@ -253,7 +261,8 @@ __global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(E
         g += y_s[c][0][s][r];
         u += y_s[c][1][s][r];
       }
-      p.plan.h[int64_t(pair_s[c]) * p.I + row0 + r] = swiglu(g, u, p.swiglu_limit, weight_s[c]);
+      const WFormat f = c == 0 ? p.shared_up.format : p.routed_up.format;
+      p.plan.h[int64_t(pair_s[c]) * p.I + row0 + r] = hidden(p, f, g, u, weight_s[c]);
     }
     __syncthreads();  // y_s is rewritten for the next tile
   }

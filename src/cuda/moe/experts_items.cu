@@ -11,6 +11,8 @@
 //   expert_down: y[pair] = w2 · h[pair]; the block that completes an output row block last (a per-block
 //                arrival counter) sums that block's rows into out in the CPU's order: the token's experts
 //                ascending, then the shared expert. No float atomics: the result is the same every run.
+// Fast numerics (ExpertParams::fast): the staging rounds each GEMM's activations (stage_rounding), w1 / w3 / w2
+// outputs and h are written as bf16 values (bf16_output, hidden), and the combine rounds its fp32 sum once.
 #include "cuda/moe/experts.cuh"
 #include "cuda/moe/weight_mma.cuh"
 
@@ -24,9 +26,11 @@ namespace dsv4::cuda::moe {
 namespace {
 
 // Runs item (chunk c, row block b): stage(chunk) when the block's staged chunk changes, run(chunk, b), a
-// barrier. `staged` is the block's currently staged chunk.
+// barrier. `staged` is the block's currently staged chunk. The item walkers are inlined by force: with fast
+// numerics' staging nvcc no longer inlined routed_items into expert_up_kernel<false>, and the call cost that
+// kernel a 592-byte stack frame (ptxas -v).
 template <class Stage, class Run>
-__device__ void run_item(int c, int64_t b, const Chunk& chunk, int& staged, Stage& stage, Run& run) {
+__device__ __forceinline__ void run_item(int c, int64_t b, const Chunk& chunk, int& staged, Stage& stage, Run& run) {
   if (c != staged) {  // the previous item ended with a barrier: nobody reads the staged rows any more
     stage(chunk);
     staged = c;
@@ -41,7 +45,7 @@ __device__ void run_item(int c, int64_t b, const Chunk& chunk, int& staged, Stag
 // keeps its staged rows over consecutive items and its schedule needs no counter. after(b) follows every
 // item and must contain a barrier if it uses shared memory.
 template <class Stage, class Run, class After>
-__device__ void shared_items(const ExpertParams& p, int& staged, Stage& stage, Run& run, After& after) {
+__device__ __forceinline__ void shared_items(const ExpertParams& p, int& staged, Stage& stage, Run& run, After& after) {
   const int row_blocks = int(p.row_blocks);  // item counts fit in 32 bits (launch_expert_* check)
   const int items = int((p.n + kChunk - 1) / kChunk) * row_blocks;
   for (int item = int(blockIdx.x); item < items; item += int(gridDim.x)) {
@@ -52,7 +56,7 @@ __device__ void shared_items(const ExpertParams& p, int& staged, Stage& stage, R
 }
 
 template <class Stage, class Run, class After>
-__device__ void routed_items(const ExpertParams& p, int& staged, Stage& stage, Run& run, After& after) {
+__device__ __forceinline__ void routed_items(const ExpertParams& p, int& staged, Stage& stage, Run& run, After& after) {
   const int row_blocks = int(p.row_blocks);
   const int first = int((p.n + kChunk - 1) / kChunk);
   const int items = (p.plan.counters[0] - first) * row_blocks;
@@ -77,19 +81,23 @@ struct Scratch {
   float tiles[kExpertWarps][2][kMmaRows][kMmaCols];   // tensor-core partial tiles: [warp][tile][row][token, half]
 };
 
-// Stages the chunk's rows (row m of the chunk is src row row_index(m)) in the layout `format` reads.
+// Stages the chunk's rows (row m of the chunk is src row row_index(m)) in the layout `format` reads, rounded as
+// the numerics round that format's activations (stage_rounding; the tensor-core formats are FP4 and FP8).
 template <bool kTensorCoresOnly, class RowIndex>
-__device__ void stage_chunk(const MatFormat& format, const float* src, int64_t cols, const Chunk& chunk,
+__device__ void stage_chunk(const MatFormat& format, bool fast, const float* src, int64_t cols, const Chunk& chunk,
                             RowIndex row_index, float4* smem, Scratch& scratch) {
   const int rows = rows_for(chunk.count);
   if (format.tensor_cores) {
     uint4* xs = reinterpret_cast<uint4*>(smem);
     if (format.format == WFormat::kFP4)
-      stage_rows_mma<WFormat::kFP4>(src, cols, chunk.count, rows, row_index, xs, scratch.shift, scratch.block_max);
+      stage_rows_mma<WFormat::kFP4>(src, cols, chunk.count, rows, row_index, fast, xs, scratch.shift,
+                                    scratch.block_max);
     else
-      stage_rows_mma<WFormat::kFP8>(src, cols, chunk.count, rows, row_index, xs, scratch.shift, scratch.block_max);
+      stage_rows_mma<WFormat::kFP8>(src, cols, chunk.count, rows, row_index, fast, xs, scratch.shift,
+                                    scratch.block_max);
   } else if constexpr (!kTensorCoresOnly) {
-    stage_rows(src, cols, chunk.count, rows, row_index, reinterpret_cast<float*>(smem));
+    stage_rows(src, cols, chunk.count, rows, row_index, stage_rounding(fast, format.format),
+               reinterpret_cast<float*>(smem));
   }
 }
 
@@ -140,7 +148,7 @@ __device__ void up_item_mma(const ExpertParams& p, const MatView (&mats)[2], con
     const int pair = chunk.pair0 + m;
     const float weight = chunk.expert < 0 ? 1.0f : p.plan.pair_weight[pair];  // shared: may run before route ends
     p.plan.h[int64_t(pair) * p.I + row0 + r] =
-        swiglu(tile_sum<F>(scratch, 0, r, m), tile_sum<F>(scratch, 1, r, m), p.swiglu_limit, weight);
+        hidden(p, F, tile_sum<F>(scratch, 0, r, m), tile_sum<F>(scratch, 1, r, m), weight);
   }
 }
 
@@ -162,7 +170,7 @@ __device__ void up_item_fma(const ExpertParams& p, const MatView (&mats)[2], boo
       if (lane == r * MC + m && m < chunk.count && r < rows_valid) {
         const int pair = chunk.pair0 + m;
         const float weight = chunk.expert < 0 ? 1.0f : p.plan.pair_weight[pair];  // as up_item_mma
-        p.plan.h[int64_t(pair) * p.I + row0 + r] = swiglu(acc[0][r][m], acc[1][r][m], p.swiglu_limit, weight);
+        p.plan.h[int64_t(pair) * p.I + row0 + r] = hidden(p, F, acc[0][r][m], acc[1][r][m], weight);
       }
 }
 
@@ -187,7 +195,7 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_up_kernel(ExpertPara
   const int shared_pair0 = int(p.n * p.k);  // the shared expert's pairs: token t at P + t
   const auto stage = [&](const Chunk& chunk) {
     stage_chunk<kTensorCoresOnly>(
-        format_of(chunk), p.x, p.D, chunk,
+        format_of(chunk), p.fast, p.x, p.D, chunk,
         [&](int m) { return chunk.expert < 0 ? chunk.pair0 + m - shared_pair0 : p.plan.pair_token[chunk.pair0 + m]; },
         smem_up, scratch);
   };
@@ -239,7 +247,8 @@ __device__ void down_item_mma(const ExpertParams& p, const MatView& w2, const Ch
   const int t = int(threadIdx.x);
   const int i = t / (kMmaRows * kChunk), r = t / kChunk % kMmaRows, m = t % kChunk;
   if (i < 2 && r < (i == 0 ? valid0 : valid1) && m < chunk.count)
-    p.plan.y[int64_t(p.plan.pair_out[chunk.pair0 + m]) * p.D + row0 + i * kMmaRows + r] = tile_sum<F>(scratch, i, r, m);
+    p.plan.y[int64_t(p.plan.pair_out[chunk.pair0 + m]) * p.D + row0 + i * kMmaRows + r] =
+        round_bf16_if(bf16_output(p.fast, F), tile_sum<F>(scratch, i, r, m));
 }
 
 template <WFormat F, int MC>
@@ -258,7 +267,8 @@ __device__ void down_item_fma(const ExpertParams& p, const MatView (&mats)[1], b
 #pragma unroll
     for (int m = 0; m < MC; ++m)
       if (lane == r * MC + m && m < chunk.count && r < rows_valid)
-        p.plan.y[int64_t(p.plan.pair_out[chunk.pair0 + m]) * p.D + row0 + r] = acc[0][r][m];
+        p.plan.y[int64_t(p.plan.pair_out[chunk.pair0 + m]) * p.D + row0 + r] =
+            round_bf16_if(bf16_output(p.fast, F), acc[0][r][m]);
 }
 
 template <WFormat F>
@@ -272,7 +282,8 @@ __device__ void down_item_fma_any_rows(const ExpertParams& p, const MatView (&ma
 }
 
 // out[t, rows of block b] = Σ over t's choices in (expert, j) order of y[t·(k+1) + j] + y[t·(k+1) + k], the
-// CPU's accumulation order (0 + first + second …, shared expert last). y comes from other blocks: read at L2.
+// CPU's accumulation order (0 + first + second …, shared expert last), in fp32; fast numerics round the sum to
+// bf16 once. y comes from other blocks: read at L2.
 __device__ void combine_rows(const ExpertParams& p, int64_t block) {
   const int64_t d0 = block * kDownRowsPerItem;
   const int64_t rows = std::min<int64_t>(kDownRowsPerItem, p.D - d0);
@@ -282,7 +293,7 @@ __device__ void combine_rows(const ExpertParams& p, int64_t block) {
     float sum = 0.0f;
     for (int64_t j = 0; j < p.k; ++j) sum += __ldcg(yt + int64_t(p.plan.combine_order[t * p.k + j]) * p.D);
     sum += __ldcg(yt + p.k * p.D);
-    p.out[t * p.D + d] = sum;
+    p.out[t * p.D + d] = round_bf16_if(p.fast, sum);
   }
 }
 
@@ -298,8 +309,8 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_kernel(ExpertPa
     return chunk.expert < 0 ? p.shared_down : p.routed_down;
   };
   const auto stage = [&](const Chunk& chunk) {
-    stage_chunk<kTensorCoresOnly>(format_of(chunk), p.plan.h, p.I, chunk, [&](int m) { return chunk.pair0 + m; },
-                                  smem_down, scratch);
+    stage_chunk<kTensorCoresOnly>(format_of(chunk), p.fast, p.plan.h, p.I, chunk,
+                                  [&](int m) { return chunk.pair0 + m; }, smem_down, scratch);
   };
   const auto run = [&](const Chunk& chunk, int64_t block) {
     MatView w2;

@@ -2,7 +2,7 @@
 // launches on the stream and no host round-trip: router_logits → route → expert_up → expert_down
 // (moe_kernels.h). The per-expert pointer table of a layer is built on its first call and kept on the
 // device (the backend's Tables, moe_tables.h); the step's plan, SwiGLU outputs and per-pair down projections
-// live in one workspace.
+// live in one workspace. Fast numerics round inside the expert kernels, where CpuOps::moe does.
 #include <algorithm>
 #include <cstring>
 #include <unordered_map>
@@ -368,6 +368,7 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
   ep.I = I;
   ep.k = k;
   ep.swiglu_limit = float(config_.swiglu_limit);
+  ep.fast = fast();
   ep.staged_rows = cuda::moe::rows_for(int(std::min<int64_t>(cuda::moe::kChunk, n)));
   ep.out = out;
   ep.row_blocks = cuda::ceil_div(I, cuda::moe::kUpRowsPerItem);

@@ -4,6 +4,8 @@
 //                  into chunks of ≤ kChunk pairs, all on the GPU (one block)  (route.cu)
 //   expert_up      h = clip-SwiGLU(w1·x, w3·x) · weight per pair             (experts_items.cu)
 //   expert_down    y = w2 · h per pair, then the ordered combine into out     (experts_items.cu)
+// Fast numerics (ExpertParams::fast) round inside these kernels, where the activations are staged and where the
+// sums are written: no extra launches. The router stays fp32.
 // At one token each of the two runs on its decode kernel instead (experts_decode.cu) when its matrices all go
 // through the tensor cores.
 // Every launch reads each selected expert's weights once per chunk; the number of chunks lives on the
@@ -97,6 +99,9 @@ struct ExpertParams {
   MatFormat shared_up, shared_down;
   int64_t n = 0, D = 0, I = 0, k = 0;
   float swiglu_limit = 0.0f;  // 0: no clamp
+  // Fast numerics: round where CpuOps::moe does (fast-numerics.md §7 steps 15–16) — each GEMM's activations as
+  // it stages them (act_quant for FP8 / FP4), its outputs and h to bf16 (experts.cuh), the combined sum once.
+  bool fast = false;
   int64_t row_blocks = 0;     // expert_up: ceil(I / rows per item); expert_down: ceil(D / rows per item)
   int64_t staged_rows = 0;    // activation rows staged per pass: rows_for(min(kChunk, n)) (a token's k experts
                               // are distinct, so a chunk holds each token at most once)

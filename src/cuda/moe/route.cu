@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(kLogitsWarps * 32) router_logits_kernel(Router
   pdl_trigger();
   const int64_t t0 = int64_t(blockIdx.y) * kChunk;
   const int count = int(std::min<int64_t>(kChunk, p.n - t0));
-  stage_rows(p.x, p.D, count, rows_for(count), [&](int m) { return t0 + m; }, xs);
+  // The router is fp32 in every numerics (fast-numerics.md §7 step 14): x as it comes.
+  stage_rows(p.x, p.D, count, rows_for(count), [&](int m) { return t0 + m; }, StageRounding::kNone, xs);
   __syncthreads();
   switch (p.gate_format.format) {
     case WFormat::kFP4: logits_any_rows<WFormat::kFP4>(p, xs, t0, count, partials); break;

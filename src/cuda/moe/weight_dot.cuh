@@ -13,6 +13,7 @@
 
 #include "cuda/common/dequant.cuh"
 #include "cuda/common/device_weight.h"
+#include "cuda/common/fp_grid.cuh"
 
 namespace dsv4::cuda::moe {
 
@@ -269,31 +270,66 @@ __device__ __forceinline__ void warp_sum(float (&acc)[NM][R][MC]) {
       }
 }
 
-// Copies `count` activation rows (row m at src + row_index(m)·cols) into the padded layout at xs, zero-filling
-// columns up to the staged stride and rows count .. rows_total−1. Called by the whole block.
+// How a GEMM's activations are rounded as they are staged. Fast numerics round them as CpuOps::linear_fast does
+// (fast-numerics.md §7 step 15): to bf16 for BF16 weights; to bf16 and then act_quant — e4m3 with a power-of-two
+// scale per token per 128 columns — for FP8 and FP4 weights. kNone: reference and exact numerics, the router
+// (fp32 in every numerics), F32 weights.
+enum class StageRounding : uint8_t { kNone, kBf16, kActQuant };
+
+// act_quant of four columns of one 128-column block; the warp's 32 lanes hold its 128 columns and call together:
+// each value to bf16, the block's amax by shuffles, then the e4m3 round trip with the block's scale — bit for bit
+// src/cpu/quant.cpp's fp8_round_trip of the bf16 row (zeros past the row end leave the amax as it is).
+__device__ __forceinline__ void act_quant_lanes(float (&v)[4]) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    v[e] = round_bf16(v[e]);
+    amax = fmaxf(amax, fabsf(v[e]));
+  }
+  const int exponent = e4m3_block_exponent(warp_max_f32(amax));
+#pragma unroll
+  for (int e = 0; e < 4; ++e) v[e] = e4m3_round_trip(v[e], exponent);
+}
+
+// Four columns as `rounding` says; kActQuant as act_quant_lanes (the whole warp calls).
+__device__ __forceinline__ void round_staged(StageRounding rounding, float (&v)[4]) {
+  if (rounding == StageRounding::kBf16) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = round_bf16(v[e]);
+  } else if (rounding == StageRounding::kActQuant) {
+    act_quant_lanes(v);
+  }
+}
+
+// Copies `count` activation rows (row m at src + row_index(m)·cols), rounded as `rounding` says, into the padded
+// layout at xs, zero-filling columns up to the staged stride and rows count .. rows_total−1. Called by the whole
+// block (blockDim.x a multiple of 32); a warp copies 128 consecutive columns a round from a multiple of 128, one
+// act_quant block, and every lane takes part in every round (the last may reach past the row).
 template <class RowIndex>
 __device__ __forceinline__ void stage_rows(const float* __restrict__ src, int64_t cols, int count, int rows_total,
-                                           RowIndex row_index, float* xs) {
+                                           RowIndex row_index, StageRounding rounding, float* xs) {
   const int64_t stride = staged_stride(cols);
   const int64_t padded_cols = (cols + 31) / 32 * 32;
   const bool vec = cols % 4 == 0;  // rows 16-byte aligned in global memory
+  const int64_t lane_col = 4 * int64_t(threadIdx.x % 32);
   for (int m = 0; m < rows_total; ++m) {
     float* dst = xs + m * stride;
     const float* row = m < count ? src + int64_t(row_index(m)) * cols : nullptr;
 #pragma unroll 4
-    for (int64_t k = 4 * int64_t(threadIdx.x); k < padded_cols; k += 4 * int64_t(blockDim.x)) {
-      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int64_t k0 = 4 * int64_t(threadIdx.x) - lane_col; k0 < padded_cols; k0 += 4 * int64_t(blockDim.x)) {
+      const int64_t k = k0 + lane_col;
+      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (row) {
         if (vec && k < cols) {
-          v = *reinterpret_cast<const float4*>(row + k);
+          const float4 q = *reinterpret_cast<const float4*>(row + k);
+          v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
         } else {
-          v.x = k < cols ? row[k] : 0.0f;
-          v.y = k + 1 < cols ? row[k + 1] : 0.0f;
-          v.z = k + 2 < cols ? row[k + 2] : 0.0f;
-          v.w = k + 3 < cols ? row[k + 3] : 0.0f;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) v[e] = k + e < cols ? row[k + e] : 0.0f;
         }
       }
-      *reinterpret_cast<float4*>(dst + padded(k)) = v;
+      round_staged(rounding, v);
+      if (k < padded_cols) *reinterpret_cast<float4*>(dst + padded(k)) = make_float4(v[0], v[1], v[2], v[3]);
     }
   }
 }

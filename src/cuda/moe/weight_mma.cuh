@@ -103,22 +103,30 @@ __device__ __forceinline__ float row_abs_max_part(const float* __restrict__ row,
 // load where the row allows. x·2^sh is two exact multiplies, 2^min(sh, 127) then the rest (sh ≥ −113, from
 // staging_shift): the value ldexpf gives, without its range handling — the staging is a per-warp serial
 // prologue of expert_down's decode kernel, before its first weight load.
+// act_quant (fast numerics, StageRounding::kActQuant) rounds x first. A warp's rounds are uniform (rank % 32 is
+// the lane, size a multiple of 32) and cover 32 consecutive slots from a multiple of 32: the 128 columns of one
+// act_quant block (FP4: one K group, FP8: two), whose amax act_quant_lanes takes by shuffles. sh still comes
+// from the row as stored: the quantised values are at most 17/16 · (1 + 2^-8) of its max, so x·2^sh < 2^16 stays
+// inside fp16 (max 65504); they have 4 significant bits, so hi holds them exactly (lo = 0) down to about 2^-35
+// of the row's max.
 template <WFormat F>
-__device__ void stage_row_fragments(const float* __restrict__ row, int64_t cols, int sh, uint4* xs_row, int rank,
-                                    int size) {
+__device__ void stage_row_fragments(const float* __restrict__ row, int64_t cols, int sh, bool act_quant, uint4* xs_row,
+                                    int rank, int size) {
   const int64_t stride = mma_stride16<F>(cols);
   const int64_t slots = (cols + kGroupCols<F> - 1) / kGroupCols<F> * kMmasPerChunk<F> * 4;
   const float s1 = __int_as_float((min(sh, 127) + 127) << 23), s2 = __int_as_float((max(sh - 127, 0) + 127) << 23);
   const bool vec = cols % 4 == 0 && reinterpret_cast<uintptr_t>(row) % 16 == 0;
-  for (int64_t s = rank; s < stride; s += size) {  // the row is in L1 since the max pass
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row && s < slots) {
-      const int64_t g = s / (kMmasPerChunk<F> * 4);
-      const int j = int(s / 4 % kMmasPerChunk<F>), c = int(s % 4);
-      int col[4];
-      mma_columns<F>(j, col);
-      const int64_t k0 = g * kGroupCols<F> + int64_t(c) * kChunkElems<F> + col[0];  // col[0] is the smallest
-      float x[4];  // the four consecutive elements k0 .. k0 + 3
+  const int lane = rank % 32;
+  for (int64_t s0 = rank - lane; s0 < stride; s0 += size) {  // the row is in L1 since the max pass
+    const int64_t s = s0 + lane;
+    const bool live = row && s < slots;
+    const int64_t g = s / (kMmasPerChunk<F> * 4);
+    const int j = int(s / 4 % kMmasPerChunk<F>), c = int(s % 4);
+    int col[4];
+    mma_columns<F>(j, col);
+    const int64_t k0 = g * kGroupCols<F> + int64_t(c) * kChunkElems<F> + col[0];  // col[0] is the smallest
+    float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // the four consecutive elements k0 .. k0 + 3
+    if (live) {
       if (vec && k0 + 3 < cols) {
         const float4 q = *reinterpret_cast<const float4*>(row + k0);
         x[0] = q.x; x[1] = q.y; x[2] = q.z; x[3] = q.w;
@@ -126,6 +134,10 @@ __device__ void stage_row_fragments(const float* __restrict__ row, int64_t cols,
 #pragma unroll
         for (int e = 0; e < 4; ++e) x[e] = k0 + e < cols ? row[k0 + e] : 0.0f;
       }
+    }
+    if (act_quant) act_quant_lanes(x);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (live) {
       float xs[4];  // in fragment order, scaled
 #pragma unroll
       for (int e = 0; e < 4; ++e) xs[e] = x[col[e] - col[0]] * s1 * s2;
@@ -136,16 +148,17 @@ __device__ void stage_row_fragments(const float* __restrict__ row, int64_t cols,
       v = make_uint4(*reinterpret_cast<const uint32_t*>(&hi01), *reinterpret_cast<const uint32_t*>(&hi23),
                      *reinterpret_cast<const uint32_t*>(&lo01), *reinterpret_cast<const uint32_t*>(&lo23));
     }
-    xs_row[s] = v;
+    if (s < stride) xs_row[s] = v;
   }
 }
 
 // Stages `count` activation rows (row m at src + row_index(m)·cols) for format F: per row the power-of-two
-// exponent shift[m] (staging_shift) and the split fp16 pairs in fragment order; rows count .. rows_total−1
-// and columns past `cols` are zero. Called by the whole block; ends with a barrier.
+// exponent shift[m] (staging_shift, from the row as stored) and the split fp16 pairs in fragment order, act_quant'ed
+// where `act_quant` (fast numerics); rows count .. rows_total−1 and columns past `cols` are zero. Called by the
+// whole block (blockDim.x a multiple of 32); ends with a barrier.
 template <WFormat F, class RowIndex>
 __device__ void stage_rows_mma(const float* __restrict__ src, int64_t cols, int count, int rows_total,
-                               RowIndex row_index, uint4* xs, int* shift, float* block_max) {
+                               RowIndex row_index, bool act_quant, uint4* xs, int* shift, float* block_max) {
   const int64_t stride = mma_stride16<F>(cols);
   // 1. max |x| per row (block reduction through block_max[rows × warps]).
   const int warps = int(blockDim.x / 32), lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
@@ -165,15 +178,15 @@ __device__ void stage_rows_mma(const float* __restrict__ src, int64_t cols, int 
   __syncthreads();
   // 2. The rows in fragment order.
   for (int m = 0; m < rows_total; ++m)
-    stage_row_fragments<F>(m < count ? src + int64_t(row_index(m)) * cols : nullptr, cols, shift[m], xs + m * stride,
-                           int(threadIdx.x), int(blockDim.x));
+    stage_row_fragments<F>(m < count ? src + int64_t(row_index(m)) * cols : nullptr, cols, shift[m], act_quant,
+                           xs + m * stride, int(threadIdx.x), int(blockDim.x));
   __syncthreads();
 }
 
 // stage_rows_mma by one warp into its own rows (no block barrier): shift[m] as there, ends with __syncwarp.
 template <WFormat F, class RowIndex>
 __device__ void stage_rows_mma_warp(const float* __restrict__ src, int64_t cols, int count, int rows_total,
-                                    RowIndex row_index, uint4* xs, int* shift) {
+                                    RowIndex row_index, bool act_quant, uint4* xs, int* shift) {
   const int64_t stride = mma_stride16<F>(cols);
   const int lane = int(threadIdx.x % 32);
   __syncwarp();  // every lane is done reading the rows and shifts this replaces
@@ -186,7 +199,7 @@ __device__ void stage_rows_mma_warp(const float* __restrict__ src, int64_t cols,
     for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
     const int sh = staging_shift(mx);
     if (lane == 0) shift[m] = sh;
-    stage_row_fragments<F>(row, cols, sh, xs + m * stride, lane, 32);
+    stage_row_fragments<F>(row, cols, sh, act_quant, xs + m * stride, lane, 32);
   }
   __syncwarp();
 }

@@ -8,6 +8,9 @@
 // norm_rope: one block per row, RMSNorm then RoPE on the row's rope channels, bit for bit the CPU's rms_norm
 // followed by rope_kernel's rotation (norm_rope_row.cuh, which kv_finish's fused kernel shares).
 //
+// Fast numerics (the `bf16` flags): outputs rounded to bf16; the gain-less norm in bf16 arithmetic (the query
+// re-norm, CpuOps::rms_norm_bf16).
+//
 // rope: a block covers consecutive rows; the cos/sin of each (position, pair) it needs are computed once into
 // shared memory (fp64 sin/cos of the fp32 angle, rounded to fp32, as the CPU does), then each thread rotates
 // one pair of one row with unfused fp32 multiplies and adds, so the result matches the CPU bit for bit up to
@@ -15,6 +18,7 @@
 #include <algorithm>
 
 #include "cuda/common/check.h"
+#include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/elementwise/pack.cuh"
@@ -37,6 +41,7 @@ struct RmsNormParams {
   float* y;            // [rows, dim], may alias x
   int64_t dim;
   float eps;
+  bool bf16;  // fast numerics
 };
 
 // Sum over the block of one value per thread; every thread gets the total. blockDim.x is a multiple of 32.
@@ -66,6 +71,12 @@ __global__ void __launch_bounds__(kNormMaxThreads) rms_norm_kernel(RmsNormParams
   float* y = p.y + int64_t(blockIdx.x) * p.dim;
   const int64_t first = int64_t(threadIdx.x) * N, step = int64_t(blockDim.x) * N;
   Pack<N> gain[kHeldPacks], held[kHeldPacks];
+  const bool bf16_math = p.bf16 && !p.gamma;  // the gain-less norm of fast numerics
+  const auto square = [&](float v) {
+    if (!bf16_math) return v * v;
+    v = cuda::round_bf16(v);
+    return cuda::round_bf16(v * v);
+  };
 #pragma unroll
   for (int i = 0; i < kHeldPacks; ++i)
     if (p.gamma && first + i * step < p.dim) gain[i] = cuda::load_pack<N>(p.gamma + first + i * step);
@@ -76,21 +87,23 @@ __global__ void __launch_bounds__(kNormMaxThreads) rms_norm_kernel(RmsNormParams
     if (first + i * step >= p.dim) break;
     held[i] = cuda::load_pack<N>(x + first + i * step);
 #pragma unroll
-    for (int k = 0; k < N; ++k) sum += held[i].v[k] * held[i].v[k];
+    for (int k = 0; k < N; ++k) sum += square(held[i].v[k]);
   }
   for (int64_t c = first + kHeldPacks * step; c < p.dim; c += step) {
     const Pack<N> v = cuda::load_pack<N>(x + c);
 #pragma unroll
-    for (int k = 0; k < N; ++k) sum += v.v[k] * v.v[k];
+    for (int k = 0; k < N; ++k) sum += square(v.v[k]);
   }
-  const float inv = 1.0f / sqrtf(block_sum(sum) / float(p.dim) + p.eps);
+  const float mean = block_sum(sum) / float(p.dim);
+  const float inv = bf16_math ? cuda::round_bf16(1.0f / sqrtf(cuda::round_bf16(cuda::round_bf16(mean) + p.eps)))
+                              : 1.0f / sqrtf(mean + p.eps);
   const auto normalize = [&](Pack<N> v, const Pack<N>& g) {
     if (p.gamma) {
 #pragma unroll
-      for (int k = 0; k < N; ++k) v.v[k] = g.v[k] * (v.v[k] * inv);
+      for (int k = 0; k < N; ++k) v.v[k] = cuda::round_bf16_if(p.bf16, g.v[k] * (v.v[k] * inv));
     } else {
 #pragma unroll
-      for (int k = 0; k < N; ++k) v.v[k] = v.v[k] * inv;
+      for (int k = 0; k < N; ++k) v.v[k] = cuda::round_bf16_if(p.bf16, cuda::round_bf16_if(p.bf16, v.v[k]) * inv);
     }
     return v;
   };
@@ -136,6 +149,7 @@ struct RopeParams {
   int pairs;
   int rows_per_block;      // kRopeThreads / pairs
   bool inverse;
+  bool bf16;               // fast numerics: the rotated pair rounded to bf16
 };
 
 __global__ void __launch_bounds__(kRopeThreads) rope_kernel(RopeParams p) {
@@ -164,8 +178,8 @@ __global__ void __launch_bounds__(kRopeThreads) rope_kernel(RopeParams p) {
   float* v = p.x + r * p.row_stride + p.offset + 2 * pair;
   const float a = v[0], b = v[1];
   // Unfused, like the CPU: an FMA would round a·c − b·s once instead of three times.
-  v[0] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-  v[1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+  v[0] = cuda::round_bf16_if(p.bf16, __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+  v[1] = cuda::round_bf16_if(p.bf16, __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
 }
 
 }  // namespace
@@ -176,7 +190,7 @@ void CudaOps::rms_norm(const float* x, const std::vector<float>* gamma, int64_t 
              " elements, the rows have ", dim);
   if (rows == 0) return;
   const float* g = gamma ? dev(*gamma) : nullptr;
-  const RmsNormParams p{x, g, y, dim, float(config_.norm_eps)};
+  const RmsNormParams p{x, g, y, dim, float(config_.norm_eps), fast()};
   const bool vec = dim % 4 == 0 && cuda::aligned16(x) && cuda::aligned16(y) && (!g || cuda::aligned16(g));
   const int64_t packs = vec ? dim / 4 : dim;
   const int threads = int(std::clamp<int64_t>(cuda::ceil_div(packs, 32) * 32, 32, kNormMaxThreads));
@@ -194,7 +208,7 @@ void CudaOps::norm_rope(float* x, const std::vector<float>* gamma, int64_t rows,
              ", ", dim, ") are not the ", config_.rope_dim, " rope channels");
   DSV4_CHECK(dim <= cuda::kNormRopeMaxDim, "norm_rope: rows of ", dim, " channels (at most ", cuda::kNormRopeMaxDim, ")");
   if (rows == 0) return;
-  const NormRopeParams p{x, {gamma ? dev(*gamma) : nullptr, inv_freq(kind), dim, offset, float(config_.norm_eps)},
+  const NormRopeParams p{x, {gamma ? dev(*gamma) : nullptr, inv_freq(kind), dim, offset, float(config_.norm_eps), fast()},
                          rows_per_pos, pos0};
   cuda::launch_pdl(norm_rope_kernel, dim3(unsigned(rows)), dim3(cuda::kNormRopeThreads), size_t(dim) * sizeof(float),
                    stream_, pdl(), p);
@@ -210,7 +224,7 @@ void CudaOps::rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, i
              offset + 2 * pairs, ") in rows of ", row_stride);
   if (rows == 0) return;
   RopeParams p{x, inv_freq(kind), rows, row_stride, offset, rows_per_pos, pos0, pos_stride, int(pairs),
-               int(kRopeThreads / pairs), inverse};
+               int(kRopeThreads / pairs), inverse, fast()};
   cuda::launch_pdl(rope_kernel, dim3(unsigned(cuda::ceil_div(rows, p.rows_per_block))), dim3(kRopeThreads), 0, stream_, pdl(), p);
 }
 

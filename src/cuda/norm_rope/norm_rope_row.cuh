@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/fp_grid.cuh"
 #include "cuda/norm_rope/rotate.cuh"
 
 namespace dsv4::cuda {
@@ -19,6 +20,9 @@ struct NormRopeRow {
   const float* inv_freq;  // [(dim − offset) / 2]
   int64_t dim, offset;    // rope channels [offset, dim), offset even
   float eps;
+  // Fast numerics: the norm's and the rotation's outputs rounded to bf16; without a gain the norm is bf16
+  // arithmetic throughout (CpuOps::rms_norm_bf16: squares, mean, rsqrt and product each rounded).
+  bool bf16 = false;
 };
 
 // Thread t's constants of a row at position pos — γ and the rotation's (cos, sin) for its first kRowPrefetch
@@ -64,10 +68,17 @@ __device__ __forceinline__ void norm_rope_row(const NormRopeRow& p, const NormRo
   for (int64_t c = threadIdx.x; c < p.dim; c += kNormRopeThreads) row_s[c] = x[c];
   __syncthreads();
   const int64_t body = p.dim / kNormLanes * kNormLanes;
+  const bool bf16_math = p.bf16 && !p.gamma;  // block-uniform
+  // x² of channel i: bf16 arithmetic squares a bf16 x and rounds the product.
+  const auto square = [&](int64_t i) {
+    if (!bf16_math) return __fmul_rn(row_s[i], row_s[i]);
+    const float v = round_bf16(row_s[i]);
+    return round_bf16(__fmul_rn(v, v));
+  };
   if (threadIdx.x < kNormLanes) {
     float acc = 0.0f;
 #pragma unroll 8
-    for (int64_t i = threadIdx.x; i < body; i += kNormLanes) acc = __fadd_rn(acc, __fmul_rn(row_s[i], row_s[i]));
+    for (int64_t i = threadIdx.x; i < body; i += kNormLanes) acc = __fadd_rn(acc, square(i));
     partial[threadIdx.x] = acc;
   }
   __syncthreads();
@@ -75,18 +86,29 @@ __device__ __forceinline__ void norm_rope_row(const NormRopeRow& p, const NormRo
     const float* a = partial;
     float sum = __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[1]), __fadd_rn(a[2], a[3])),
                           __fadd_rn(__fadd_rn(a[4], a[5]), __fadd_rn(a[6], a[7])));
-    for (int64_t i = body; i < p.dim; ++i) sum = __fadd_rn(sum, __fmul_rn(row_s[i], row_s[i]));
-    inv_s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, float(p.dim)), p.eps)));
+    for (int64_t i = body; i < p.dim; ++i) sum = __fadd_rn(sum, square(i));
+    if (bf16_math)
+      inv_s = round_bf16(__fdiv_rn(1.0f, __fsqrt_rn(round_bf16(__fadd_rn(round_bf16(__fdiv_rn(sum, float(p.dim))), p.eps)))));
+    else
+      inv_s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, float(p.dim)), p.eps)));
   }
   __syncthreads();
   const float inv = inv_s;
   const auto finish_pair = [&](int64_t c, const PairConsts& pc) {
-    float a = __fmul_rn(row_s[c], inv), b = c + 1 < p.dim ? __fmul_rn(row_s[c + 1], inv) : 0.0f;
+    const float x0 = bf16_math ? round_bf16(row_s[c]) : row_s[c];
+    const float x1 = c + 1 < p.dim ? (bf16_math ? round_bf16(row_s[c + 1]) : row_s[c + 1]) : 0.0f;
+    float a = __fmul_rn(x0, inv), b = __fmul_rn(x1, inv);
     if (p.gamma) {
       a = __fmul_rn(pc.gamma.x, a);
       b = __fmul_rn(pc.gamma.y, b);
     }
-    if (c >= p.offset) rotate(a, b, pc.cs);
+    a = round_bf16_if(p.bf16, a);
+    b = round_bf16_if(p.bf16, b);
+    if (c >= p.offset) {
+      rotate(a, b, pc.cs);
+      a = round_bf16_if(p.bf16, a);
+      b = round_bf16_if(p.bf16, b);
+    }
     row_s[c] = a;
     if (c + 1 < p.dim) row_s[c + 1] = b;
     if (out) {

@@ -6,6 +6,8 @@
 // (common/fp_grid.cuh, shared with the compact caches).
 // hadamard_sim_fp4 first applies the Walsh–Hadamard butterflies to the row in shared memory (the CPU's stage
 // order, so each element sees the same fp32 additions) and the 1/sqrt(dim) scaling.
+// Fast numerics (`bf16`): the values are rounded to bf16 first (they are bf16 tensors there), and the Hadamard
+// transform's output too (src/cpu/quant.cpp).
 #include <cmath>
 
 #include "cuda/common/check.h"
@@ -27,6 +29,7 @@ struct SimFp8Params {
   float* x;  // [rows, row_stride], columns [0, cols) simulated in blocks of `block`
   int64_t rows, row_stride, cols, block;
   int64_t blocks_per_row;
+  bool bf16;
 };
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) sim_fp8_kernel(SimFp8Params p) {
@@ -38,12 +41,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) sim_fp8_kernel(SimFp8Para
   const int64_t b1 = min(p.cols, b0 + p.block);
   float* v = p.x + r * p.row_stride;
   float amax = 0.0f;
-  for (int64_t i = b0 + lane; i < b1; i += 32) amax = fmaxf(amax, fabsf(v[i]));
+  for (int64_t i = b0 + lane; i < b1; i += 32) amax = fmaxf(amax, fabsf(round_bf16_if(p.bf16, v[i])));
   const int e = e4m3_block_exponent(warp_max_f32(amax));
-  for (int64_t i = b0 + lane; i < b1; i += 32) {
-    const float q = clamp_like_std(ldexpf(v[i], -e), -448.0f, 448.0f);
-    v[i] = ldexpf(round_e4m3(q), e);
-  }
+  for (int64_t i = b0 + lane; i < b1; i += 32) v[i] = e4m3_round_trip(round_bf16_if(p.bf16, v[i]), e);
 }
 
 // ---- hadamard_sim_fp4
@@ -53,6 +53,7 @@ struct HadamardFp4Params {
   int64_t rows;
   int dim;
   float norm;  // 1 / sqrt(dim) rounded to fp32, computed on the host as the CPU does
+  bool bf16;
 };
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) hadamard_sim_fp4_kernel(HadamardFp4Params p) {
@@ -63,7 +64,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) hadamard_sim_fp4_kernel(H
   if (r >= p.rows) return;  // warp-uniform; no block-wide barrier below
   float* v = rows_smem + int64_t(warp) * p.dim;
   float* xr = p.x + r * p.dim;
-  for (int i = lane; i < p.dim; i += 32) v[i] = xr[i];
+  for (int i = lane; i < p.dim; i += 32) v[i] = round_bf16_if(p.bf16, xr[i]);
   __syncwarp();
   // Stage h pairs element i with i + h for every i whose bit h is clear: (a, b) → (a + b, a − b).
   for (int h = 1; h < p.dim; h *= 2) {
@@ -76,7 +77,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) hadamard_sim_fp4_kernel(H
     __syncwarp();
   }
   for (int b0 = 0; b0 < p.dim; b0 += 32) {
-    const float h = v[b0 + lane] * p.norm;
+    const float h = round_bf16_if(p.bf16, v[b0 + lane] * p.norm);
     const int e = e2m1_block_exponent(warp_max_f32(fabsf(h)));
     const float q = clamp_like_std(ldexpf(h, -e), -6.0f, 6.0f);
     xr[b0 + lane] = ldexpf(round_e2m1(q), e);
@@ -89,7 +90,7 @@ void CudaOps::sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, 
   DSV4_CHECK(rows >= 0 && cols >= 0 && block >= 1 && row_stride >= cols, "sim_fp8: bad arguments rows=", rows,
              " row_stride=", row_stride, " cols=", cols, " block=", block);
   if (rows == 0 || cols == 0) return;
-  const SimFp8Params p{x, rows, row_stride, cols, block, cuda::ceil_div(cols, block)};
+  const SimFp8Params p{x, rows, row_stride, cols, block, cuda::ceil_div(cols, block), fast()};
   const unsigned grid = unsigned(cuda::ceil_div(rows * p.blocks_per_row, kWarpsPerBlock));
   cuda::launch_pdl(sim_fp8_kernel, dim3(grid), dim3(kWarpsPerBlock * 32), 0, stream_, pdl(), p);
 }
@@ -100,7 +101,7 @@ void CudaOps::hadamard_sim_fp4(float* x, int64_t rows, int64_t dim) {
              " must be a power of two in [32, ", kMaxDim, "]");
   DSV4_CHECK(rows >= 0, "hadamard_sim_fp4: negative row count ", rows);
   if (rows == 0) return;
-  const HadamardFp4Params p{x, rows, int(dim), float(1.0 / std::sqrt(double(dim)))};
+  const HadamardFp4Params p{x, rows, int(dim), float(1.0 / std::sqrt(double(dim))), fast()};
   const size_t smem = size_t(kWarpsPerBlock) * size_t(dim) * sizeof(float);
   cuda::launch_pdl(hadamard_sim_fp4_kernel, dim3(unsigned(cuda::ceil_div(rows, kWarpsPerBlock))), dim3(kWarpsPerBlock * 32), smem, stream_, pdl(), p);
 }
