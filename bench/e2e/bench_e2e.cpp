@@ -307,7 +307,7 @@ BenchReport run_bench(const BenchOptions& o) {
   r.options = o;
   r.model_dir = o.model_dir;
   r.backend = resolve_backend_name(o.backend);
-  r.numerics = o.numerics == Numerics::kReference ? "reference" : o.numerics == Numerics::kExact ? "exact" : "fast";
+  r.numerics = numerics_name(o.numerics);
   r.device = device_description(r.backend);
   const bool gpu = r.backend == "cuda";
   // Backend problems surface before anything is measured or loaded (make_backend would say the same, later).

@@ -30,11 +30,21 @@ std::unique_ptr<Ops> make_backend(const std::string& requested, const ModelWeigh
   fail(cat("unknown backend '", requested, "' (available: auto, cpu", cuda_compiled() ? ", cuda" : "", ")"));
 }
 
-Numerics parse_numerics(const std::string& name) {
+Numerics parse_numerics(const std::string& name, const std::string& backend) {
+  if (name == "auto") return backend == "cuda" ? Numerics::kFast : Numerics::kReference;
   if (name == "reference") return Numerics::kReference;
   if (name == "exact") return Numerics::kExact;
   if (name == "fast") return Numerics::kFast;
-  fail(cat("unknown numerics mode '", name, "' (expected reference, exact or fast)"));
+  fail(cat("unknown numerics mode '", name, "' (expected auto, reference, exact or fast)"));
+}
+
+const char* numerics_name(Numerics numerics) {
+  switch (numerics) {
+    case Numerics::kReference: return "reference";
+    case Numerics::kExact: return "exact";
+    case Numerics::kFast: return "fast";
+  }
+  return "?";
 }
 
 }  // namespace dsv4

@@ -9,7 +9,12 @@ namespace dsv4::test {
 std::string tiny_model_dir() { return source_path("models/tiny"); }
 
 CliResult perplexity(const std::string& text_file, const std::string& numerics, std::vector<std::string> extra) {
-  std::vector<std::string> args = {"perplexity", "-f", text_file, "--backend", "cpu", "--numerics", numerics};
+  return perplexity_on("cpu", text_file, numerics, std::move(extra));
+}
+
+CliResult perplexity_on(const std::string& backend, const std::string& text_file, const std::string& numerics,
+                        std::vector<std::string> extra) {
+  std::vector<std::string> args = {"perplexity", "-f", text_file, "--backend", backend, "--numerics", numerics};
   args.insert(args.end(), extra.begin(), extra.end());
   return run_cli(args, 120);
 }

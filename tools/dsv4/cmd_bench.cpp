@@ -34,7 +34,7 @@ Markdown on stdout, progress on stderr.
     --synth-dir DIR    write it there instead (kept)
     --experts N, --vocab N, --dim N, --inter N, --set F=V,...   smaller dims, as for dsv4 synth
   --backend NAME       auto (default: cuda when available), cpu or cuda
-  --numerics MODE      reference (default) | exact | fast (tensor-core GEMMs on rounded activations)
+  --numerics MODE      auto (default: fast on cuda, reference on cpu) | fast | reference | exact
   --prefill LIST       prompt lengths (default 512,4096)
   --contexts LIST      context depths for decode (default 0,4096,32768)
   --batches LIST       sequences per decode step (default 1,8,64)
@@ -95,7 +95,7 @@ int cmd_bench(int argc, char** argv) {
 
   BenchOptions o;
   o.backend = args.get("--backend", "auto");
-  o.numerics = parse_numerics(args.get("--numerics", "reference"));
+  o.numerics = parse_numerics(args.get("--numerics", "auto"), resolve_backend_name(o.backend));
   o.prefill = list(args, "--prefill", o.prefill);
   o.contexts = list(args, "--contexts", o.contexts);
   o.batches = list(args, "--batches", o.batches);

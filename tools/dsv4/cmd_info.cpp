@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "cuda/device.h"
+#include "engine/backend.h"
 
 namespace dsv4::cli {
 
@@ -11,6 +12,8 @@ int cmd_info(int argc, char** argv) {
   (void)argc;
   (void)argv;
   std::printf("dsv4 backends: cpu%s\n", cuda_compiled() ? ", cuda" : "");
+  std::printf("default backend: %s, numerics %s (--backend, --numerics)\n", resolve_backend_name("auto").c_str(),
+              numerics_name(parse_numerics("auto", resolve_backend_name("auto"))));
   std::string why;
   const auto devices = cuda_devices(&why);
   if (devices.empty()) std::printf("cuda devices: none (%s)\n", why.c_str());

@@ -125,9 +125,7 @@ int cmd_perplexity(int argc, char** argv) {
   if (base)
     DSV4_CHECK(base->info().vocab == V, base->path(), ": saved with vocab ", base->info().vocab, ", the model at ",
                m.dir, " has ", V);
-  // NOTE: the names are as given (load() reads the same flags with the same defaults); informative only.
-  const std::string backend = resolve_backend_name(args.get("--backend", "auto"));
-  const std::string numerics = args.get("--numerics", "reference");
+  const std::string backend = m.backend, numerics = numerics_name(m.numerics);
   std::optional<LogitsWriter> saved;
   if (args.has("--save-logits"))
     saved.emplace(args.get("--save-logits"),

@@ -111,10 +111,10 @@ int cmd_serve(int argc, char** argv) {
   server::HttpServer http(service, http_options);
   const int port = http.bind();
   std::fprintf(stderr,
-               "dsv4 serve: listening on http://%s:%d (model '%s', backend %s, %lld sequences of %lld tokens, "
-               "step %lld)\n",
-               http_options.host.c_str(), port, service_options.model_name.c_str(),
-               resolve_backend_name(args.get("--backend", "auto")).c_str(), (long long)sched.max_seqs,
+               "dsv4 serve: listening on http://%s:%d (model '%s', backend %s, numerics %s, %lld sequences of %lld "
+               "tokens, step %lld)\n",
+               http_options.host.c_str(), port, service_options.model_name.c_str(), m.backend.c_str(),
+               numerics_name(m.numerics), (long long)sched.max_seqs,
                (long long)sched.max_context, (long long)m.forward->max_step());
   std::fflush(stderr);
 

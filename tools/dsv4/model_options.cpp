@@ -42,9 +42,10 @@ LoadedModel load(const Args& args, int64_t max_context) {
              c.max_position_embeddings);
   const int64_t step = args.get_int("--step", 64);
   DSV4_CHECK(step >= 1, "--step must be at least 1");
-  m.ops = make_backend(args.get("--backend", "auto"), *m.weights);
-  m.forward = std::make_unique<DeepseekV4>(*m.weights, *m.ops, parse_numerics(args.get("--numerics", "reference")),
-                                           max_context, std::min(step, max_context));
+  m.backend = resolve_backend_name(args.get("--backend", "auto"));
+  m.numerics = parse_numerics(args.get("--numerics", "auto"), m.backend);
+  m.ops = make_backend(m.backend, *m.weights);
+  m.forward = std::make_unique<DeepseekV4>(*m.weights, *m.ops, m.numerics, max_context, std::min(step, max_context));
   return m;
 }
 

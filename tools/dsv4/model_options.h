@@ -14,8 +14,10 @@ namespace dsv4::cli {
 constexpr const char* kModelOptionsHelp =
     R"(  --model DIR          checkpoint directory (config.json + safetensors [+ tokenizer.json]);
                        default: the tiny model shipped in models/tiny
-  --backend NAME       cpu (default)
-  --numerics MODE      reference (default: the official FP8/FP4 simulation) | exact | fast (reference + tensor-core GEMMs on rounded activations)
+  --backend NAME       auto (default: cuda when a GPU is visible, else cpu) | cpu | cuda
+  --numerics MODE      auto (default: fast on cuda, reference on cpu) | fast (DeepSeek's GPU numerics: bf16
+                       activations, FP8 act-quant GEMMs) | reference (the fp32 oracle with the official FP8/FP4
+                       simulation points) | exact (no simulation)
   --step N             prompt tokens per forward step (default 64)
 )";
 
@@ -23,6 +25,8 @@ inline std::set<std::string> model_options() { return {"--model", "--backend", "
 
 struct LoadedModel {
   std::string dir;
+  std::string backend;  // resolved: "cpu" | "cuda"
+  Numerics numerics = Numerics::kReference;
   std::unique_ptr<const ModelWeights> weights;
   std::unique_ptr<Ops> ops;
   std::unique_ptr<DeepseekV4> forward;
