@@ -352,6 +352,15 @@ std::string describe(const Shape& s, const Formats& f, bool hash) {
              fmt_name(f.gate), " experts ", fmt_name(f.routed), " shared ", fmt_name(f.shared));
 }
 
+// The (gate, routed, shared) formats the odd-size tests cover: every format in every role.
+const Formats kOddFormats[] = {
+    {Fmt::kBF16, Fmt::kFP4, Fmt::kFP8},
+    {Fmt::kFP8, Fmt::kFP8, Fmt::kBF16},
+    {Fmt::kF32, Fmt::kFP8F32Scales, Fmt::kF32},
+    {Fmt::kBF16, Fmt::kBF16, Fmt::kFP8F32Scales},
+    {Fmt::kBF16, Fmt::kF32, Fmt::kBF16},
+};
+
 #endif  // DSV4_HAVE_CUDA
 
 // Odd sizes (D 96, I 64, E 7, k 3) in every format, both routings; n from one token to prefill sizes.
@@ -361,14 +370,7 @@ TEST(CudaMoe, OddSizesEveryFormat) {
   SCOPED_TRACE(seed());
   std::mt19937_64 rng(seed());
   const Shape shape{96, 64, 7, 3, 0.75f, 1.5};
-  const Formats formats[] = {
-      {Fmt::kBF16, Fmt::kFP4, Fmt::kFP8},
-      {Fmt::kFP8, Fmt::kFP8, Fmt::kBF16},
-      {Fmt::kF32, Fmt::kFP8F32Scales, Fmt::kF32},
-      {Fmt::kBF16, Fmt::kBF16, Fmt::kFP8F32Scales},
-      {Fmt::kBF16, Fmt::kF32, Fmt::kBF16},
-  };
-  for (const Formats& f : formats)
+  for (const Formats& f : kOddFormats)
     for (bool hash : {false, true}) {
       const HostMoe m(shape, f, hash, 1000, rng());
       CudaOps ops(m.config);
@@ -572,14 +574,7 @@ TEST(CudaMoe, FastNumericsOddSizesEveryFormat) {
   SCOPED_TRACE(seed());
   std::mt19937_64 rng(seed());
   const Shape shape{96, 64, 7, 3, 0.75f, 1.5};
-  const Formats formats[] = {
-      {Fmt::kBF16, Fmt::kFP4, Fmt::kFP8},
-      {Fmt::kFP8, Fmt::kFP8, Fmt::kBF16},
-      {Fmt::kF32, Fmt::kFP8F32Scales, Fmt::kF32},
-      {Fmt::kBF16, Fmt::kBF16, Fmt::kFP8F32Scales},
-      {Fmt::kBF16, Fmt::kF32, Fmt::kBF16},
-  };
-  for (const Formats& f : formats)
+  for (const Formats& f : kOddFormats)
     for (bool hash : {false, true}) {
       const HostMoe m(shape, f, hash, 1000, rng());
       CudaOps ops(m.config);
