@@ -363,7 +363,8 @@ const Formats kOddFormats[] = {
 
 #endif  // DSV4_HAVE_CUDA
 
-// Odd sizes (D 96, I 64, E 7, k 3) in every format, both routings; n from one token to prefill sizes.
+// Odd sizes (D 96, I 64, E 7, k 3) in every format, both routings; n from one token (the decode kernels where
+// every matrix takes the tensor cores) to prefill sizes; reference and fast numerics.
 TEST(CudaMoe, OddSizesEveryFormat) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -375,12 +376,17 @@ TEST(CudaMoe, OddSizesEveryFormat) {
       const HostMoe m(shape, f, hash, 1000, rng());
       CudaOps ops(m.config);
       m.upload_to(ops);
-      for (int64_t n : {1, 5, 16, 17, 200}) check_step(m, ops, n, rng, describe(shape, f, hash));
+      for (int64_t n : {1, 5, 16, 17, 200}) {
+        check_step(m, ops, n, rng, describe(shape, f, hash));
+        check_step_fast(m, ops, n, rng, describe(shape, f, hash) + " fast");
+      }
     }
 #endif
 }
 
-// Widths that are not multiples of 16 bytes (byte-wise loads), no clamp, routed_scaling_factor 1, top-1.
+// Widths that are not multiples of 16 bytes (byte-wise loads), no clamp, routed_scaling_factor 1, top-1;
+// reference and fast numerics (act_quant in the fp32 staging, bf16 inputs for BF16 weights and none for F32
+// ones; a row of 99 columns ends in a partial act_quant block).
 TEST(CudaMoe, UnalignedRowsNoClamp) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -392,7 +398,10 @@ TEST(CudaMoe, UnalignedRowsNoClamp) {
         const HostMoe m(shape, f, hash, 50, rng());
         CudaOps ops(m.config);
         m.upload_to(ops);
-        for (int64_t n : {1, 3, 16, 33}) check_step(m, ops, n, rng, describe(shape, f, hash));
+        for (int64_t n : {1, 3, 16, 33}) {
+          check_step(m, ops, n, rng, describe(shape, f, hash));
+          check_step_fast(m, ops, n, rng, describe(shape, f, hash) + " fast");
+        }
       }
 #endif
 }
@@ -400,7 +409,8 @@ TEST(CudaMoe, UnalignedRowsNoClamp) {
 // An FP4 scale outside the window where the tensor cores are exact (E8M0 bytes 102 .. 126, weight_mma.cuh)
 // sends that matrix (w1/w3 of every routed expert) through the fp32 FMA path, while w2 and the FP8 shared
 // expert stay on the tensor cores; the window's own edges stay on the tensor cores and must be exact too
-// (126: the largest fp16 scale factor; one step further it would be infinite).
+// (126: the largest fp16 scale factor; one step further it would be infinite). Reference and fast numerics (the
+// fp32 path's act_quant staging).
 TEST(CudaMoe, Fp4ScaleWindowEdges) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -413,7 +423,11 @@ TEST(CudaMoe, Fp4ScaleWindowEdges) {
     const_cast<uint8_t*>(m.w.experts[3].w3.scale)[5] = byte;  // storage owned by m
     CudaOps ops(m.config);
     m.upload_to(ops);
-    for (int64_t n : {1, 6, 40}) check_step(m, ops, n, rng, cat(describe(shape, f, false), " scale byte ", int(byte)));
+    for (int64_t n : {1, 6, 40}) {
+      const std::string what = cat(describe(shape, f, false), " scale byte ", int(byte));
+      check_step(m, ops, n, rng, what);
+      check_step_fast(m, ops, n, rng, what + " fast");
+    }
   }
 #endif
 }
@@ -560,72 +574,9 @@ TEST(CudaMoe, V4FlashDecode) {
     CudaOps ops(m.config);
     m.upload_to(ops);
     for (int64_t n : {1, 2, 8}) check_step(m, ops, n, rng, describe(shape, f, hash));
-  }
-#endif
-}
-
-// Fast numerics (see the file comment) on odd sizes in every format, both routings, one token (the decode
-// kernels where every matrix takes the tensor cores) to prefill sizes: act_quant in the tensor-core staging and in
-// the fp32 one (FP8 with F32 scales; rows that are not 16-byte multiples), bf16 inputs for BF16 weights, none
-// for F32 ones; a row of 99 columns ends in a partial act_quant block.
-TEST(CudaMoe, FastNumericsOddSizesEveryFormat) {
-  DSV4_REQUIRE_GPU();
-#if DSV4_HAVE_CUDA
-  SCOPED_TRACE(seed());
-  std::mt19937_64 rng(seed());
-  const Shape shape{96, 64, 7, 3, 0.75f, 1.5};
-  for (const Formats& f : kOddFormats)
-    for (bool hash : {false, true}) {
-      const HostMoe m(shape, f, hash, 1000, rng());
-      CudaOps ops(m.config);
-      m.upload_to(ops);
-      for (int64_t n : {1, 5, 17, 200}) check_step_fast(m, ops, n, rng, describe(shape, f, hash));
-    }
-  for (const Shape& odd : {Shape{99, 48, 5, 2, 0.0f, 1.0}, Shape{37, 19, 3, 1, 0.0f, 2.5}})
-    for (const Formats& f : {Formats{Fmt::kF32, Fmt::kBF16, Fmt::kFP8}, Formats{Fmt::kBF16, Fmt::kFP8, Fmt::kF32}}) {
-      const HostMoe m(odd, f, false, 50, rng());
-      CudaOps ops(m.config);
-      m.upload_to(ops);
-      for (int64_t n : {1, 3, 33}) check_step_fast(m, ops, n, rng, describe(odd, f, false));
-    }
-#endif
-}
-
-// Fast numerics with FP4 scales outside the tensor cores' window (byte 101: routed w1 / w3 take the fp32 path and
-// its act_quant staging while w2 and the shared expert stay on the tensor cores) and at its edge (126).
-TEST(CudaMoe, FastNumericsFp4ScaleWindowEdges) {
-  DSV4_REQUIRE_GPU();
-#if DSV4_HAVE_CUDA
-  SCOPED_TRACE(seed());
-  std::mt19937_64 rng(seed());
-  const Shape shape{256, 128, 8, 2, 1.0f, 1.5};
-  const Formats f{Fmt::kBF16, Fmt::kFP4, Fmt::kFP8};
-  for (uint8_t byte : {uint8_t(101), uint8_t(126)}) {
-    HostMoe m(shape, f, false, 100, rng());
-    const_cast<uint8_t*>(m.w.experts[3].w3.scale)[5] = byte;  // storage owned by m
-    CudaOps ops(m.config);
-    m.upload_to(ops);
-    for (int64_t n : {1, 6, 40})
-      check_step_fast(m, ops, n, rng, cat(describe(shape, f, false), " scale byte ", int(byte)));
-  }
-#endif
-}
-
-// Fast numerics on the real V4-Flash layer (V4FlashDecode's): one token (the decode kernels: act_quant in the
-// block's and in each warp's staging, the row-tile combine), 2 and 8 (the item kernels); then the same layer
-// again in reference numerics, which must be as before (the numerics are a per-call switch).
-TEST(CudaMoe, FastNumericsV4FlashDecode) {
-  DSV4_REQUIRE_GPU();
-#if DSV4_HAVE_CUDA
-  SCOPED_TRACE(seed());
-  std::mt19937_64 rng(seed());
-  const Shape shape{4096, 2048, 256, 6, 10.0f, 1.5};
-  const Formats f{Fmt::kBF16, Fmt::kFP4, Fmt::kFP8};
-  for (bool hash : {false, true}) {
-    const HostMoe m(shape, f, hash, 129280, rng());
-    CudaOps ops(m.config);
-    m.upload_to(ops);
-    for (int64_t n : {1, 2, 8}) check_step_fast(m, ops, n, rng, describe(shape, f, hash));
+    // Fast numerics: one token (the decode kernels: act_quant in the block's and in each warp's staging, the
+    // row-tile combine), 2 and 8 (the item kernels); then reference again, as before (a per-call switch).
+    for (int64_t n : {1, 2, 8}) check_step_fast(m, ops, n, rng, describe(shape, f, hash) + " fast");
     for (int64_t n : {1, 8}) check_step(m, ops, n, rng, describe(shape, f, hash));
   }
 #endif
