@@ -152,8 +152,8 @@ int main(int argc, char** argv) {
       p.out = out;
       const int64_t keys = cuda::attention_keys(p, t);
       const double kv_bytes = double(keys * kHeadDim) * sizeof(float);
-      const int splits = cuda::attention_default_splits(ops, p);
-      const auto run = [&] { ops.attention(p); };
+      const int splits = cuda::attention_default_splits(ops, std::span<const AttentionParams>(&p, 1));
+      const auto run = [&] { ops.attention(std::span<const AttentionParams>(&p, 1)); };
       if (profile) {
         run();
         DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));
@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
       int best_splits = splits;
       double best = cold;
       for (int s : {1, 4, 8, 16, 24, 33, 40, 48, 66, 80, 100, 132}) {
-        const auto run_s = [&] { cuda::attention_split_kv(ops, p, s); };
+        const auto run_s = [&] { cuda::attention_split_kv(ops, std::span<const AttentionParams>(&p, 1), s); };
         const double us = measure(ops, run_s, std::max(1, iters / 2), flush, flush_bytes).cold;
         char cell[48];
         std::snprintf(cell, sizeof cell, " %d:%.1f", s, us);
@@ -203,7 +203,7 @@ int main(int argc, char** argv) {
       ip.ratio = 4;
       ip.top_k = kTopK;
       ip.selected = selected;
-      const auto run = [&] { ops.indexer_topk(ip); };
+      const auto run = [&] { ops.indexer_topk(std::span<const IndexerParams>(&ip, 1)); };
       if (profile) {
         run();
         DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));

@@ -11,8 +11,24 @@
 
 namespace dsv4 {
 
-void CpuOps::compressor(const CompressorWeights& w, CompressorState& s, const float* x, int64_t pos0, int64_t n,
-                        EntrySim sim) {
+void CpuOps::compressor(std::span<const CompressorParams> batch) {
+  for (const CompressorParams& p : batch) compressor(p);
+}
+
+void CpuOps::indexer_topk(std::span<const IndexerParams> batch) {
+  for (const IndexerParams& p : batch) indexer_topk(p);
+}
+
+void CpuOps::attention(std::span<const AttentionParams> batch) {
+  for (const AttentionParams& p : batch) attention(p);
+}
+
+void CpuOps::compressor(const CompressorParams& p) {
+  const CompressorWeights& w = *p.weights;
+  CompressorState& s = *p.state;
+  const float* x = p.x;
+  const int64_t pos0 = p.pos0, n = p.n;
+  const EntrySim sim = p.sim;
   const int64_t m = w.ratio, c = w.width, width = (w.overlap ? 2 : 1) * c, D = config_.dim;
   std::vector<float>& kv = scratch(1, size_t(n * width));
   std::vector<float>& gate = scratch(2, size_t(n * width));

@@ -64,15 +64,19 @@ class CpuOps final : public Ops {
   void hc_post(const float* f, const float* post, const float* comb, int64_t n, float* X) override;
   void hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y) override;
 
-  void compressor(const CompressorWeights& w, CompressorState& state, const float* x, int64_t pos0, int64_t n,
-                  EntrySim sim) override;
-  void indexer_topk(const IndexerParams& p) override;
-  void attention(const AttentionParams& p) override;
+  // One sequence after the other.
+  void compressor(std::span<const CompressorParams> batch) override;
+  void indexer_topk(std::span<const IndexerParams> batch) override;
+  void attention(std::span<const AttentionParams> batch) override;
 
   void moe(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) override;
 
  private:
   std::vector<float>& scratch(size_t slot, size_t count);  // reused per-op buffers, grown on demand
+  // The per-sequence ops, on one sequence.
+  void compressor(const CompressorParams& p);
+  void indexer_topk(const IndexerParams& p);
+  void attention(const AttentionParams& p);
   bool fast() const { return numerics_ == Numerics::kFast; }
   // y = x · Wᵀ in fp32 from the decoded weight, whatever the numerics: the projections DeepSeek runs in fp32
   // (mHC mixes, compressor, router, LM head) and every GEMM of exact and reference numerics.

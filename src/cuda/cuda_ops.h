@@ -130,8 +130,7 @@ class CudaOps final : public Ops {
                  int64_t rows_per_pos, int64_t pos0, RopeKind kind) override;
   void kv_finish(float* kv, const std::vector<float>& gamma, int64_t n, int64_t dim, int64_t nope, int64_t pos0,
                  RopeKind kind, bool simulate, int64_t slots, float* ring) override;
-  void query_kv_finish(float* q, int64_t heads, float* kv, const std::vector<float>& kv_gamma, int64_t n, int64_t dim,
-                       int64_t nope, int64_t pos0, RopeKind kind, bool simulate, int64_t slots, float* ring) override;
+  void query_kv_finish(std::span<const QueryKvParams> batch) override;
 
   void sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block) override;
   void hadamard_sim_fp4(float* x, int64_t rows, int64_t dim) override;
@@ -144,10 +143,9 @@ class CudaOps final : public Ops {
   void hc_pre_norm(const float* X, const HcWeights& w, const std::vector<float>& gamma, int64_t n, int64_t dim,
                    float* x, float* xn, float* post, float* comb) override;
 
-  void compressor(const CompressorWeights& w, CompressorState& state, const float* x, int64_t pos0, int64_t n,
-                  EntrySim sim) override;
-  void indexer_topk(const IndexerParams& p) override;
-  void attention(const AttentionParams& p) override;
+  void compressor(std::span<const CompressorParams> batch) override;
+  void indexer_topk(std::span<const IndexerParams> batch) override;
+  void attention(std::span<const AttentionParams> batch) override;
 
   void moe(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) override;
 

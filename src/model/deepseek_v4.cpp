@@ -147,7 +147,7 @@ void DeepseekV4::hc_pre(const HcWeights& hc, const std::vector<float>& norm, int
 void DeepseekV4::hc_post(int64_t n) { ops_.hc_post(act_.sub_out, act_.post, act_.comb, n, act_.X); }
 
 // Attention sub-block (spec §6): xn → sub_out. Projections run over the whole batch; the KV cache, the
-// compressors, the indexer and the attention itself run per sequence on its rows.
+// compressors, the indexer and the attention itself run per sequence on its rows, each as one batched op.
 void DeepseekV4::attention(const LayerWeights& l, size_t layer, bool mtp, int64_t n) {
   const ModelConfig& c = model_.config;
   const AttentionWeights& w = l.attn;
@@ -157,20 +157,20 @@ void DeepseekV4::attention(const LayerWeights& l, size_t layer, bool mtp, int64_
   ops_.linear_pair(act_.xn, c.dim, n, w.wq_a, act_.qr, c.q_lora_rank, w.wkv, act_.kv, d);  // qr and kv of xn
   query(w, n);
   finish_query_key_value(w, layer, mtp, rope);
-  if (l.attn_type == AttnType::kCsa) indexer_query(w.indexer, n);
+  if (l.attn_type != AttnType::kSliding)
+    compress(w.compressor, layer, mtp, &LayerState::compressor, reference ? EntrySim::kFp8NoPe : EntrySim::kNone);
+  if (l.attn_type == AttnType::kCsa) {
+    indexer_query(w.indexer, n);
+    indexer(w.indexer, layer, mtp);
+  }
+  attention_batch_.clear();
   for (const Span& s : spans_) {
-    LayerState& state = layer_state(s, layer, mtp);
-    if (l.attn_type != AttnType::kSliding)
-      ops_.compressor(w.compressor, state.compressor, act_.xn + s.row0 * c.dim, s.pos0, s.n,
-                      reference ? EntrySim::kFp8NoPe : EntrySim::kNone);
-    if (l.attn_type == AttnType::kCsa) indexer(w.indexer, s, state);
-
     AttentionParams p;
     p.q = act_.q + s.row0 * H * d;
-    p.window = state.window;
+    p.window = layer_state(s, layer, mtp).window;
     p.ring_slots = s.sequence->ring_slots;
     p.window_size = c.window;
-    p.entries = l.attn_type == AttnType::kSliding ? nullptr : state.compressor.entries;
+    p.entries = l.attn_type == AttnType::kSliding ? nullptr : layer_state(s, layer, mtp).compressor.entries;
     p.selected = l.attn_type == AttnType::kCsa ? act_.selected + s.row0 * c.index_topk : nullptr;
     p.top_k = c.index_topk;
     p.ratio = int64_t(l.attn_type);
@@ -183,8 +183,9 @@ void DeepseekV4::attention(const LayerWeights& l, size_t layer, bool mtp, int64_
     p.out = act_.o + s.row0 * H * d;
     p.derotate = true;  // K = V carries RoPE: the output's rope channels turn back at the query position (§6.5)
     p.rope = rope;
-    ops_.attention(p);
+    attention_batch_.push_back(p);
   }
+  ops_.attention(attention_batch_);
   output_projection(w, n);
 }
 
@@ -200,10 +201,23 @@ void DeepseekV4::query(const AttentionWeights& w, int64_t n) {
 void DeepseekV4::finish_query_key_value(const AttentionWeights& w, size_t layer, bool mtp, RopeKind rope) {
   const ModelConfig& c = model_.config;
   const int64_t H = c.n_heads, d = c.head_dim;
+  query_kv_batch_.clear();
   for (const Span& s : spans_)
-    ops_.query_kv_finish(act_.q + s.row0 * H * d, H, act_.kv + s.row0 * d, w.kv_norm, s.n, d, c.nope_dim(), s.pos0,
-                         rope, /*simulate=*/numerics_ != Numerics::kExact, s.sequence->ring_slots,
-                         layer_state(s, layer, mtp).window);
+    query_kv_batch_.push_back({act_.q + s.row0 * H * d, H, act_.kv + s.row0 * d, &w.kv_norm, s.n, d, c.nope_dim(),
+                               s.pos0, rope, /*simulate=*/numerics_ != Numerics::kExact, s.sequence->ring_slots,
+                               layer_state(s, layer, mtp).window});
+  ops_.query_kv_finish(query_kv_batch_);
+}
+
+// Per sequence: its tokens through one of its compressors (spec §7), the attention's (its entries are the CSA /
+// HCA keys) or the indexer's (its entries are the indexer keys).
+void DeepseekV4::compress(const CompressorWeights& w, size_t layer, bool mtp, CompressorState LayerState::*which,
+                          EntrySim sim) {
+  compressor_batch_.clear();
+  for (const Span& s : spans_)
+    compressor_batch_.push_back(
+        {&w, &(layer_state(s, layer, mtp).*which), act_.xn + s.row0 * model_.config.dim, s.pos0, s.n, sim});
+  ops_.compressor(compressor_batch_);
 }
 
 // Lightning indexer queries and head weights (spec §8) for the whole batch, from qr and xn.
@@ -219,26 +233,29 @@ void DeepseekV4::indexer_query(const IndexerWeights& w, int64_t n) {
   ops_.scale(act_.index_w, size_t(n * nI), float(1.0 / std::sqrt(double(dI) * double(nI))));
 }
 
-// Lightning indexer (spec §8) of one sequence: feeds its keys' compressor, then scores every visible
-// compressed entry and keeps the top k per query.
-void DeepseekV4::indexer(const IndexerWeights& w, const Span& s, LayerState& state) {
+// Lightning indexer (spec §8): feeds each sequence's keys compressor, then scores every visible compressed entry
+// and keeps the top k per query.
+void DeepseekV4::indexer(const IndexerWeights& w, size_t layer, bool mtp) {
   const ModelConfig& c = model_.config;
   const bool reference = numerics_ != Numerics::kExact;  // kFast keeps the simulation points
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
-  ops_.compressor(w.compressor, state.indexer, act_.xn + s.row0 * c.dim, s.pos0, s.n,
-                  reference ? EntrySim::kHadamardFp4 : EntrySim::kNone);
-  IndexerParams p;
-  p.q = act_.index_q + s.row0 * nI * dI;
-  p.weights = act_.index_w + s.row0 * nI;
-  p.keys = state.indexer.entries;
-  p.pos0 = s.pos0;
-  p.n = s.n;
-  p.heads = nI;
-  p.head_dim = dI;
-  p.ratio = 4;
-  p.top_k = c.index_topk;
-  p.selected = act_.selected + s.row0 * c.index_topk;
-  ops_.indexer_topk(p);
+  compress(w.compressor, layer, mtp, &LayerState::indexer, reference ? EntrySim::kHadamardFp4 : EntrySim::kNone);
+  indexer_batch_.clear();
+  for (const Span& s : spans_) {
+    IndexerParams p;
+    p.q = act_.index_q + s.row0 * nI * dI;
+    p.weights = act_.index_w + s.row0 * nI;
+    p.keys = layer_state(s, layer, mtp).indexer.entries;
+    p.pos0 = s.pos0;
+    p.n = s.n;
+    p.heads = nI;
+    p.head_dim = dI;
+    p.ratio = 4;
+    p.top_k = c.index_topk;
+    p.selected = act_.selected + s.row0 * c.index_topk;
+    indexer_batch_.push_back(p);
+  }
+  ops_.indexer_topk(indexer_batch_);
 }
 
 // Grouped low-rank output projection (spec §6.6): o [n, H·d] → z [n, G·r_o] → sub_out [n, D].

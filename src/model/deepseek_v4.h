@@ -67,7 +67,8 @@ class DeepseekV4 {
   void reset(SequenceState& sequence) { sequence.reset(model_, ops_); }
 
   // One forward step over several sequences: their tokens are concatenated (Σ n ≤ max_step) so every matrix
-  // multiply runs once over the whole batch; attention and the compressors run per sequence on their rows.
+  // multiply runs once over the whole batch; attention and the compressors run per sequence on their rows, in
+  // batched ops (ops.h).
   void step(std::span<const StepInput> batch);
 
   // The default sequence: consumes n ≤ max_step tokens at positions position() .. position()+n−1 and writes
@@ -92,8 +93,9 @@ class DeepseekV4 {
   void attention(const LayerWeights& l, size_t layer, bool mtp, int64_t n);
   void query(const AttentionWeights& w, int64_t n);
   void finish_query_key_value(const AttentionWeights& w, size_t layer, bool mtp, RopeKind rope);
+  void compress(const CompressorWeights& w, size_t layer, bool mtp, CompressorState LayerState::*which, EntrySim sim);
   void indexer_query(const IndexerWeights& w, int64_t n);
-  void indexer(const IndexerWeights& w, const Span& s, LayerState& state);
+  void indexer(const IndexerWeights& w, size_t layer, bool mtp);
   void output_projection(const AttentionWeights& w, int64_t n);
   void moe(const LayerWeights& l, int64_t n);
   // Logits of the rows the batch asked for, on the device (returns how many rows), then to each input's buffer.
@@ -110,6 +112,11 @@ class DeepseekV4 {
   SequenceState state_;
   Activations act_;
   std::vector<Span> spans_;        // the current step's sequences
+  // The per-sequence ops' batches of the current layer, one entry per sequence (kept: no allocation per step).
+  std::vector<QueryKvParams> query_kv_batch_;
+  std::vector<CompressorParams> compressor_batch_;
+  std::vector<IndexerParams> indexer_batch_;
+  std::vector<AttentionParams> attention_batch_;
   std::vector<std::pair<int64_t, int64_t>> head_runs_;  // head(): the rows that need logits, as (first, count) runs of y
   std::vector<float> host_logits_;  // gathered logits rows of one step, before scattering
   std::vector<int32_t> host_tokens_;  // greedy ids of those rows

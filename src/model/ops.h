@@ -4,10 +4,16 @@
 //
 // All float pointers are backend memory obtained from alloc(); activations are fp32 row-major.
 // Shape letters: n = tokens in the step, D = hidden, hc = residual streams, H = heads, d = head_dim.
+//
+// A batched step concatenates several sequences' rows. Matrix ops run once over all rows; the per-sequence ops
+// (query_kv_finish, compressor, indexer_topk, attention: each sequence has its own positions and caches) take a
+// batch, one params struct per sequence, which a backend may run as one launch. Within one call the entries
+// differ only in their rows, positions and caches: every other field is the same.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "model/weights.h"
@@ -46,6 +52,7 @@ enum class CacheFormat : uint8_t {
 // What a compressor does to an entry after pooling, norm and RoPE.
 enum class EntrySim : uint8_t { kNone, kFp8NoPe, kHadamardFp4 };
 
+// One sequence's attention: its n query rows over its window ring and compressed entries.
 struct AttentionParams {
   const float* q = nullptr;        // [n, H, d], RoPE applied
   const float* window = nullptr;   // ring [ring_slots, d], position p at slot p % ring_slots (a cache)
@@ -67,12 +74,35 @@ struct AttentionParams {
   RopeKind rope = RopeKind::kPlain;
 };
 
+// One sequence's lightning indexer: its n query rows scored against its indexer keys.
 struct IndexerParams {
   const float* q = nullptr;        // [n, n_I, d_I]
   const float* weights = nullptr;  // [n, n_I], already scaled
   const float* keys = nullptr;     // [*, d_I], a cache
   int64_t pos0 = 0, n = 0, heads = 0, head_dim = 0, ratio = 4, top_k = 0;
   int32_t* selected = nullptr;     // [n, top_k], −1 padded
+};
+
+// One sequence's query heads q [n, heads, dim] and its K = V rows kv [n, dim] (Ops::query_kv_finish).
+struct QueryKvParams {
+  float* q = nullptr;
+  int64_t heads = 0;
+  float* kv = nullptr;
+  const std::vector<float>* kv_gamma = nullptr;  // [dim]
+  int64_t n = 0, dim = 0, nope = 0, pos0 = 0;
+  RopeKind rope = RopeKind::kPlain;
+  bool simulate = false;  // the FP8 simulation of channels [0, nope) (reference and fast numerics)
+  int64_t slots = 0;      // the ring's slots
+  float* ring = nullptr;  // the sliding-window KV ring, a cache
+};
+
+// One sequence's chunk of n tokens at positions pos0 .. pos0+n−1 through one of its compressors (Ops::compressor).
+struct CompressorParams {
+  const CompressorWeights* weights = nullptr;
+  CompressorState* state = nullptr;
+  const float* x = nullptr;  // [n, D] the normed attention input
+  int64_t pos0 = 0, n = 0;
+  EntrySim sim = EntrySim::kNone;
 };
 
 class Ops {
@@ -159,13 +189,13 @@ class Ops {
     if (simulate) sim_fp8(kv, n, dim, nope, 64);
     ring_store(kv, n, dim, pos0, slots, ring);
   }
-  // A sequence's query heads q [n, heads, dim] normed (no gain) and rotated (norm_rope, heads rows per position),
-  // and its K = V rows kv_finish'ed: the two in one call, which a backend may fuse (neither reads the other).
-  virtual void query_kv_finish(float* q, int64_t heads, float* kv, const std::vector<float>& kv_gamma, int64_t n,
-                               int64_t dim, int64_t nope, int64_t pos0, RopeKind kind, bool simulate, int64_t slots,
-                               float* ring) {
-    norm_rope(q, nullptr, n * heads, dim, nope, heads, pos0, kind);
-    kv_finish(kv, kv_gamma, n, dim, nope, pos0, kind, simulate, slots, ring);
+  // Each sequence's query heads normed (no gain) and rotated (norm_rope, heads rows per position), and its K = V
+  // rows kv_finish'ed: the two in one call, which a backend may fuse (neither reads the other).
+  virtual void query_kv_finish(std::span<const QueryKvParams> batch) {
+    for (const QueryKvParams& p : batch) {
+      norm_rope(p.q, nullptr, p.n * p.heads, p.dim, p.nope, p.heads, p.pos0, p.rope);
+      kv_finish(p.kv, *p.kv_gamma, p.n, p.dim, p.nope, p.pos0, p.rope, p.simulate, p.slots, p.ring);
+    }
   }
 
   // ---- quant (simulation points of the official numerics, in place)
@@ -194,12 +224,12 @@ class Ops {
   }
 
   // ---- attention family
-  // Feeds tokens pos0 .. pos0+n−1 (normed attention input x [n, D]) through a compressor, emitting every
-  // entry whose window completes; emitted entries are RMS-normed, RoPE'd at w·m and simulated per `sim`.
-  virtual void compressor(const CompressorWeights& w, CompressorState& state, const float* x, int64_t pos0,
-                          int64_t n, EntrySim sim) = 0;
-  virtual void indexer_topk(const IndexerParams& p) = 0;
-  virtual void attention(const AttentionParams& p) = 0;
+  // Feeds each sequence's tokens pos0 .. pos0+n−1 (normed attention input x [n, D]) through its compressor,
+  // emitting every entry whose window completes; emitted entries are RMS-normed, RoPE'd at w·m and simulated per
+  // `sim`. All entries share the weights and sim.
+  virtual void compressor(std::span<const CompressorParams> batch) = 0;
+  virtual void indexer_topk(std::span<const IndexerParams> batch) = 0;
+  virtual void attention(std::span<const AttentionParams> batch) = 0;
 
   // ---- moe: out [n, D] = Σ routed experts + shared expert
   virtual void moe(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) = 0;

@@ -179,7 +179,7 @@ void check_attention(const AttnCase& c, Numerics numerics = Numerics::kReference
   pc.entries = compressed ? entries.data() : nullptr;
   pc.selected = c.layer == Layer::kCsa ? selected.data() : nullptr;
   pc.out = want.data();
-  cpu.attention(pc);
+  cpu.attention(std::span<const AttentionParams>(&pc, 1));
 
   CudaOps gpu(config);
   gpu.set_numerics(numerics);
@@ -205,11 +205,11 @@ void check_attention(const AttnCase& c, Numerics numerics = Numerics::kReference
   // 0 = CudaOps::attention's own choice; 1 = the prefill path (no combine); others force split-KV (100: the
   // combine kernel's second batch of loads).
   for (int splits : {0, 1, 3, 64, 100}) {
-    const int default_splits = cuda::attention_default_splits(gpu, pg);
+    const int default_splits = cuda::attention_default_splits(gpu, std::span<const AttentionParams>(&pg, 1));
     SCOPED_TRACE("splits " + std::to_string(splits) + " (default " + std::to_string(default_splits) + ")");
     poison(out, want.size());
-    if (splits == 0) gpu.attention(pg);
-    else cuda::attention_split_kv(gpu, pg, splits);
+    if (splits == 0) gpu.attention(std::span<const AttentionParams>(&pg, 1));
+    else cuda::attention_split_kv(gpu, std::span<const AttentionParams>(&pg, 1), splits);
     const std::vector<float> got = to_host(gpu, out, want.size());
     if (fast) {
       const bool one_tile = cuda::attention_keys(pg, last) <= 32 && (splits == 0 ? default_splits : splits) == 1;
@@ -402,7 +402,7 @@ void check_indexer(const IndexerCase& c, CudaOps* shared = nullptr) {
   pc.weights = weights.data();
   pc.keys = keys.data();
   pc.selected = want.data();
-  cpu.indexer_topk(pc);
+  cpu.indexer_topk(std::span<const IndexerParams>(&pc, 1));
 
   std::unique_ptr<CudaOps> own;
   if (!shared) own = std::make_unique<CudaOps>(config);
@@ -421,7 +421,7 @@ void check_indexer(const IndexerCase& c, CudaOps* shared = nullptr) {
   int32_t* sel = gpu.alloc_i32(want.size());
   poison(sel, want.size());
   pg.selected = sel;
-  gpu.indexer_topk(pg);
+  gpu.indexer_topk(std::span<const IndexerParams>(&pg, 1));
   const std::vector<int32_t> got = to_host(gpu, sel, want.size());
   size_t mismatches = 0, first = got.size();
   for (size_t j = 0; j < got.size(); ++j)
@@ -630,7 +630,8 @@ void check_compressor_pool(const CompressorCase& c, Numerics numerics = Numerics
     // fp32 weights: CpuOps::linear is the fp32 GEMM the compressor itself runs, in every numerics
     cpu.linear(x.data(), c.dim, w.wkv, n, pkv.data(), width);
     cpu.linear(x.data(), c.dim, w.wgate, n, pgate.data(), width);
-    cpu.compressor(w, cs, x.data(), pos, n, EntrySim::kNone);
+    const CompressorParams cp{&w, &cs, x.data(), pos, n, EntrySim::kNone};
+    cpu.compressor(std::span<const CompressorParams>(&cp, 1));
     const cuda::CompressorChunk chunk =
         cuda::compressor_pool(gpu, w, gs, to_device(gpu, pkv), to_device(gpu, pgate), pos, n, gs.entries, 0);
     EXPECT_EQ(chunk.first_entry, pos / m);
@@ -758,8 +759,9 @@ void check_compressor(const CompressorCase& c, Numerics numerics = Numerics::kRe
     SCOPED_TRACE("chunk at " + std::to_string(pos) + " of " + std::to_string(n));
     std::vector<float> x = random_floats(size_t(n * c.dim), rng);
     if (fast) to_bf16(x);
-    cpu.compressor(w, cs, x.data(), pos, n, c.sim);
-    gpu.compressor(w, gs, to_device(gpu, x), pos, n, c.sim);
+    const CompressorParams cp{&w, &cs, x.data(), pos, n, c.sim}, gp{&w, &gs, to_device(gpu, x), pos, n, c.sim};
+    cpu.compressor(std::span<const CompressorParams>(&cp, 1));
+    gpu.compressor(std::span<const CompressorParams>(&gp, 1));
     pos += n;
     EXPECT_TRUE(compare(to_host(gpu, gs.kv, kv.size()), kv, {3e-5, 1e-5}, c.name + " state kv"));
     EXPECT_TRUE(compare(to_host(gpu, gs.score, score.size()), score, {3e-5, 1e-5}, c.name + " state score"));

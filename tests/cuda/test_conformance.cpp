@@ -191,11 +191,20 @@ class TeeOps final : public Ops {
     gpu_.kv_finish(g(kv), gamma, n, dim, nope, pos0, kind, simulate, slots, g(ring));
     check("kv_finish", tol(1e-5, 0x1p-3), {{ring, size_t(slots * dim)}});
   }
-  void query_kv_finish(float* q, int64_t heads, float* kv, const std::vector<float>& kv_gamma, int64_t n, int64_t dim,
-                       int64_t nope, int64_t pos0, RopeKind kind, bool simulate, int64_t slots, float* ring) override {
-    cpu_.query_kv_finish(q, heads, kv, kv_gamma, n, dim, nope, pos0, kind, simulate, slots, ring);
-    gpu_.query_kv_finish(g(q), heads, g(kv), kv_gamma, n, dim, nope, pos0, kind, simulate, slots, g(ring));
-    check("query_kv_finish", tol(1e-5, 0x1p-3), {{q, size_t(n * heads * dim)}, {ring, size_t(slots * dim)}});
+  // The per-sequence ops run as the model calls them, one batch of sequences per call, on both backends; each
+  // sequence's outputs are judged.
+  void query_kv_finish(std::span<const QueryKvParams> batch) override {
+    cpu_.query_kv_finish(batch);
+    std::vector<QueryKvParams> on_gpu(batch.begin(), batch.end());
+    for (QueryKvParams& p : on_gpu) {
+      p.q = g(p.q);
+      p.kv = g(p.kv);
+      p.ring = g(p.ring);
+    }
+    gpu_.query_kv_finish(on_gpu);
+    for (const QueryKvParams& p : batch)
+      check("query_kv_finish", tol(1e-5, 0x1p-3),
+            {{p.q, size_t(p.n * p.heads * p.dim)}, {p.ring, size_t(p.slots * p.dim)}});
   }
 
   void sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block) override {
@@ -236,46 +245,60 @@ class TeeOps final : public Ops {
                                 {comb, size_t(n) * hc * hc}});
   }
 
-  void compressor(const CompressorWeights& w, CompressorState& state, const float* x, int64_t pos0, int64_t n,
-                  EntrySim sim) override {
-    cpu_.compressor(w, state, x, pos0, n, sim);
-    CompressorState on_gpu = state;
-    on_gpu.kv = g(state.kv);
-    on_gpu.score = g(state.score);
-    on_gpu.entries = g(state.entries);
-    gpu_.compressor(w, on_gpu, g(x), pos0, n, sim);
-    const int64_t coff = w.overlap ? 2 : 1, cells = coff * w.ratio * coff * w.width;
-    const char* name = sim == EntrySim::kNone          ? "compressor"
-                       : sim == EntrySim::kFp8NoPe     ? "compressor_fp8"
-                                                       : "compressor_fp4";
-    // Pooling differs by expf's last bit, and an entry's FP8 / FP4 rounding may flip with it: entries are
-    // judged relative to their scale like the pooled sums (a flip moves one value by one grid step).
-    check(name, tol(1e-4, sim == EntrySim::kHadamardFp4 ? 0.5 : sim == EntrySim::kFp8NoPe ? 0x1p-3 : 0x1p-7),
-          {{state.kv, size_t(cells)}, {state.score, size_t(cells)}, {state.entries, size_t((pos0 + n) / w.ratio * w.width)}});
+  void compressor(std::span<const CompressorParams> batch) override {
+    cpu_.compressor(batch);
+    std::vector<CompressorState> states;
+    for (const CompressorParams& p : batch)
+      states.push_back({g(p.state->kv), g(p.state->score), g(p.state->entries), p.state->max_entries});
+    std::vector<CompressorParams> on_gpu(batch.begin(), batch.end());
+    for (size_t i = 0; i < on_gpu.size(); ++i) {
+      on_gpu[i].state = &states[i];
+      on_gpu[i].x = g(on_gpu[i].x);
+    }
+    gpu_.compressor(on_gpu);
+    for (const CompressorParams& p : batch) {
+      const CompressorWeights& w = *p.weights;
+      const CompressorState& state = *p.state;
+      const int64_t coff = w.overlap ? 2 : 1, cells = coff * w.ratio * coff * w.width;
+      const char* name = p.sim == EntrySim::kNone        ? "compressor"
+                         : p.sim == EntrySim::kFp8NoPe   ? "compressor_fp8"
+                                                         : "compressor_fp4";
+      // Pooling differs by expf's last bit, and an entry's FP8 / FP4 rounding may flip with it: entries are
+      // judged relative to their scale like the pooled sums (a flip moves one value by one grid step).
+      check(name, tol(1e-4, p.sim == EntrySim::kHadamardFp4 ? 0.5 : p.sim == EntrySim::kFp8NoPe ? 0x1p-3 : 0x1p-7),
+            {{state.kv, size_t(cells)},
+             {state.score, size_t(cells)},
+             {state.entries, size_t((p.pos0 + p.n) / w.ratio * w.width)}});
+    }
   }
-  void indexer_topk(const IndexerParams& p) override {
-    cpu_.indexer_topk(p);
-    IndexerParams q = p;
-    q.q = g(p.q);
-    q.weights = g(p.weights);
-    q.keys = g(p.keys);
-    q.selected = g(p.selected);
-    gpu_.indexer_topk(q);
-    check_selection(p.selected, p.n, p.top_k);
+  void indexer_topk(std::span<const IndexerParams> batch) override {
+    cpu_.indexer_topk(batch);
+    std::vector<IndexerParams> on_gpu(batch.begin(), batch.end());
+    for (IndexerParams& q : on_gpu) {
+      q.q = g(q.q);
+      q.weights = g(q.weights);
+      q.keys = g(q.keys);
+      q.selected = g(q.selected);
+    }
+    gpu_.indexer_topk(on_gpu);
+    for (const IndexerParams& p : batch) check_selection(p.selected, p.n, p.top_k);
   }
-  void attention(const AttentionParams& p) override {
-    cpu_.attention(p);
-    AttentionParams q = p;
-    q.q = g(p.q);
-    q.window = g(p.window);
-    q.entries = g(p.entries);
-    q.selected = g(p.selected);
-    q.out = g(p.out);
-    gpu_.attention(q);
+  void attention(std::span<const AttentionParams> batch) override {
+    cpu_.attention(batch);
+    std::vector<AttentionParams> on_gpu(batch.begin(), batch.end());
+    for (AttentionParams& q : on_gpu) {
+      q.q = g(q.q);
+      q.window = g(q.window);
+      q.entries = g(q.entries);
+      q.selected = g(q.selected);
+      q.out = g(q.out);
+    }
+    gpu_.attention(on_gpu);
     // P is rounded to bf16 relative to a running maximum (CUDA: per 32-key tile and split; the CPU: the query's
     // maximum), so in fast numerics a share of the outputs moves by a bf16 step: judged by the maximum error
     // alone here; test_attention requires bit-identity where the two partitions agree.
-    check("attention", tol(1e-4, 0x1p-6), {{p.out, size_t(p.n * p.heads * p.head_dim)}}, /*max_flipped=*/1.0);
+    for (const AttentionParams& p : batch)
+      check("attention", tol(1e-4, 0x1p-6), {{p.out, size_t(p.n * p.heads * p.head_dim)}}, /*max_flipped=*/1.0);
   }
 
   void moe(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) override {

@@ -251,11 +251,13 @@ TEST(CudaNormRope, QueryKvFinishMatchesCpu) {
     const auto q = random_floats(size_t(c.n * c.heads * k.d), k.rng, -3.0f, 3.0f);
     const auto kv = random_floats(size_t(c.n * k.d), k.rng, -3.0f, 3.0f);
     std::vector<float> q_cpu = q, kv_cpu = kv;
-    k.cpu.query_kv_finish(q_cpu.data(), c.heads, kv_cpu.data(), k.gamma, c.n, k.d, k.nope, c.pos0, RopeKind::kPlain,
-                          true, k.slots, rings.host.data());
+    const QueryKvParams cpu_p{q_cpu.data(), c.heads, kv_cpu.data(), &k.gamma, c.n, k.d, k.nope, c.pos0,
+                              RopeKind::kPlain, true, k.slots, rings.host.data()};
+    k.cpu.query_kv_finish({&cpu_p, 1});
     float* dq = to_device(k.ops, q);
-    k.ops.query_kv_finish(dq, c.heads, to_device(k.ops, kv), k.gamma, c.n, k.d, k.nope, c.pos0, RopeKind::kPlain,
-                          true, k.slots, rings.dev);
+    const QueryKvParams gpu_p{dq, c.heads, to_device(k.ops, kv), &k.gamma, c.n, k.d, k.nope, c.pos0,
+                              RopeKind::kPlain, true, k.slots, rings.dev};
+    k.ops.query_kv_finish({&gpu_p, 1});
     const std::string what = cat("query_kv_finish n=", c.n, " pos0=", c.pos0, " heads=", c.heads);
     expect_rows_match(to_host(k.ops, dq, q.size()), q_cpu, c.n * c.heads, k.d, k.nope, what + " q");
     k.expect_rings_match(rings, what + " ring");

@@ -4,6 +4,9 @@
 // to bf16, below). Key rows come from fp32 buffers or from compact FP8 caches (reference and fast numerics),
 // decoded exactly to the values the CPU holds (kv_cache.cuh).
 //
+// One launch covers a batch of sequences (Ops::attention): each block finds its query row's sequence in the
+// parameters' table (up to kMaxSequences per launch) and reads that sequence's q, window, entries and output.
+//
 // NOTE: MQA layout. All H heads share the single K = V head, so a block takes 16 heads of one query row and a
 // contiguous slice ("split") of that row's key list; key rows stream through shared memory in tiles of 32 and
 // every row loaded is used by all 16 heads (QK: 4 heads × 4 keys per 8-thread group, PV: 4 heads × 8 channels
@@ -42,33 +45,54 @@ constexpr int kMaxSplits = 256;
 constexpr int kCombineGroups = 8;     // split groups of a combine block
 constexpr int kCombinePerThread = 6;  // partial loads in flight per combine thread (64 registers at 1024 threads)
 constexpr int kCombineThreads = kCombineGroups * kMaxHeadDim / 4;
+constexpr int kMaxSequences = 64;  // per launch: the table stays within the 4 KB of classic kernel parameters
 
-struct AttnKernelParams {
+// One sequence of a launch: its query rows are the launch's rows [row0, row0 + n).
+struct AttnSequence {
   const float* q;           // [n, H, d]
+  float* out;               // [n, H, d]
+  const int32_t* selected;  // [n, top_k] or nullptr (HCA: every visible entry)
   const uint8_t* window;    // [ring_slots, d] fp32 rows, or a compact kFp8Kv cache (kv.format)
   const uint8_t* entries;   // [*, d] like the window, or nullptr (sliding layers)
+  int64_t pos0;
+  int32_t row0, n;
+};
+
+struct AttnKernelParams {
   CacheLayout kv;           // compact caches: their layout; kF32: rows of d floats
   int64_t row_bytes;        // between rows of the window and the entries
-  const int32_t* selected;  // [n, top_k] or nullptr (HCA: every visible entry)
   const float* sinks;       // [H]
-  float* out;               // [n, H, d]
-  float4* part_o;           // [n, splits, H, d/4] unnormalised partial outputs (splits > 1)
-  float2* part_ml;          // [n, splits, H] (running max, denominator) of each partial
-  int64_t ring_slots, window_size, top_k, ratio, pos0;
-  int n, heads, head_dim, splits, keys_per_split;
+  float4* part_o;           // [rows, splits, H, d/4] unnormalised partial outputs (splits > 1)
+  float2* part_ml;          // [rows, splits, H] (running max, denominator) of each partial
+  int64_t ring_slots, window_size, top_k, ratio;
+  int rows, heads, head_dim, splits, keys_per_split;
   float scale;
   const float* inv_freq;    // derotation: [rope pairs] (nullptr: none); channels [rope_offset, d) turn back
   int rope_offset;          // a multiple of 4
   bool fast;                // fast numerics: P·V with bf16 P, bf16 output (see the top of the file)
+  int sequences;
+  AttnSequence seq[kMaxSequences];
 };
+static_assert(sizeof(AttnKernelParams) <= 4096, "attention: the kernel parameters exceed 4 KB");
+
+// The sequence of launch row r (a binary search of the table's row0, uniform across the block).
+__device__ __forceinline__ const AttnSequence& sequence_of(const AttnKernelParams& p, int r) {
+  int lo = 0, hi = p.sequences - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.seq[mid].row0 <= r) lo = mid;
+    else hi = mid - 1;
+  }
+  return p.seq[lo];
+}
 
 // The derotation's (cos, −sin) for every rope pair of query row i, computed once per block into rot_s (read
 // after a barrier): every head of the row turns by the same angles.
-__device__ __forceinline__ void derotation_table(const AttnKernelParams& p, int64_t i, float2* rot_s) {
+__device__ __forceinline__ void derotation_table(const AttnKernelParams& p, int64_t t, float2* rot_s) {
   const int pairs = (p.head_dim - p.rope_offset) / 2;
   if (p.inv_freq)
     for (int j = int(threadIdx.x); j < pairs; j += int(blockDim.x))
-      rot_s[j] = rope_cos_sin(p.pos0 + i, p.inv_freq[j], /*inverse=*/true);
+      rot_s[j] = rope_cos_sin(t, p.inv_freq[j], /*inverse=*/true);
 }
 
 __device__ __forceinline__ float4 round_bf16_if4(bool fast, float4 v) {
@@ -117,21 +141,21 @@ __host__ __device__ __forceinline__ int64_t compressed_keys(bool has_entries, bo
   return has_selected ? (top_k < (t + 1) / ratio ? top_k : (t + 1) / ratio) : (t + 1) / ratio;
 }
 
-// Row j of query row i's key list (nullptr = masked).
-__device__ __forceinline__ const uint8_t* key_row(const AttnKernelParams& p, int64_t i, int64_t t, int64_t nw,
-                                                  int64_t j) {
-  if (j < nw) return p.window + ((t - nw + 1 + j) % p.ring_slots) * p.row_bytes;
+// Row j of the key list of sequence row i (nullptr = masked).
+__device__ __forceinline__ const uint8_t* key_row(const AttnKernelParams& p, const AttnSequence& sq, int64_t i,
+                                                  int64_t t, int64_t nw, int64_t j) {
+  if (j < nw) return sq.window + ((t - nw + 1 + j) % p.ring_slots) * p.row_bytes;
   j -= nw;
-  if (p.selected) {
-    const int32_t e = p.selected[i * p.top_k + j];
-    return e < 0 ? nullptr : p.entries + int64_t(e) * p.row_bytes;
+  if (sq.selected) {
+    const int32_t e = sq.selected[i * p.top_k + j];
+    return e < 0 ? nullptr : sq.entries + int64_t(e) * p.row_bytes;
   }
-  return p.entries + j * p.row_bytes;
+  return sq.entries + j * p.row_bytes;
 }
 
-// grid (ceil(H/16), splits, n), kAttnThreads threads, dynamic smem attn_smem_bytes(d).
-// Block (g, s, i): heads 16g .. 16g+15 of query row i over keys [s·keys_per_split, (s+1)·keys_per_split).
-__global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelParams p) {
+// grid (ceil(H/16), splits, rows), kAttnThreads threads, dynamic smem attn_smem_bytes(d).
+// Block (g, s, r): heads 16g .. 16g+15 of launch row r over keys [s·keys_per_split, (s+1)·keys_per_split).
+__global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(const __grid_constant__ AttnKernelParams p) {
   extern __shared__ float4 smem4[];
   const int d4 = p.head_dim / 4;
   float4* q_s = smem4;                            // [16][d/4] this block's query heads (zeros past the last)
@@ -142,19 +166,20 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
   __shared__ float m_s[kHeadsPerBlock], l_s[kHeadsPerBlock], alpha_s[kHeadsPerBlock];
   __shared__ float2 rot_s[kMaxHeadDim / 2];  // the output's derotation (splits == 1)
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int head0 = blockIdx.x * kHeadsPerBlock, split = blockIdx.y;
-  const int64_t i = blockIdx.z, t = p.pos0 + i;
+  const int head0 = blockIdx.x * kHeadsPerBlock, split = blockIdx.y, r = blockIdx.z;
+  const AttnSequence& sq = sequence_of(p, r);
+  const int64_t i = r - sq.row0, t = sq.pos0 + i;  // the row within its sequence, and its position
   const int heads_here = min(kHeadsPerBlock, p.heads - head0);
   const int64_t nw = window_keys(p.window_size, t);
-  const int64_t total = nw + compressed_keys(p.entries != nullptr, p.selected != nullptr, p.top_k, p.ratio, t);
+  const int64_t total = nw + compressed_keys(sq.entries != nullptr, sq.selected != nullptr, p.top_k, p.ratio, t);
   const int64_t begin = int64_t(split) * p.keys_per_split;
   const int64_t end = total < begin + p.keys_per_split ? total : begin + p.keys_per_split;
   // Before waiting for the predecessor, what does not depend on it: the derotation's fp64 sin/cos (published
   // by the key loop's barriers).
-  if (p.splits == 1) derotation_table(p, i, rot_s);
+  if (p.splits == 1) derotation_table(p, t, rot_s);
   pdl_wait();
 
-  const float4* q4 = reinterpret_cast<const float4*>(p.q + (i * p.heads + head0) * p.head_dim);
+  const float4* q4 = reinterpret_cast<const float4*>(sq.q + (i * p.heads + head0) * p.head_dim);
   for (int x = tid; x < kHeadsPerBlock * d4; x += kAttnThreads) {
     if (x / d4 < heads_here) cp_async16(q_s + x, q4 + x);
     else q_s[x] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -177,7 +202,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
   for (int64_t tile0 = begin; tile0 < end; tile0 += kTileKeys) {
     const int tile_keys = end - tile0 < kTileKeys ? int(end - tile0) : kTileKeys;
     __syncthreads();  // the previous tile's PV is done with k_s, p_s, rows_s
-    if (tid < kTileKeys) rows_s[tid] = tid < tile_keys ? key_row(p, i, t, nw, tile0 + tid) : nullptr;
+    if (tid < kTileKeys) rows_s[tid] = tid < tile_keys ? key_row(p, sq, i, t, nw, tile0 + tid) : nullptr;
     __syncthreads();
     for (int x = tid; x < tile_keys * d4; x += kAttnThreads) {
       const uint8_t* src = rows_s[x / d4];
@@ -291,14 +316,13 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
   for (int a = 0; a < 4; ++a) {
     const int head = pv_hq * 4 + a;
     if (head >= heads_here) break;
-    const int64_t row = i * p.heads + head0 + head;  // index of (i, h) in [n, H]
     const float m = m_s[head], l = l_s[head];
     if (p.splits == 1) {
       // The sink joins the denominator only: out = Σ e^(s−M) k / (Σ e^(s−M) + e^(sink−M)), M over all.
       const float sink = p.sinks[head0 + head], big = fmaxf(m, sink);
       const float keep = m == -INFINITY ? 0.0f : expf(m - big);
       const float factor = keep / (l * keep + expf(sink - big));
-      float4* out4 = reinterpret_cast<float4*>(p.out + row * p.head_dim);
+      float4* out4 = reinterpret_cast<float4*>(sq.out + (i * p.heads + head0 + head) * p.head_dim);
       for (int r = 0; r < 2; ++r) {
         const int f = pv_col + 64 * r;
         if (f < d4)
@@ -306,7 +330,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
                                                            acc[a][r].z * factor, acc[a][r].w * factor));
       }
     } else {
-      const int64_t part = (i * p.splits + split) * p.heads + head0 + head;  // [n, splits, H]
+      const int64_t part = (int64_t(r) * p.splits + split) * p.heads + head0 + head;  // [rows, splits, H]
       for (int r = 0; r < 2; ++r) {
         const int f = pv_col + 64 * r;
         if (f < d4) p.part_o[part * d4 + f] = acc[a][r];
@@ -316,27 +340,29 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(AttnKernelP
   }
 }
 
-// grid (H, n), kCombineThreads threads: out[i, h] = Σ_s e^(m_s−M) o_s / (Σ_s e^(m_s−M) l_s + e^(sink−M)).
+// grid (H, rows), kCombineThreads threads: out[i, h] = Σ_s e^(m_s−M) o_s / (Σ_s e^(m_s−M) l_s + e^(sink−M)).
 // Thread (g, f) owns float4 column f of splits g, g + 8, ...; thread t < splits owns split t's statistics.
 // NOTE: latency, not bandwidth, bounds this kernel: every thread issues its partial-output loads together
 // with the statistics loads (one memory round trip for up to 48 splits), the weights follow from two block
 // reductions, and the 8 split groups are summed in shared memory.
-__global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(AttnKernelParams p) {
+__global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(const __grid_constant__ AttnKernelParams p) {
   __shared__ float weight_s[kMaxSplits];
   __shared__ float4 group_s[kCombineGroups - 1][kMaxHeadDim / 4];
   __shared__ float red_s[kCombineThreads / 32];
   __shared__ float2 rot_s[kMaxHeadDim / 2];  // the output's derotation
   const int h = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, d4 = p.head_dim / 4;
   const int f = tid % (kMaxHeadDim / 4), g = tid / (kMaxHeadDim / 4);
-  const int64_t i = blockIdx.y;
+  const int r = blockIdx.y;
+  const AttnSequence& sq = sequence_of(p, r);
+  const int64_t i = r - sq.row0;
   // What does not depend on the predecessor, before waiting for it: the sink (a weight: an HBM round trip at
   // decode) and the derotation's fp64 sin/cos (published by the reductions' barriers).
   const float sink = p.sinks[h];
-  derotation_table(p, i, rot_s);
+  derotation_table(p, sq.pos0 + i, rot_s);
   pdl_wait();
   const bool column = f < d4;
   const int64_t stride = int64_t(p.heads) * d4;  // between splits, in float4
-  const float4* o_col = p.part_o + (i * p.splits * p.heads + h) * d4 + f;
+  const float4* o_col = p.part_o + (int64_t(r) * p.splits * p.heads + h) * d4 + f;
 
   float4 v[kCombinePerThread];
 #pragma unroll
@@ -344,7 +370,7 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(AttnKerne
     const int s = g + kCombineGroups * k;
     v[k] = column && s < p.splits ? o_col[s * stride] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  const float2 part = tid < p.splits ? p.part_ml[(i * p.splits + tid) * p.heads + h] : make_float2(-INFINITY, 0.0f);
+  const float2 part = tid < p.splits ? p.part_ml[(int64_t(r) * p.splits + tid) * p.heads + h] : make_float2(-INFINITY, 0.0f);
 
   const auto block_reduce = [&](float x, bool is_max) {
     x = is_max ? warp_max(x) : warp_sum(x);
@@ -390,7 +416,7 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(AttnKerne
     o.w += u.w;
   }
   const float inv = 1.0f / denom;
-  reinterpret_cast<float4*>(p.out + (i * p.heads + h) * p.head_dim)[f] =
+  reinterpret_cast<float4*>(sq.out + (i * p.heads + h) * p.head_dim)[f] =
       output_column(p, rot_s, f, make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv));
 }
 
@@ -400,6 +426,16 @@ size_t attn_smem_bytes(int64_t head_dim) {
 
 // Key counts never shrink with t (window and HCA parts grow, CSA's is fixed): the step's last row has the most.
 int64_t max_keys(const AttentionParams& p) { return attention_keys(p, p.pos0 + p.n - 1); }
+int64_t max_keys(std::span<const AttentionParams> batch) {
+  int64_t keys = 0;
+  for (const AttentionParams& p : batch) keys = std::max(keys, p.n > 0 ? max_keys(p) : 0);
+  return keys;
+}
+int64_t total_rows(std::span<const AttentionParams> batch) {
+  int64_t rows = 0;
+  for (const AttentionParams& p : batch) rows += p.n;
+  return rows;
+}
 
 // Split count that gives every SM one block (one wave: a second wave's extra partials cost more than its
 // shorter slices save; docs/design/attention.md) without slices under kMinKeysPerSplit keys.
@@ -418,12 +454,17 @@ int64_t attention_keys(const AttentionParams& p, int64_t t) {
          compressed_keys(p.entries != nullptr, p.selected != nullptr, p.top_k, p.ratio, t);
 }
 
-int attention_default_splits(const CudaOps& ops, const AttentionParams& p) {
-  const int64_t groups = ceil_div(p.heads, kHeadsPerBlock);
-  return int(heuristic_splits(ops.props().multiProcessorCount, groups * p.n, max_keys(p)));
+int attention_default_splits(const CudaOps& ops, std::span<const AttentionParams> batch) {
+  if (batch.empty()) return 1;
+  const int64_t groups = ceil_div(batch[0].heads, kHeadsPerBlock);
+  return int(heuristic_splits(ops.props().multiProcessorCount, groups * total_rows(batch), max_keys(batch)));
 }
 
-void attention_split_kv(CudaOps& ops, const AttentionParams& p, int splits) {
+namespace {
+
+// One sequence's parameters, checked alone and against the batch's first (every field but its rows,
+// positions and caches is shared); returns its cache layout (nullptr: fp32 rows).
+const CacheLayout* check_sequence(const CudaOps& ops, const AttentionParams& p, const AttentionParams& first) {
   DSV4_CHECK(p.n >= 0 && p.heads >= 1 && p.pos0 >= 0, "attention: n ", p.n, ", heads ", p.heads, ", pos0 ", p.pos0);
   DSV4_CHECK(p.head_dim >= 4 && p.head_dim <= kMaxHeadDim && p.head_dim % 4 == 0, "attention: head_dim ",
              p.head_dim, " (the CUDA kernel takes multiples of 4 up to ", kMaxHeadDim, ")");
@@ -434,6 +475,12 @@ void attention_split_kv(CudaOps& ops, const AttentionParams& p, int splits) {
   DSV4_CHECK(p.q && p.window && p.sinks && p.out, "attention: q, window, sinks and out are required");
   DSV4_CHECK(aligned16(p.q) && aligned16(p.window) && aligned16(p.out) && (!p.entries || aligned16(p.entries)),
              "attention: q, window, entries and out must be 16-byte aligned");
+  DSV4_CHECK(p.heads == first.heads && p.head_dim == first.head_dim && p.ring_slots == first.ring_slots &&
+                 p.window_size == first.window_size && p.top_k == first.top_k && p.ratio == first.ratio &&
+                 p.sinks == first.sinks && p.scale == first.scale && p.derotate == first.derotate &&
+                 p.rope == first.rope,
+             "attention: the sequences of one batch differ in more than their rows, positions and caches");
+  DSV4_CHECK(p.n <= 65535, "attention: ", p.n, " query rows of one sequence in one step (at most 65535)");
   // The window and the entries are both compact (reference numerics) or both fp32.
   const CacheLayout* window_layout = ops.compact_cache(p.window);
   const CacheLayout* entries_layout = p.entries ? ops.compact_cache(p.entries) : window_layout;
@@ -443,58 +490,67 @@ void attention_split_kv(CudaOps& ops, const AttentionParams& p, int splits) {
                    window_layout->rows >= p.ring_slots && entries_layout->row_bytes == window_layout->row_bytes,
                "attention: compact caches must be FP8 KV rows of head_dim ", p.head_dim);
   }
-  DSV4_CHECK(splits >= 1 && splits <= kMaxSplits, "attention: ", splits, " key splits (1..", kMaxSplits, ")");
-  if (p.n == 0) return;
+  return window_layout;
+}
 
-  const int64_t keys = max_keys(p);
+}  // namespace
+
+void attention_split_kv(CudaOps& ops, std::span<const AttentionParams> batch, int splits) {
+  DSV4_CHECK(splits >= 1 && splits <= kMaxSplits, "attention: ", splits, " key splits (1..", kMaxSplits, ")");
+  if (batch.empty()) return;
+  const AttentionParams& p0 = batch[0];
+  const CacheLayout* layout = check_sequence(ops, p0, p0);
+  for (const AttentionParams& p : batch) {
+    const CacheLayout* l = check_sequence(ops, p, p0);
+    DSV4_CHECK(!l == !layout && (!l || l->row_bytes == layout->row_bytes),
+               "attention: the sequences of one batch must share a cache format");
+  }
+  const int64_t rows_total = total_rows(batch);
+  if (rows_total == 0) return;
+
+  const int64_t keys = max_keys(batch);
   // Fast numerics round P per tile of keys counted from the row's first key: splits hold whole tiles.
   const int64_t align = ops.fast() ? kTileKeys : 1;
   const int64_t keys_per_split = std::max<int64_t>(1, ceil_div(ceil_div(keys, splits), align) * align);
   splits = int(std::max<int64_t>(1, ceil_div(keys, keys_per_split)));  // no split left without keys
-  const int64_t groups = ceil_div(p.heads, kHeadsPerBlock);
-  DSV4_CHECK(p.n <= 65535, "attention: ", p.n, " query rows in one step (at most 65535)");
+  const int64_t groups = ceil_div(p0.heads, kHeadsPerBlock);
 
   AttnKernelParams k{};
-  k.q = p.q;
-  k.window = reinterpret_cast<const uint8_t*>(p.window);
-  k.entries = reinterpret_cast<const uint8_t*>(p.entries);
-  if (window_layout) k.kv = *window_layout;
-  k.row_bytes = window_layout ? window_layout->row_bytes : p.head_dim * int64_t(sizeof(float));
-  k.selected = p.entries ? p.selected : nullptr;
-  k.sinks = ops.dev_floats(p.sinks);
-  k.out = p.out;
-  k.ring_slots = p.ring_slots;
-  k.window_size = p.window_size;
-  k.top_k = p.top_k;
-  k.ratio = p.ratio;
-  k.pos0 = p.pos0;
-  k.n = int(p.n);
-  k.heads = int(p.heads);
-  k.head_dim = int(p.head_dim);
+  if (layout) k.kv = *layout;
+  k.row_bytes = layout ? layout->row_bytes : p0.head_dim * int64_t(sizeof(float));
+  k.sinks = ops.dev_floats(p0.sinks);
+  k.ring_slots = p0.ring_slots;
+  k.window_size = p0.window_size;
+  k.top_k = p0.top_k;
+  k.ratio = p0.ratio;
+  k.heads = int(p0.heads);
+  k.head_dim = int(p0.head_dim);
   k.splits = splits;
   k.keys_per_split = int(keys_per_split);
-  k.scale = p.scale;
+  k.scale = p0.scale;
   k.fast = ops.fast();
-  if (p.derotate) {
+  if (p0.derotate) {
     const int64_t rope_dim = ops.config().rope_dim;
-    DSV4_CHECK(rope_dim >= 4 && rope_dim % 4 == 0 && rope_dim <= p.head_dim, "attention: derotating ", rope_dim,
-               " rope channels of ", p.head_dim, " (needs a multiple of 4)");
-    k.inv_freq = ops.inv_freq(p.rope);
-    k.rope_offset = int(p.head_dim - rope_dim);
+    DSV4_CHECK(rope_dim >= 4 && rope_dim % 4 == 0 && rope_dim <= p0.head_dim, "attention: derotating ", rope_dim,
+               " rope channels of ", p0.head_dim, " (needs a multiple of 4)");
+    k.inv_freq = ops.inv_freq(p0.rope);
+    k.rope_offset = int(p0.head_dim - rope_dim);
   }
+  // Launches of up to kMaxSequences sequences and 65535 rows (grid.z).
+  const int64_t max_rows = std::min<int64_t>(rows_total, 65535);
   if (splits > 1) {
-    // Sized for the most splits the heuristic can pick at this n, so decode does not regrow it as the
+    // Sized for the most splits the heuristic can pick at this many rows, so decode does not regrow it as the
     // context deepens.
     const int64_t sms = ops.props().multiProcessorCount;
-    const int64_t cap = std::max<int64_t>(splits, heuristic_splits(int(sms), groups * p.n, INT64_MAX / 4));
-    const size_t o_bytes = size_t(p.n * cap * p.heads * p.head_dim) * sizeof(float);
-    const size_t ml_bytes = size_t(p.n * cap * p.heads) * sizeof(float2);
+    const int64_t cap = std::max<int64_t>(splits, heuristic_splits(int(sms), groups * max_rows, INT64_MAX / 4));
+    const size_t o_bytes = size_t(max_rows * cap * p0.heads * p0.head_dim) * sizeof(float);
+    const size_t ml_bytes = size_t(max_rows * cap * p0.heads) * sizeof(float2);
     auto* base = static_cast<char*>(ops.workspace(kWsAttentionPartials, o_bytes + ml_bytes));
     k.part_o = reinterpret_cast<float4*>(base);
     k.part_ml = reinterpret_cast<float2*>(base + o_bytes);
   }
 
-  const size_t smem = attn_smem_bytes(p.head_dim);
+  const size_t smem = attn_smem_bytes(p0.head_dim);
   static const bool smem_opted_in = [] {
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(attn_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(attn_smem_bytes(kMaxHeadDim))));
@@ -502,17 +558,30 @@ void attention_split_kv(CudaOps& ops, const AttentionParams& p, int splits) {
   }();
   (void)smem_opted_in;
   const bool pdl = ops.props().major >= 9;
-  const dim3 grid(unsigned(groups), unsigned(splits), unsigned(p.n));
-  launch_pdl(attn_split_kernel, grid, dim3(kAttnThreads), smem, ops.stream(), pdl, k);
-  if (splits > 1)
-    launch_pdl(attn_combine_kernel, dim3(unsigned(p.heads), unsigned(p.n)), dim3(kCombineThreads), 0, ops.stream(),
-               pdl, k);
+  const auto launch = [&] {
+    if (k.rows == 0) return;
+    const dim3 grid(unsigned(groups), unsigned(splits), unsigned(k.rows));
+    launch_pdl(attn_split_kernel, grid, dim3(kAttnThreads), smem, ops.stream(), pdl, k);
+    if (splits > 1)
+      launch_pdl(attn_combine_kernel, dim3(unsigned(p0.heads), unsigned(k.rows)), dim3(kCombineThreads), 0,
+                 ops.stream(), pdl, k);
+    k.rows = 0;
+    k.sequences = 0;
+  };
+  for (const AttentionParams& p : batch) {
+    if (p.n == 0) continue;
+    if (k.sequences == kMaxSequences || k.rows + p.n > max_rows) launch();
+    k.seq[k.sequences++] = {p.q, p.out, p.entries ? p.selected : nullptr, reinterpret_cast<const uint8_t*>(p.window),
+                            reinterpret_cast<const uint8_t*>(p.entries), p.pos0, k.rows, int32_t(p.n)};
+    k.rows += int(p.n);
+  }
+  launch();
 }
 
 }  // namespace cuda
 
-void CudaOps::attention(const AttentionParams& p) {
-  cuda::attention_split_kv(*this, p, cuda::attention_default_splits(*this, p));
+void CudaOps::attention(std::span<const AttentionParams> batch) {
+  cuda::attention_split_kv(*this, batch, cuda::attention_default_splits(*this, batch));
 }
 
 }  // namespace dsv4

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "model/ops.h"
 
@@ -15,11 +16,14 @@ namespace dsv4::cuda {
 // Keys of query position t: its window plus its compressed entries (CSA: the top_k slots, −1 ones included).
 int64_t attention_keys(const AttentionParams& p, int64_t t);
 
-// The number of key splits CudaOps::attention uses for these parameters on this device.
-int attention_default_splits(const CudaOps& ops, const AttentionParams& p);
+// The number of key splits CudaOps::attention uses for this batch on this device.
+int attention_default_splits(const CudaOps& ops, std::span<const AttentionParams> batch);
 
 // CudaOps::attention with an explicit number of key splits (1 = each block finishes its query row itself).
-void attention_split_kv(CudaOps& ops, const AttentionParams& p, int splits);
+void attention_split_kv(CudaOps& ops, std::span<const AttentionParams> batch, int splits);
+
+// One sequence's CudaOps::indexer_topk.
+void indexer_topk_one(CudaOps& ops, const IndexerParams& p);
 
 // Compressor steps 2–3 (pooling of the windows the chunk completes, state update) on precomputed projections
 // kv, gate [n, coff·c]: leaves the pooled entries raw (before norm, RoPE and simulation; rounded to bf16 under

@@ -209,37 +209,43 @@ CompressorChunk compressor_pool(CudaOps& ops, const CompressorWeights& w, Compre
 
 }  // namespace cuda
 
-void CudaOps::compressor(const CompressorWeights& w, CompressorState& state, const float* x, int64_t pos0, int64_t n,
-                         EntrySim sim) {
-  const int64_t m = w.ratio, c = w.width, width = (w.overlap ? 2 : 1) * c;
-  DSV4_CHECK(w.wkv.rows == width && w.wgate.rows == width && w.wkv.cols == config_.dim &&
-                 w.wgate.cols == config_.dim,
-             "compressor: wkv [", w.wkv.rows, ", ", w.wkv.cols, "] / wgate [", w.wgate.rows, ", ", w.wgate.cols,
-             "], expected [", width, ", ", config_.dim, "]");
-  DSV4_CHECK(c >= config_.rope_dim, "compressor: width ", c, " is narrower than ", config_.rope_dim, " rope channels");
-  if (n == 0) return;
-  auto* kv = static_cast<float*>(workspace(cuda::kWsCompressorProj, size_t(2 * n * width) * sizeof(float)));
-  float* gate = kv + n * width;
-  linear_pair_f32(x, config_.dim, n, w.wkv, kv, width, w.wgate, gate, width);
-  // A compact cache receives the chunk's entries from an fp32 scratch once they are normed, rotated and simulated.
-  const cuda::CacheLayout* compact = compact_cache(state.entries);
-  const int64_t first = pos0 / m, most = (pos0 + n) / m - first;
-  float* scratch = compact ? static_cast<float*>(workspace(cuda::kWsCompressorEntries,
-                                                           size_t(std::max<int64_t>(most, 1) * c) * sizeof(float)))
-                           : nullptr;
-  const cuda::CompressorChunk chunk = compact
-                                          ? cuda::compressor_pool(*this, w, state, kv, gate, pos0, n, scratch, first)
-                                          : cuda::compressor_pool(*this, w, state, kv, gate, pos0, n, state.entries, 0);
-  if (chunk.count == 0) return;
-  float* out = compact ? scratch : state.entries + chunk.first_entry * c;
-  rms_norm(out, &w.norm, chunk.count, c, out);
-  // RoPE at each window's FIRST token position, w·m.
-  rope(out, chunk.count, c, c - config_.rope_dim, 1, chunk.first_entry * m, m, RopeKind::kCompressed, false);
-  if (sim == EntrySim::kFp8NoPe) sim_fp8(out, chunk.count, c, c - config_.rope_dim, 64);
-  if (sim == EntrySim::kHadamardFp4) hadamard_sim_fp4(out, chunk.count, c);
-  if (compact) {
-    DSV4_CHECK(compact->dim == c, "compressor: entries of ", c, " channels into a cache of ", compact->dim);
-    cuda::cache_store(*this, *compact, state.entries, out, c, chunk.count, chunk.first_entry, compact->rows);
+void CudaOps::compressor(std::span<const CompressorParams> batch) {
+  for (const CompressorParams& p : batch) {
+    const CompressorWeights& w = *p.weights;
+    CompressorState& state = *p.state;
+    const float* x = p.x;
+    const int64_t pos0 = p.pos0, n = p.n;
+    const EntrySim sim = p.sim;
+    const int64_t m = w.ratio, c = w.width, width = (w.overlap ? 2 : 1) * c;
+    DSV4_CHECK(w.wkv.rows == width && w.wgate.rows == width && w.wkv.cols == config_.dim &&
+                   w.wgate.cols == config_.dim,
+               "compressor: wkv [", w.wkv.rows, ", ", w.wkv.cols, "] / wgate [", w.wgate.rows, ", ", w.wgate.cols,
+               "], expected [", width, ", ", config_.dim, "]");
+    DSV4_CHECK(c >= config_.rope_dim, "compressor: width ", c, " is narrower than ", config_.rope_dim, " rope channels");
+    if (n == 0) continue;
+    auto* kv = static_cast<float*>(workspace(cuda::kWsCompressorProj, size_t(2 * n * width) * sizeof(float)));
+    float* gate = kv + n * width;
+    linear_pair_f32(x, config_.dim, n, w.wkv, kv, width, w.wgate, gate, width);
+    // A compact cache receives the chunk's entries from an fp32 scratch once they are normed, rotated and simulated.
+    const cuda::CacheLayout* compact = compact_cache(state.entries);
+    const int64_t first = pos0 / m, most = (pos0 + n) / m - first;
+    float* scratch = compact ? static_cast<float*>(workspace(cuda::kWsCompressorEntries,
+                                                             size_t(std::max<int64_t>(most, 1) * c) * sizeof(float)))
+                             : nullptr;
+    const cuda::CompressorChunk chunk = compact
+                                            ? cuda::compressor_pool(*this, w, state, kv, gate, pos0, n, scratch, first)
+                                            : cuda::compressor_pool(*this, w, state, kv, gate, pos0, n, state.entries, 0);
+    if (chunk.count == 0) continue;
+    float* out = compact ? scratch : state.entries + chunk.first_entry * c;
+    rms_norm(out, &w.norm, chunk.count, c, out);
+    // RoPE at each window's FIRST token position, w·m.
+    rope(out, chunk.count, c, c - config_.rope_dim, 1, chunk.first_entry * m, m, RopeKind::kCompressed, false);
+    if (sim == EntrySim::kFp8NoPe) sim_fp8(out, chunk.count, c, c - config_.rope_dim, 64);
+    if (sim == EntrySim::kHadamardFp4) hadamard_sim_fp4(out, chunk.count, c);
+    if (compact) {
+      DSV4_CHECK(compact->dim == c, "compressor: entries of ", c, " channels into a cache of ", compact->dim);
+      cuda::cache_store(*this, *compact, state.entries, out, c, chunk.count, chunk.first_entry, compact->rows);
+    }
   }
 }
 

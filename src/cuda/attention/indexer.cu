@@ -349,10 +349,9 @@ __global__ void __launch_bounds__(kSelectThreads) indexer_select_kernel(SelectPa
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 }  // namespace
-}  // namespace cuda
 
-void CudaOps::indexer_topk(const IndexerParams& p) {
-  using namespace cuda;
+// One sequence's indexer_topk.
+void indexer_topk_one(CudaOps& ops, const IndexerParams& p) {
   DSV4_CHECK(p.n >= 0 && p.pos0 >= 0 && p.ratio >= 1, "indexer_topk: n ", p.n, ", pos0 ", p.pos0, ", ratio ",
              p.ratio);
   DSV4_CHECK(p.heads >= 1 && p.heads <= kMaxIndexerHeads, "indexer_topk: ", p.heads, " heads (the CUDA kernel takes 1..",
@@ -364,7 +363,7 @@ void CudaOps::indexer_topk(const IndexerParams& p) {
   DSV4_CHECK(p.q && p.weights && p.keys && p.selected, "indexer_topk: q, weights, keys and selected are required");
   DSV4_CHECK(aligned16(p.q) && aligned16(p.keys), "indexer_topk: q and keys must be 16-byte aligned");
   DSV4_CHECK((p.pos0 + p.n) / p.ratio < (int64_t(1) << 31), "indexer_topk: more than 2^31 visible entries");
-  const CacheLayout* key_layout = compact_cache(p.keys);
+  const CacheLayout* key_layout = ops.compact_cache(p.keys);
   DSV4_CHECK(!key_layout || (key_layout->format == CacheFormat::kFp4Keys && key_layout->dim == p.head_dim),
              "indexer_topk: compact keys must be FP4 key rows of head_dim ", p.head_dim);
   if (p.n == 0 || p.top_k == 0) return;
@@ -380,14 +379,14 @@ void CudaOps::indexer_topk(const IndexerParams& p) {
   }();
   (void)smem_opted_in;
 
-  const bool pdl = props_.major >= 9;
+  const bool pdl = ops.props().major >= 9;
   // Rows go in batches whose score keys and histograms fit a fixed budget, so the workspaces are sized once.
   const int64_t v_stride = std::max<int64_t>(1, (p.pos0 + p.n) / p.ratio);  // the last row sees the most
   const size_t row_bytes = size_t(v_stride + kBins) * sizeof(uint32_t);
   const size_t budget = std::max(kScoreBudgetBytes, row_bytes);
   const int64_t batch = std::min<int64_t>({p.n, int64_t(budget / row_bytes), 65535});
-  auto* score_keys = static_cast<uint32_t*>(workspace(kWsIndexerScores, budget));
-  auto* hist = static_cast<uint32_t*>(workspace(kWsIndexerHist, size_t(batch * kBins) * sizeof(uint32_t), /*zeroed=*/true));
+  auto* score_keys = static_cast<uint32_t*>(ops.workspace(kWsIndexerScores, budget));
+  auto* hist = static_cast<uint32_t*>(ops.workspace(kWsIndexerHist, size_t(batch * kBins) * sizeof(uint32_t), /*zeroed=*/true));
 
   for (int64_t row0 = 0; row0 < p.n; row0 += batch) {
     const int64_t rows = std::min(batch, p.n - row0), pos0 = p.pos0 + row0;
@@ -398,22 +397,28 @@ void CudaOps::indexer_topk(const IndexerParams& p) {
       int entries = max_entries(H);
       if (decode) {  // the fewest entries per block that keep the grid within two blocks per SM
         entries = 8;
-        while (entries < max_entries(H) && ceil_div(visible_max, int64_t(entries)) * rows > 2 * props_.multiProcessorCount)
+        while (entries < max_entries(H) && ceil_div(visible_max, int64_t(entries)) * rows > 2 * ops.props().multiProcessorCount)
           entries *= 2;
       }
       ScoreParams s{p.q + row0 * p.heads * p.head_dim, p.weights + row0 * p.heads, p.keys,
                     key_layout ? *key_layout : CacheLayout{}, score_keys, hist, pos0, p.ratio, v_stride,
-                    int(p.heads), int(p.head_dim), entries, fast()};
+                    int(p.heads), int(p.head_dim), entries, ops.fast()};
       const dim3 grid(unsigned(ceil_div(visible_max, int64_t(entries))), unsigned(rows));
       const dim3 threads(unsigned(entries * ceil_div(p.heads, int64_t(H))));
       const size_t smem = score_smem_bytes(int(p.heads), int(p.head_dim), entries);
-      if (decode) launch_pdl(indexer_score_kernel<kDecodeHeads>, grid, threads, smem, stream_, pdl, s);
-      else launch_pdl(indexer_score_kernel<kPrefillHeads>, grid, threads, smem, stream_, pdl, s);
+      if (decode) launch_pdl(indexer_score_kernel<kDecodeHeads>, grid, threads, smem, ops.stream(), pdl, s);
+      else launch_pdl(indexer_score_kernel<kPrefillHeads>, grid, threads, smem, ops.stream(), pdl, s);
     }
     SelectParams sel{score_keys, hist, p.selected + row0 * p.top_k, pos0, p.ratio, v_stride, p.top_k};
     launch_pdl(indexer_select_kernel, dim3(unsigned(rows)), dim3(kSelectThreads), kCandidates * sizeof(uint64_t),
-               stream_, pdl, sel);
+               ops.stream(), pdl, sel);
   }
+}
+
+}  // namespace cuda
+
+void CudaOps::indexer_topk(std::span<const IndexerParams> batch) {
+  for (const IndexerParams& p : batch) cuda::indexer_topk_one(*this, p);
 }
 
 }  // namespace dsv4

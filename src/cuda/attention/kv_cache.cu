@@ -225,19 +225,23 @@ void CudaOps::kv_finish(float* kv, const std::vector<float>& gamma, int64_t n, i
                    size_t(dim) * sizeof(float), stream_, pdl(), *p);
 }
 
-void CudaOps::query_kv_finish(float* q, int64_t heads, float* kv, const std::vector<float>& kv_gamma, int64_t n,
-                              int64_t dim, int64_t nope, int64_t pos0, RopeKind kind, bool simulate, int64_t slots,
-                              float* ring) {
-  const auto kv_p = cuda::fused_kv_finish(*this, kv, kv_gamma, n, dim, nope, pos0, kind, simulate, slots, ring);
-  if (!kv_p) return Ops::query_kv_finish(q, heads, kv, kv_gamma, n, dim, nope, pos0, kind, simulate, slots, ring);
-  DSV4_CHECK(heads >= 1 && n * heads + n <= int64_t(INT32_MAX), "query_kv_finish: ", n, " rows of ", heads,
-             " query heads");
-  const int64_t blocks = n * heads + (n - kv_p->first);
-  if (blocks == 0) return;
-  const cuda::QueryKvFinishParams p{q, {nullptr, inv_freq(kind), dim, nope, float(config_.norm_eps), fast()},
-                                    n * heads, heads, *kv_p};
-  cuda::launch_pdl(cuda::query_kv_finish_kernel, dim3(unsigned(blocks)), dim3(cuda::kNormRopeThreads),
-                   size_t(dim) * sizeof(float), stream_, pdl(), p);
+void CudaOps::query_kv_finish(std::span<const QueryKvParams> batch) {
+  for (const QueryKvParams& b : batch) {
+    const auto kv_p = cuda::fused_kv_finish(*this, b.kv, *b.kv_gamma, b.n, b.dim, b.nope, b.pos0, b.rope, b.simulate,
+                                            b.slots, b.ring);
+    if (!kv_p) {
+      Ops::query_kv_finish({&b, 1});
+      continue;
+    }
+    DSV4_CHECK(b.heads >= 1 && b.n * b.heads + b.n <= int64_t(INT32_MAX), "query_kv_finish: ", b.n, " rows of ",
+               b.heads, " query heads");
+    const int64_t blocks = b.n * b.heads + (b.n - kv_p->first);
+    if (blocks == 0) continue;
+    const cuda::QueryKvFinishParams p{b.q, {nullptr, inv_freq(b.rope), b.dim, b.nope, float(config_.norm_eps), fast()},
+                                      b.n * b.heads, b.heads, *kv_p};
+    cuda::launch_pdl(cuda::query_kv_finish_kernel, dim3(unsigned(blocks)), dim3(cuda::kNormRopeThreads),
+                     size_t(b.dim) * sizeof(float), stream_, pdl(), p);
+  }
 }
 
 float* CudaOps::alloc_cache(CacheFormat format, int64_t rows, int64_t dim) {
