@@ -134,27 +134,51 @@ __global__ void __launch_bounds__(kNormRopeThreads) kv_finish_kernel(KvFinishPar
   kv_finish_row(p, i, consts, row_s);
 }
 
-struct QueryKvFinishParams {
-  float* q;               // [q_rows, dim], normed and rotated in place
-  NormRopeRow q_norm;     // no gain
-  int64_t q_rows, heads;  // q row r at position kv.pos0 + r / heads
-  KvFinishParams kv;
+constexpr int kMaxQueryKvSequences = 64;  // per launch: the table stays within 4 KB of kernel parameters
+
+// One sequence of a query_kv_finish launch: its blocks are the launch's [block0, block0 + n·heads + n − first).
+struct QueryKvSequence {
+  float* q;         // [n, heads, dim], normed and rotated in place
+  const float* kv;  // [n, dim]
+  uint8_t* ring;    // [slots, row_bytes]
+  int64_t pos0;
+  int32_t n, first, block0;  // K = V rows [first, n) are stored (the others' slots are taken by later rows)
 };
 
-// query_kv_finish: blocks [0, q_rows) norm and rotate a query head's row each (norm_rope), the others finish a
-// K = V row each (kv_finish_row). One launch instead of two: at decode each is a short chain after a PDL wait.
-__global__ void __launch_bounds__(kNormRopeThreads) query_kv_finish_kernel(QueryKvFinishParams p) {
+struct QueryKvFinishParams {
+  NormRopeRow q_norm;  // no gain
+  NormRopeRow kv_norm;
+  CacheLayout layout;  // kFp8Kv, dim channels
+  int64_t heads, slots;
+  int sequences;
+  QueryKvSequence seq[kMaxQueryKvSequences];
+};
+static_assert(sizeof(QueryKvFinishParams) <= 4096, "query_kv_finish: the kernel parameters exceed 4 KB");
+
+// query_kv_finish over a batch of sequences: per sequence, n·heads blocks norm and rotate a query head's row each
+// (norm_rope), then n − first blocks finish a K = V row each (kv_finish_row). One launch for the two and for
+// every sequence: at decode each is a short chain after a PDL wait.
+__global__ void __launch_bounds__(kNormRopeThreads) query_kv_finish_kernel(const __grid_constant__ QueryKvFinishParams p) {
   extern __shared__ float row_s[];  // [dim]
-  const bool query = blockIdx.x < p.q_rows;  // block-uniform
-  const int64_t i = query ? int64_t(blockIdx.x) : p.kv.first + (int64_t(blockIdx.x) - p.q_rows);
-  const int64_t pos = p.kv.pos0 + (query ? i / p.heads : i);
-  const NormRopeRowConsts consts = norm_rope_row_consts(query ? p.q_norm : p.kv.norm, pos);
+  int lo = 0, hi = p.sequences - 1;  // the block's sequence: binary search of block0
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.seq[mid].block0 <= int(blockIdx.x)) lo = mid;
+    else hi = mid - 1;
+  }
+  const QueryKvSequence& sq = p.seq[lo];
+  const int64_t b = int64_t(blockIdx.x) - sq.block0, q_rows = int64_t(sq.n) * p.heads;
+  const bool query = b < q_rows;  // block-uniform
+  const int64_t i = query ? b : sq.first + (b - q_rows);
+  const int64_t pos = sq.pos0 + (query ? i / p.heads : i);
+  const NormRopeRowConsts consts = norm_rope_row_consts(query ? p.q_norm : p.kv_norm, pos);
   pdl_wait();
   if (query) {
-    float* x = p.q + i * p.q_norm.dim;
+    float* x = sq.q + i * p.q_norm.dim;
     norm_rope_row(p.q_norm, consts, x, pos, row_s, x);
   } else {
-    kv_finish_row(p.kv, i, consts, row_s);
+    const KvFinishParams kv{sq.kv, p.kv_norm, sq.first, sq.pos0, p.layout, sq.ring, p.slots};
+    kv_finish_row(kv, i, consts, row_s);
   }
 }
 
@@ -226,22 +250,45 @@ void CudaOps::kv_finish(float* kv, const std::vector<float>& gamma, int64_t n, i
 }
 
 void CudaOps::query_kv_finish(std::span<const QueryKvParams> batch) {
+  if (batch.empty()) return;
+  cuda::QueryKvFinishParams k{};
+  std::optional<cuda::KvFinishParams> first_kv;
+  int64_t blocks = 0;
+  const auto launch = [&] {
+    if (blocks > 0)
+      cuda::launch_pdl(cuda::query_kv_finish_kernel, dim3(unsigned(blocks)), dim3(cuda::kNormRopeThreads),
+                       size_t(k.q_norm.dim) * sizeof(float), stream_, pdl(), k);
+    blocks = 0;
+    k.sequences = 0;
+  };
   for (const QueryKvParams& b : batch) {
     const auto kv_p = cuda::fused_kv_finish(*this, b.kv, *b.kv_gamma, b.n, b.dim, b.nope, b.pos0, b.rope, b.simulate,
                                             b.slots, b.ring);
-    if (!kv_p) {
+    if (!kv_p) {  // an fp32 ring (exact numerics): the default composition
       Ops::query_kv_finish({&b, 1});
       continue;
     }
-    DSV4_CHECK(b.heads >= 1 && b.n * b.heads + b.n <= int64_t(INT32_MAX), "query_kv_finish: ", b.n, " rows of ",
+    DSV4_CHECK(b.heads >= 1 && b.n * b.heads + b.n <= int64_t(INT32_MAX) / 2, "query_kv_finish: ", b.n, " rows of ",
                b.heads, " query heads");
-    const int64_t blocks = b.n * b.heads + (b.n - kv_p->first);
-    if (blocks == 0) continue;
-    const cuda::QueryKvFinishParams p{b.q, {nullptr, inv_freq(b.rope), b.dim, b.nope, float(config_.norm_eps), fast()},
-                                      b.n * b.heads, b.heads, *kv_p};
-    cuda::launch_pdl(cuda::query_kv_finish_kernel, dim3(unsigned(blocks)), dim3(cuda::kNormRopeThreads),
-                     size_t(b.dim) * sizeof(float), stream_, pdl(), p);
+    if (!first_kv) {
+      first_kv = kv_p;
+      k.q_norm = {nullptr, inv_freq(b.rope), b.dim, b.nope, float(config_.norm_eps), fast()};
+      k.kv_norm = kv_p->norm;
+      k.layout = kv_p->layout;
+      k.heads = b.heads;
+      k.slots = b.slots;
+    }
+    DSV4_CHECK(b.heads == k.heads && b.slots == k.slots && b.dim == k.q_norm.dim && b.nope == k.q_norm.offset &&
+                   kv_p->norm.gamma == k.kv_norm.gamma && kv_p->norm.inv_freq == k.kv_norm.inv_freq &&
+                   kv_p->layout.row_bytes == k.layout.row_bytes,
+               "query_kv_finish: the sequences of one batch differ in more than their rows, positions and caches");
+    const int64_t seq_blocks = b.n * b.heads + (b.n - kv_p->first);
+    if (seq_blocks == 0) continue;
+    if (k.sequences == cuda::kMaxQueryKvSequences || blocks + seq_blocks > int64_t(INT32_MAX) / 2) launch();
+    k.seq[k.sequences++] = {b.q, b.kv, kv_p->ring, b.pos0, int32_t(b.n), int32_t(kv_p->first), int32_t(blocks)};
+    blocks += seq_blocks;
   }
+  launch();
 }
 
 float* CudaOps::alloc_cache(CacheFormat format, int64_t rows, int64_t dim) {
