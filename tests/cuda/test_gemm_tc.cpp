@@ -1,4 +1,5 @@
-// gemm family, tensor-core path (src/cuda/gemm/gemm_tc.cu: wgmma + TMA on sm_90a) against the CPU reference.
+// gemm family, tensor-core paths (src/cuda/gemm/gemm_tc.cu: wgmma + TMA on sm_90a; gemv_mma.cu: the FP8 decode
+// GEMV, mma.sync e4m3) against the CPU reference.
 //
 // The kernel rounds the fp32 activations to the weight's format before the tensor cores see them, so each case
 // is checked twice, on sampled rows (every row for small n), against CpuOps:
@@ -132,6 +133,7 @@ struct Case {
   int64_t n, rows, cols;  // tokens, W [rows, cols]
   int64_t groups = 1;
   int64_t ldx_pad = 0, ldy_pad = 0;  // extra row stride beyond the minimum
+  bool gemv = false;  // the decode GEMV on the tensor cores (gemv_mma.cu, n ≤ 16) instead of gemm_tensor_core
 };
 
 std::vector<int64_t> sampled_rows(int64_t n, uint64_t seed) {
@@ -175,8 +177,14 @@ void run_case(const Case& c) {
   float* x_d = upload_floats(ops, x);
   float* y_d = ops.alloc(size_t(c.n * ldy));
   poison_on_stream(ops, y_d, size_t(c.n * ldy));
-  const cuda::GemmParams p{x_d, ldx, dw, c.n, y_d, ldy, c.groups};
-  ASSERT_TRUE(cuda::gemm_tensor_core(p, ops)) << "the tensor-core path declined a shape it covers";
+  cuda::GemmParams p{x_d, ldx, dw, c.n, y_d, ldy, c.groups};
+  if (c.gemv) {  // as fast numerics call it: act_quant'ed x, bf16 output
+    p.quant_x = p.bf16_out = true;
+    ASSERT_TRUE(cuda::gemv_mma_covers(p)) << "the tensor-core GEMV declined a shape it covers";
+    cuda::gemv(p, {}, ops.stream());
+  } else {
+    ASSERT_TRUE(cuda::gemm_tensor_core(p, ops)) << "the tensor-core path declined a shape it covers";
+  }
   const std::vector<float> y = to_host(ops, y_d, size_t(c.n * ldy));
 
   // Every output written and finite; padding untouched.
@@ -228,7 +236,8 @@ void run_case(const Case& c) {
     x_norm[size_t(i)] = std::sqrt(s);
   }
   const double element_tol = fp8 ? std::ldexp(1.0, -10) : double(c.cols) * std::ldexp(1.0, -23);
-  const double kernel_tol = fp8 ? 2e-3 : double(c.cols / 16) * std::ldexp(1.0, -24);
+  // The GEMV writes bf16 (fast numerics): up to 2^-9 of each element more, in the norm too.
+  const double kernel_tol = (fp8 ? 2e-3 : double(c.cols / 16) * std::ldexp(1.0, -24)) + (c.gemv ? 0x1p-9 : 0.0);
   const double format_tol = fp8 ? 4e-2 : 5e-3;
   double worst_ratio = 0.0;
   int64_t worst = 0;
@@ -305,7 +314,68 @@ std::vector<Case> grouped_cases(DType dtype, const std::string& tag) {
   };
 }
 
+// The tensor-core GEMV: every activation row count it takes (5 to 16) on odd shapes (one tile; fewer K blocks than
+// warps; K blocks not a multiple of the warps; padded strides), and V4-Flash's FP8 decode projections.
+std::vector<Case> gemv_cases() {
+  std::vector<Case> cases;
+  for (int64_t n = 5; n <= 16; ++n) {
+    const std::string t = "gemv n" + std::to_string(n) + " ";
+    cases.push_back({t + "[16,128]", DType::kF8E4M3, n, 16, 128, 1, 0, 0, true});
+    cases.push_back({t + "[272,384] strided", DType::kF8E4M3, n, 272, 384, 1, 4, 3, true});
+    cases.push_back({t + "[208,1664]", DType::kF8E4M3, n, 208, 1664, 1, 0, 0, true});
+  }
+  for (int64_t n : {5, 8, 13, 16}) {
+    const std::string t = "gemv n" + std::to_string(n) + " ";
+    cases.push_back({t + "wq_a", DType::kF8E4M3, n, 1024, 4096, 1, 0, 0, true});
+    cases.push_back({t + "wq_b", DType::kF8E4M3, n, 32768, 1024, 1, 0, 0, true});
+    cases.push_back({t + "wo_b", DType::kF8E4M3, n, 4096, 8192, 1, 0, 0, true});
+    cases.push_back({t + "wkv", DType::kF8E4M3, n, 512, 4096, 1, 0, 0, true});
+  }
+  return cases;
+}
+
 #endif  // DSV4_HAVE_CUDA
+
+TEST(CudaGemmTc, Fp8GemvEveryRowCount) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  DSV4_REQUIRE_HOPPER();
+  for (const Case& c : gemv_cases()) run_case(c);
+#endif
+}
+
+// A linear_pair (wq_a and wkv of the same x) runs as one tensor-core GEMV launch: each output as if alone.
+TEST(CudaGemmTc, Fp8GemvPairMatchesSingles) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  DSV4_REQUIRE_HOPPER();
+  ModelConfig config;
+  for (int64_t n : {5, 8, 11}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    const HostWeight a = random_weight(DType::kF8E4M3, 1024, 4096, seed() + 11 + uint64_t(n));
+    const HostWeight b = random_weight(DType::kF8E4M3, 512, 4096, seed() + 12 + uint64_t(n));
+    CudaOps fresh(config);
+    const cuda::DeviceWeight &da = fresh.upload(a.w), &db = fresh.upload(b.w);
+    float* x_d = upload_floats(fresh, random_matrix(n, 4096, seed() + 13));
+    std::vector<float*> outs;
+    for (int i = 0; i < 4; ++i) {
+      outs.push_back(fresh.alloc(size_t(n * 1024)));
+      poison_on_stream(fresh, outs.back(), size_t(n * 1024));
+    }
+    cuda::GemmParams pa{x_d, 4096, da, n, outs[0], 1024, 1}, pb{x_d, 4096, db, n, outs[1], 512, 1};
+    pa.quant_x = pa.bf16_out = pb.quant_x = pb.bf16_out = true;
+    ASSERT_TRUE(cuda::gemv_pair_covers(pa, pb));
+    cuda::gemv_pair(pa, pb, {}, fresh.stream());
+    cuda::GemmParams sa = pa, sb = pb;
+    sa.y = outs[2];
+    sb.y = outs[3];
+    cuda::gemv(sa, {}, fresh.stream());
+    cuda::gemv(sb, {}, fresh.stream());
+    EXPECT_EQ(to_host(fresh, outs[0], size_t(n * 1024)), to_host(fresh, outs[2], size_t(n * 1024)));
+    EXPECT_EQ(to_host(fresh, outs[1], size_t(n * 512)), to_host(fresh, outs[3], size_t(n * 512)));
+  }
+#endif
+}
 
 TEST(CudaGemmTc, Bf16OddShapes) {
   DSV4_REQUIRE_GPU();

@@ -1,7 +1,8 @@
 // gemm family, decode path: y = x · Wᵀ for n ≤ kGemvMaxRows activation rows. Memory-bound: every weight
 // byte is read once, in 16-byte loads, decoded in registers; activations and accumulation are fp32.
-// gemv() hands the calls the streaming kernel covers (gemv_stream.cu: n ≤ 4, FP8 / BF16 / F32) to it; this
-// file's staged kernel takes the rest (FP4, 5 ≤ n ≤ 16, rows not a multiple of 4).
+// gemv() hands FP8 weights in fast numerics to the tensor-core kernel (gemv_mma.cu), the calls the streaming
+// kernel covers (gemv_stream.cu: n ≤ 4, FP8 / BF16 / F32) to it; this file's staged kernel takes the rest (FP4,
+// 5 ≤ n ≤ 16, rows not a multiple of 4).
 //
 // NOTE: how the work is laid out.
 //  * A unit is `rows_per_unit` consecutive output rows of one group, computed by one block over its K range.
@@ -482,16 +483,19 @@ const DeviceInfo& device_info() {
 }  // namespace gemv_detail
 
 GemvScratchSize gemv_scratch_size(const GemmParams& p) {
-  return stream_covers(p) ? stream_scratch_size(p) : GemvScratchSize{};
+  return !mma_shape(p) && stream_covers(p) ? stream_scratch_size(p) : GemvScratchSize{};
 }
 
-bool gemv_pair_covers(const GemmParams& a, const GemmParams& b) { return stream_pair_covers(a, b); }
+bool gemv_pair_covers(const GemmParams& a, const GemmParams& b) {
+  return mma_pair_covers(a, b) || stream_pair_covers(a, b);
+}
 
 GemvScratchSize gemv_pair_scratch_size(const GemmParams& a, const GemmParams& b) {
-  return stream_scratch_size(a, &b);
+  return mma_pair_covers(a, b) ? GemvScratchSize{} : stream_scratch_size(a, &b);
 }
 
 void gemv_pair(const GemmParams& a, const GemmParams& b, const GemvScratch& scratch, cudaStream_t stream) {
+  if (mma_pair_covers(a, b)) return gemv_detail::mma(a, stream, &b);
   DSV4_CHECK(stream_pair_covers(a, b), "gemv: the pair [", a.w.rows, ", ", a.w.cols, "] + [", b.w.rows, ", ",
              b.w.cols, "] does not take the streaming kernel");
   gemv_detail::stream(a, scratch, stream, &b);
@@ -507,6 +511,7 @@ void gemv(const GemmParams& p, const GemvScratch& scratch, cudaStream_t stream) 
   DSV4_CHECK(p.x && p.y && p.w.data && p.w.cols > 0, "gemv: missing operand for [", p.w.rows, ", ", p.w.cols, "]");
   DSV4_CHECK(p.w.rows < (int64_t(1) << 30) && p.w.cols < (int64_t(1) << 30), "gemv: weight [", p.w.rows, ", ",
              p.w.cols, "] too large for 32-bit row and chunk indices");
+  if (mma_shape(p)) return gemv_detail::mma(p, stream);
   if (stream_covers(p)) {
     gemv_detail::stream(p, scratch, stream);
     return;

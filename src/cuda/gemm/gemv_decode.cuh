@@ -140,7 +140,13 @@ struct DeviceInfo {
 };
 const DeviceInfo& device_info();
 
-// The streaming kernel (gemv_stream.cu), which gemv() prefers where it covers the call.
+// The tensor-core kernel (gemv_mma.cu; gemm.h's gemv_mma_covers), which gemv() prefers where it covers the call.
+// `second`: a matrix of the same width on the same x (mma_pair_covers), run in the same launch.
+bool mma_shape(const GemmParams& p);
+bool mma_pair_covers(const GemmParams& a, const GemmParams& b);
+void mma(const GemmParams& p, cudaStream_t stream, const GemmParams* second = nullptr);
+
+// The streaming kernel (gemv_stream.cu), which gemv() prefers next where it covers the call.
 constexpr int64_t kStreamMaxRows = 4;
 // `second`: a matrix of p's format and width on the same x (stream_pair_covers), run in the same launch.
 bool stream_covers(const GemmParams& p);

@@ -1,0 +1,266 @@
+// gemm family, decode path on the tensor cores: y = act_quant(x) · Wᵀ for FP8 weights in fast numerics (quant_x,
+// bf16_out), 5 ≤ n ≤ 16 activation rows — the FP8 × FP8 product DeepSeek's GPU code computes, as mma.sync m16n8k32
+// e4m3 with the weight rows as the MMA's 16 rows and the activation rows as its 8 (or 2 × 8) columns.
+//
+// Why: the CUDA-core GEMVs decode every weight byte to fp32 and multiply it once per activation row; at n = 8
+// that is ~16 instructions per weight byte, and the FP8 matrices ran at ~20% of the copy bandwidth in the
+// batch-8 step. Here a weight byte costs 1/32 of a 16-byte load and 1/32 (n ≤ 8) or 1/16 of an MMA, and FP8 ×
+// FP8 needs no conversion at all: the kernel streams the weights as the GEMV does.
+//
+// NOTE: layout.
+//  * Each block stages x act_quant'ed (per row and 128 columns: e4m3 codes and the block's power-of-two scale,
+//    fp_grid.cuh's e4m3_block_exponent, bit for bit the CPU's fp8_round_trip) in shared memory, then walks
+//    16-row tiles (blockIdx.x, + gridDim.x, ...); warp w takes K blocks w, w + 8, ... of every tile, and the 8
+//    warps' partial tiles are summed in a fixed order in shared memory. A linear_pair's two matrices (same x)
+//    are one list of tiles.
+//  * Within a 128-column K block, lane (g, c) = (lane / 4, lane % 4) loads bytes [32c, 32c + 32) of rows g and
+//    g + 8 of the tile (4 lanes read a row's 128 contiguous bytes). The MMA's k order is a permutation of the
+//    block's: step s takes bytes 32c + 8s .. + 3 as the lane's k slots 4c .. 4c + 3 (registers a0 / a1) and
+//    bytes 32c + 8s + 4 .. + 7 as slots 16 + 4c .. (a2 / a3), and the activations' B fragment reads the same
+//    bytes of x (b0, b1), so each step is a dot product over 32 of the block's columns.
+//  * K blocks multiply in fp32 by the weight's 128 × 128 block scale and each activation row's scale; the MMA
+//    sums 128 exact e4m3 products per block (DeepGEMM promotes to fp32 at the same granularity).
+//  * Each warp keeps the next two (tile, K block) chunks of weights in flight while it multiplies one; the first
+//    two are requested before the PDL wait and the staging (weights do not depend on the predecessor).
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/common/check.h"
+#include "cuda/common/fp_grid.cuh"
+#include "cuda/common/launch.cuh"
+#include "cuda/gemm/gemv_decode.cuh"
+
+namespace dsv4::cuda::gemv_detail {
+
+namespace {
+
+constexpr int kMmaThreads = 256;
+constexpr int kMmaWarps = kMmaThreads / 32;
+constexpr int kTileRows = 16;  // the MMA's m
+constexpr int kBlockK = 128;   // the weight's scale block and the act_quant block along K
+constexpr int kMaxSmemBytes = 200 * 1024;
+constexpr int kStageBatch = 8;  // act_quant items per warp with their loads in flight together
+// The streaming GEMV (gemv_stream.cu, n ≤ 4) was faster at n = 1 in the batch-1 step (1.096 against 1.216 ms,
+// H100): this kernel takes n ≥ 5.
+constexpr int64_t kMmaMinRows = 5;
+
+struct MmaMatrix {
+  const uint8_t* w = nullptr;     // [rows, cols] e4m3
+  const float* scale = nullptr;   // [ceil(rows / 128), scale_cols]
+  int64_t scale_cols = 0;
+  float* y = nullptr;             // [n, ldy]
+  int64_t ldy = 0;
+  int tiles = 0;                  // rows / 16
+};
+
+struct MmaParams {
+  const float* x = nullptr;  // [n, ldx], bf16-valued
+  int64_t ldx = 0;
+  int n = 0, cols = 0;       // cols a multiple of 128
+  int x_stride = 0;          // bytes between staged rows of x: cols + 8, so B fragment reads are conflict-free
+  MmaMatrix m[2];            // a linear_pair's matrices (tiles of m[0] first); m[1].tiles = 0 for one
+  bool bf16_out = false;
+};
+
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// A lane's share of one (tile, K block): 32 bytes of rows g and g + 8, and the block's weight scale.
+struct Chunk {
+  uint4 r0lo, r0hi, r1lo, r1hi;
+  float scale;
+};
+
+__device__ __forceinline__ const MmaMatrix& matrix_of(const MmaParams& p, int tile, int& local) {
+  local = tile < p.m[0].tiles ? tile : tile - p.m[0].tiles;
+  return tile < p.m[0].tiles ? p.m[0] : p.m[1];
+}
+
+__device__ __forceinline__ Chunk load_chunk(const MmaParams& p, int tile, int kb, int lane) {
+  int t;
+  const MmaMatrix& m = matrix_of(p, tile, t);
+  const int64_t row = int64_t(t) * kTileRows + lane / 4;
+  const uint8_t* src = m.w + row * p.cols + kb * kBlockK + 32 * (lane % 4);
+  Chunk c;
+  c.r0lo = load_streaming(src);
+  c.r0hi = load_streaming(src + 16);
+  c.r1lo = load_streaming(src + 8 * int64_t(p.cols));
+  c.r1hi = load_streaming(src + 8 * int64_t(p.cols) + 16);
+  c.scale = m.scale[(row / 128) * m.scale_cols + kb];
+  return c;
+}
+
+// NT: 8-column activation tiles (n ≤ 8·NT). grid: blocks walking the tiles; dynamic smem mma_smem_bytes.
+template <int NT>
+__global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const __grid_constant__ MmaParams p) {
+  constexpr int NP = 8 * NT;  // staged activation rows, zero past n
+  extern __shared__ uint8_t smem[];
+  const int KB = p.cols / kBlockK;
+  uint8_t* xq = smem;                                                            // [NP][x_stride] e4m3 codes
+  float* xscale = reinterpret_cast<float*>(smem + NP * p.x_stride);              // [NP][KB] 2^e
+  float* red = xscale + NP * KB;                                                 // [warps][16][NP]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
+
+  // This warp's (tile, K block) sequence: tiles blockIdx.x + j·gridDim.x, K blocks warp + 8i.
+  const int tiles = p.m[0].tiles + p.m[1].tiles;
+  const int my_tiles = int(blockIdx.x) < tiles ? (tiles - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x) : 0;
+  const int kbw = warp < KB ? (KB - warp + kMmaWarps - 1) / kMmaWarps : 0;
+  const int total = my_tiles * kbw;
+  const auto tile_of = [&](int it) { return int(blockIdx.x) + (it / kbw) * int(gridDim.x); };
+  const auto kb_of = [&](int it) { return warp + kMmaWarps * (it % kbw); };
+  Chunk cur{}, next{}, after{};
+  if (total > 0) cur = load_chunk(p, tile_of(0), kb_of(0), lane);
+  if (total > 1) next = load_chunk(p, tile_of(1), kb_of(1), lane);
+  pdl_wait();
+
+  // act_quant: one warp per (row, K block), 4 columns per lane; a warp's next kStageBatch items' loads are in
+  // flight together (one item at a time left wo_b's 512 blocks of x as a chain of L2 round trips per warp).
+  for (int base = warp * kStageBatch; base < NP * KB; base += kMmaWarps * kStageBatch) {
+    float4 v[kStageBatch];
+#pragma unroll
+    for (int u = 0; u < kStageBatch; ++u) {
+      const int item = base + u, r = item / KB, kb = item % KB;
+      v[u] = item < NP * KB && r < p.n ? reinterpret_cast<const float4*>(p.x + r * p.ldx + kb * kBlockK)[lane]
+                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int u = 0; u < kStageBatch; ++u) {
+      const int item = base + u, r = item / KB, kb = item % KB;
+      if (item >= NP * KB) break;  // warp-uniform
+      const int e = e4m3_block_exponent(warp_max_f32(abs_max4(v[u])));
+      const float down = __uint_as_float(uint32_t(127 - e) << 23);
+      const __nv_fp8x2_storage_t lo =
+          __nv_cvt_float2_to_fp8x2(make_float2(v[u].x * down, v[u].y * down), __NV_SATFINITE, __NV_E4M3);
+      const __nv_fp8x2_storage_t hi =
+          __nv_cvt_float2_to_fp8x2(make_float2(v[u].z * down, v[u].w * down), __NV_SATFINITE, __NV_E4M3);
+      *reinterpret_cast<uint32_t*>(xq + r * p.x_stride + kb * kBlockK + 4 * lane) =
+          uint32_t(lo) | (uint32_t(hi) << 16);
+      if (lane == 0) xscale[r * KB + kb] = r < p.n ? __uint_as_float(uint32_t(127 + e) << 23) : 0.0f;
+    }
+  }
+  __syncthreads();
+
+  for (int j = 0; j < my_tiles; ++j) {
+    float acc[NT][4] = {};
+    for (int i = 0; i < kbw; ++i) {
+      const int it = j * kbw + i, kb = kb_of(it);
+      if (it + 2 < total) after = load_chunk(p, tile_of(it + 2), kb_of(it + 2), lane);
+      float blk[NT][4] = {};
+      const uint32_t a_row0[8] = {cur.r0lo.x, cur.r0lo.y, cur.r0lo.z, cur.r0lo.w,
+                                  cur.r0hi.x, cur.r0hi.y, cur.r0hi.z, cur.r0hi.w};
+      const uint32_t a_row1[8] = {cur.r1lo.x, cur.r1lo.y, cur.r1lo.z, cur.r1lo.w,
+                                  cur.r1hi.x, cur.r1hi.y, cur.r1hi.z, cur.r1hi.w};
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint2 b = *reinterpret_cast<const uint2*>(xq + (nt * 8 + g) * p.x_stride + kb * kBlockK + 32 * c + 8 * s);
+          mma_e4m3(blk[nt], a_row0[2 * s], a_row1[2 * s], a_row0[2 * s + 1], a_row1[2 * s + 1], b.x, b.y);
+        }
+      // C fragment: blk[nt][0 / 1] = row g, activation rows 8nt + 2c / + 1; [2 / 3] = row g + 8.
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const float s0 = xscale[(nt * 8 + 2 * c) * KB + kb] * cur.scale;
+        const float s1 = xscale[(nt * 8 + 2 * c + 1) * KB + kb] * cur.scale;
+        acc[nt][0] = fmaf(blk[nt][0], s0, acc[nt][0]);
+        acc[nt][1] = fmaf(blk[nt][1], s1, acc[nt][1]);
+        acc[nt][2] = fmaf(blk[nt][2], s0, acc[nt][2]);
+        acc[nt][3] = fmaf(blk[nt][3], s1, acc[nt][3]);
+      }
+      cur = next;
+      next = after;
+    }
+    // The warps' partial tiles, summed in warp order.
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) red[(warp * kTileRows + g + 8 * (q / 2)) * NP + nt * 8 + 2 * c + q % 2] = acc[nt][q];
+    __syncthreads();
+    if (int(threadIdx.x) < kTileRows * p.n) {
+      const int row = threadIdx.x % kTileRows, r = threadIdx.x / kTileRows;
+      float sum = 0.0f;
+      for (int w = 0; w < kMmaWarps; ++w) sum += red[(w * kTileRows + row) * NP + r];
+      int t;
+      const MmaMatrix& m = matrix_of(p, int(blockIdx.x) + j * int(gridDim.x), t);
+      m.y[r * m.ldy + int64_t(t) * kTileRows + row] = p.bf16_out ? round_bf16(sum) : sum;
+    }
+    __syncthreads();
+  }
+}
+
+size_t mma_smem_bytes(int nt, int64_t cols) {
+  const int64_t np = 8 * nt;
+  return size_t(np * (cols + 8) + np * (cols / kBlockK) * 4 + kMmaWarps * kTileRows * np * 4);
+}
+
+}  // namespace
+
+bool mma_shape(const GemmParams& p) {
+  return p.w.format == WFormat::kFP8 && p.quant_x && p.bf16_out && p.groups == 1 && !p.w.mma_tiles &&
+         p.n >= kMmaMinRows &&
+         p.n <= kGemvMaxRows && p.w.cols % kBlockK == 0 && p.w.rows % kTileRows == 0 && p.ldx % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w.data) % 16 == 0 &&
+         p.w.rows / kTileRows < (int64_t(1) << 30) && mma_smem_bytes(2, p.w.cols) <= size_t(kMaxSmemBytes) &&
+         device_info().cc_major >= 9;
+}
+
+namespace {
+
+template <int NT>
+void launch_mma(const MmaParams& k, int tiles, cudaStream_t stream) {
+  static const bool opted_in = [] {
+    DSV4_CUDA_CHECK(
+        cudaFuncSetAttribute(gemv_mma_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmemBytes));
+    return true;
+  }();
+  (void)opted_in;
+  const size_t smem = mma_smem_bytes(NT, k.cols);
+  // As many blocks as fit the SMs at once (each stages x once), but no more than there are tiles.
+  const int per_sm = int(std::clamp<size_t>(size_t(220 * 1024) / (smem + 1024), 1, 2));
+  const int blocks = std::min(tiles, device_info().sms * per_sm);
+  launch_pdl(gemv_mma_kernel<NT>, dim3(unsigned(blocks)), dim3(kMmaThreads), smem, stream, true, k);
+}
+
+}  // namespace
+
+bool mma_pair_covers(const GemmParams& a, const GemmParams& b) {
+  return mma_shape(a) && mma_shape(b) && a.x == b.x && a.ldx == b.ldx && a.n == b.n && a.w.cols == b.w.cols;
+}
+
+void mma(const GemmParams& a, cudaStream_t stream, const GemmParams* b) {
+  DSV4_CHECK(b ? mma_pair_covers(a, *b) : mma_shape(a), "gemv: [", a.w.rows, ", ", a.w.cols,
+             "] does not take the tensor-core GEMV");
+  MmaParams k;
+  k.x = a.x;
+  k.ldx = a.ldx;
+  k.n = int(a.n);
+  k.cols = int(a.w.cols);
+  k.x_stride = k.cols + 8;
+  k.bf16_out = a.bf16_out;
+  const auto matrix = [](const GemmParams& p) {
+    return MmaMatrix{p.w.data, p.w.scale_f32, p.w.scale_cols, p.y, p.ldy, int(p.w.rows / kTileRows)};
+  };
+  k.m[0] = matrix(a);
+  if (b) k.m[1] = matrix(*b);
+  const int tiles = k.m[0].tiles + k.m[1].tiles;
+  if (a.n <= 8) launch_mma<1>(k, tiles, stream);
+  else launch_mma<2>(k, tiles, stream);
+}
+
+}  // namespace dsv4::cuda::gemv_detail
+
+namespace dsv4::cuda {
+
+bool gemv_mma_covers(const GemmParams& p) { return gemv_detail::mma_shape(p); }
+
+}  // namespace dsv4::cuda
