@@ -111,118 +111,167 @@ constexpr Tolerance kAttnTol{1e-5, 1e-5};
 // bit-identical (the model: all of them; with P left unrounded, 58–74%).
 constexpr double kFastAttnBound = 2 * kBf16Ulp, kFastDerotatedBound = 4 * kBf16Ulp, kFastAttnEqual = 0.95;
 
-void check_attention(const AttnCase& c, Numerics numerics = Numerics::kReference) {
-  SCOPED_TRACE(c.name + " seed " + std::to_string(seed()));
-  std::mt19937_64 rng(case_seed(c.name));
-  const bool fast = numerics == Numerics::kFast;
-  const int64_t H = c.heads, d = c.head_dim, last = c.pos0 + c.n - 1;
-  const int64_t ring = c.window + c.n - 1 + c.extra_ring;
-  const bool compressed = c.layer != Layer::kSliding;
-  const int64_t visible_max = (last + 1) / c.ratio;
-
-  std::vector<float> q = random_floats(size_t(c.n * H * d), rng, -2.0f, 2.0f);
-  std::vector<float> window = random_floats(size_t(ring * d), rng);
-  if (fast) {
-    to_bf16(q);
-    to_bf16(window);
-  }
-  // Ring slots of positions no query of the step can see must never be read.
-  std::vector<bool> seen(size_t(ring), false);
-  for (int64_t pos = std::max<int64_t>(0, c.pos0 - c.window + 1); pos <= last; ++pos) seen[size_t(pos % ring)] = true;
-  for (int64_t s = 0; s < ring; ++s)
-    if (!seen[size_t(s)]) std::fill_n(window.begin() + s * d, d, kNaN);
-  // Entries past the last visible one must never be read either.
-  const int64_t n_entries = visible_max + 3;
-  std::vector<float> entries = random_floats(size_t(n_entries * d), rng);
-  if (fast) to_bf16(entries);
-  std::fill(entries.begin() + visible_max * d, entries.end(), kNaN);
-  std::vector<float> sinks = random_floats(size_t(H), rng, -1.0f, 2.0f);
+// One sequence's inputs and the CPU's output (check_attention_batch).
+struct AttnSequence {
+  std::vector<float> q, window, entries, want;
   std::vector<int32_t> selected;
-  if (c.layer == Layer::kCsa) {
-    selected.assign(size_t(c.n * c.top_k), -1);
-    std::vector<int32_t> ids;
-    for (int64_t i = 0; i < c.n; ++i) {
-      const int64_t visible = (c.pos0 + i + 1) / c.ratio, k = std::min(c.top_k, visible);
-      ids.resize(size_t(visible));
-      std::iota(ids.begin(), ids.end(), 0);
-      for (int64_t j = 0; j < k; ++j) std::swap(ids[size_t(j)], ids[size_t(j + int64_t(rng() % uint64_t(visible - j)))]);
-      for (int64_t j = 0; j < k; ++j)  // ~5% masked slots inside the list too
-        selected[size_t(i * c.top_k + j)] = rng() % 20 == 0 ? -1 : ids[size_t(j)];
-    }
-  }
+  int64_t n_entries = 0;
+};
+
+// A batch of sequences through one CudaOps::attention call against the CPU's, sequence by sequence. The
+// sequences share the layer (type, heads, head_dim, window, ratio, top_k, caches' format, derotation: the first
+// case's) and differ in positions, rows and contents; each has its own q, ring, entries, selection and output
+// buffers. With more than one sequence the batch at one split must also equal each sequence run alone, bit for
+// bit (the same blocks compute the same rows).
+void check_attention_batch(const std::vector<AttnCase>& cases, Numerics numerics = Numerics::kReference) {
+  const AttnCase& c0 = cases[0];
+  std::string name = c0.name;
+  for (size_t i = 1; i < cases.size(); ++i) name += "+" + cases[i].name;
+  SCOPED_TRACE(name + " seed " + std::to_string(seed()));
+  std::mt19937_64 rng(case_seed(name));
+  const bool fast = numerics == Numerics::kFast;
+  const int64_t H = c0.heads, d = c0.head_dim;
+  int64_t max_n = 0;
+  for (const AttnCase& c : cases) max_n = std::max(max_n, c.n);
+  const int64_t ring = c0.window + max_n - 1 + c0.extra_ring;
+  const bool compressed = c0.layer != Layer::kSliding;
+  ModelConfig config = attention_config(64);
+  std::vector<float> sinks = random_floats(size_t(H), rng, -1.0f, 2.0f);
 
   AttentionParams p;
   p.ring_slots = ring;
-  p.window_size = c.window;
-  p.top_k = c.top_k;
-  p.ratio = c.ratio;
-  p.pos0 = c.pos0;
-  p.n = c.n;
+  p.window_size = c0.window;
+  p.top_k = c0.top_k;
+  p.ratio = c0.ratio;
   p.heads = H;
   p.head_dim = d;
   p.scale = float(1.0 / std::sqrt(double(d)));
   p.sinks = sinks.data();  // host address: the CUDA backend looks its uploaded copy up
-  p.derotate = c.derotate;
+  p.derotate = c0.derotate;
   p.rope = RopeKind::kCompressed;
 
-  ModelConfig config = attention_config(64);
   CpuOps cpu(config);
   cpu.set_numerics(numerics);
-  if (c.compact) {  // what the model stores in reference and fast numerics: e4m3 non-rope channels
-    cpu.sim_fp8(window.data(), ring, d, d - config.rope_dim, 64);
-    cpu.sim_fp8(entries.data(), n_entries, d, d - config.rope_dim, 64);
+  std::vector<AttnSequence> seqs(cases.size());
+  std::vector<AttentionParams> on_cpu;
+  for (size_t si = 0; si < cases.size(); ++si) {
+    const AttnCase& c = cases[si];
+    AttnSequence& sq = seqs[si];
+    const int64_t last = c.pos0 + c.n - 1, visible_max = (last + 1) / c0.ratio;
+    sq.q = random_floats(size_t(c.n * H * d), rng, -2.0f, 2.0f);
+    sq.window = random_floats(size_t(ring * d), rng);
+    if (fast) {
+      to_bf16(sq.q);
+      to_bf16(sq.window);
+    }
+    // Ring slots of positions no query of the step can see must never be read.
+    std::vector<bool> seen(size_t(ring), false);
+    for (int64_t pos = std::max<int64_t>(0, c.pos0 - c0.window + 1); pos <= last; ++pos) seen[size_t(pos % ring)] = true;
+    for (int64_t s = 0; s < ring; ++s)
+      if (!seen[size_t(s)]) std::fill_n(sq.window.begin() + s * d, d, kNaN);
+    // Entries past the last visible one must never be read either.
+    sq.n_entries = visible_max + 3;
+    sq.entries = random_floats(size_t(sq.n_entries * d), rng);
+    if (fast) to_bf16(sq.entries);
+    std::fill(sq.entries.begin() + visible_max * d, sq.entries.end(), kNaN);
+    if (c0.layer == Layer::kCsa) {
+      sq.selected.assign(size_t(c.n * c0.top_k), -1);
+      std::vector<int32_t> ids;
+      for (int64_t i = 0; i < c.n; ++i) {
+        const int64_t visible = (c.pos0 + i + 1) / c0.ratio, k = std::min(c0.top_k, visible);
+        ids.resize(size_t(visible));
+        std::iota(ids.begin(), ids.end(), 0);
+        for (int64_t j = 0; j < k; ++j) std::swap(ids[size_t(j)], ids[size_t(j + int64_t(rng() % uint64_t(visible - j)))]);
+        for (int64_t j = 0; j < k; ++j)  // ~5% masked slots inside the list too
+          sq.selected[size_t(i * c0.top_k + j)] = rng() % 20 == 0 ? -1 : ids[size_t(j)];
+      }
+    }
+    if (c0.compact) {  // what the model stores in reference and fast numerics: e4m3 non-rope channels
+      cpu.sim_fp8(sq.window.data(), ring, d, d - config.rope_dim, 64);
+      cpu.sim_fp8(sq.entries.data(), sq.n_entries, d, d - config.rope_dim, 64);
+    }
+    sq.want.assign(size_t(c.n * H * d), kNaN);
+    AttentionParams pc = p;
+    pc.pos0 = c.pos0;
+    pc.n = c.n;
+    pc.q = sq.q.data();
+    pc.window = sq.window.data();
+    pc.entries = compressed ? sq.entries.data() : nullptr;
+    pc.selected = c0.layer == Layer::kCsa ? sq.selected.data() : nullptr;
+    pc.out = sq.want.data();
+    on_cpu.push_back(pc);
   }
-  std::vector<float> want(size_t(c.n * H * d), kNaN);
-  AttentionParams pc = p;
-  pc.q = q.data();
-  pc.window = window.data();
-  pc.entries = compressed ? entries.data() : nullptr;
-  pc.selected = c.layer == Layer::kCsa ? selected.data() : nullptr;
-  pc.out = want.data();
-  cpu.attention(std::span<const AttentionParams>(&pc, 1));
+  cpu.attention(on_cpu);
 
   CudaOps gpu(config);
   gpu.set_numerics(numerics);
   gpu.upload(sinks);
-  AttentionParams pg = p;
-  pg.q = to_device(gpu, q);
-  if (c.compact) {
-    float* compact_window = gpu.alloc_cache(CacheFormat::kFp8Kv, ring, d);
-    gpu.write_cache(compact_window, ring, d, window.data());
-    pg.window = compact_window;
-    if (compressed) {
-      float* compact_entries = gpu.alloc_cache(CacheFormat::kFp8Kv, n_entries, d);
-      gpu.write_cache(compact_entries, n_entries, d, entries.data());
-      pg.entries = compact_entries;
+  std::vector<AttentionParams> on_gpu;
+  for (size_t si = 0; si < cases.size(); ++si) {
+    const AttnCase& c = cases[si];
+    AttnSequence& sq = seqs[si];
+    AttentionParams pg = on_cpu[si];
+    pg.q = to_device(gpu, sq.q);
+    if (c0.compact) {
+      float* compact_window = gpu.alloc_cache(CacheFormat::kFp8Kv, ring, d);
+      gpu.write_cache(compact_window, ring, d, sq.window.data());
+      pg.window = compact_window;
+      if (compressed) {
+        float* compact_entries = gpu.alloc_cache(CacheFormat::kFp8Kv, sq.n_entries, d);
+        gpu.write_cache(compact_entries, sq.n_entries, d, sq.entries.data());
+        pg.entries = compact_entries;
+      }
+    } else {
+      pg.window = to_device(gpu, sq.window);
+      pg.entries = compressed ? to_device(gpu, sq.entries) : nullptr;
     }
-  } else {
-    pg.window = to_device(gpu, window);
-    pg.entries = compressed ? to_device(gpu, entries) : nullptr;
+    pg.selected = c0.layer == Layer::kCsa ? to_device(gpu, sq.selected) : nullptr;
+    pg.out = gpu.alloc(size_t(c.n * H * d));
+    on_gpu.push_back(pg);
   }
-  pg.selected = c.layer == Layer::kCsa ? to_device(gpu, selected) : nullptr;
-  float* out = gpu.alloc(want.size());
-  pg.out = out;
+  const auto outputs = [&] {
+    std::vector<std::vector<float>> got;
+    for (size_t si = 0; si < cases.size(); ++si) got.push_back(to_host(gpu, on_gpu[si].out, seqs[si].want.size()));
+    return got;
+  };
   // 0 = CudaOps::attention's own choice; 1 = the prefill path (no combine); others force split-KV (100: the
   // combine kernel's second batch of loads).
+  const int default_splits = cuda::attention_default_splits(gpu, on_gpu);
   for (int splits : {0, 1, 3, 64, 100}) {
-    const int default_splits = cuda::attention_default_splits(gpu, std::span<const AttentionParams>(&pg, 1));
     SCOPED_TRACE("splits " + std::to_string(splits) + " (default " + std::to_string(default_splits) + ")");
-    poison(out, want.size());
-    if (splits == 0) gpu.attention(std::span<const AttentionParams>(&pg, 1));
-    else cuda::attention_split_kv(gpu, std::span<const AttentionParams>(&pg, 1), splits);
-    const std::vector<float> got = to_host(gpu, out, want.size());
-    if (fast) {
-      const bool one_tile = cuda::attention_keys(pg, last) <= 32 && (splits == 0 ? default_splits : splits) == 1;
-      EXPECT_TRUE(compare_fast(got, want, c.derotate ? kFastDerotatedBound : kFastAttnBound,
-                               one_tile ? kFastAttnEqual : 0.0, "[attention] " + c.name + " splits " +
-                               std::to_string(splits)));
-      continue;
+    for (size_t si = 0; si < cases.size(); ++si) poison(on_gpu[si].out, seqs[si].want.size());
+    if (splits == 0) gpu.attention(on_gpu);
+    else cuda::attention_split_kv(gpu, on_gpu, splits);
+    const std::vector<std::vector<float>> got = outputs();
+    for (size_t si = 0; si < cases.size(); ++si) {
+      const AttnCase& c = cases[si];
+      const std::vector<float>& want = seqs[si].want;
+      const std::string what = "[attention] " + c.name + " splits " + std::to_string(splits);
+      if (fast) {
+        const bool one_tile = cuda::attention_keys(on_gpu[si], c.pos0 + c.n - 1) <= 32 &&
+                              (splits == 0 ? default_splits : splits) == 1;
+        EXPECT_TRUE(compare_fast(got[si], want, c0.derotate ? kFastDerotatedBound : kFastAttnBound,
+                                 one_tile ? kFastAttnEqual : 0.0, what));
+        continue;
+      }
+      const Diff dd = diff(got[si].data(), want.data(), got[si].size());
+      std::printf("%-46s: max |diff| %.3g at %zu, cosine %.9f\n", what.c_str(), dd.max_abs, dd.worst, dd.cosine);
+      EXPECT_TRUE(compare(got[si], want, kAttnTol, c.name));
     }
-    const Diff dd = diff(got.data(), want.data(), got.size());
-    std::printf("[attention] %-34s splits %2d: max |diff| %.3g at %zu, cosine %.9f\n", c.name.c_str(), splits,
-                dd.max_abs, dd.worst, dd.cosine);
-    EXPECT_TRUE(compare(got, want, kAttnTol, c.name));
+    if (splits == 1 && cases.size() > 1) {
+      for (size_t si = 0; si < cases.size(); ++si) {
+        poison(on_gpu[si].out, seqs[si].want.size());
+        cuda::attention_split_kv(gpu, std::span<const AttentionParams>(&on_gpu[si], 1), 1);
+      }
+      const std::vector<std::vector<float>> alone = outputs();
+      for (size_t si = 0; si < cases.size(); ++si)
+        EXPECT_TRUE(alone[si] == got[si]) << cases[si].name << ": the batch differs from the sequence alone";
+    }
   }
+}
+
+void check_attention(const AttnCase& c, Numerics numerics = Numerics::kReference) {
+  check_attention_batch({c}, numerics);
 }
 
 #endif  // DSV4_HAVE_CUDA
@@ -326,6 +375,33 @@ TEST(CudaAttention, FastNumerics) {
       {"fast_derotate_compact_v4_hca_decode_128k", Layer::kHca, 64, 512, 128, 1, 131071, 128, 0, 0, true, true},
   };
   for (const AttnCase& c : cases) check_attention(c, Numerics::kFast);
+#endif
+}
+
+// A batch of sequences in one call (the forward's decode and mixed steps): different positions, decode rows and
+// prefill chunks side by side, every layer type, compact caches, both numerics; more sequences than one launch
+// holds (64) and a batch whose rows fill more than one wave.
+TEST(CudaAttention, BatchOfSequences) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  check_attention_batch({{"b_sliding_n1_pos0", Layer::kSliding, 3, 64, 5, 1, 0},
+                         {"b_sliding_n7_pos1000", Layer::kSliding, 3, 64, 5, 7, 1000},
+                         {"b_sliding_n1_pos3", Layer::kSliding, 3, 64, 5, 1, 3}});
+  check_attention_batch({{"b_csa_n1_pos77", Layer::kCsa, 17, 192, 5, 1, 77, 4, 19, 0, true},
+                         {"b_csa_n33_pos4000", Layer::kCsa, 17, 192, 5, 33, 4000, 4, 19, 0, true},
+                         {"b_csa_n1_pos5", Layer::kCsa, 17, 192, 5, 1, 5, 4, 19, 0, true}});
+  check_attention_batch({{"b_hca_n7_pos3000", Layer::kHca, 19, 68, 5, 7, 3000, 128, 0, 0, false, true},
+                         {"b_hca_n1_pos100000", Layer::kHca, 19, 68, 5, 1, 100000, 128, 0, 0, false, true}});
+  for (const Numerics numerics : {Numerics::kReference, Numerics::kFast}) {
+    std::vector<AttnCase> decode;  // V4-Flash CSA decode, 70 sequences at scattered positions
+    for (int i = 0; i < 70; ++i)
+      decode.push_back({"v4_csa_decode_" + std::to_string(i), Layer::kCsa, 64, 512, 128, 1, 37 + 97 * i, 4, 512,
+                        0, true, true});
+    check_attention_batch(decode, numerics);
+  }
+  check_attention_batch({{"fast_b_hca_n1_pos9000", Layer::kHca, 64, 512, 128, 1, 9000, 128, 0, 0, true, true},
+                         {"fast_b_hca_n33_pos400", Layer::kHca, 64, 512, 128, 33, 400, 128, 0, 0, true, true}},
+                        Numerics::kFast);
 #endif
 }
 

@@ -265,5 +265,47 @@ TEST(CudaNormRope, QueryKvFinishMatchesCpu) {
 #endif
 }
 
+// query_kv_finish over a batch of sequences in one call, as the forward's steps make it: per sequence its own
+// q, kv rows and ring, at its own position (decode rows, a prefill chunk, a wrap of the ring, position 0), 70
+// sequences (more than one launch's 64); each sequence as in QueryKvFinishMatchesCpu.
+TEST(CudaNormRope, QueryKvFinishBatchMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  SCOPED_TRACE(seed());
+  KvRows k;
+  for (const int64_t heads : {int64_t(5), int64_t(64)}) {
+    struct Sequence {
+      Rings rings;
+      std::vector<float> q, q_cpu, kv_cpu;
+      float* dq;
+      int64_t n, pos0;
+    };
+    std::vector<Sequence> seqs;
+    std::vector<QueryKvParams> on_cpu, on_gpu;
+    for (int i = 0; i < 70; ++i) {
+      const int64_t n = i % 9 == 4 ? 40 : i % 9 == 7 ? 13 : 1, pos0 = i == 0 ? 0 : 4095 + 311 * i;
+      Sequence sq{k.random_rings(), random_floats(size_t(n * heads * k.d), k.rng, -3.0f, 3.0f), {}, {}, nullptr, n, pos0};
+      const auto kv = random_floats(size_t(n * k.d), k.rng, -3.0f, 3.0f);
+      sq.q_cpu = sq.q;
+      sq.kv_cpu = kv;
+      sq.dq = to_device(k.ops, sq.q);
+      on_gpu.push_back({sq.dq, heads, to_device(k.ops, kv), &k.gamma, n, k.d, k.nope, pos0, RopeKind::kPlain, true,
+                        k.slots, sq.rings.dev});
+      seqs.push_back(std::move(sq));
+    }
+    for (Sequence& sq : seqs)
+      on_cpu.push_back({sq.q_cpu.data(), heads, sq.kv_cpu.data(), &k.gamma, sq.n, k.d, k.nope, sq.pos0,
+                        RopeKind::kPlain, true, k.slots, sq.rings.host.data()});
+    k.cpu.query_kv_finish(on_cpu);
+    k.ops.query_kv_finish(on_gpu);
+    for (const Sequence& sq : seqs) {
+      const std::string what = cat("batched query_kv_finish n=", sq.n, " pos0=", sq.pos0, " heads=", heads);
+      expect_rows_match(to_host(k.ops, sq.dq, sq.q.size()), sq.q_cpu, sq.n * heads, k.d, k.nope, what + " q");
+      k.expect_rings_match(sq.rings, what + " ring");
+    }
+  }
+#endif
+}
+
 }  // namespace
 }  // namespace dsv4::test
