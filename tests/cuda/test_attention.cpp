@@ -695,7 +695,6 @@ void check_compressor_pool(const CompressorCase& c, Numerics numerics = Numerics
   gpu.set_numerics(numerics);
   gpu.upload(w.ape);
   CompressorState gs{to_device(gpu, kv), to_device(gpu, score), gpu.alloc(entries.size()), max_entries};
-  poison(gs.entries, entries.size());
 
   int64_t pos = c.start;
   for (int64_t n : c.chunks) {
@@ -708,39 +707,32 @@ void check_compressor_pool(const CompressorCase& c, Numerics numerics = Numerics
     cpu.linear(x.data(), c.dim, w.wgate, n, pgate.data(), width);
     const CompressorParams cp{&w, &cs, x.data(), pos, n, EntrySim::kNone};
     cpu.compressor(std::span<const CompressorParams>(&cp, 1));
-    const cuda::CompressorChunk chunk =
-        cuda::compressor_pool(gpu, w, gs, to_device(gpu, pkv), to_device(gpu, pgate), pos, n, gs.entries, 0);
-    EXPECT_EQ(chunk.first_entry, pos / m);
-    EXPECT_EQ(chunk.count, (pos + n) / m - pos / m);
+    const int64_t first = pos / m, count = (pos + n) / m - first;
+    float* pooled = poisoned(gpu, size_t(std::max<int64_t>(count, 1) * cw));
+    const CompressorParams gp{&w, &gs, nullptr, pos, n, EntrySim::kNone};
+    EXPECT_EQ(cuda::compressor_pool(gpu, std::span<const CompressorParams>(&gp, 1), to_device(gpu, pkv),
+                                    to_device(gpu, pgate), pooled),
+              count);
     pos += n;
 
     EXPECT_TRUE(compare(to_host(gpu, gs.kv, kv.size()), kv, {0.0, 0.0}, c.name + " state kv"));
     EXPECT_TRUE(compare(to_host(gpu, gs.score, score.size()), score, {0.0, 0.0}, c.name + " state score"));
-    // Entries emitted so far (earlier ones must be left alone), finished on the CPU.
-    const int64_t done = pos / m;
-    std::vector<float> got = to_host(gpu, gs.entries, size_t(done * cw));
-    if (chunk.count > 0) {
-      float* fresh = got.data() + chunk.first_entry * cw;
-      cpu.rms_norm(fresh, &w.norm, chunk.count, cw, fresh);
-      cpu.rope(fresh, chunk.count, cw, cw - config.rope_dim, 1, chunk.first_entry * m, m, RopeKind::kCompressed,
-               false);
-    }
-    // Only expf's last bit differs (≈1e-7 relative in the pooled value); RMSNorm keeps it relative.
-    const std::vector<float> want(entries.begin(), entries.begin() + done * cw);
-    const size_t fresh_from = size_t(c.start / m * cw);  // rows before the case's first window stay NaN
-    const Diff dd = diff(got.data() + fresh_from, want.data() + fresh_from, got.size() - fresh_from);
-    if (pos == end)
+    if (count == 0) continue;
+    // The chunk's entries, finished on the CPU. Only expf's last bit differs (≈1e-7 relative in the pooled
+    // value); RMSNorm keeps it relative.
+    std::vector<float> got = to_host(gpu, pooled, size_t(count * cw));
+    cpu.rms_norm(got.data(), &w.norm, count, cw, got.data());
+    cpu.rope(got.data(), count, cw, cw - config.rope_dim, 1, first * m, m, RopeKind::kCompressed, false);
+    const std::vector<float> want(entries.begin() + first * cw, entries.begin() + (first + count) * cw);
+    if (pos == end) {
+      const Diff dd = diff(got.data(), want.data(), got.size());
       std::printf("[compressor-pool] %-28s pos %6lld: entries %lld, max |diff| %.3g\n", name.c_str(),
-                  static_cast<long long>(pos), static_cast<long long>(done), dd.max_abs);
+                  static_cast<long long>(pos), static_cast<long long>(count), dd.max_abs);
+    }
     if (fast)
       EXPECT_TRUE(compare_fast(got, want, 4 * kBf16Ulp, 0.99, "[compressor-pool] " + name + " entries"));
     else
       EXPECT_TRUE(compare(got, want, {1e-5, 1e-5}, c.name + " entries"));
-    // Keep the GPU's earlier entries identical to the CPU's for the next chunks' comparisons.
-    if (chunk.count > 0)
-      DSV4_CUDA_CHECK(cudaMemcpy(gs.entries + chunk.first_entry * cw, want.data() + chunk.first_entry * cw,
-                                 size_t(chunk.count * cw) * sizeof(float), cudaMemcpyHostToDevice));
-    DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // the ops' stream does not wait for the legacy stream
   }
 }
 
@@ -800,6 +792,20 @@ const std::vector<CompressorCase>& compressor_cases() {
 constexpr Tolerance kFastEntryTol{2 * kBf16Ulp, 2 * kBf16Ulp};
 constexpr double kFastEntryEqual = 0.95;
 
+// Emitted entries against the CPU's, by the rules above.
+void expect_entries(const std::vector<float>& got, const std::vector<float>& want, EntrySim sim, bool fast,
+                    const std::string& name) {
+  if (!fast) {
+    EXPECT_TRUE(compare_simulated(got, want, {2e-4, 1e-4}, sim, name + " entries"));
+  } else if (sim == EntrySim::kNone) {
+    EXPECT_TRUE(compare_fast(got, want, 4 * kBf16Ulp, kFastEntryEqual, "[compressor] " + name + " entries"));
+  } else {
+    EXPECT_TRUE(compare_simulated(got, want, kFastEntryTol, sim, name + " entries"));
+    EXPECT_TRUE(compare_fast(got, want, std::numeric_limits<double>::infinity(), kFastEntryEqual,
+                             "[compressor] " + name + " entries"));
+  }
+}
+
 void check_compressor(const CompressorCase& c, Numerics numerics = Numerics::kReference) {
   const std::string name = c.name + (numerics == Numerics::kFast ? "_fast" : "");
   SCOPED_TRACE(name + " seed " + std::to_string(seed()));
@@ -852,16 +858,284 @@ void check_compressor(const CompressorCase& c, Numerics numerics = Numerics::kRe
       std::printf("[compressor] %-30s pos %6lld: entries %lld, max |diff| %.3g\n", name.c_str(),
                   static_cast<long long>(pos), static_cast<long long>(pos / m), dd.max_abs);
     }
-    if (!fast) {
-      EXPECT_TRUE(compare_simulated(got, want, {2e-4, 1e-4}, c.sim, c.name + " entries"));
-    } else if (c.sim == EntrySim::kNone) {
-      EXPECT_TRUE(compare_fast(got, want, 4 * kBf16Ulp, kFastEntryEqual, "[compressor] " + name + " entries"));
-    } else {
-      EXPECT_TRUE(compare_simulated(got, want, kFastEntryTol, c.sim, name + " entries"));
-      EXPECT_TRUE(compare_fast(got, want, std::numeric_limits<double>::infinity(), kFastEntryEqual,
-                               "[compressor] " + name + " entries"));
+    expect_entries(got, want, c.sim, fast, name);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Batches: several sequences at different positions in one call, as the forward pass hands them (prefill chunks
+// and decode rows mixed; some emit entries in a step, some do not). The batched CUDA result must be the CPU's
+// per-sequence one within the tolerances above, and — where each sequence's projection runs alone too — the
+// CUDA result of calling each sequence alone, bit for bit.
+
+// Each sequence's first position and, step by step, its chunk (0: no tokens this step).
+struct BatchPlan {
+  std::vector<int64_t> starts;
+  std::vector<std::vector<int64_t>> steps;
+};
+
+// Five sequences around window boundaries of ratio m, or (sequences > 5) that many decoding at spread positions
+// with every third one prefilling a chunk in the middle step (past kMaxSequences: more than one launch).
+BatchPlan batch_plan(int64_t m, int64_t sequences) {
+  if (sequences == 5)
+    return {{0, m - 1, m + 1, 7 * m + m / 2, 1001},
+            {{5, 1, 0, 3, 1}, {1, 1, 1, 1, 2 * m + 3}, {m, 1, 2, 1, 1}, {1, 0, 1, m + 2, 1}, {1, 1, 1, 1, 1}}};
+  BatchPlan plan;
+  const std::vector<int64_t> decode(static_cast<size_t>(sequences), 1);
+  std::vector<int64_t> mixed(static_cast<size_t>(sequences));
+  for (int64_t i = 0; i < sequences; ++i) {
+    plan.starts.push_back(i * 7 % (3 * m) + (i % 2 ? 1000 : 0));
+    mixed[size_t(i)] = i % 3 == 0 ? m + 1 : 1;
+  }
+  plan.steps = {decode, mixed, decode};
+  return plan;
+}
+
+struct BatchCompressorCase {
+  std::string name;
+  int64_t dim, ratio, width;
+  bool overlap;
+  EntrySim sim;
+  bool compact;  // entries in compact caches as the model stores them (kFp8Kv for kFp8NoPe, kFp4Keys for FP4)
+  int64_t sequences = 5;
+};
+
+// One sequence's compressor state on the GPU, its entries cache poisoned (compact rows: all-ones bytes, NaN
+// codes and scales).
+CompressorState gpu_state(CudaOps& gpu, const std::vector<float>& kv, const std::vector<float>& score,
+                          int64_t max_entries, int64_t c, CacheFormat format) {
+  CompressorState s{to_device(gpu, kv), to_device(gpu, score), gpu.alloc_cache(format, max_entries, c), max_entries};
+  const cuda::CacheLayout* layout = gpu.compact_cache(s.entries);
+  settle();
+  if (layout) DSV4_CUDA_CHECK(cudaMemset(s.entries, 0xFF, size_t(max_entries * layout->row_bytes)));
+  else poison(s.entries, size_t(max_entries * c));
+  settle();
+  return s;
+}
+
+// Every row of a state's entries cache (c channels), as fp32.
+std::vector<float> entries_of(CudaOps& gpu, const CompressorState& s, int64_t c) {
+  std::vector<float> e(size_t(s.max_entries * c));
+  gpu.read_cache(s.entries, s.max_entries, c, e.data());
+  return e;
+}
+
+void check_compressor_batch(const BatchCompressorCase& c, Numerics numerics) {
+  const bool fast = numerics == Numerics::kFast;
+  const std::string name = c.name + (fast ? "_fast" : "");
+  SCOPED_TRACE(name + " seed " + std::to_string(seed()));
+  std::mt19937_64 rng(case_seed(name));
+  const ModelConfig config = attention_config(c.dim);
+  const HostCompressor hc = make_compressor({c.name, c.dim, c.ratio, c.width, c.overlap, 0, {}}, rng, fast);
+  const CompressorWeights& w = hc.w;
+  const int64_t m = c.ratio, cw = c.width, width = (c.overlap ? 2 : 1) * cw, rows = (c.overlap ? 2 : 1) * m;
+  const BatchPlan plan = batch_plan(m, c.sequences);
+  const size_t S = plan.starts.size();
+  const CacheFormat format = !c.compact                        ? CacheFormat::kF32
+                             : c.sim == EntrySim::kHadamardFp4 ? CacheFormat::kFp4Keys
+                                                               : CacheFormat::kFp8Kv;
+
+  CpuOps cpu(config);
+  cpu.set_numerics(numerics);
+  CudaOps gpu(config);
+  gpu.set_numerics(numerics);
+  gpu.upload(w.wkv);
+  gpu.upload(w.wgate);
+  gpu.upload(w.ape);
+  gpu.upload(w.norm);
+
+  // Per sequence: the CPU's state, and three GPU states fed the same tokens — batched with the chunks apart
+  // (each projected alone), each sequence called alone on the same chunks, batched with the chunks as
+  // consecutive rows of one buffer (one projection, as in the forward pass).
+  std::vector<std::vector<float>> cpu_kv(S), cpu_score(S), cpu_entries(S);
+  std::vector<CompressorState> cpu_state(S), separate(S), alone(S), consecutive(S);
+  std::vector<int64_t> pos = plan.starts, max_entries(S);
+  for (size_t i = 0; i < S; ++i) {
+    int64_t end = plan.starts[i];
+    for (const auto& step : plan.steps) end += step[i];
+    max_entries[i] = end / m + 1;
+    // Initial state: (0, −inf), or a random one standing for the tokens before the start.
+    cpu_kv[i].assign(size_t(rows * width), 0.0f);
+    cpu_score[i].assign(size_t(rows * width), -kInf);
+    if (plan.starts[i] > 0) {
+      cpu_kv[i] = random_floats(cpu_kv[i].size(), rng);
+      cpu_score[i] = random_floats(cpu_score[i].size(), rng, -2.0f, 2.0f);
+    }
+    cpu_entries[i].assign(size_t(max_entries[i] * cw), kNaN);
+    for (CompressorState* g : {&separate[i], &alone[i], &consecutive[i]})
+      *g = gpu_state(gpu, cpu_kv[i], cpu_score[i], max_entries[i], cw, format);
+    cpu_state[i] = {cpu_kv[i].data(), cpu_score[i].data(), cpu_entries[i].data(), max_entries[i]};
+  }
+
+  for (size_t t = 0; t < plan.steps.size(); ++t) {
+    SCOPED_TRACE("step " + std::to_string(t));
+    const std::vector<int64_t>& n = plan.steps[t];
+    // The chunks as consecutive rows, and apart: each after a gap of kGap floats (separately allocated buffers
+    // may lie back to back, which the batched call would take for consecutive rows).
+    constexpr int64_t kGap = 4;
+    std::vector<std::vector<float>> x(S);
+    std::vector<float> all, apart;
+    for (size_t i = 0; i < S; ++i) {
+      x[i] = random_floats(size_t(n[i] * c.dim), rng);
+      if (fast) to_bf16(x[i]);
+      all.insert(all.end(), x[i].begin(), x[i].end());
+      apart.insert(apart.end(), kGap, kNaN);
+      apart.insert(apart.end(), x[i].begin(), x[i].end());
+    }
+    const float* all_d = to_device(gpu, all);
+    const float* apart_d = to_device(gpu, apart);
+    std::vector<CompressorParams> cpu_batch, separate_batch, consecutive_batch;
+    int64_t row = 0;
+    for (size_t i = 0; i < S; ++i) {
+      cpu_batch.push_back({&w, &cpu_state[i], x[i].data(), pos[i], n[i], c.sim});
+      const float* xi = apart_d + row * c.dim + int64_t(i + 1) * kGap;
+      separate_batch.push_back({&w, &separate[i], xi, pos[i], n[i], c.sim});
+      consecutive_batch.push_back({&w, &consecutive[i], all_d + row * c.dim, pos[i], n[i], c.sim});
+      const CompressorParams one{&w, &alone[i], xi, pos[i], n[i], c.sim};
+      gpu.compressor(std::span<const CompressorParams>(&one, 1));
+      row += n[i];
+    }
+    cpu.compressor(cpu_batch);
+    gpu.compressor(separate_batch);
+    gpu.compressor(consecutive_batch);
+
+    for (size_t i = 0; i < S; ++i) {
+      SCOPED_TRACE("sequence " + std::to_string(i) + " at " + std::to_string(pos[i]) + " + " + std::to_string(n[i]));
+      pos[i] += n[i];
+      const size_t cells = cpu_kv[i].size(), from = size_t(plan.starts[i] / m * cw), to = size_t(pos[i] / m * cw);
+      const std::vector<float> separate_entries = entries_of(gpu, separate[i], cw);
+      // Batched (each chunk projected alone) = alone, bit for bit: state, and every cache row, unwritten ones
+      // (NaN) included.
+      EXPECT_TRUE(compare(to_host(gpu, separate[i].kv, cells), to_host(gpu, alone[i].kv, cells), {0.0, 0.0},
+                          name + " state kv, batched vs alone"));
+      EXPECT_TRUE(compare(to_host(gpu, separate[i].score, cells), to_host(gpu, alone[i].score, cells), {0.0, 0.0},
+                          name + " state score, batched vs alone"));
+      EXPECT_TRUE(compare(separate_entries, entries_of(gpu, alone[i], cw), {0.0, 0.0},
+                          name + " entries, batched vs alone"));
+      // Both batched layouts against the CPU: the entries emitted so far (rows before the first window are never
+      // written).
+      const std::vector<float> want(cpu_entries[i].begin() + int64_t(from), cpu_entries[i].begin() + int64_t(to));
+      for (const auto& [g, layout] : {std::pair{&separate[i], "separate"}, std::pair{&consecutive[i], "consecutive"}}) {
+        const std::string what = name + " " + layout + " sequence " + std::to_string(i);
+        EXPECT_TRUE(compare(to_host(gpu, g->kv, cells), cpu_kv[i], {3e-5, 1e-5}, what + " state kv"));
+        EXPECT_TRUE(compare(to_host(gpu, g->score, cells), cpu_score[i], {3e-5, 1e-5}, what + " state score"));
+        const std::vector<float> e = g == &separate[i] ? separate_entries : entries_of(gpu, *g, cw);
+        if (to > from) expect_entries(std::vector<float>(e.begin() + int64_t(from), e.begin() + int64_t(to)), want,
+                                      c.sim, fast, what);
+        // Rows past the last emitted entry stay unwritten (poisoned: NaN, or −inf from an FP4 row's NaN scale).
+        for (size_t j = to; j < e.size(); ++j) ASSERT_FALSE(std::isfinite(e[j])) << what << ": entry row " << j / cw;
+      }
     }
   }
+}
+
+const std::vector<BatchCompressorCase>& batch_compressor_cases() {
+  static const std::vector<BatchCompressorCase> cases = {
+      {"batch_csa_c72_fp8_compact", 48, 4, 72, true, EntrySim::kFp8NoPe, true},
+      {"batch_csa_c72_fp8_f32", 48, 4, 72, true, EntrySim::kFp8NoPe, false},
+      {"batch_indexer_c64_fp4_compact", 40, 4, 64, true, EntrySim::kHadamardFp4, true},
+      {"batch_indexer_c64_fp4_f32", 40, 4, 64, true, EntrySim::kHadamardFp4, false},
+      {"batch_hca_ratio8_c96_f32", 40, 8, 96, false, EntrySim::kNone, false},
+      {"batch_hca_ratio128_c72_fp8_compact", 64, 128, 72, false, EntrySim::kFp8NoPe, true},
+      {"batch_csa_70_sequences", 48, 4, 72, true, EntrySim::kFp8NoPe, true, 70},
+      {"batch_v4_csa", 4096, 4, 512, true, EntrySim::kFp8NoPe, true},
+      {"batch_v4_indexer", 4096, 4, 128, true, EntrySim::kHadamardFp4, true},
+      {"batch_v4_hca", 4096, 128, 512, false, EntrySim::kFp8NoPe, true},
+  };
+  return cases;
+}
+
+// indexer_topk of a batch: each sequence's selection must be the CPU's exactly (see check_indexer), and the
+// batched call's must be each sequence's alone.
+struct BatchIndexerCase {
+  std::string name;
+  int64_t heads, head_dim, ratio, top_k;
+  std::vector<std::pair<int64_t, int64_t>> sequences;  // (n, pos0)
+  bool compact = false;
+  bool fast = false;
+};
+
+void check_indexer_batch(const BatchIndexerCase& c) {
+  SCOPED_TRACE(c.name + " seed " + std::to_string(seed()));
+  std::mt19937_64 rng(case_seed(c.name));
+  const int64_t nI = c.heads, dI = c.head_dim;
+  const size_t S = c.sequences.size();
+  ModelConfig config = attention_config(64);
+  const Numerics numerics = c.fast ? Numerics::kFast : Numerics::kReference;
+  CpuOps cpu(config);
+  cpu.set_numerics(numerics);
+  CudaOps gpu(config);
+  gpu.set_numerics(numerics);
+
+  std::vector<IndexerParams> cpu_batch, gpu_batch, gpu_alone;
+  std::vector<std::vector<float>> q(S), weights(S), keys(S);
+  std::vector<std::vector<int32_t>> want(S);
+  std::vector<int32_t*> batched(S), alone(S);
+  for (size_t i = 0; i < S; ++i) {
+    const auto [n, pos0] = c.sequences[i];
+    const int64_t visible_max = (pos0 + n) / c.ratio, n_keys = visible_max + 2;
+    q[i] = random_floats(size_t(n * nI * dI), rng);
+    weights[i] = random_floats(size_t(n * nI), rng, -0.02f, 0.02f);
+    keys[i] = random_floats(size_t(n_keys * dI), rng);
+    if (c.fast) {
+      to_bf16(q[i]);
+      to_bf16(weights[i]);
+      to_bf16(keys[i]);
+    }
+    std::fill(keys[i].begin() + visible_max * dI, keys[i].end(), kNaN);  // never visible to any row
+    if (c.compact) {
+      cpu.hadamard_sim_fp4(q[i].data(), n * nI, dI);
+      cpu.hadamard_sim_fp4(keys[i].data(), n_keys, dI);
+    }
+    IndexerParams p;
+    p.pos0 = pos0;
+    p.n = n;
+    p.heads = nI;
+    p.head_dim = dI;
+    p.ratio = c.ratio;
+    p.top_k = c.top_k;
+    want[i].assign(size_t(n * c.top_k), 0x7F7F7F7F);
+    IndexerParams pc = p;
+    pc.q = q[i].data();
+    pc.weights = weights[i].data();
+    pc.keys = keys[i].data();
+    pc.selected = want[i].data();
+    cpu_batch.push_back(pc);
+    IndexerParams pg = p;
+    pg.q = to_device(gpu, q[i]);
+    pg.weights = to_device(gpu, weights[i]);
+    if (c.compact) {
+      float* compact_keys = gpu.alloc_cache(CacheFormat::kFp4Keys, n_keys, dI);
+      gpu.write_cache(compact_keys, n_keys, dI, keys[i].data());
+      pg.keys = compact_keys;
+    } else {
+      pg.keys = to_device(gpu, keys[i]);
+    }
+    batched[i] = gpu.alloc_i32(std::max<size_t>(want[i].size(), 1));
+    alone[i] = gpu.alloc_i32(std::max<size_t>(want[i].size(), 1));
+    poison(batched[i], want[i].size());
+    poison(alone[i], want[i].size());
+    pg.selected = batched[i];
+    gpu_batch.push_back(pg);
+    pg.selected = alone[i];
+    gpu_alone.push_back(pg);
+  }
+  cpu.indexer_topk(cpu_batch);
+  gpu.indexer_topk(gpu_batch);
+  for (const IndexerParams& p : gpu_alone) gpu.indexer_topk(std::span<const IndexerParams>(&p, 1));
+  size_t mismatches = 0;
+  for (size_t i = 0; i < S; ++i) {
+    const std::vector<int32_t> got = to_host(gpu, batched[i], want[i].size());
+    EXPECT_EQ(got, to_host(gpu, alone[i], want[i].size())) << c.name << " sequence " << i << ": batched vs alone";
+    for (size_t j = 0; j < got.size(); ++j) {
+      if (got[j] == want[i][j]) continue;
+      if (mismatches++ == 0)
+        ADD_FAILURE() << c.name << " sequence " << i << ": first difference at row " << j / size_t(c.top_k)
+                      << " slot " << j % size_t(c.top_k) << ": got " << got[j] << ", want " << want[i][j];
+    }
+  }
+  std::printf("[indexer]   %-34s %zu sequences: %zu ids differ\n", c.name.c_str(), S, mismatches);
+  EXPECT_EQ(mismatches, 0u);
 }
 
 #endif  // DSV4_HAVE_CUDA
@@ -892,6 +1166,44 @@ TEST(CudaCompressor, FastNumericsPoolingMatchesCpuStepByStep) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
   for (const CompressorCase& c : compressor_cases()) check_compressor_pool(c, Numerics::kFast);
+#endif
+}
+
+// Batches of sequences at different positions in one call (check_compressor_batch), reference and fast numerics.
+TEST(CudaCompressor, BatchMatchesCpuAndEachAlone) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  for (const BatchCompressorCase& c : batch_compressor_cases()) check_compressor_batch(c, Numerics::kReference);
+#endif
+}
+
+TEST(CudaCompressor, FastNumericsBatchMatchesCpuAndEachAlone) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  for (const BatchCompressorCase& c : batch_compressor_cases()) check_compressor_batch(c, Numerics::kFast);
+#endif
+}
+
+// Batches (check_indexer_batch): decode rows and prefill chunks at different positions (rows that see no entry,
+// fewer than top_k, all of them), fp32 and FP4 keys, both numerics; more sequences than one launch's table; a
+// sequence whose rows span two launches (its score rows exceed the budget of one).
+TEST(CudaIndexer, BatchMatchesCpuAndEachAlone) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  const std::vector<std::pair<int64_t, int64_t>> v4 = {{1, 32767}, {1, 2047}, {33, 2040}, {1, 3}, {2, 131070},
+                                                       {1, 8001}};
+  std::vector<std::pair<int64_t, int64_t>> many;
+  for (int64_t i = 0; i < 70; ++i) many.push_back({i % 9 == 0 ? 5 : 1, 37 * i + 3});
+  const std::vector<BatchIndexerCase> cases = {
+      {"batch_h3_d64_k7", 3, 64, 4, 7, {{1, 0}, {7, 0}, {33, 3000}, {1, 11}, {5, 26}}},
+      {"batch_v4", 64, 128, 4, 512, v4},
+      {"batch_v4_compact", 64, 128, 4, 512, v4, true},
+      {"batch_v4_fast", 64, 128, 4, 512, v4, false, true},
+      {"batch_v4_fast_compact", 64, 128, 4, 512, v4, true, true},
+      {"batch_70_sequences", 4, 32, 4, 16, many},
+      {"batch_rows_span_launches", 2, 16, 4, 512, {{3, 10}, {200, 160000}, {1, 5000}}},
+  };
+  for (const BatchIndexerCase& c : cases) check_indexer_batch(c);
 #endif
 }
 

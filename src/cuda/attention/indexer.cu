@@ -4,6 +4,10 @@
 //   s(t, e) = Σ_h w[t, h] · relu(q[t, h] · key[e])   for the visible entries e < (t + 1) / ratio,
 //   selected[t] = the min(top_k, visible) best e, by score descending then index ascending; −1 padded.
 //
+// One launch of each kernel covers a batch of sequences (Ops::indexer_topk): a block finds its query row's
+// sequence in the parameters' table (up to kMaxSequences per launch) and reads that sequence's queries, weights,
+// keys and selection.
+//
 // NOTE: the scores are computed in the CPU's exact order and rounding (each product rounded, then added: the
 // reference is built without FMA contraction; dot over j in order, then the head sum in order), so they are
 // bit-identical to the CPU's and the selection — order included — is the CPU's, ties and near-ties too. This
@@ -47,26 +51,42 @@ constexpr int kMaxTopK = 2048;
 constexpr int kCandidates = 8192;                            // one bin's members kept in shared memory
 constexpr int kSelectBatch = 4;                              // row loads in flight per thread
 constexpr size_t kScoreBudgetBytes = size_t(32) << 20;      // score rows per launch batch
+constexpr int kMaxSequences = 64;  // per launch: the table stays within the 4 KB of classic kernel parameters
 
-struct ScoreParams {
-  const float* q;        // [rows, heads, head_dim]
-  const float* weights;  // [rows, heads]
-  const float* keys;     // [*, head_dim] fp32 rows, or a compact kFp4Keys cache (key_layout.format)
-  CacheLayout key_layout;
-  uint32_t* score_keys;  // [rows, v_stride] order-preserving bits of each score
-  uint32_t* hist;        // [rows, kBins] counts of the score keys' top 11 bits (zero on entry: select re-zeroes)
-  int64_t pos0, ratio, v_stride;  // pos0: position of row 0
+// One sequence of a launch (or a run of its rows, when its rows span launches): its query rows are the launch's
+// rows [row0, row0 + n), at positions pos0 ...
+struct IndexerSequence {
+  const float* q;        // [n, heads, head_dim]
+  const float* weights;  // [n, heads]
+  const float* keys;     // [*, head_dim] fp32 rows, or a compact kFp4Keys cache (the launch's key_layout)
+  int32_t* selected;     // [n, top_k]
+  int64_t pos0;
+  int32_t row0, n;
+};
+
+struct IndexerKernelParams {
+  CacheLayout key_layout;  // compact keys: their layout; kF32: rows of head_dim floats
+  uint32_t* score_keys;    // [rows, v_stride] order-preserving bits of each score
+  uint32_t* hist;          // [rows, kBins] counts of the score keys' top 11 bits (zero on entry: select re-zeroes)
+  int64_t ratio, v_stride, top_k;
   int heads, head_dim;
-  int entries;           // entries per block, ≤ max_entries(H)
-  bool fast;             // fast numerics: bf16 dots, terms and scores (see the top of the file)
+  int entries;             // entries per score block, ≤ max_entries(H)
+  bool fast;               // fast numerics: bf16 dots, terms and scores (see the top of the file)
+  int sequences;
+  IndexerSequence seq[kMaxSequences];
 };
+static_assert(sizeof(IndexerKernelParams) <= 4096, "indexer_topk: the kernel parameters exceed 4 KB");
 
-struct SelectParams {
-  const uint32_t* score_keys;  // [rows, v_stride]
-  uint32_t* hist;              // [rows, kBins], left zero for the next call
-  int32_t* selected;           // [rows, top_k]
-  int64_t pos0, ratio, v_stride, top_k;
-};
+// The sequence of launch row r (a binary search of the table's row0, uniform across the block).
+__device__ __forceinline__ const IndexerSequence& sequence_of(const IndexerKernelParams& p, int64_t r) {
+  int lo = 0, hi = p.sequences - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.seq[mid].row0 <= r) lo = mid;
+    else hi = mid - 1;
+  }
+  return p.seq[lo];
+}
 
 // Float bits → unsigned with the same order (−0 folded onto +0, which the CPU's comparison treats as equal).
 __device__ __forceinline__ uint32_t order_key(float f) {
@@ -89,15 +109,16 @@ size_t score_smem_bytes(int heads, int head_dim, int entries) {
   return size_t(heads * d4 + entries * key_stride4(d4)) * sizeof(float4);
 }
 
-// grid (ceil(visible_max / entries), rows), entries · ceil(heads / kHeadsPerThread) threads, dynamic smem
-// score_smem_bytes. Thread (entry el, head group g) runs the dot products of its kHeadsPerThread heads against
-// key[e0 + el]; the head sum then goes in order through shared memory. The block's keys are decoded into shared
-// memory first, a warp reading consecutive channels of one row. At decode blocks are small (entries chosen per
-// call so that the grid spans the SMs): the work per thread is a serial chain (the CPU's order), so a few large
-// blocks (64 entries × 8 heads per thread, 16 SMs busy at context 4096) took as long however few entries there
-// were (docs/design/attention.md).
+// grid (ceil(visible_max / entries), rows of the launch), entries · ceil(heads / kHeadsPerThread) threads,
+// dynamic smem score_smem_bytes. Thread (entry el, head group g) runs the dot products of its kHeadsPerThread
+// heads against key[e0 + el]; the head sum then goes in order through shared memory. The block's keys are decoded
+// into shared memory first, a warp reading consecutive channels of one row. At decode (few rows in the launch)
+// blocks are small (entries chosen per launch so that the grid spans the SMs): the work per thread is a serial
+// chain (the CPU's order), so a few large blocks (64 entries × 8 heads per thread, 16 SMs busy at context 4096)
+// took as long however few entries there were (docs/design/attention.md).
 template <int kHeadsPerThread>
-__global__ void __launch_bounds__(kMaxScoreThreads) indexer_score_kernel(ScoreParams p) {
+__global__ void __launch_bounds__(kMaxScoreThreads)
+indexer_score_kernel(const __grid_constant__ IndexerKernelParams p) {
   extern __shared__ float4 score_smem[];  // q [heads][d4], then keys [entries][key_stride4(d4)]
   __shared__ float w_s[kMaxIndexerHeads];
   __shared__ float term_s[max_entries(kHeadsPerThread)][kMaxIndexerHeads + 1];  // +1: conflict-free column access
@@ -105,24 +126,26 @@ __global__ void __launch_bounds__(kMaxScoreThreads) indexer_score_kernel(ScorePa
   pdl_wait();
 
   const int entries = p.entries, threads = int(blockDim.x);
-  const int64_t r = blockIdx.y, visible = (p.pos0 + r + 1) / p.ratio;
+  const int64_t r = blockIdx.y;
+  const IndexerSequence& sq = sequence_of(p, r);
+  const int64_t i = r - sq.row0, visible = (sq.pos0 + i + 1) / p.ratio;
   const int64_t e0 = int64_t(blockIdx.x) * entries;
-  if (e0 >= visible) return;  // the whole block: rows before the batch's last see fewer entries
+  if (e0 >= visible) return;  // the whole block: rows other than the launch's longest see fewer entries
   const int tid = threadIdx.x, d4 = p.head_dim / 4, ks4 = key_stride4(d4);
   float4* q_s = score_smem;
   float4* k_s = score_smem + p.heads * d4;
-  const float4* q4 = reinterpret_cast<const float4*>(p.q + r * p.heads * p.head_dim);
+  const float4* q4 = reinterpret_cast<const float4*>(sq.q + i * p.heads * p.head_dim);
   for (int x = tid; x < p.heads * d4; x += threads) q_s[x] = q4[x];
-  for (int h = tid; h < p.heads; h += threads) w_s[h] = p.weights[r * p.heads + h];
+  for (int h = tid; h < p.heads; h += threads) w_s[h] = sq.weights[i * p.heads + h];
   for (int b = tid; b < kBins; b += threads) hist_s[b] = 0;
   const int n_keys = int(visible - e0 < entries ? visible - e0 : entries);
   const bool compact = p.key_layout.format == CacheFormat::kFp4Keys;
   for (int x = tid; x < n_keys * d4; x += threads) {
     const int el = x / d4, j4 = x % d4;
     const int64_t e = e0 + el;
-    k_s[el * ks4 + j4] = compact ? load_fp4key4(reinterpret_cast<const uint8_t*>(p.keys) + e * p.key_layout.row_bytes,
+    k_s[el * ks4 + j4] = compact ? load_fp4key4(reinterpret_cast<const uint8_t*>(sq.keys) + e * p.key_layout.row_bytes,
                                                 4 * j4, p.key_layout)
-                                 : __ldg(reinterpret_cast<const float4*>(p.keys + e * p.head_dim) + j4);
+                                 : __ldg(reinterpret_cast<const float4*>(sq.keys + e * p.head_dim) + j4);
   }
   __syncthreads();
 
@@ -217,8 +240,9 @@ __device__ BinPick pick_bin(const uint32_t* hist, uint32_t need, uint32_t* warp_
   return pick;
 }
 
-// grid rows, kSelectThreads threads, dynamic smem kCandidates composites.
-__global__ void __launch_bounds__(kSelectThreads) indexer_select_kernel(SelectParams p) {
+// grid (rows of the launch), kSelectThreads threads, dynamic smem kCandidates composites.
+__global__ void __launch_bounds__(kSelectThreads)
+indexer_select_kernel(const __grid_constant__ IndexerKernelParams p) {
   extern __shared__ uint64_t cand_s[];  // [kCandidates] members of the k-th composite's top bin
   __shared__ uint64_t sel_s[kMaxTopK];
   __shared__ uint32_t hist_s[kBins];
@@ -228,7 +252,9 @@ __global__ void __launch_bounds__(kSelectThreads) indexer_select_kernel(SelectPa
   pdl_wait();
 
   const int tid = threadIdx.x;
-  const int64_t r = blockIdx.x, visible = (p.pos0 + r + 1) / p.ratio;
+  const int64_t r = blockIdx.x;
+  const IndexerSequence& sq = sequence_of(p, r);
+  const int64_t visible = (sq.pos0 + (r - sq.row0) + 1) / p.ratio;
   const int64_t k = p.top_k < visible ? p.top_k : visible;
   const uint32_t* row = p.score_keys + r * p.v_stride;
   if (tid == 0) nsel_s = ncand_s = 0;
@@ -305,7 +331,7 @@ __global__ void __launch_bounds__(kSelectThreads) indexer_select_kernel(SelectPa
   // Bitonic sort of the k winners, descending; zero padding (below every real composite) sorts last.
   int sorted = 1;
   while (sorted < k) sorted <<= 1;
-  int32_t* out = p.selected + r * p.top_k;
+  int32_t* out = sq.selected + (r - sq.row0) * p.top_k;
   if (sorted <= kSelectThreads) {  // one element per thread, in a register
     uint64_t v = tid < k ? sel_s[tid] : 0u;
     for (int size = 2; size <= sorted; size <<= 1)
@@ -348,10 +374,9 @@ __global__ void __launch_bounds__(kSelectThreads) indexer_select_kernel(SelectPa
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-}  // namespace
-
-// One sequence's indexer_topk.
-void indexer_topk_one(CudaOps& ops, const IndexerParams& p) {
+// One sequence's parameters, checked alone and against the batch's first (every field but its rows, positions,
+// keys and selection is shared); returns its key layout (nullptr: fp32 rows).
+const CacheLayout* check_sequence(const CudaOps& ops, const IndexerParams& p, const IndexerParams& first) {
   DSV4_CHECK(p.n >= 0 && p.pos0 >= 0 && p.ratio >= 1, "indexer_topk: n ", p.n, ", pos0 ", p.pos0, ", ratio ",
              p.ratio);
   DSV4_CHECK(p.heads >= 1 && p.heads <= kMaxIndexerHeads, "indexer_topk: ", p.heads, " heads (the CUDA kernel takes 1..",
@@ -363,10 +388,29 @@ void indexer_topk_one(CudaOps& ops, const IndexerParams& p) {
   DSV4_CHECK(p.q && p.weights && p.keys && p.selected, "indexer_topk: q, weights, keys and selected are required");
   DSV4_CHECK(aligned16(p.q) && aligned16(p.keys), "indexer_topk: q and keys must be 16-byte aligned");
   DSV4_CHECK((p.pos0 + p.n) / p.ratio < (int64_t(1) << 31), "indexer_topk: more than 2^31 visible entries");
+  DSV4_CHECK(p.heads == first.heads && p.head_dim == first.head_dim && p.ratio == first.ratio &&
+                 p.top_k == first.top_k,
+             "indexer_topk: the sequences of one batch differ in more than their rows, positions, keys and selection");
   const CacheLayout* key_layout = ops.compact_cache(p.keys);
   DSV4_CHECK(!key_layout || (key_layout->format == CacheFormat::kFp4Keys && key_layout->dim == p.head_dim),
              "indexer_topk: compact keys must be FP4 key rows of head_dim ", p.head_dim);
-  if (p.n == 0 || p.top_k == 0) return;
+  return key_layout;
+}
+
+// CudaOps::indexer_topk.
+void launch_batch(CudaOps& ops, std::span<const IndexerParams> batch) {
+  if (batch.empty()) return;
+  const IndexerParams& p0 = batch[0];
+  const CacheLayout* key_layout = check_sequence(ops, p0, p0);
+  int64_t rows_total = 0, v_stride = 1;  // v_stride: the most entries any row sees (a sequence's last row)
+  for (const IndexerParams& p : batch) {
+    const CacheLayout* l = check_sequence(ops, p, p0);
+    DSV4_CHECK(!l == !key_layout && (!l || l->row_bytes == key_layout->row_bytes),
+               "indexer_topk: the sequences of one batch must share a key format");
+    rows_total += p.n;
+    v_stride = std::max(v_stride, (p.pos0 + p.n) / p.ratio);
+  }
+  if (rows_total == 0 || p0.top_k == 0) return;
 
   static const bool smem_opted_in = [] {
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_score_kernel<kDecodeHeads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -379,46 +423,66 @@ void indexer_topk_one(CudaOps& ops, const IndexerParams& p) {
   }();
   (void)smem_opted_in;
 
-  const bool pdl = ops.props().major >= 9;
-  // Rows go in batches whose score keys and histograms fit a fixed budget, so the workspaces are sized once.
-  const int64_t v_stride = std::max<int64_t>(1, (p.pos0 + p.n) / p.ratio);  // the last row sees the most
+  // Launches of up to kMaxSequences sequences and max_rows rows, whose score keys and histograms fit a fixed
+  // budget (so the workspaces are sized once); a sequence with more rows spans launches, a run of them in each.
   const size_t row_bytes = size_t(v_stride + kBins) * sizeof(uint32_t);
   const size_t budget = std::max(kScoreBudgetBytes, row_bytes);
-  const int64_t batch = std::min<int64_t>({p.n, int64_t(budget / row_bytes), 65535});
-  auto* score_keys = static_cast<uint32_t*>(ops.workspace(kWsIndexerScores, budget));
-  auto* hist = static_cast<uint32_t*>(ops.workspace(kWsIndexerHist, size_t(batch * kBins) * sizeof(uint32_t), /*zeroed=*/true));
-
-  for (int64_t row0 = 0; row0 < p.n; row0 += batch) {
-    const int64_t rows = std::min(batch, p.n - row0), pos0 = p.pos0 + row0;
-    const int64_t visible_max = (pos0 + rows) / p.ratio;
+  const int64_t max_rows = std::min<int64_t>({rows_total, int64_t(budget / row_bytes), 65535});
+  IndexerKernelParams k{};
+  if (key_layout) k.key_layout = *key_layout;
+  k.score_keys = static_cast<uint32_t*>(ops.workspace(kWsIndexerScores, budget));
+  k.hist = static_cast<uint32_t*>(
+      ops.workspace(kWsIndexerHist, size_t(max_rows * kBins) * sizeof(uint32_t), /*zeroed=*/true));
+  k.ratio = p0.ratio;
+  k.v_stride = v_stride;
+  k.top_k = p0.top_k;
+  k.heads = int(p0.heads);
+  k.head_dim = int(p0.head_dim);
+  k.fast = ops.fast();
+  const bool pdl = ops.props().major >= 9;
+  int64_t rows = 0;  // of the launch being filled
+  const auto launch = [&] {
+    if (rows == 0) return;
+    int64_t visible_max = 0;
+    for (int j = 0; j < k.sequences; ++j)
+      visible_max = std::max(visible_max, (k.seq[j].pos0 + k.seq[j].n) / k.ratio);
     if (visible_max > 0) {
       const bool decode = rows <= kDecodeMaxRows;
       const int H = decode ? kDecodeHeads : kPrefillHeads;
-      int entries = max_entries(H);
+      k.entries = max_entries(H);
       if (decode) {  // the fewest entries per block that keep the grid within two blocks per SM
-        entries = 8;
-        while (entries < max_entries(H) && ceil_div(visible_max, int64_t(entries)) * rows > 2 * ops.props().multiProcessorCount)
-          entries *= 2;
+        k.entries = 8;
+        while (k.entries < max_entries(H) &&
+               ceil_div(visible_max, int64_t(k.entries)) * rows > 2 * ops.props().multiProcessorCount)
+          k.entries *= 2;
       }
-      ScoreParams s{p.q + row0 * p.heads * p.head_dim, p.weights + row0 * p.heads, p.keys,
-                    key_layout ? *key_layout : CacheLayout{}, score_keys, hist, pos0, p.ratio, v_stride,
-                    int(p.heads), int(p.head_dim), entries, ops.fast()};
-      const dim3 grid(unsigned(ceil_div(visible_max, int64_t(entries))), unsigned(rows));
-      const dim3 threads(unsigned(entries * ceil_div(p.heads, int64_t(H))));
-      const size_t smem = score_smem_bytes(int(p.heads), int(p.head_dim), entries);
-      if (decode) launch_pdl(indexer_score_kernel<kDecodeHeads>, grid, threads, smem, ops.stream(), pdl, s);
-      else launch_pdl(indexer_score_kernel<kPrefillHeads>, grid, threads, smem, ops.stream(), pdl, s);
+      const dim3 grid(unsigned(ceil_div(visible_max, int64_t(k.entries))), unsigned(rows));
+      const dim3 threads(unsigned(k.entries * ceil_div(p0.heads, int64_t(H))));
+      const size_t smem = score_smem_bytes(k.heads, k.head_dim, k.entries);
+      if (decode) launch_pdl(indexer_score_kernel<kDecodeHeads>, grid, threads, smem, ops.stream(), pdl, k);
+      else launch_pdl(indexer_score_kernel<kPrefillHeads>, grid, threads, smem, ops.stream(), pdl, k);
     }
-    SelectParams sel{score_keys, hist, p.selected + row0 * p.top_k, pos0, p.ratio, v_stride, p.top_k};
     launch_pdl(indexer_select_kernel, dim3(unsigned(rows)), dim3(kSelectThreads), kCandidates * sizeof(uint64_t),
-               ops.stream(), pdl, sel);
+               ops.stream(), pdl, k);
+    rows = 0;
+    k.sequences = 0;
+  };
+  for (const IndexerParams& p : batch) {
+    for (int64_t i = 0; i < p.n;) {
+      if (k.sequences == kMaxSequences || rows == max_rows) launch();
+      const int64_t take = std::min(p.n - i, max_rows - rows);
+      k.seq[k.sequences++] = {p.q + i * p.heads * p.head_dim, p.weights + i * p.heads, p.keys, p.selected + i * p.top_k,
+                              p.pos0 + i, int32_t(rows), int32_t(take)};
+      rows += take;
+      i += take;
+    }
   }
+  launch();
 }
 
+}  // namespace
 }  // namespace cuda
 
-void CudaOps::indexer_topk(std::span<const IndexerParams> batch) {
-  for (const IndexerParams& p : batch) cuda::indexer_topk_one(*this, p);
-}
+void CudaOps::indexer_topk(std::span<const IndexerParams> batch) { cuda::launch_batch(*this, batch); }
 
 }  // namespace dsv4

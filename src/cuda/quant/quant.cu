@@ -5,7 +5,8 @@
 // IEEE bits (ceil_log2 as the reference), then round-to-nearest-even onto the FP8 e4m3 / FP4 e2m1 grid
 // (common/fp_grid.cuh, shared with the compact caches).
 // hadamard_sim_fp4 first applies the Walsh–Hadamard butterflies to the row in shared memory (the CPU's stage
-// order, so each element sees the same fp32 additions) and the 1/sqrt(dim) scaling.
+// order, so each element sees the same fp32 additions) and the 1/sqrt(dim) scaling. The per-block steps live in
+// sim_row.cuh, which kernels fusing a simulation share.
 // Fast numerics (`bf16`): the values are rounded to bf16 first (they are bf16 tensors there), and the Hadamard
 // transform's output too (src/cpu/quant.cpp).
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/cuda_ops.h"
+#include "cuda/quant/sim_row.cuh"
 
 namespace dsv4 {
 
@@ -38,12 +40,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) sim_fp8_kernel(SimFp8Para
   const int lane = threadIdx.x % 32;
   if (item >= p.rows * p.blocks_per_row) return;
   const int64_t r = item / p.blocks_per_row, b0 = (item % p.blocks_per_row) * p.block;
-  const int64_t b1 = min(p.cols, b0 + p.block);
-  float* v = p.x + r * p.row_stride;
-  float amax = 0.0f;
-  for (int64_t i = b0 + lane; i < b1; i += 32) amax = fmaxf(amax, fabsf(round_bf16_if(p.bf16, v[i])));
-  const int e = e4m3_block_exponent(warp_max_f32(amax));
-  for (int64_t i = b0 + lane; i < b1; i += 32) v[i] = e4m3_round_trip(round_bf16_if(p.bf16, v[i]), e);
+  sim_fp8_block(p.x + r * p.row_stride, b0, min(p.cols, b0 + p.block), lane, p.bf16);
 }
 
 // ---- hadamard_sim_fp4
@@ -66,22 +63,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) hadamard_sim_fp4_kernel(H
   float* xr = p.x + r * p.dim;
   for (int i = lane; i < p.dim; i += 32) v[i] = round_bf16_if(p.bf16, xr[i]);
   __syncwarp();
-  // Stage h pairs element i with i + h for every i whose bit h is clear: (a, b) → (a + b, a − b).
   for (int h = 1; h < p.dim; h *= 2) {
-    for (int k = lane; k < p.dim / 2; k += 32) {
-      const int i = (k / h) * 2 * h + k % h;
-      const float a = v[i], b = v[i + h];
-      v[i] = a + b;
-      v[i + h] = a - b;
-    }
+    hadamard_stage(v, p.dim, h, lane, 32);
     __syncwarp();
   }
-  for (int b0 = 0; b0 < p.dim; b0 += 32) {
-    const float h = round_bf16_if(p.bf16, v[b0 + lane] * p.norm);
-    const int e = e2m1_block_exponent(warp_max_f32(fabsf(h)));
-    const float q = clamp_like_std(ldexpf(h, -e), -6.0f, 6.0f);
-    xr[b0 + lane] = ldexpf(round_e2m1(q), e);
-  }
+  for (int b0 = 0; b0 < p.dim; b0 += 32) fp4_block_round_trip(v, xr, b0, lane, p.norm, p.bf16);
 }
 
 }  // namespace
