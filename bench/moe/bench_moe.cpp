@@ -1,4 +1,4 @@
-// bench_moe: the V4-Flash MoE layer (D 4096, 256 FP4 experts of width 2048, top-6, FP8 shared expert, BF16
+// bench_moe: the V4-Flash MoE layer in fast numerics (D 4096, 256 FP4 experts of width 2048, top-6, FP8 shared expert, BF16
 // gate) on the CUDA backend, decode steps of n tokens. Reports µs per CudaOps::moe call (L2 flushed before
 // each), the weight bytes the step must read (distinct selected experts × w1, w3, w2 with their scales, plus
 // the shared expert and the gate), the achieved GB/s and its share of the copy bandwidth measured in the same
@@ -7,6 +7,10 @@
 // Also: the call replayed as a one-call CUDA graph (as the decode step runs it: no host launch cost between
 // the kernels; flushed likewise), the same call back to back without the flush (L2 warm where it fits) and
 // the host time per call.
+//
+// Each n runs on the item kernels and, where fast numerics allow it, on the grouped FP8 GEMM path
+// (experts_grouped.cu), each forced (moe_grouped.h), for the crossover; the grouped rows also give the FLOP
+// floor: 2 × (n·k + n) pairs × 3 × D × I at the dense FP8 peak of an H100 SXM (990 TFLOP/s).
 //
 //   bench_moe [iterations=50] [n ...=1 8 64]
 #include <cuda_runtime.h>
@@ -28,6 +32,7 @@
 #include "cuda/bandwidth.h"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/moe/moe_grouped.h"
 
 namespace {
 
@@ -160,6 +165,7 @@ int main(int argc, char** argv) {
     for (float& b : w.gate_bias) b = bias_dist(rng);
 
     CudaOps ops(c);
+    ops.set_numerics(Numerics::kFast);  // the CUDA default of dsv4; the grouped path needs it
     std::fprintf(stderr, "uploading...\n");
     ops.upload(w.gate);
     for (const auto& e : w.experts) {
@@ -186,12 +192,17 @@ int main(int argc, char** argv) {
 
     std::printf("## V4-Flash MoE decode on %s (%d SMs), copy bandwidth %.0f GB/s (2 GiB D2D, read + write)\n\n",
                 ops.props().name, ops.props().multiProcessorCount, copy_gbs);
-    std::printf("| n | µs (median of %d) | distinct experts | MB read | GB/s | %% of copy | µs in a graph | %% of copy "
-                "in a graph | µs back to back | host µs |\n", iterations);
-    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
-    for (int64_t n : steps) {
-      std::vector<float> x(size_t(n * D));
-      for (float& v : x) v = x_dist(rng);
+    std::printf("| n | path | µs (median of %d) | distinct experts | MB read | GB/s | %% of copy | µs in a graph | %% of copy "
+                "in a graph | µs back to back | host µs | TFLOP/s | FLOP floor µs (990 TFLOP/s) | × floor |\n", iterations);
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int64_t n : steps)
+    for (int path = 0; path < 2; ++path) {
+      cuda::moe::set_grouped_min_tokens(path == 0 ? (int64_t(1) << 40) : 1);
+      static std::vector<float> x;  // the same step on both paths
+      if (path == 0) {
+        x.resize(size_t(n * D));
+        for (float& v : x) v = x_dist(rng);
+      }
       float* dx = ops.alloc(x.size());
       float* dout = ops.alloc(x.size());
       DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -210,13 +221,18 @@ int main(int argc, char** argv) {
       const double host_us =
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iterations;
       const double chain_ms = timer.stop_ms(s);
-      const size_t experts = distinct_experts(w, x, n, D, E, k);
+      static size_t experts = 0;
+      if (path == 0) experts = distinct_experts(w, x, n, D, E, k);
       const double bytes = double(experts * expert_bytes + shared_bytes + gate_bytes);
       const double gbs = bytes / (us * 1e-6) / 1e9;
       const double graph_gbs = bytes / (graph_us * 1e-6) / 1e9;
-      std::printf("| %lld | %.1f | %zu | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.1f | %.1f |\n", (long long)n, us,
-                  experts, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs, graph_us, 100.0 * graph_gbs / copy_gbs,
-                  chain_ms * 1e3 / iterations, host_us);
+      const double flop = 2.0 * double(n * k + n) * 3.0 * double(D) * double(I);
+      const double floor_us = flop / 990e12 * 1e6;
+      std::printf("| %lld | %s | %.1f | %zu | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+                  (long long)n, path == 0 ? "items" : "grouped", us, experts, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs,
+                  graph_us, 100.0 * graph_gbs / copy_gbs, chain_ms * 1e3 / iterations, host_us, flop / (us * 1e-6) / 1e12,
+                  floor_us, us / floor_us);
+      std::fflush(stdout);
     }
     return 0;
   } catch (const std::exception& e) {

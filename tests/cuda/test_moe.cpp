@@ -47,6 +47,7 @@
 
 #if DSV4_HAVE_CUDA
 #include "cuda/common/check.h"
+#include "cuda/moe/moe_grouped.h"
 #endif
 
 namespace dsv4::test {
@@ -361,7 +362,54 @@ const Formats kOddFormats[] = {
     {Fmt::kBF16, Fmt::kF32, Fmt::kBF16},
 };
 
+// Sets the grouped path's token threshold for a scope (moe_grouped.h), then the default again.
+struct GroupedFrom {
+  explicit GroupedFrom(int64_t n) { cuda::moe::set_grouped_min_tokens(n); }
+  ~GroupedFrom() { cuda::moe::set_grouped_min_tokens(0); }
+};
+
 #endif  // DSV4_HAVE_CUDA
+
+// The grouped FP8 GEMM path (experts_grouped.cu) in fast numerics, forced from one token on: D 384 (3 K blocks
+// of w1 / w3, a partial 256-row block of w2), I 256 (2 K blocks of w2: a ring stage holds fewer than 4), odd
+// token counts; n = 1 leaves 6 of 9 experts with no token and 3 with one, n = 7 and 33 odd counts per expert,
+// 130 a tile of 64 and a partial one for several experts. Every format pair the path takes (FP4 or FP8 routed
+// and shared), both routings. Reference numerics on the same layer stay on the item kernels.
+TEST(CudaMoe, FastGroupedOddTokenCounts) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  SCOPED_TRACE(seed());
+  std::mt19937_64 rng(seed());
+  const Shape shape{384, 256, 9, 3, 1.0f, 1.5};
+  const GroupedFrom forced(1);
+  for (const Formats& f : {Formats{Fmt::kBF16, Fmt::kFP4, Fmt::kFP8}, Formats{Fmt::kBF16, Fmt::kFP8, Fmt::kFP4}})
+    for (bool hash : {false, true}) {
+      const HostMoe m(shape, f, hash, 1000, rng());
+      CudaOps ops(m.config);
+      m.upload_to(ops);
+      for (int64_t n : {1, 2, 7, 33, 130}) check_step_fast(m, ops, n, rng, describe(shape, f, hash) + " grouped");
+      check_step(m, ops, 33, rng, describe(shape, f, hash));
+    }
+#endif
+}
+
+// Both sides of the default crossover (moe_grouped.h) on one layer: the item kernels below it, the grouped path
+// from it on, against the same oracle.
+TEST(CudaMoe, FastAcrossTheCrossover) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  SCOPED_TRACE(seed());
+  std::mt19937_64 rng(seed());
+  const Shape shape{512, 384, 16, 4, 10.0f, 1.5};
+  const Formats f{Fmt::kBF16, Fmt::kFP4, Fmt::kFP8};
+  const HostMoe m(shape, f, false, 1000, rng());
+  CudaOps ops(m.config);
+  m.upload_to(ops);
+  const int64_t from = cuda::moe::grouped_min_tokens();
+  for (int64_t n : {from - 1, from, from + 37, 3 * from + 1})
+    if (n > 0) check_step_fast(m, ops, n, rng, describe(shape, f, false) + (n < from ? " items" : " grouped"));
+#endif
+}
 
 // Odd sizes (D 96, I 64, E 7, k 3) in every format, both routings; n from one token (the decode kernels where
 // every matrix takes the tensor cores) to prefill sizes; reference and fast numerics.
@@ -578,6 +626,11 @@ TEST(CudaMoe, V4FlashDecode) {
     // row-tile combine), 2 and 8 (the item kernels); then reference again, as before (a per-call switch).
     for (int64_t n : {1, 2, 8}) check_step_fast(m, ops, n, rng, describe(shape, f, hash) + " fast");
     for (int64_t n : {1, 8}) check_step(m, ops, n, rng, describe(shape, f, hash));
+    // The grouped FP8 path on the real shape, forced: 33 tokens (most experts 0 or 1 token) and, scored, 100
+    // (a few experts past one 64-pair tile).
+    const GroupedFrom forced(1);
+    check_step_fast(m, ops, 33, rng, describe(shape, f, hash) + " fast grouped");
+    if (!hash) check_step_fast(m, ops, 100, rng, describe(shape, f, hash) + " fast grouped");
   }
 #endif
 }

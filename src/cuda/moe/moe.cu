@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/moe/moe_grouped.h"
 #include "cuda/moe/moe_kernels.h"
 #include "cuda/moe/moe_tables.h"
 
@@ -94,6 +95,31 @@ bool fp4_scales_fit(const Weight& w) {
     }
   }
   return lo >= cuda::moe::kFp4ScaleMin && hi <= cuda::moe::kFp4ScaleMax;
+}
+
+// Whether an FP4 matrix's E8M0 scales suit the grouped FP8 path (experts_grouped.cu): in every row's 128-column
+// block (four scales) max − min ≤ kGroupedScaleSpan, and every byte in [2, 254] (2^(max − 128) a normal float).
+bool fp4_spans_fit(const Weight& w) {
+  if (w.dtype != DType::kI8 || w.cols % 128 != 0) return false;
+  const int64_t scols = w.cols / 32;
+  for (int64_t r = 0; r < w.rows; ++r)
+    for (int64_t c0 = 0; c0 < scols; c0 += 4) {
+      int lo = 255, hi = 0;
+      for (int64_t c = c0; c < c0 + 4; ++c) {
+        int e;
+        if (w.scale_dtype == DType::kF32) {
+          uint32_t bits;
+          std::memcpy(&bits, w.scale + 4 * (r * w.scale_stride + c), 4);
+          e = int(bits >> 23);
+        } else {
+          e = w.scale[r * w.scale_stride + c];
+        }
+        lo = std::min(lo, e);
+        hi = std::max(hi, e);
+      }
+      if (lo < 2 || hi > 254 || hi - lo > cuda::moe::kGroupedScaleSpan) return false;
+    }
+  return true;
 }
 
 const void* scale_of(const DeviceWeight& d) {
@@ -195,6 +221,18 @@ LayerTables build_layer(CudaOps& ops, const MoeWeights& w, int64_t D, int64_t I,
   tile_family(ops, t.routed_down, down, "a routed expert's w2");
   tile_family(ops, t.shared_up, {&w.shared.w1, &w.shared.w3}, "the shared expert's w1 / w3");
   tile_family(ops, t.shared_down, {&w.shared.w2}, "the shared expert's w2");
+  // The grouped FP8 path reads tiled FP8 as it is, tiled FP4 where its scales fit (fp4_spans_fit).
+  const auto grouped = [](const MatFormat& f, const std::vector<const Weight*>& ws) {
+    if (!f.tiled || (f.format != WFormat::kFP8 && f.format != WFormat::kFP4)) return false;
+    if (f.format == WFormat::kFP8) return true;
+    for (const Weight* x : ws)
+      if (!fp4_spans_fit(*x)) return false;
+    return true;
+  };
+  t.routed_up.grouped = grouped(t.routed_up, up);
+  t.routed_down.grouped = grouped(t.routed_down, down);
+  t.shared_up.grouped = grouped(t.shared_up, {&w.shared.w1, &w.shared.w3});
+  t.shared_down.grouped = grouped(t.shared_down, {&w.shared.w2});
   t.shared_w1 = ops.dev(w.shared.w1);  // again: tiling updated their flags
   t.shared_w3 = ops.dev(w.shared.w3);
   t.shared_w2 = ops.dev(w.shared.w2);
@@ -249,6 +287,23 @@ class Carve {
   uintptr_t base_ = 0;
   size_t used_ = 0;
 };
+
+// The grouped path's buffers (moe_kernels.h), after the plan.
+cuda::moe::GroupedBuffers carve_grouped(Carve& c, int64_t n, int64_t E, int64_t k, int64_t D, int64_t I) {
+  const int64_t P = n * k;
+  cuda::moe::GroupedBuffers g;
+  g.max_tiles = cuda::moe::grouped_max_tiles(n, k, E);
+  g.xq_routed = c.take<uint8_t>(n * D);
+  g.xq_shared = c.take<uint8_t>(n * D);
+  g.xs = c.take<float>(n * (D / 128));
+  g.hq = c.take<uint8_t>((P + n) * I);
+  g.hs = c.take<float>((P + n) * (I / 128));
+  g.tile_expert = c.take<int32_t>(g.max_tiles);
+  g.tile_pair0 = c.take<int32_t>(g.max_tiles);
+  g.tile_count = c.take<int32_t>(g.max_tiles);
+  g.tiles = c.take<int32_t>(1);
+  return g;
+}
 
 cuda::moe::Plan carve_plan(Carve& c, int64_t n, int64_t E, int64_t k, int64_t D, int64_t I, int64_t down_blocks) {
   const int64_t P = n * k;
@@ -324,10 +379,16 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
              "], expected [", E, ", ", D, "]");
 
   const int64_t down_blocks = cuda::ceil_div(D, cuda::moe::kDownRowsPerItem);
+  // Fast numerics at n ≥ grouped_min_tokens(): the grouped FP8 GEMMs where every expert matrix suits them.
+  const bool grouped = fast() && n >= cuda::moe::grouped_min_tokens() && layer.routed_up.grouped &&
+                       layer.routed_down.grouped && layer.shared_up.grouped && layer.shared_down.grouped &&
+                       D % 128 == 0 && I % 128 == 0 && E <= cuda::moe::kMaxExperts;
   Carve carve;
   carve_plan(carve, n, E, k, D, I, down_blocks);  // sizes only
+  if (grouped) carve_grouped(carve, n, E, k, D, I);
   carve.set_base(workspace(cuda::kWsMoeStep, carve.used()));
   const cuda::moe::Plan plan = carve_plan(carve, n, E, k, D, I, down_blocks);
+  const cuda::moe::GroupedBuffers gbuf = grouped ? carve_grouped(carve, n, E, k, D, I) : cuda::moe::GroupedBuffers{};
 
   const bool pdl = props_.major >= 9;
   cuda::moe::RouterLogitsParams logits;
@@ -367,11 +428,16 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
   ep.D = D;
   ep.I = I;
   ep.k = k;
+  ep.E = E;
   ep.swiglu_limit = float(config_.swiglu_limit);
   ep.fast = fast();
   ep.staged_rows = cuda::moe::rows_for(int(std::min<int64_t>(cuda::moe::kChunk, n)));
   ep.out = out;
   ep.row_blocks = cuda::ceil_div(I, cuda::moe::kUpRowsPerItem);
+  if (grouped) {
+    cuda::moe::launch_experts_grouped(ep, gbuf, stream_);
+    return;
+  }
   cuda::moe::launch_expert_up(ep, props_.multiProcessorCount, pdl, stream_);
   ep.row_blocks = down_blocks;
   cuda::moe::launch_expert_down(ep, props_.multiProcessorCount, pdl, stream_);

@@ -18,6 +18,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/common/check.h"
@@ -50,6 +51,9 @@ struct MatFormat {
   bool aligned = true;        // row_bytes % 16 == 0: 16-byte loads
   bool tensor_cores = false;  // FP4 (scales in the fp16 window) or aligned FP8: weight_mma.cuh
   bool tiled = false;         // tensor-core matrices stored in the MMA tile order (weight_mma.cuh)
+  // The grouped FP8 GEMM can read it (experts_grouped.cu): tiled FP8, or tiled FP4 whose four E8M0 scales in
+  // every row's 128-column block lie within kGroupedScaleSpan of each other (moe.cu's fp4_spans_fit).
+  bool grouped = false;
 };
 
 // The step's plan, in the workspace. P = n·k routed pairs; pair p = t·k + j is token t's j-th choice.
@@ -98,6 +102,7 @@ struct ExpertParams {
   MatView shared_w1, shared_w3, shared_w2;
   MatFormat shared_up, shared_down;
   int64_t n = 0, D = 0, I = 0, k = 0;
+  int64_t E = 0;              // routed experts (the grouped path's tile plan)
   float swiglu_limit = 0.0f;  // 0: no clamp
   // Fast numerics: round where CpuOps::moe does (fast-numerics.md §7 steps 15–16) — each GEMM's activations as
   // it stages them (act_quant for FP8 / FP4), its outputs and h to bf16 (experts.cuh), the combined sum once.
@@ -132,5 +137,36 @@ void launch_router_logits(const RouterLogitsParams& p, bool pdl, cudaStream_t st
 void launch_route(const RouteParams& p, bool pdl, cudaStream_t stream);
 void launch_expert_up(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream);
 void launch_expert_down(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream);
+
+// ---- The grouped path (experts_grouped.cu): fast numerics at n ≥ grouped_min_tokens() (moe_grouped.h), when
+// every expert matrix is `grouped`. Per expert a real GEMM over its tokens: e4m3 weights (FP4 e2m1 widened,
+// its scales folded as below) × act_quant'ed e4m3 activations on mma.sync m16n8k32, fp32 accumulation, the
+// weight and activation scales applied per 128-column K block in fp32. Launches, after route:
+//   grouped_quant (x → e4m3 rows in the MMA fragment order + a power-of-two scale per 128 columns), grouped_tiles
+//   (the plan's expert segments cut into tiles of ≤ kGroupedTokens pairs), grouped_up (w1, w3, SwiGLU, weight → h),
+//   grouped_quant (h), grouped_down (w2 → y), grouped_combine (y → out in the CPU's order).
+constexpr int kGroupedTokens = 64;     // pairs of one expert per tile: the GEMM's N
+constexpr int kGroupedScaleSpan = 9;   // FP4: max − min of a row's four E8M0 scales in one 128-column block
+
+struct GroupedBuffers {
+  uint8_t* xq_routed = nullptr;  // [n, D] x as e4m3 in the routed format's fragment order
+  uint8_t* xq_shared = nullptr;  // [n, D] in the shared expert's fragment order
+  float* xs = nullptr;           // [n, D / 128] their scales
+  uint8_t* hq = nullptr;         // [P + n, I] h as e4m3 (routed pairs: routed order; shared: shared order)
+  float* hs = nullptr;           // [P + n, I / 128]
+  int32_t* tile_expert = nullptr;  // [max_tiles] −1 = shared
+  int32_t* tile_pair0 = nullptr;   // [max_tiles]
+  int32_t* tile_count = nullptr;   // [max_tiles] 1 .. kGroupedTokens
+  int32_t* tiles = nullptr;        // [1] tiles of this step
+  int64_t max_tiles = 0;
+};
+
+// Upper bound of the tiles of a step of n tokens (ceil(n / N) shared, Σ ceil(count_e / N) ≤ P / N + min(E, P)).
+inline int64_t grouped_max_tiles(int64_t n, int64_t k, int64_t E) {
+  const int64_t P = n * k;
+  return (n + kGroupedTokens - 1) / kGroupedTokens + (P + kGroupedTokens - 1) / kGroupedTokens + std::min(E, P);
+}
+bool grouped_fits(const ExpertParams& p);
+void launch_experts_grouped(const ExpertParams& p, const GroupedBuffers& g, cudaStream_t stream);
 
 }  // namespace dsv4::cuda::moe

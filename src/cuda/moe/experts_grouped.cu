@@ -1,0 +1,549 @@
+// moe family (CUDA): the grouped FP8 GEMM path of the expert kernels, for fast numerics at prefill sizes
+// (moe_kernels.h lists its launches). At n tokens × top-k each expert holds ~n·k/E pairs: a real GEMM per
+// expert, where the item kernels (experts_items.cu) multiply at most kChunk pairs per pass and decode every
+// weight once per pass.
+//
+// The official V4 arithmetic (fast-numerics.md §1.4, §1.5): activations act_quant'ed to e4m3 with a power-of-two
+// scale per token per 128 columns, weights as e4m3, e4m3 × e4m3 on the tensor cores (mma.sync m16n8k32) into
+// fp32, the scales applied to the fp32 partial sum of each 128-column K block, the sums in fp32; the w1 / w3
+// outputs rounded to bf16, the SwiGLU with its clamp and the routing weight in fp32, h rounded to bf16 and
+// act_quant'ed again for w2, the w2 outputs bf16, the combine in the CPU's order (ascending expert, then the
+// shared one) rounded once. Where it differs from DeepSeek's fp4_gemm: FP4's per-32 weight scale is applied
+// inside the e4m3 value, relative to the largest of the row's four scales in the K block, which is applied to
+// the partial sum with the activation scale (exact: the products e2m1 · 2^(b − b_max + 1) lie on the e4m3 grid
+// for b_max − b ≤ kGroupedScaleSpan, checked on the host), so the tensor cores sum 128 products before the
+// fp32 scaling instead of 32. Only the order of the sums changes.
+//
+// Weights are read as they lie on the device, in the MMA tile order (weight_mma.cuh): for K group G of tile T,
+// lane (g, c) loads 16 bytes of rows g and g + 8. Those bytes become its A fragments directly:
+//   FP4: one K group is one 128-column K block; the lane's chunk c (32 columns) gives MMA j its word j, the even
+//        elements as a0 / a1 (k slots 4c .. 4c+3) and the odd ones as a2 / a3 (16 + 4c ..).
+//   FP8: two K groups make a K block; MMA j takes words 2(j % 2), 2(j % 2) + 1 of group 2·kb + j / 2.
+// The activations are written once (grouped_quant) in the matching "fragment order": per 128-column block,
+// 8 bytes per (MMA j, lane c) at byte (4j + c)·8, the b0 then the b1 columns — one 8-byte shared-memory load
+// per token per MMA.
+//
+// Work: a block owns one tile (≤ kGroupedTokens pairs of one expert) × one block of output rows; its 8 warps own
+// 2 row tiles each (up: the same 16 rows of w1 and w3, so the SwiGLU stays in registers; down: 32 rows of w2)
+// over all the tile's pairs. Each warp decodes its weights once per K block from registers (loads one block
+// ahead) and reuses them over the tile's 8-pair MMA columns; the pairs' activations come through a two-stage
+// cp.async ring in shared memory that all 8 warps read.
+#include "cuda/moe/experts.cuh"
+#include "cuda/moe/moe_grouped.h"
+
+#include <cuda_fp8.h>
+
+#include <atomic>
+#include <cstdlib>
+
+namespace dsv4::cuda::moe {
+
+namespace {
+
+constexpr int kGBlockK = 128;                      // K block: one act_quant block, four k32 MMAs
+constexpr int kGStageBlocks = 4;                   // K blocks per ring stage
+constexpr int kGStageBytes = kGBlockK * kGStageBlocks;
+// A token's stage row: 32 bytes of padding put tokens g and g + 4 of an MMA's 8 in the same 128-byte bank
+// window and tokens g .. g + 3 in distinct quarters: one 8-byte load per lane takes two wavefronts, the least.
+constexpr int kGRowStride = kGStageBytes + 32;
+constexpr int kGWarps = 8, kGThreads = kGWarps * 32;
+constexpr int kGTokenTiles = kGroupedTokens / 8;
+constexpr int kGUpRows = kGWarps * 16;    // up: each warp 16 rows of w1 and of w3
+constexpr int kGDownRows = kGWarps * 32;  // down: each warp 32 rows of w2
+constexpr size_t kGSmemBytes = 2 * (size_t(kGroupedTokens) * kGRowStride + kGStageBlocks * kGroupedTokens * 4);
+
+// The crossover against the item kernels (docs/design/moe.md, "The grouped path"): from this many tokens on.
+constexpr int64_t kGroupedMinTokensDefault = 128;
+std::atomic<int64_t> g_min_tokens{0};  // 0: not read yet
+
+// ---- fragment order
+
+// Byte of column `col` (0 .. 127) of a K block in the fragment order of format fp4 / fp8 (file comment).
+__device__ __forceinline__ int fragment_pos(bool fp4, int col) {
+  if (fp4) {  // col = 32c + 8j + m: b0 the even m, b1 the odd
+    const int c = col / 32, j = (col / 8) % 4, m = col % 8;
+    return (j * 4 + c) * 8 + (m % 2) * 4 + m / 2;
+  }
+  const int q = col / 64, c = (col / 16) % 4, h = (col / 8) % 2, i = col % 8;  // col = 64q + 16c + 8h + i
+  return ((2 * q + h) * 4 + c) * 8 + i;
+}
+
+// ---- grouped_quant: act_quant of rows into e4m3 in fragment order
+
+struct QuantParams {
+  const float* src = nullptr;  // [rows, K]
+  int64_t rows = 0, K = 0;
+  uint8_t* out0 = nullptr;  // rows [0, end0) in order fp4_0
+  int64_t end0 = 0;
+  bool fp4_0 = false;
+  uint8_t* out1 = nullptr;  // rows [begin1, rows) in order fp4_1 (nullptr: none)
+  int64_t begin1 = 0;
+  bool fp4_1 = false;
+  float* scale = nullptr;  // [rows, K / 128] 2^e
+};
+
+// One warp per (row, K block): lane l holds columns 4l .. 4l + 3; src/cpu/quant.cpp's fp8_round_trip of the
+// bf16-rounded row, as act_quant_lanes.
+__global__ void __launch_bounds__(256) grouped_quant_kernel(QuantParams p) {
+  const int lane = int(threadIdx.x % 32);
+  const int64_t kblocks = p.K / kGBlockK;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t w = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; w < p.rows * kblocks; w += warps) {
+    const int64_t row = w / kblocks, kb = w % kblocks;
+    const float4 v4 = *reinterpret_cast<const float4*>(p.src + row * p.K + kb * kGBlockK + 4 * lane);
+    float v[4] = {round_bf16(v4.x), round_bf16(v4.y), round_bf16(v4.z), round_bf16(v4.w)};
+    const float amax = warp_max_f32(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+    const int e = e4m3_block_exponent(amax);
+    uint8_t code[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) code[i] = e4m3_code(round_e4m3(clamp_like_std(ldexpf(v[i], -e), -448.0f, 448.0f)));
+    const auto write = [&](uint8_t* out, bool fp4) {
+      uint8_t* block = out + row * p.K + kb * kGBlockK;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) block[fragment_pos(fp4, 4 * lane + i)] = code[i];
+    };
+    if (row < p.end0) write(p.out0, p.fp4_0);
+    if (p.out1 && row >= p.begin1) write(p.out1, p.fp4_1);
+    if (lane == 0) p.scale[row * kblocks + kb] = ldexpf(1.0f, e);
+  }
+}
+
+// ---- grouped_tiles: the plan's expert segments (contiguous pairs) cut into tiles of ≤ kGroupedTokens pairs
+
+// One block. The routed chunks of the plan are consecutive pairs of one expert, experts ascending; an expert's
+// segment starts at its smallest chunk pair and holds the sum of its chunks' counts.
+__global__ void __launch_bounds__(1024) grouped_tiles_kernel(ExpertParams p, GroupedBuffers g) {
+  __shared__ int first[kMaxExperts], count[kMaxExperts];
+  const int E = int(p.E), P = int(p.n * p.k), n = int(p.n);
+  for (int e = int(threadIdx.x); e < E; e += blockDim.x) {
+    first[e] = 0x7FFFFFFF;
+    count[e] = 0;
+  }
+  __syncthreads();
+  const int shared_chunks = (n + kChunk - 1) / kChunk, chunks = p.plan.counters[0];
+  for (int c = shared_chunks + int(threadIdx.x); c < chunks; c += blockDim.x) {
+    const int e = p.plan.chunk_expert[c];
+    atomicMin(&first[e], p.plan.chunk_pair[c]);
+    atomicAdd(&count[e], p.plan.chunk_count[c]);
+  }
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  // Warp 0: lane l takes experts [l·per, (l + 1)·per); an exclusive scan of their tile counts.
+  const int lane = int(threadIdx.x), per = (E + 31) / 32;
+  const int e0 = min(E, lane * per), e1 = min(E, e0 + per);
+  int mine = 0;
+  for (int e = e0; e < e1; ++e) mine += (count[e] + kGroupedTokens - 1) / kGroupedTokens;
+  int before = mine;
+  for (int off = 1; off < 32; off <<= 1) {
+    const int v = __shfl_up_sync(0xFFFFFFFFu, before, off);
+    if (lane >= off) before += v;
+  }
+  const int total = __shfl_sync(0xFFFFFFFFu, before, 31);
+  before -= mine;
+  const int shared_tiles = (n + kGroupedTokens - 1) / kGroupedTokens;
+  for (int t = lane; t < shared_tiles; t += 32) {
+    g.tile_expert[t] = -1;
+    g.tile_pair0[t] = P + t * kGroupedTokens;
+    g.tile_count[t] = min(kGroupedTokens, n - t * kGroupedTokens);
+  }
+  int t = shared_tiles + before;
+  for (int e = e0; e < e1; ++e)
+    for (int q = 0; q < count[e]; q += kGroupedTokens, ++t) {
+      g.tile_expert[t] = e;
+      g.tile_pair0[t] = first[e] + q;
+      g.tile_count[t] = min(kGroupedTokens, count[e] - q);
+    }
+  if (lane == 0) g.tiles[0] = shared_tiles + total;
+}
+
+// ---- the GEMMs
+
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// Four e4m3 codes from two fp16 pairs (exact: the values lie on the e4m3 grid).
+__device__ __forceinline__ uint32_t e4m3x4(uint32_t h01, uint32_t h23) {
+  __half2_raw a, b;
+  a.x = uint16_t(h01);
+  a.y = uint16_t(h01 >> 16);
+  b.x = uint16_t(h23);
+  b.y = uint16_t(h23 >> 16);
+  const uint32_t lo = __nv_cvt_halfraw2_to_fp8x2(a, __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_halfraw2_to_fp8x2(b, __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
+
+// The raw bytes of one K block of a warp's two row tiles, lane (g, c): FP4 one 16-byte unit per (tile, row half)
+// and the u32 of the row's four scale bytes; FP8 two units (K groups) per (tile, row half).
+template <WFormat F>
+struct RawBlock {
+  static constexpr int kUnits = F == WFormat::kFP4 ? 1 : 2;
+  uint4 unit[2][2][kUnits];  // [tile][row half][group]
+  uint32_t scales[2][2];     // FP4: bytes of chunks 0..3 of rows g, g + 8
+  float block_scale[2];      // FP8: the tile's 128 x 128 block scale
+};
+
+struct WarpTiles {
+  const uint8_t* data[2];
+  const void* scale[2];
+  int64_t tile[2];   // tile index T (rows 16T ..)
+  int64_t groups;    // K groups per row (row_bytes / 64)
+  int64_t scale_cols;
+  bool live[2];
+};
+
+template <WFormat F>
+__device__ __forceinline__ void load_block(const WarpTiles& w, int64_t kb, int lane, RawBlock<F>& r) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int u = 0; u < RawBlock<F>::kUnits; ++u) {
+        const int64_t G = kb * RawBlock<F>::kUnits + u;
+        const int64_t unit = mma_tile_unit(w.tile[i], G, h, lane, w.groups);
+        r.unit[i][h][u] = w.live[i] ? load_stream16(w.data[i] + 16 * unit) : make_uint4(0, 0, 0, 0);
+        if constexpr (F == WFormat::kFP4) {
+          const uint8_t* s = static_cast<const uint8_t*>(w.scale[i]);
+          r.scales[i][h] = w.live[i] ? __ldg(reinterpret_cast<const uint32_t*>(s + (unit - lane % 4))) : 0x7F7F7F7Fu;
+        }
+      }
+    if constexpr (F == WFormat::kFP8)
+      r.block_scale[i] =
+          w.live[i] ? __ldg(static_cast<const float*>(w.scale[i]) + (w.tile[i] * 16 / 128) * w.scale_cols + kb) : 0.0f;
+  }
+}
+
+// A fragments of the K block's four MMAs for both tiles, and each tile row's weight factor (rows g, g + 8).
+template <WFormat F>
+__device__ __forceinline__ void decode_block(const RawBlock<F>& r, int lane, uint32_t (&a)[2][4][4], float (&sw)[2][2]) {
+  const int c = lane % 4;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if constexpr (F == WFormat::kFP4) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t s = r.scales[i][h];
+        const uint32_t mx = __vmaxu4(s, s >> 16);
+        const int bmax = int(max(mx & 0xFFu, (mx >> 8) & 0xFFu));
+        const int b = int((s >> (8 * c)) & 0xFFu);
+        // e2m1 · 2^-14 (the bit-move decode) × 2^(b − bmax + 1 + 14): e2m1 · 2^(b − bmax + 1), on the e4m3 grid.
+        const uint16_t fbits = uint16_t((b - bmax + 1 + 14 + 15) << 10);
+        const __half2 f = __halves2half2(__ushort_as_half(fbits), __ushort_as_half(fbits));
+        sw[i][h] = __uint_as_float(uint32_t(max(bmax - 1, 1)) << 23);  // 2^(bmax − 128)
+        const uint4 v = r.unit[i][h][0];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t w = j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+          const uint32_t even = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
+          const uint32_t odd = ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);
+          const uint32_t e02 = hmul2_bits(__byte_perm(even, 0u, 0x1404u), f);
+          const uint32_t e46 = hmul2_bits(__byte_perm(even, 0u, 0x3424u), f);
+          const uint32_t o13 = hmul2_bits(__byte_perm(odd, 0u, 0x1404u), f);
+          const uint32_t o57 = hmul2_bits(__byte_perm(odd, 0u, 0x3424u), f);
+          a[i][j][h] = e4m3x4(e02, e46);      // a0 (h = 0) / a1 (h = 1): k slots 4c .. 4c + 3
+          a[i][j][2 + h] = e4m3x4(o13, o57);  // a2 / a3: 16 + 4c ..
+        }
+      }
+    } else {
+      sw[i][0] = sw[i][1] = r.block_scale[i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint4 v = r.unit[i][h][j / 2];
+          a[i][j][h] = j % 2 == 0 ? v.x : v.z;
+          a[i][j][2 + h] = j % 2 == 0 ? v.y : v.w;
+        }
+    }
+  }
+}
+
+// The ring: stage s holds K blocks [4s, 4s + 4) of the tile's kGroupedTokens activation rows and their scales.
+struct Ring {
+  uint8_t* rows;   // [2][kGroupedTokens][kGRowStride]
+  float* scales;   // [2][kGStageBlocks][kGroupedTokens]
+};
+
+__device__ __forceinline__ void load_stage(const Ring& ring, int buf, int64_t stage, int64_t kblocks, int64_t K,
+                                           const uint8_t* act, const float* act_scale, const int* row_index) {
+  const int64_t kb0 = stage * kGStageBlocks;
+  const int nb = int(std::min<int64_t>(kGStageBlocks, kblocks - kb0));
+  uint8_t* rows = ring.rows + size_t(buf) * kGroupedTokens * kGRowStride;
+  const int col16 = int(threadIdx.x % 32);  // 32 × 16 bytes = one stage row
+  if (col16 < nb * (kGBlockK / 16))
+    for (int m = int(threadIdx.x / 32); m < kGroupedTokens; m += kGWarps)
+      cp_async16(rows + m * kGRowStride + 16 * col16, act + int64_t(row_index[m]) * K + kb0 * kGBlockK + 16 * col16);
+  const int m = int(threadIdx.x % kGroupedTokens), kb = int(threadIdx.x / kGroupedTokens);
+  if (kb < nb)
+    cp_async4(ring.scales + (buf * kGStageBlocks + kb) * kGroupedTokens + m,
+              act_scale + int64_t(row_index[m]) * (K / kGBlockK) + kb0 + kb);
+  cp_async_commit();
+}
+
+// One K block of the warp's two row tiles × the first NT token tiles: per (row tile, token tile) four chained
+// MMAs into a cleared fragment, then scaled by weight × activation scale into acc. NT is a constant so that the
+// loop is one basic block: with a run-time bound per token tile (a branch each) the compiler could not overlap
+// one tile's dependent MMAs with the next tile's.
+template <int NT>
+__device__ __forceinline__ void mma_block(const uint32_t (&a)[2][4][4], const float (&sw)[2][2], const uint8_t* xb,
+                                          const float* sb, float (&acc)[2][kGTokenTiles][4]) {
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    float part[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint2 b = *reinterpret_cast<const uint2*>(xb + t * 8 * kGRowStride + j * 32);
+      mma_e4m3(part[0], a[0][j], b.x, b.y);
+      mma_e4m3(part[1], a[1][j], b.x, b.y);
+    }
+    const float2 sa = *reinterpret_cast<const float2*>(sb + t * 8);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      acc[i][t][0] = fmaf(part[i][0], sw[i][0] * sa.x, acc[i][t][0]);
+      acc[i][t][1] = fmaf(part[i][1], sw[i][0] * sa.y, acc[i][t][1]);
+      acc[i][t][2] = fmaf(part[i][2], sw[i][1] * sa.x, acc[i][t][2]);
+      acc[i][t][3] = fmaf(part[i][3], sw[i][1] * sa.y, acc[i][t][3]);
+    }
+  }
+}
+
+// One block: tile `tile` × row block `rb` of a GEMM (kUp: w1 and w3 of I rows over K = D; else w2, D rows over
+// K = I); leaves acc[tile i][token tile][fragment] in units of the output.
+template <bool kUp, WFormat F>
+__device__ __forceinline__ void gemm_tile(const ExpertParams& p, const GroupedBuffers& g, const WarpTiles& w,
+                                          int count, const uint8_t* act, const float* act_scale, const int* row_index,
+                                          const Ring& ring, float (&acc)[2][kGTokenTiles][4]) {
+  const int lane = int(threadIdx.x % 32), g8 = lane / 4, c = lane % 4;
+  const int64_t K = kUp ? p.D : p.I, kblocks = K / kGBlockK;
+  const int64_t stages = (kblocks + kGStageBlocks - 1) / kGStageBlocks;
+  const int token_tiles = (count + 7) / 8;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int t = 0; t < kGTokenTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][t][e] = 0.0f;
+  RawBlock<F> raw;
+  load_block<F>(w, 0, lane, raw);
+  load_stage(ring, 0, 0, kblocks, K, act, act_scale, row_index);
+  const bool any = w.live[0] || w.live[1];
+  for (int64_t s = 0; s < stages; ++s) {
+    if (s + 1 < stages) {
+      load_stage(ring, int((s + 1) % 2), s + 1, kblocks, K, act, act_scale, row_index);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const uint8_t* rows = ring.rows + size_t(s % 2) * kGroupedTokens * kGRowStride;
+    const float* scales = ring.scales + (s % 2) * kGStageBlocks * kGroupedTokens;
+    const int nb = int(std::min<int64_t>(kGStageBlocks, kblocks - s * kGStageBlocks));
+    if (any) {
+      for (int kbl = 0; kbl < nb; ++kbl) {
+        const int64_t kb = s * kGStageBlocks + kbl;
+        uint32_t a[2][4][4];
+        float sw[2][2];
+        decode_block<F>(raw, lane, a, sw);
+        if (kb + 1 < kblocks) load_block<F>(w, kb + 1, lane, raw);  // the next block's loads fly over the MMAs
+        const uint8_t* xb = rows + g8 * kGRowStride + kbl * kGBlockK + c * 8;
+        const float* sb = scales + kbl * kGroupedTokens + 2 * c;
+        switch (token_tiles) {  // straight-line code: the MMAs of all token tiles interleave
+          case 1: mma_block<1>(a, sw, xb, sb, acc); break;
+          case 2: mma_block<2>(a, sw, xb, sb, acc); break;
+          case 3: mma_block<3>(a, sw, xb, sb, acc); break;
+          case 4: mma_block<4>(a, sw, xb, sb, acc); break;
+          case 5: mma_block<5>(a, sw, xb, sb, acc); break;
+          case 6: mma_block<6>(a, sw, xb, sb, acc); break;
+          case 7: mma_block<7>(a, sw, xb, sb, acc); break;
+          default: mma_block<kGTokenTiles>(a, sw, xb, sb, acc); break;
+        }
+      }
+    }
+    __syncthreads();  // the stage is read: the next iteration's copies may overwrite it
+  }
+}
+
+template <bool kUp>
+__global__ void __launch_bounds__(kGThreads, 1) grouped_gemm_kernel(ExpertParams p, GroupedBuffers g) {
+  extern __shared__ __align__(16) uint8_t smem_grouped[];
+  __shared__ int row_index[kGroupedTokens];
+  const int64_t out_rows = kUp ? p.I : p.D;
+  const int block_rows = kUp ? kGUpRows : kGDownRows;
+  const int row_blocks = int((out_rows + block_rows - 1) / block_rows);
+  const int tile = int(blockIdx.x) / row_blocks, rb = int(blockIdx.x) % row_blocks;
+  if (tile >= g.tiles[0]) return;
+  const int expert = g.tile_expert[tile], pair0 = g.tile_pair0[tile], count = g.tile_count[tile];
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  const MatFormat& fmt = expert < 0 ? (kUp ? p.shared_up : p.shared_down) : (kUp ? p.routed_up : p.routed_down);
+  WarpTiles w;
+  if (expert < 0) {
+    const MatView a = kUp ? p.shared_w1 : p.shared_w2, b = kUp ? p.shared_w3 : p.shared_w2;
+    w.data[0] = a.data;
+    w.data[1] = b.data;
+    w.scale[0] = a.scale;
+    w.scale[1] = b.scale;
+  } else {
+    const ExpertPtrs e = p.experts[expert];
+    w.data[0] = kUp ? e.w1 : e.w2;
+    w.data[1] = kUp ? e.w3 : e.w2;
+    w.scale[0] = kUp ? e.s1 : e.s2;
+    w.scale[1] = kUp ? e.s3 : e.s2;
+  }
+  w.groups = fmt.row_bytes / kTileGroupBytes;
+  w.scale_cols = fmt.scale_cols;
+  const int64_t row0 = int64_t(rb) * block_rows + (kUp ? warp * 16 : warp * 32);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t r = kUp ? row0 : row0 + 16 * i;
+    w.tile[i] = r / 16;
+    w.live[i] = r < out_rows;
+  }
+  if (threadIdx.x < kGroupedTokens) {  // clamped: columns past count compute on a real row and are dropped
+    const int pair = pair0 + min(int(threadIdx.x), count - 1);
+    row_index[threadIdx.x] = kUp ? p.plan.pair_token[pair] : pair;
+  }
+  __syncthreads();
+  const bool fp4 = fmt.format == WFormat::kFP4;
+  const uint8_t* act = kUp ? (expert < 0 ? g.xq_shared : g.xq_routed) : g.hq;
+  const float* act_scale = kUp ? g.xs : g.hs;
+  Ring ring{smem_grouped, reinterpret_cast<float*>(smem_grouped + 2 * size_t(kGroupedTokens) * kGRowStride)};
+  float acc[2][kGTokenTiles][4];
+  if (fp4) gemm_tile<kUp, WFormat::kFP4>(p, g, w, count, act, act_scale, row_index, ring, acc);
+  else gemm_tile<kUp, WFormat::kFP8>(p, g, w, count, act, act_scale, row_index, ring, acc);
+
+  const int g8 = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int t = 0; t < kGTokenTiles; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = t * 8 + 2 * c + (e % 2);
+      if (m >= count) continue;
+      const int pair = pair0 + m;
+      if constexpr (kUp) {
+        if (!w.live[0]) continue;
+        const int64_t row = row0 + g8 + 8 * (e / 2);
+        const float weight = expert < 0 ? 1.0f : p.plan.pair_weight[pair];
+        p.plan.h[int64_t(pair) * p.I + row] = hidden(p, fmt.format, acc[0][t][e], acc[1][t][e], weight);
+      } else {
+        const int64_t y_row = int64_t(p.plan.pair_out[pair]) * p.D;
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          if (w.live[i]) p.plan.y[y_row + row0 + 16 * i + g8 + 8 * (e / 2)] = round_bf16(acc[i][t][e]);
+      }
+    }
+}
+
+// out[t] = Σ over t's choices in (expert, j) order of y + the shared expert's y, in fp32, rounded to bf16 once
+// (combine_rows' order). Four columns per thread.
+__global__ void __launch_bounds__(256) grouped_combine_kernel(ExpertParams p) {
+  const int64_t quads = p.D / 4, total = p.n * quads;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / quads, d = 4 * (i % quads);
+    const float* yt = p.plan.y + t * (p.k + 1) * p.D + d;
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int64_t j = 0; j <= p.k; ++j) {
+      const int64_t slot = j < p.k ? p.plan.combine_order[t * p.k + j] : p.k;
+      const float4 v = *reinterpret_cast<const float4*>(yt + slot * p.D);
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    *reinterpret_cast<float4*>(p.out + t * p.D + d) =
+        make_float4(round_bf16(sum.x), round_bf16(sum.y), round_bf16(sum.z), round_bf16(sum.w));
+  }
+}
+
+int quant_grid(int64_t warps) { return int(std::min<int64_t>((warps + 7) / 8, 132 * 16)); }
+
+}  // namespace
+
+int64_t grouped_min_tokens() {
+  int64_t v = g_min_tokens.load(std::memory_order_relaxed);
+  if (v > 0) return v;
+  const char* env = std::getenv("DSV4_MOE_GROUPED_MIN");
+  v = env && std::atoll(env) > 0 ? std::atoll(env) : kGroupedMinTokensDefault;
+  g_min_tokens.store(v, std::memory_order_relaxed);
+  return v;
+}
+
+void set_grouped_min_tokens(int64_t n) {
+  g_min_tokens.store(n > 0 ? n : 0, std::memory_order_relaxed);
+}
+
+bool grouped_fits(const ExpertParams& p) {
+  return p.fast && p.routed_up.grouped && p.routed_down.grouped && p.shared_up.grouped && p.shared_down.grouped &&
+         p.D % kGBlockK == 0 && p.I % kGBlockK == 0 && p.E <= kMaxExperts;
+}
+
+void launch_experts_grouped(const ExpertParams& p, const GroupedBuffers& g, cudaStream_t stream) {
+  DSV4_CHECK(grouped_fits(p), "moe: the grouped expert path does not fit this layer");
+  const int64_t P = p.n * p.k;
+  QuantParams qx;
+  qx.src = p.x;
+  qx.rows = p.n;
+  qx.K = p.D;
+  qx.out0 = g.xq_routed;
+  qx.end0 = p.n;
+  qx.fp4_0 = p.routed_up.format == WFormat::kFP4;
+  qx.out1 = g.xq_shared;
+  qx.begin1 = 0;
+  qx.fp4_1 = p.shared_up.format == WFormat::kFP4;
+  qx.scale = g.xs;
+  grouped_quant_kernel<<<quant_grid(p.n * (p.D / kGBlockK)), 256, 0, stream>>>(qx);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+  grouped_tiles_kernel<<<1, 1024, 0, stream>>>(p, g);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+
+  static const bool prepared = [] {
+    for (const void* k : {reinterpret_cast<const void*>(grouped_gemm_kernel<true>),
+                          reinterpret_cast<const void*>(grouped_gemm_kernel<false>)})
+      DSV4_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kGSmemBytes)));
+    return true;
+  }();
+  (void)prepared;
+  const int64_t up_blocks = g.max_tiles * ((p.I + kGUpRows - 1) / kGUpRows);
+  const int64_t down_blocks = g.max_tiles * ((p.D + kGDownRows - 1) / kGDownRows);
+  DSV4_CHECK(up_blocks < (int64_t(1) << 31) && down_blocks < (int64_t(1) << 31), "moe: too many grouped tiles");
+  grouped_gemm_kernel<true><<<unsigned(up_blocks), kGThreads, kGSmemBytes, stream>>>(p, g);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+
+  QuantParams qh;
+  qh.src = p.plan.h;
+  qh.rows = P + p.n;
+  qh.K = p.I;
+  qh.out0 = g.hq;
+  qh.end0 = P;
+  qh.fp4_0 = p.routed_down.format == WFormat::kFP4;
+  qh.out1 = g.hq;
+  qh.begin1 = P;
+  qh.fp4_1 = p.shared_down.format == WFormat::kFP4;
+  qh.scale = g.hs;
+  grouped_quant_kernel<<<quant_grid((P + p.n) * (p.I / kGBlockK)), 256, 0, stream>>>(qh);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+  grouped_gemm_kernel<false><<<unsigned(down_blocks), kGThreads, kGSmemBytes, stream>>>(p, g);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+  grouped_combine_kernel<<<quant_grid(p.n * p.D / 4 / 32), 256, 0, stream>>>(p);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace dsv4::cuda::moe
