@@ -53,55 +53,16 @@ struct StoreParams {
   int64_t src_stride, n, row0, modulo;
 };
 
-// One warp per (row, scale block): the block's absmax, its E8M0 exponent, then each lane's codes; for FP8 KV
-// rows one more item per row copies the fp32 rope channels. (A warp per row walked its 7–16 blocks in
-// sequence, a serial chain for the single row of a decode step: docs/design/attention.md.)
-__device__ void store_fp8_block(const CacheLayout& l, const float* v, uint8_t* row, int b0, int lane) {
-  const int b1 = min(l.nope, b0 + 64);
-  const int c0 = b0 + lane, c1 = b0 + 32 + lane;
-  const float x0 = c0 < b1 ? v[c0] : 0.0f, x1 = c1 < b1 ? v[c1] : 0.0f;
-  const int e = e4m3_block_exponent(warp_max_f32(fmaxf(fabsf(x0), fabsf(x1))));
-  if (c0 < b1) row[c0] = e4m3_code(round_e4m3(clamp_like_std(ldexpf(x0, -e), -448.0f, 448.0f)));
-  if (c1 < b1) row[c1] = e4m3_code(round_e4m3(clamp_like_std(ldexpf(x1, -e), -448.0f, 448.0f)));
-  if (lane == 0) row[l.scales + b0 / 64] = uint8_t(e + 127);
-}
-
-__device__ void store_fp4_block(const CacheLayout& l, const float* v, uint8_t* row, int b0, int lane) {
-  const float x = v[b0 + lane];
-  const int e = e2m1_block_exponent(warp_max_f32(fabsf(x)));
-  const uint32_t code = e2m1_code(round_e2m1(clamp_like_std(ldexpf(x, -e), -6.0f, 6.0f)));
-  const uint32_t odd = __shfl_down_sync(0xffffffffu, code, 1);
-  if (lane % 2 == 0) row[(b0 + lane) / 2] = uint8_t(code | (odd << 4));
-  if (lane == 0) row[l.scales + b0 / 32] = uint8_t(e + 127);
-}
-
-// Items per row: FP8 KV ⌈nope/64⌉ blocks + the rope channels; FP4 keys dim/32 blocks.
-__host__ __device__ int store_items_per_row(const CacheLayout& l) {
-  return l.format == CacheFormat::kFp8Kv ? (l.nope + 63) / 64 + 1 : int(l.dim / 32);
-}
-
-// Item b of row v (one warp) into the cache row.
-__device__ void store_item(const CacheLayout& l, const float* v, uint8_t* row, int b, int lane) {
-  if (l.format == CacheFormat::kFp8Kv) {
-    if (b < store_items_per_row(l) - 1) {
-      store_fp8_block(l, v, row, 64 * b, lane);
-    } else {
-      auto* rope = reinterpret_cast<float*>(row + l.rope);
-      for (int64_t j = lane; j < l.dim - l.nope; j += 32) rope[j] = v[l.nope + j];
-    }
-  } else {
-    store_fp4_block(l, v, row, 32 * b, lane);
-  }
-}
-
+// One warp per (row, item) (kv_cache.cuh's cache_store_item). (A warp per row walked its 7–16 blocks in sequence,
+// a serial chain for the single row of a decode step: docs/design/attention.md.)
 __global__ void __launch_bounds__(kStoreWarps * 32) cache_store_kernel(StoreParams p) {
   pdl_wait();
-  const int per_row = store_items_per_row(p.layout);
+  const int per_row = cache_row_items(p.layout);
   const int64_t item = int64_t(blockIdx.x) * kStoreWarps + threadIdx.x / 32;
   if (item >= p.n * per_row) return;  // warp-uniform
   const int64_t i = item / per_row;
-  store_item(p.layout, p.src + i * p.src_stride, p.cache + ((p.row0 + i) % p.modulo) * p.layout.row_bytes,
-             int(item % per_row), int(threadIdx.x % 32));
+  cache_store_item(p.layout, p.src + i * p.src_stride, p.cache + ((p.row0 + i) % p.modulo) * p.layout.row_bytes,
+                   int(item % per_row), int(threadIdx.x % 32));
 }
 
 struct KvFinishParams {
@@ -121,8 +82,8 @@ __device__ __forceinline__ void kv_finish_row(const KvFinishParams& p, int64_t i
   norm_rope_row(p.norm, consts, p.kv + i * p.norm.dim, p.pos0 + i, row_s, nullptr);
   __syncthreads();
   uint8_t* row = p.ring + (p.pos0 + i) % p.slots * p.layout.row_bytes;
-  for (int b = int(threadIdx.x / 32); b < store_items_per_row(p.layout); b += kNormRopeThreads / 32)
-    store_item(p.layout, row_s, row, b, int(threadIdx.x % 32));
+  for (int b = int(threadIdx.x / 32); b < cache_row_items(p.layout); b += kNormRopeThreads / 32)
+    cache_store_item(p.layout, row_s, row, b, int(threadIdx.x % 32));
 }
 
 // One block per row.
@@ -231,7 +192,7 @@ void cache_store(CudaOps& ops, const CacheLayout& layout, float* cache, const fl
              " in a cache of ", layout.rows);
   if (n == 0) return;
   const StoreParams p{layout, reinterpret_cast<uint8_t*>(cache), src, src_stride, n, row0, modulo};
-  const int64_t items = n * store_items_per_row(layout);
+  const int64_t items = n * cache_row_items(layout);
   launch_pdl(cache_store_kernel, dim3(unsigned(ceil_div(items, kStoreWarps))), dim3(kStoreWarps * 32), 0,
              ops.stream(), ops.props().major >= 9, p);
 }

@@ -34,7 +34,6 @@
 #include <cuda_fp8.h>
 
 #include <atomic>
-#include <cstdlib>
 
 namespace dsv4::cuda::moe {
 
@@ -54,7 +53,7 @@ constexpr size_t kGSmemBytes = 2 * (size_t(kGroupedTokens) * kGRowStride + kGSta
 
 // The crossover against the item kernels (docs/design/moe.md, "The grouped path"): from this many tokens on.
 constexpr int64_t kGroupedMinTokensDefault = 128;
-std::atomic<int64_t> g_min_tokens{0};  // 0: not read yet
+std::atomic<int64_t> g_min_tokens{0};  // 0: the default (set_grouped_min_tokens)
 
 // ---- fragment order
 
@@ -478,12 +477,8 @@ int quant_grid(int64_t warps) { return int(std::min<int64_t>((warps + 7) / 8, 13
 }  // namespace
 
 int64_t grouped_min_tokens() {
-  int64_t v = g_min_tokens.load(std::memory_order_relaxed);
-  if (v > 0) return v;
-  const char* env = std::getenv("DSV4_MOE_GROUPED_MIN");
-  v = env && std::atoll(env) > 0 ? std::atoll(env) : kGroupedMinTokensDefault;
-  g_min_tokens.store(v, std::memory_order_relaxed);
-  return v;
+  const int64_t v = g_min_tokens.load(std::memory_order_relaxed);
+  return v > 0 ? v : kGroupedMinTokensDefault;
 }
 
 void set_grouped_min_tokens(int64_t n) {
