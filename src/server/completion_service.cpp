@@ -185,12 +185,12 @@ void CompletionJob::finish_choice(Choice& c, const std::string& reason, std::vec
     chunk["choices"] = Json::array({chat ? chat_chunk_choice_json(c.index, rest, c.first_chunk, "")
                                          : text_choice_json(c.index, rest.content, "")});
     c.first_chunk = false;
-    out.push_back(chunk.dump());
+    out.push_back(json_text(chunk));
   }
   chunk["choices"] = Json::array({chat ? chat_chunk_choice_json(c.index, {}, c.first_chunk, c.finish_reason)
                                        : text_choice_json(c.index, "", c.finish_reason)});
   c.first_chunk = false;
-  out.push_back(chunk.dump());
+  out.push_back(json_text(chunk));
 }
 
 void CompletionJob::handle(size_t index, const GenerationEvent& event, clock::time_point at,
@@ -211,7 +211,7 @@ void CompletionJob::handle(size_t index, const GenerationEvent& event, clock::ti
       chunk["choices"] = Json::array({chat ? chat_chunk_choice_json(c.index, delta, c.first_chunk, "")
                                            : text_choice_json(c.index, delta.content, "")});
       c.first_chunk = false;
-      out.push_back(chunk.dump());
+      out.push_back(json_text(chunk));
     }
     if (c.decoder.stopped()) {
       service_.scheduler_.cancel(c.id);
@@ -227,7 +227,7 @@ void CompletionJob::handle(size_t index, const GenerationEvent& event, clock::ti
       error_ = event.error;
       finish_choice(c, "error", out);
       if (request_.stream) {
-        out.push_back(error_body(ApiError(500, "generation failed: " + event.error, "server_error")).dump());
+        out.push_back(json_text(error_body(ApiError(500, "generation failed: " + event.error, "server_error"))));
       }
       break;
   }
@@ -256,7 +256,7 @@ std::vector<std::string> CompletionJob::poll(std::chrono::milliseconds wait) {
       for (int64_t l : prompt_lengths_) usage.prompt_tokens += l;
       for (const auto& c : choices_) usage.completion_tokens += c->generated;
       chunk["usage"] = usage_json(usage);
-      out.push_back(chunk.dump());
+      out.push_back(json_text(chunk));
     }
     out.push_back("[DONE]");
     done_sent_ = true;

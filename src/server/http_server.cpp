@@ -18,7 +18,7 @@ constexpr const char* kJson = "application/json";
 
 void send_error(httplib::Response& res, const ApiError& error) {
   res.status = error.status;
-  res.set_content(error_body(error).dump(), kJson);
+  res.set_content(json_text(error_body(error)), kJson);
 }
 
 // A completion request: a JSON response, or an SSE stream whose provider runs on this connection's thread
@@ -26,7 +26,7 @@ void send_error(httplib::Response& res, const ApiError& error) {
 void complete(CompletionService& service, Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
   std::shared_ptr<CompletionJob> job = service.start(endpoint, req.body);
   if (!job->stream()) {
-    res.set_content(job->wait().dump(), kJson);
+    res.set_content(json_text(job->wait()), kJson);
     return;
   }
   res.set_header("Cache-Control", "no-cache");
@@ -78,7 +78,7 @@ HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
   http.Post("/v1/chat/completions", completion(Endpoint::kChatCompletions));
   http.Post("/v1/completions", completion(Endpoint::kCompletions));
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(service_.models().dump(), kJson);
+    res.set_content(json_text(service_.models()), kJson);
   });
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("{}", kJson); });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {

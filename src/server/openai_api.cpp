@@ -12,6 +12,8 @@ ApiError invalid_request(const std::string& message, const std::string& param, c
   return ApiError(400, message, "invalid_request_error", param, code);
 }
 
+std::string json_text(const Json& value) { return value.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
 Json error_body(const ApiError& error) {
   Json e;
   e["message"] = error.what();

@@ -37,6 +37,11 @@ ApiError invalid_request(const std::string& message, const std::string& param = 
                          const std::string& code = "invalid_value");
 Json error_body(const ApiError& error);
 
+// The text of a JSON value as the server sends it. Strings that are not valid UTF-8 (a request path, a parser's
+// message quoting the offending byte, text a model emitted mid-character) have those bytes replaced by U+FFFD:
+// nlohmann's dump() throws on them, which in an HTTP error handler ended the process.
+std::string json_text(const Json& value);
+
 enum class Endpoint { kChatCompletions, kCompletions };
 
 struct CompletionRequest {
