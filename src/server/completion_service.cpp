@@ -1,5 +1,6 @@
 #include "server/completion_service.h"
 
+#include <algorithm>
 #include <ctime>
 #include <random>
 
@@ -38,10 +39,28 @@ struct CompletionJob::Choice {
   Choice(int64_t i, OutputDecoder d) : index(i), decoder(std::move(d)) {}
 };
 
+namespace {
+
+// The most bytes of text one token stands for (added and special tokens included): a text of B bytes is at least
+// B / max_token_bytes tokens.
+int64_t max_token_bytes(const Tokenizer& tokenizer) {
+  size_t most = 1;
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
+    most = std::max(most, tokenizer.token_bytes(id).size());
+    if (const auto token = tokenizer.id_to_token(id)) most = std::max(most, token->size());
+  }
+  return int64_t(most);
+}
+
+}  // namespace
+
 CompletionService::CompletionService(Scheduler& scheduler, const Tokenizer& tokenizer, Metrics& metrics,
                                      ServiceOptions options)
     : scheduler_(scheduler), tokenizer_(tokenizer), metrics_(metrics), options_(std::move(options)),
+      max_token_bytes_(max_token_bytes(tokenizer)),
       created_(int64_t(std::time(nullptr))) {}
+
+void CompletionService::http_response(int status) { metrics_.http_response(status); }
 
 Json CompletionService::models() const {
   Json model{{"id", options_.model_name},
@@ -75,30 +94,37 @@ CompletionJob::CompletionJob(CompletionService& service, CompletionRequest reque
   header_ = {random_id(chat ? "chatcmpl-" : "cmpl-"), object, int64_t(std::time(nullptr)), service_.options_.model_name};
   const Tokenizer& tokenizer = service_.tokenizer_;
 
-  // The prompts as tokens.
+  // The prompts as tokens. A text too long to fit even at the most bytes a token can hold is refused before it is
+  // tokenized: a 40 MB prompt cost seconds and left the tokenizer's per-thread scratch at gigabytes.
+  const int64_t context = service_.scheduler_.options().max_context;
+  const int64_t completion = request_.max_tokens.value_or(1);
+  const auto too_long = [&](int64_t length, bool at_least) {
+    const int64_t wanted = length + completion;
+    return invalid_request("This model's maximum context length is " + std::to_string(context) +
+                               " tokens. However, you requested " + (at_least ? "at least " : "") +
+                               std::to_string(wanted) + " tokens (" + std::to_string(length) + " in the " +
+                               (chat ? "messages" : "prompt") + ", " + std::to_string(completion) +
+                               " in the completion). Please reduce the length of the input or of max_tokens.",
+                           chat ? "messages" : "prompt", "context_length_exceeded");
+  };
+  const auto encode = [&](const std::string& text, bool add_bos) {
+    const int64_t fewest = (int64_t(text.size()) + service_.max_token_bytes_ - 1) / service_.max_token_bytes_;
+    if (fewest + completion > context) throw too_long(fewest, /*at_least=*/true);
+    return tokenizer.encode(text, add_bos);
+  };
   std::vector<std::vector<int32_t>> prompts;
   try {
     if (chat) {
-      prompts.push_back(tokenizer.encode(chat::encode_chat(request_.messages, request_.tools, request_.chat_options)));
+      prompts.push_back(encode(chat::encode_chat(request_.messages, request_.tools, request_.chat_options), false));
     } else {
-      for (const auto& p : request_.prompts)
-        prompts.push_back(p.is_tokens ? p.tokens : tokenizer.encode(p.text, /*add_bos=*/true));
+      for (const auto& p : request_.prompts) prompts.push_back(p.is_tokens ? p.tokens : encode(p.text, true));
     }
   } catch (const Error& e) {
     throw invalid_request(e.what(), chat ? "messages" : "prompt");
   }
-  const int64_t context = service_.scheduler_.options().max_context;
   for (const auto& p : prompts) {
     const int64_t length = int64_t(p.size());
-    const int64_t wanted = length + request_.max_tokens.value_or(1);
-    if (wanted > context) {
-      throw invalid_request("This model's maximum context length is " + std::to_string(context) +
-                                " tokens. However, you requested " + std::to_string(wanted) + " tokens (" +
-                                std::to_string(length) + " in the " + (chat ? "messages" : "prompt") + ", " +
-                                std::to_string(wanted - length) +
-                                " in the completion). Please reduce the length of the input or of max_tokens.",
-                            chat ? "messages" : "prompt", "context_length_exceeded");
-    }
+    if (length + completion > context) throw too_long(length, /*at_least=*/false);
     prompt_lengths_.push_back(length);
   }
 

@@ -36,6 +36,7 @@ class CompletionService {
 
   Json models() const;         // GET /v1/models
   std::string metrics() const;  // GET /metrics
+  void http_response(int status);  // counts a response in the metrics (the HTTP layer's logger)
 
  private:
   friend class CompletionJob;
@@ -44,6 +45,7 @@ class CompletionService {
   Metrics& metrics_;
   ServiceOptions options_;
   int64_t created_;  // the model's "created" time in /v1/models
+  int64_t max_token_bytes_;  // the most bytes of text one token stands for (prompts refused before tokenizing)
 };
 
 // One request in flight: its choices in the scheduler and their output so far. Used by one HTTP thread.

@@ -1,10 +1,13 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <malloc.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 
@@ -18,13 +21,43 @@ constexpr const char* kJson = "application/json";
 
 void send_error(httplib::Response& res, const ApiError& error) {
   res.status = error.status;
+  if (error.status == 429) res.set_header("Retry-After", "1");  // the queue drains at the engine's pace
   res.set_content(json_text(error_body(error)), kJson);
+}
+
+// The request body, whatever its content type says: clients such as `curl -d` label JSON as a form, which
+// httplib would parse as one (and refuse past 8 KB). Multipart bodies are not JSON: 415.
+std::string read_body(const httplib::Request& req, const httplib::ContentReader& reader, const HttpOptions& options) {
+  if (req.is_multipart_form_data())
+    throw ApiError(415, "request bodies are JSON; a multipart/form-data body is not accepted", "invalid_request_error");
+  std::string body;
+  // Sized once from the announced length (capped by the limit): growing by doubling left freed pieces of every
+  // size behind in the thread's arena.
+  body.reserve(std::min<size_t>(std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10),
+                                options.max_body_bytes));
+  const bool read = reader([&](const char* data, size_t size) {
+    body.append(data, size);
+    return true;
+  });
+  if (read) return body;
+  if (body.size() > options.max_body_bytes ||
+      std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) > options.max_body_bytes)
+    throw ApiError(413, "the request body is larger than this server's limit of " +
+                            std::to_string(options.max_body_bytes) + " bytes (dsv4 serve --max-body-mb)",
+                   "invalid_request_error");
+  throw ApiError(400, "the request body could not be read", "invalid_request_error");
+}
+
+// Large bodies leave their pages in the HTTP thread's malloc arena, which glibc keeps: with 64 threads a few
+// 50 MB requests held gigabytes. Give them back once the request is done.
+void release_large_body(size_t size) {
+  if (size >= (size_t(1) << 20)) malloc_trim(0);
 }
 
 // A completion request: a JSON response, or an SSE stream whose provider runs on this connection's thread
 // after the handler returns, pulling payloads from the job as the engine produces them.
-void complete(CompletionService& service, Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
-  std::shared_ptr<CompletionJob> job = service.start(endpoint, req.body);
+void complete(CompletionService& service, Endpoint endpoint, const std::string& body, httplib::Response& res) {
+  std::shared_ptr<CompletionJob> job = service.start(endpoint, body);
   if (!job->stream()) {
     res.set_content(json_text(job->wait()), kJson);
     return;
@@ -58,7 +91,7 @@ HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
   httplib::Server& http = *http_;
   const int threads = options.threads;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-  http.set_payload_max_length(size_t(64) << 20);
+  http.set_payload_max_length(options.max_body_bytes);
   // Remember the listening socket: Debian's compiled httplib listens with a backlog of 5, and a burst of new
   // clients overflows it (the kernel then answers with SYN cookies and resets), so bind() raises it.
   http.set_socket_options([this](socket_t sock) {
@@ -67,12 +100,16 @@ HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
   });
 
   const auto completion = [this](Endpoint endpoint) {
-    return [this, endpoint](const httplib::Request& req, httplib::Response& res) {
+    return [this, endpoint](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      size_t size = 0;
       try {
-        complete(service_, endpoint, req, res);
+        std::string body = read_body(req, reader, options_);
+        size = body.size();
+        complete(service_, endpoint, body, res);
       } catch (const ApiError& e) {
         send_error(res, e);
       }
+      release_large_body(size);
     };
   };
   http.Post("/v1/chat/completions", completion(Endpoint::kChatCompletions));
@@ -84,6 +121,29 @@ HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(service_.metrics(), "text/plain; version=0.0.4");
   });
+  // The other methods of the known paths: 405 with the allowed one.
+  const auto not_allowed = [](const char* allowed) {
+    return [allowed](const httplib::Request& req, httplib::Response& res) {
+      res.set_header("Allow", allowed);
+      send_error(res, ApiError(405, req.method + " is not allowed on " + req.path + " (allowed: " + allowed + ")",
+                               "invalid_request_error", "", "method_not_allowed"));
+    };
+  };
+  for (const char* path : {"/v1/chat/completions", "/v1/completions"}) {
+    http.Get(path, not_allowed("POST"));
+    http.Put(path, not_allowed("POST"));
+    http.Patch(path, not_allowed("POST"));
+    http.Delete(path, not_allowed("POST"));
+    http.Options(path, not_allowed("POST"));
+  }
+  for (const char* path : {"/v1/models", "/health", "/metrics"}) {
+    http.Post(path, not_allowed("GET"));
+    http.Put(path, not_allowed("GET"));
+    http.Patch(path, not_allowed("GET"));
+    http.Delete(path, not_allowed("GET"));
+    http.Options(path, not_allowed("GET"));
+  }
+  http.set_logger([this](const httplib::Request&, const httplib::Response& res) { service_.http_response(res.status); });
 
   // Anything else that escapes a handler is a bug, but the server answers and stays up.
   http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
@@ -98,10 +158,13 @@ HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
     send_error(res, ApiError(500, "internal server error: " + what, "server_error"));
   });
   // Unknown paths, wrong methods and other transport-level failures, in the same error shape.
-  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  http.set_error_handler([limit = options.max_body_bytes](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;  // a handler already wrote an error
-    const std::string message = res.status == 404 ? "no route for " + req.method + " " + req.path
-                                                   : "HTTP error " + std::to_string(res.status);
+    const std::string message =
+        res.status == 404   ? "no route for " + req.method + " " + req.path
+        : res.status == 413 ? "the request body is larger than this server's limit of " + std::to_string(limit) +
+                                  " bytes (dsv4 serve --max-body-mb)"
+                            : "HTTP error " + std::to_string(res.status);
     send_error(res, ApiError(res.status, message, "invalid_request_error", "", res.status == 404 ? "not_found" : ""));
   });
 }

@@ -1,6 +1,7 @@
 // The HTTP transport (cpp-httplib): routes, JSON bodies, Server-Sent Events for streams, and OpenAI-shaped
-// errors for everything that goes wrong. A client that disconnects mid-stream is noticed when a write fails
-// (an idle stream sends an SSE comment every second to find out) and its request is cancelled.
+// errors for everything that goes wrong (405 with Allow for a known path's other methods, Retry-After on 429).
+// A client that disconnects mid-stream is noticed when a write fails (an idle stream sends an SSE comment every
+// second to find out) and its request is cancelled. Every response is counted by status in the metrics.
 #pragma once
 
 #include <memory>
@@ -18,6 +19,7 @@ struct HttpOptions {
   std::string host = "127.0.0.1";
   int port = 8000;  // 0: any free port
   int threads = 64;  // concurrent connections served; a stream holds one for its whole length
+  size_t max_body_bytes = size_t(64) << 20;  // larger request bodies are refused with 413
 };
 
 class HttpServer {

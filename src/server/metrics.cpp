@@ -82,6 +82,10 @@ void Metrics::finished(const std::string& reason) {
   std::lock_guard lock(mutex_);
   ++finished_[reason];
 }
+void Metrics::http_response(int status) {
+  std::lock_guard lock(mutex_);
+  ++http_responses_[status];
+}
 
 std::string Metrics::render(const SchedulerStats& s, int64_t max_context) const {
   std::lock_guard lock(mutex_);
@@ -103,6 +107,9 @@ std::string Metrics::render(const SchedulerStats& s, int64_t max_context) const 
   metric(out, "dsv4:request_success_total", "counter", "Finished sequences by finish reason.");
   for (const auto& [reason, count] : finished_)
     out += "dsv4:request_success_total{finished_reason=\"" + reason + "\"} " + std::to_string(count) + "\n";
+  metric(out, "dsv4:http_requests_total", "counter", "HTTP responses by status code (errors included).");
+  for (const auto& [status, count] : http_responses_)
+    out += "dsv4:http_requests_total{status=\"" + std::to_string(status) + "\"} " + std::to_string(count) + "\n";
   ttft_.render(out, "dsv4:time_to_first_token_seconds", "Time to first token.");
   itl_.render(out, "dsv4:inter_token_latency_seconds", "Time between consecutive generated tokens.");
   e2e_.render(out, "dsv4:e2e_request_latency_seconds", "End-to-end request latency.");

@@ -1,6 +1,7 @@
 // Server metrics in the Prometheus text format (version 0.0.4), named like vLLM's with a dsv4: prefix:
 // requests running / waiting, slot (KV state) usage, prompt and generation token counters, finished requests
-// by reason, and histograms of time to first token, inter-token latency and end-to-end latency.
+// by reason, HTTP responses by status, and histograms of time to first token, inter-token latency and end-to-end
+// latency.
 // Thread-safe: HTTP threads record, /metrics renders.
 #pragma once
 
@@ -36,6 +37,7 @@ class Metrics {
   void observe_itl(double seconds);
   void observe_e2e(double seconds);
   void finished(const std::string& reason);  // "stop", "length", "tool_calls", "abort", "error"
+  void http_response(int status);             // every HTTP response, by status code
 
   std::string render(const SchedulerStats& scheduler, int64_t max_context) const;
 
@@ -44,6 +46,7 @@ class Metrics {
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0;
   Histogram ttft_, itl_, e2e_;
   std::map<std::string, int64_t> finished_;
+  std::map<int, int64_t> http_responses_;
 };
 
 }  // namespace dsv4::server

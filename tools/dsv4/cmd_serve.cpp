@@ -42,6 +42,7 @@ every forward step decodes one token for each running request and reads prompt c
   --served-model-name NAME
                        the model id clients send (default: the model directory's name)
   --http-threads N     connections served at once; a stream holds one (default: max(64, 2 × (max-seqs + 8)))
+  --max-body-mb N      largest request body in MiB; larger ones get 413 (default 64)
 
 Sampling defaults for fields a request leaves out come from the model's generation_config.json.
 --step is the token budget of one forward step (decodes + prompt chunks).
@@ -71,7 +72,7 @@ int cmd_serve(int argc, char** argv) {
   }
   const Args args(argc, argv, 2,
                   Args::options({{"--host", "--port", "--max-seqs", "--max-context", "--max-waiting",
-                                  "--served-model-name", "--http-threads"},
+                                  "--served-model-name", "--http-threads", "--max-body-mb"},
                                  model_options()}),
                   {});
   const std::string dir = model_dir(args);
@@ -87,6 +88,9 @@ int cmd_serve(int argc, char** argv) {
   http_options.threads = int(args.get_int("--http-threads", std::max<int64_t>(64, 2 * (sched.max_seqs + 8))));
   DSV4_CHECK(http_options.port >= 0 && http_options.port < 65536, "--port must be between 0 and 65535");
   DSV4_CHECK(http_options.threads >= 1, "--http-threads must be at least 1");
+  const int64_t max_body_mb = args.get_int("--max-body-mb", 64);
+  DSV4_CHECK(max_body_mb >= 1 && max_body_mb <= 4096, "--max-body-mb must be between 1 and 4096");
+  http_options.max_body_bytes = size_t(max_body_mb) << 20;
   server::ServiceOptions service_options;
   service_options.model_name =
       args.get("--served-model-name", std::filesystem::path(dir).lexically_normal().filename().string());
