@@ -48,6 +48,25 @@ std::string read_body(const httplib::Request& req, const httplib::ContentReader&
   throw ApiError(400, "the request body could not be read", "invalid_request_error");
 }
 
+// Whether the request carries `Authorization: Bearer <key>` (compared in constant time).
+bool authorized(const httplib::Request& req, const std::string& key) {
+  const std::string header = req.get_header_value("Authorization");
+  const std::string prefix = "Bearer ";
+  if (header.size() != prefix.size() + key.size() || header.compare(0, prefix.size(), prefix) != 0) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>(header[prefix.size() + i] ^ key[i]);
+  return diff == 0;
+}
+
+// The Access-Control-Allow-Origin value for this request's Origin, empty when it is not allowed.
+std::string allow_origin(const httplib::Request& req, const std::vector<std::string>& allowed) {
+  const std::string origin = req.get_header_value("Origin");
+  if (origin.empty()) return "";
+  for (const std::string& a : allowed)
+    if (a == "*" || a == origin) return a == "*" ? "*" : origin;
+  return "";
+}
+
 // Large bodies leave their pages in the HTTP thread's malloc arena, which glibc keeps: with 64 threads a few
 // 50 MB requests held gigabytes. Give them back once the request is done.
 void release_large_body(size_t size) {
@@ -144,6 +163,32 @@ HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
     http.Options(path, not_allowed("GET"));
   }
   http.set_logger([this](const httplib::Request&, const httplib::Response& res) { service_.http_response(res.status); });
+
+  // Before routing: a browser's CORS preflight from an allowed origin, then the API key on the /v1/ routes.
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (req.method == "OPTIONS" && req.has_header("Access-Control-Request-Method") &&
+        !allow_origin(req, options_.allowed_origins).empty()) {
+      res.status = 204;
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+      res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
+      res.set_header("Access-Control-Max-Age", "600");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (!options_.api_key.empty() && req.path.rfind("/v1/", 0) == 0 && !authorized(req, options_.api_key)) {
+      send_error(res, ApiError(401, "missing or incorrect API key: send it as 'Authorization: Bearer <key>'",
+                               "invalid_request_error", "", "invalid_api_key"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  // Every response to an allowed origin, errors and streams included, names it.
+  http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const std::string origin = allow_origin(req, options_.allowed_origins);
+    if (origin.empty()) return;
+    res.set_header("Access-Control-Allow-Origin", origin);
+    res.set_header("Vary", "Origin");
+  });
 
   // Anything else that escapes a handler is a bug, but the server answers and stays up.
   http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {

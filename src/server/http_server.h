@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "server/completion_service.h"
 
@@ -20,6 +21,12 @@ struct HttpOptions {
   int port = 8000;  // 0: any free port
   int threads = 64;  // concurrent connections served; a stream holds one for its whole length
   size_t max_body_bytes = size_t(64) << 20;  // larger request bodies are refused with 413
+  // Non-empty: the /v1/ routes require `Authorization: Bearer <api_key>` (401 otherwise); /health and /metrics
+  // stay open (probes and scrapers).
+  std::string api_key;
+  // Origins whose browsers may call the API (CORS: preflight answered, Access-Control-Allow-Origin set); "*" is
+  // any origin. Empty: no CORS headers.
+  std::vector<std::string> allowed_origins;
 };
 
 class HttpServer {

@@ -27,9 +27,10 @@ MODEL = "tiny"
 class Server:
     """A `dsv4 serve` subprocess on a free port (--port 0; the port is read from its first stderr line)."""
 
-    def __init__(self, *args):
+    def __init__(self, *args, env=None, api_key="unused"):
         self.proc = subprocess.Popen([DSV4, "serve", "--backend", "cpu", "--port", "0", *args],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
         self.log = []
         line = self.proc.stderr.readline()
         match = re.search(r"listening on (http://\S+)", line)
@@ -38,7 +39,7 @@ class Server:
             raise RuntimeError(f"dsv4 serve did not start: {line}{self.proc.stderr.read()}")
         self.url = match.group(1)
         threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=300)
         self.http = httpx.Client(base_url=self.url, timeout=300)
 
     def metric(self, name):
@@ -483,6 +484,56 @@ class TestRobustness(ServerCase):
         self.assertLess(self.server.metric("dsv4:engine_steps_total") - steps_before, 200)
         r = self.client.completions.create(model=MODEL, prompt="She was", max_tokens=3)
         self.assertEqual(r.usage.completion_tokens, 3)
+
+
+class TestAccess(unittest.TestCase):
+    """--api-key (or DSV4_API_KEY) guards the /v1/ routes with a bearer token; --allowed-origins answers browsers'
+    CORS preflights and names the origin on every response."""
+
+    def test_api_key(self):
+        for args, env in ((("--api-key", "s3cret"), {}), ((), {"DSV4_API_KEY": "s3cret"})):
+            with self.subTest(args=args, env=env):
+                server = Server(*args, env=env, api_key="s3cret")
+                try:
+                    r = server.client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+                    self.assertEqual(r.usage.completion_tokens, 2)
+                    for headers in ({}, {"authorization": "Bearer wrong!"}, {"authorization": "s3cret"},
+                                    {"authorization": "Bearer s3cret2"}):
+                        r = server.http.get("/v1/models", headers=headers)
+                        self.assertEqual(r.status_code, 401, headers)
+                        self.assertEqual(r.json()["error"]["code"], "invalid_api_key")
+                    with self.assertRaises(openai.AuthenticationError):
+                        openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0).models.list()
+                    self.assertEqual(server.http.get("/health").status_code, 200)  # probes and scrapers stay open
+                    self.assertEqual(server.http.get("/metrics").status_code, 200)
+                finally:
+                    self.assertEqual(server.stop(), 0)
+
+    def test_cors(self):
+        server = Server("--allowed-origins", "http://app.example,http://other.example")
+        try:
+            preflight = {"origin": "http://app.example", "access-control-request-method": "POST",
+                         "access-control-request-headers": "authorization, content-type"}
+            r = server.http.options("/v1/chat/completions", headers=preflight)
+            self.assertEqual(r.status_code, 204)
+            self.assertEqual(r.headers["access-control-allow-origin"], "http://app.example")
+            self.assertIn("POST", r.headers["access-control-allow-methods"])
+            self.assertEqual(r.headers["access-control-allow-headers"], "authorization, content-type")
+            body = {"model": MODEL, "messages": chat("Hi"), "max_tokens": 2}
+            r = server.http.post("/v1/chat/completions", json=body, headers={"origin": "http://other.example"})
+            self.assertEqual(r.status_code, 200)
+            self.assertEqual(r.headers["access-control-allow-origin"], "http://other.example")
+            r = server.http.get("/v1/nothing", headers={"origin": "http://app.example"})  # errors too
+            self.assertEqual(r.status_code, 404)
+            self.assertEqual(r.headers["access-control-allow-origin"], "http://app.example")
+            # Another origin gets no CORS headers, and no preflight.
+            r = server.http.options("/v1/chat/completions", headers={**preflight, "origin": "http://evil.example"})
+            self.assertEqual(r.status_code, 405)
+            self.assertNotIn("access-control-allow-origin", r.headers)
+            r = server.http.get("/v1/models", headers={"origin": "http://evil.example"})
+            self.assertNotIn("access-control-allow-origin", r.headers)
+        finally:
+            self.assertEqual(server.stop(), 0)
 
 
 class TestOverload(ServerCase):

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -43,6 +44,9 @@ every forward step decodes one token for each running request and reads prompt c
                        the model id clients send (default: the model directory's name)
   --http-threads N     connections served at once; a stream holds one (default: max(64, 2 × (max-seqs + 8)))
   --max-body-mb N      largest request body in MiB; larger ones get 413 (default 64)
+  --api-key KEY        require 'Authorization: Bearer KEY' on the /v1/ routes (default: $DSV4_API_KEY; none if
+                       unset); /health and /metrics stay open
+  --allowed-origins L  comma-separated origins browsers may call from (CORS), or '*' (default: none)
 
 Sampling defaults for fields a request leaves out come from the model's generation_config.json.
 --step is the token budget of one forward step (decodes + prompt chunks).
@@ -72,7 +76,8 @@ int cmd_serve(int argc, char** argv) {
   }
   const Args args(argc, argv, 2,
                   Args::options({{"--host", "--port", "--max-seqs", "--max-context", "--max-waiting",
-                                  "--served-model-name", "--http-threads", "--max-body-mb"},
+                                  "--served-model-name", "--http-threads", "--max-body-mb", "--api-key",
+                                  "--allowed-origins"},
                                  model_options()}),
                   {});
   const std::string dir = model_dir(args);
@@ -91,6 +96,14 @@ int cmd_serve(int argc, char** argv) {
   const int64_t max_body_mb = args.get_int("--max-body-mb", 64);
   DSV4_CHECK(max_body_mb >= 1 && max_body_mb <= 4096, "--max-body-mb must be between 1 and 4096");
   http_options.max_body_bytes = size_t(max_body_mb) << 20;
+  const char* key_from_env = std::getenv("DSV4_API_KEY");
+  http_options.api_key = args.get("--api-key", key_from_env ? key_from_env : "");
+  for (std::string rest = args.get("--allowed-origins", ""); !rest.empty();) {
+    const size_t comma = rest.find(',');
+    const std::string origin = rest.substr(0, comma);
+    if (!origin.empty()) http_options.allowed_origins.push_back(origin);
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+  }
   server::ServiceOptions service_options;
   service_options.model_name =
       args.get("--served-model-name", std::filesystem::path(dir).lexically_normal().filename().string());
