@@ -6,6 +6,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -103,13 +109,76 @@ void complete(CompletionService& service, Endpoint endpoint, const std::string& 
       });
 }
 
+// Connections are served by a pool that grows when every thread is busy: a stream or a slow client holds its
+// thread as long as it lasts, and with httplib's fixed pool a health probe then waited behind them. Threads
+// beyond `base` leave after kIdleExit without work; past `max` new connections queue.
+class ElasticPool final : public httplib::TaskQueue {
+ public:
+  static constexpr auto kIdleExit = std::chrono::seconds(30);
+
+  ElasticPool(size_t base, size_t max) : base_(base), max_(std::max(base, max)) {
+    std::lock_guard lock(mutex_);
+    while (live_ < base_) spawn();
+  }
+  ~ElasticPool() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    std::lock_guard lock(mutex_);
+    jobs_.push_back(std::move(fn));
+    if (jobs_.size() > idle_ && live_ < max_) spawn();
+    work_.notify_one();
+  }
+
+  void shutdown() override {
+    std::unique_lock lock(mutex_);
+    shutdown_ = true;
+    work_.notify_all();
+    exited_.wait(lock, [&] { return live_ == 0; });
+  }
+
+ private:
+  void spawn() {  // mutex_ held
+    const bool extra = live_ >= base_;
+    ++live_;
+    std::thread([this, extra] { work(extra); }).detach();
+  }
+
+  void work(bool extra) {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      ++idle_;
+      const auto ready = [&] { return !jobs_.empty() || shutdown_; };
+      const bool woke = extra ? work_.wait_for(lock, kIdleExit, ready) : (work_.wait(lock, ready), true);
+      --idle_;
+      if (jobs_.empty()) {
+        if (shutdown_ || !woke) break;
+        continue;
+      }
+      std::function<void()> fn = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+    --live_;
+    exited_.notify_all();
+  }
+
+  const size_t base_, max_;
+  std::mutex mutex_;
+  std::condition_variable work_, exited_;
+  std::deque<std::function<void()>> jobs_;
+  size_t live_ = 0, idle_ = 0;
+  bool shutdown_ = false;
+};
+
 }  // namespace
 
 HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
     : service_(service), options_(options), http_(std::make_unique<httplib::Server>()) {
   httplib::Server& http = *http_;
-  const int threads = options.threads;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  const size_t threads = size_t(options.threads), max_threads = std::max(threads, size_t(options.max_threads));
+  http.new_task_queue = [threads, max_threads] { return new ElasticPool(threads, max_threads); };
   http.set_payload_max_length(options.max_body_bytes);
   // Remember the listening socket: Debian's compiled httplib listens with a backlog of 5, and a burst of new
   // clients overflows it (the kernel then answers with SYN cookies and resets), so bind() raises it.

@@ -19,7 +19,8 @@ namespace dsv4::server {
 struct HttpOptions {
   std::string host = "127.0.0.1";
   int port = 8000;  // 0: any free port
-  int threads = 64;  // concurrent connections served; a stream holds one for its whole length
+  int threads = 64;  // connection threads kept; a stream holds one for its whole length
+  int max_threads = 1024;  // when all are busy more are started, up to this many (idle ones leave again)
   size_t max_body_bytes = size_t(64) << 20;  // larger request bodies are refused with 413
   // Non-empty: the /v1/ routes require `Authorization: Bearer <api_key>` (401 otherwise); /health and /metrics
   // stay open (probes and scrapers).

@@ -536,6 +536,42 @@ class TestAccess(unittest.TestCase):
             self.assertEqual(server.stop(), 0)
 
 
+class TestSlowClients(ServerCase):
+    """Slow clients hold connection threads; the pool grows past --http-threads, so /health and /metrics still
+    answer at once."""
+    server_args = ("--http-threads", "4")
+
+    def test_health_answers_while_slow_clients_hold_the_threads(self):
+        host, port = self.server.url.removeprefix("http://").split(":")
+        stop = threading.Event()
+
+        def slow_client():  # a header line a byte every second, never finished while the test runs
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                sock.sendall(b"GET /health HTTP/1.1\r\n")
+                for b in b"X-Slow: " + b"z" * 60:
+                    if stop.wait(1.0):
+                        return
+                    sock.sendall(bytes([b]))
+
+        clients = [threading.Thread(target=slow_client, daemon=True) for _ in range(24)]
+        for c in clients:
+            c.start()
+        time.sleep(2)  # every slow client connected and holding a thread
+        try:
+            for _ in range(8):
+                start = time.time()
+                self.assertEqual(self.server.http.get("/health").status_code, 200)
+                self.assertEqual(self.server.http.get("/metrics").status_code, 200)
+                self.assertLess(time.time() - start, 1.0)
+                time.sleep(0.25)
+            r = self.client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+            self.assertEqual(r.usage.completion_tokens, 2)
+        finally:
+            stop.set()
+            for c in clients:
+                c.join()
+
+
 class TestOverload(ServerCase):
     """One slot and no queue: a second request while the first streams is refused with 429 (Retry-After), and
     the server serves again once the first is gone. A body over --max-body-mb is refused with 413."""

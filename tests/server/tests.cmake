@@ -9,7 +9,7 @@ target_link_libraries(test_server PRIVATE dsv4_server)
 set(DSV4_PYTHON "${PROJECT_SOURCE_DIR}/build/venv/bin/python" CACHE FILEPATH
     "Python with the openai package, for the server tests (tools/setup makes build/venv)")
 if(EXISTS "${DSV4_PYTHON}")
-  foreach(class TestApi TestConcurrency TestRobustness TestAccess TestOverload)
+  foreach(class TestApi TestConcurrency TestRobustness TestAccess TestSlowClients TestOverload)
     add_test(NAME server_openai.${class}
              COMMAND "${DSV4_PYTHON}" -m unittest -v test_openai.${class}
              WORKING_DIRECTORY "${CMAKE_CURRENT_LIST_DIR}")

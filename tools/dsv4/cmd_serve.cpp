@@ -42,7 +42,8 @@ every forward step decodes one token for each running request and reads prompt c
   --max-waiting N      requests queued for a free sequence before answering 429 (default 256)
   --served-model-name NAME
                        the model id clients send (default: the model directory's name)
-  --http-threads N     connections served at once; a stream holds one (default: max(64, 2 × (max-seqs + 8)))
+  --http-threads N     connection threads kept; a stream holds one, and when all are busy more start, up to
+                       1024 (default: max(64, 2 × (max-seqs + 8)))
   --max-body-mb N      largest request body in MiB; larger ones get 413 (default 64)
   --api-key KEY        require 'Authorization: Bearer KEY' on the /v1/ routes (default: $DSV4_API_KEY; none if
                        unset); /health and /metrics stay open
