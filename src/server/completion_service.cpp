@@ -76,7 +76,13 @@ std::string CompletionService::metrics() const {
 }
 
 std::unique_ptr<CompletionJob> CompletionService::start(Endpoint endpoint, const std::string& body) {
-  CompletionRequest request = parse_request(endpoint, body, options_.defaults);
+  CompletionRequest request;
+  try {
+    request = parse_request(endpoint, body, options_.defaults);
+  } catch (const nlohmann::json::exception& e) {
+    // A field of an unexpected JSON type that a check missed: still the client's request, not a server error.
+    throw invalid_request(std::string("the request has a field of the wrong type: ") + e.what());
+  }
   if (request.model != options_.model_name)
     throw ApiError(404, "The model '" + request.model + "' does not exist; this server serves '" +
                             options_.model_name + "'",

@@ -86,7 +86,7 @@ void refuse_unsupported(const Json& body, Endpoint endpoint) {
   if (const Json* f = field(body, "top_logprobs"); f && *f != 0) refuse("top_logprobs");
   if (const Json* f = field(body, "logit_bias"); f && !f->empty()) refuse("logit_bias");
   if (const Json* f = field(body, "response_format");
-      f && !(f->is_object() && f->value("type", std::string()) == "text"))
+      f && !(f->is_object() && f->contains("type") && (*f)["type"] == "text"))
     refuse("response_format");
   if (endpoint == Endpoint::kCompletions) {
     if (const Json* f = field(body, "echo"); f && *f != false) refuse("echo");
