@@ -29,6 +29,7 @@
 #include "cuda/norm_rope/rotate.cuh"
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/sequence_table.cuh"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 
@@ -75,15 +76,9 @@ struct AttnKernelParams {
 };
 static_assert(sizeof(AttnKernelParams) <= 4096, "attention: the kernel parameters exceed 4 KB");
 
-// The sequence of launch row r (a binary search of the table's row0, uniform across the block).
+// The sequence of launch row r.
 __device__ __forceinline__ const AttnSequence& sequence_of(const AttnKernelParams& p, int r) {
-  int lo = 0, hi = p.sequences - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (p.seq[mid].row0 <= r) lo = mid;
-    else hi = mid - 1;
-  }
-  return p.seq[lo];
+  return sequence_at(p.seq, p.sequences, r, &AttnSequence::row0);
 }
 
 // The derotation's (cos, −sin) for every rope pair of query row i, computed once per block into rot_s (read

@@ -25,6 +25,7 @@
 #include "cuda/attention/kv_cache.cuh"
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/sequence_table.cuh"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/norm_rope/norm_rope_row.cuh"
@@ -70,13 +71,7 @@ static_assert(sizeof(CompressorKernelParams) <= 4096, "compressor: the kernel pa
 // The sequence of the launch's emitted entry e: the last one whose entry0 ≤ e (a sequence that emits nothing
 // shares its entry0 with the next one, which comes after it). Uniform across the block.
 __device__ __forceinline__ const CompressorSequence& sequence_of_entry(const CompressorKernelParams& p, int64_t e) {
-  int lo = 0, hi = p.sequences - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (p.seq[mid].entry0 <= e) lo = mid;
-    else hi = mid - 1;
-  }
-  return p.seq[lo];
+  return sequence_at(p.seq, p.sequences, e, &CompressorSequence::entry0);
 }
 
 // Token kk (0 ≤ kk < m) of window ww of sequence s, column col: its kv value and score, from the chunk when it

@@ -28,6 +28,7 @@
 #include "cuda/attention/kv_cache.cuh"
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/sequence_table.cuh"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 
@@ -79,13 +80,7 @@ static_assert(sizeof(IndexerKernelParams) <= 4096, "indexer_topk: the kernel par
 
 // The sequence of launch row r (a binary search of the table's row0, uniform across the block).
 __device__ __forceinline__ const IndexerSequence& sequence_of(const IndexerKernelParams& p, int64_t r) {
-  int lo = 0, hi = p.sequences - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (p.seq[mid].row0 <= r) lo = mid;
-    else hi = mid - 1;
-  }
-  return p.seq[lo];
+  return sequence_at(p.seq, p.sequences, r, &IndexerSequence::row0);
 }
 
 // Float bits → unsigned with the same order (−0 folded onto +0, which the CPU's comparison treats as equal).

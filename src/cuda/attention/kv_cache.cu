@@ -15,6 +15,7 @@
 #include "cuda/attention/kv_cache.cuh"
 #include "cuda/common/check.h"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/sequence_table.cuh"
 #include "cuda/norm_rope/norm_rope_row.cuh"
 
 namespace dsv4 {
@@ -121,13 +122,7 @@ static_assert(sizeof(QueryKvFinishParams) <= 4096, "query_kv_finish: the kernel 
 // every sequence: at decode each is a short chain after a PDL wait.
 __global__ void __launch_bounds__(kNormRopeThreads) query_kv_finish_kernel(const __grid_constant__ QueryKvFinishParams p) {
   extern __shared__ float row_s[];  // [dim]
-  int lo = 0, hi = p.sequences - 1;  // the block's sequence: binary search of block0
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (p.seq[mid].block0 <= int(blockIdx.x)) lo = mid;
-    else hi = mid - 1;
-  }
-  const QueryKvSequence& sq = p.seq[lo];
+  const QueryKvSequence& sq = sequence_at(p.seq, p.sequences, blockIdx.x, &QueryKvSequence::block0);
   const int64_t b = int64_t(blockIdx.x) - sq.block0, q_rows = int64_t(sq.n) * p.heads;
   const bool query = b < q_rows;  // block-uniform
   const int64_t i = query ? b : sq.first + (b - q_rows);
