@@ -34,8 +34,11 @@ void send_error(httplib::Response& res, const ApiError& error) {
 // The request body, whatever its content type says: clients such as `curl -d` label JSON as a form, which
 // httplib would parse as one (and refuse past 8 KB). Multipart bodies are not JSON: 415.
 std::string read_body(const httplib::Request& req, const httplib::ContentReader& reader, const HttpOptions& options) {
-  if (req.is_multipart_form_data())
+  if (req.is_multipart_form_data()) {
+    // Read and dropped: bytes left unread would be taken for the connection's next request.
+    reader([](const httplib::MultipartFormData&) { return true; }, [](const char*, size_t) { return true; });
     throw ApiError(415, "request bodies are JSON; a multipart/form-data body is not accepted", "invalid_request_error");
+  }
   std::string body;
   // Sized once from the announced length (capped by the limit): growing by doubling left freed pieces of every
   // size behind in the thread's arena.
@@ -176,6 +179,10 @@ class ElasticPool final : public httplib::TaskQueue {
 
 HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
     : service_(service), options_(options), http_(std::make_unique<httplib::Server>()) {
+  // glibc gives threads up to 8 malloc arenas per core, and each keeps what its threads' requests left in it:
+  // with connection threads coming and going, large bodies spread over ever more arenas. A few are enough for
+  // JSON parsing, and they bound what stays resident.
+  mallopt(M_ARENA_MAX, 4);
   httplib::Server& http = *http_;
   const size_t threads = size_t(options.threads), max_threads = std::max(threads, size_t(options.max_threads));
   http.new_task_queue = [threads, max_threads] { return new ElasticPool(threads, max_threads); };
