@@ -60,6 +60,45 @@ CompletionService::CompletionService(Scheduler& scheduler, const Tokenizer& toke
       max_token_bytes_(max_token_bytes(tokenizer)),
       created_(int64_t(std::time(nullptr))) {}
 
+namespace {
+
+void check_model(const std::string& asked, const std::string& served) {
+  if (asked != served)
+    throw ApiError(404, "The model '" + asked + "' does not exist; this server serves '" + served + "'",
+                   "invalid_request_error", "model", "model_not_found");
+}
+
+}  // namespace
+
+Json CompletionService::tokenize(const std::string& body) const {
+  const TokenizeRequest r = parse_tokenize(body);
+  check_model(r.model, options_.model_name);
+  const int64_t context = scheduler_.options().max_context;
+  const std::string text = r.chat ? chat::encode_chat(r.chat->messages, r.chat->tools, r.chat->chat_options) : r.prompt;
+  // As for completions: no more text than the context could hold (the tokenizer's scratch grows with it).
+  if (int64_t(text.size()) > context * max_token_bytes_)
+    throw invalid_request("the text is longer than " + std::to_string(context) + " tokens could hold",
+                          r.chat ? "messages" : "prompt", "context_length_exceeded");
+  std::vector<int32_t> ids;
+  try {
+    ids = tokenizer_.encode(text, /*add_bos=*/!r.chat && r.add_special_tokens && tokenizer_.bos_id().has_value());
+  } catch (const Error& e) {
+    throw invalid_request(e.what(), r.chat ? "messages" : "prompt");
+  }
+  return Json{{"count", ids.size()}, {"max_model_len", context}, {"tokens", ids}, {"token_strs", nullptr}};
+}
+
+Json CompletionService::detokenize(const std::string& body) const {
+  const DetokenizeRequest r = parse_detokenize(body);
+  check_model(r.model, options_.model_name);
+  for (const int32_t id : r.tokens)
+    if (id >= tokenizer_.vocab_size())
+      throw invalid_request("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                std::to_string(tokenizer_.vocab_size()) + ")",
+                            "tokens");
+  return Json{{"prompt", tokenizer_.decode(r.tokens)}};
+}
+
 void CompletionService::http_response(int status) { metrics_.http_response(status); }
 
 Json CompletionService::models() const {
@@ -83,10 +122,7 @@ std::unique_ptr<CompletionJob> CompletionService::start(Endpoint endpoint, const
     // A field of an unexpected JSON type that a check missed: still the client's request, not a server error.
     throw invalid_request(std::string("the request has a field of the wrong type: ") + e.what());
   }
-  if (request.model != options_.model_name)
-    throw ApiError(404, "The model '" + request.model + "' does not exist; this server serves '" +
-                            options_.model_name + "'",
-                   "invalid_request_error", "model", "model_not_found");
+  check_model(request.model, options_.model_name);
   const int64_t slots = scheduler_.options().max_seqs;
   if (request.n * int64_t(std::max<size_t>(request.prompts.size(), 1)) > slots)
     throw invalid_request("n × prompts may be at most " + std::to_string(slots) + " (the server's --max-seqs)", "n");

@@ -34,6 +34,11 @@ class CompletionService {
   // prompt that does not fit the context, 404 for an unknown model, 429 when the queue is full.
   std::unique_ptr<CompletionJob> start(Endpoint endpoint, const std::string& body);
 
+  // POST /tokenize and /detokenize (vLLM's shapes): the ids this server would feed the model for a prompt or a
+  // chat, and the text of ids. Throw ApiError: 400, 404 for an unknown model.
+  Json tokenize(const std::string& body) const;
+  Json detokenize(const std::string& body) const;
+
   Json models() const;         // GET /v1/models
   std::string metrics() const;  // GET /metrics
   void http_response(int status);  // counts a response in the metrics (the HTTP layer's logger)

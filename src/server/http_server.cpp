@@ -209,6 +209,18 @@ HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
   };
   http.Post("/v1/chat/completions", completion(Endpoint::kChatCompletions));
   http.Post("/v1/completions", completion(Endpoint::kCompletions));
+  const auto tokens = [this](bool encode) {
+    return [this, encode](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      try {
+        const std::string body = read_body(req, reader, options_);
+        res.set_content(json_text(encode ? service_.tokenize(body) : service_.detokenize(body)), kJson);
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      }
+    };
+  };
+  http.Post("/tokenize", tokens(true));
+  http.Post("/detokenize", tokens(false));
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(json_text(service_.models()), kJson);
   });
@@ -224,7 +236,7 @@ HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
                                "invalid_request_error", "", "method_not_allowed"));
     };
   };
-  for (const char* path : {"/v1/chat/completions", "/v1/completions"}) {
+  for (const char* path : {"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"}) {
     http.Get(path, not_allowed("POST"));
     http.Put(path, not_allowed("POST"));
     http.Patch(path, not_allowed("POST"));

@@ -230,9 +230,8 @@ void parse_completion(const Json& body, CompletionRequest& r) {
   }
 }
 
-}  // namespace
-
-CompletionRequest parse_request(Endpoint endpoint, const std::string& text, const SamplingParams& defaults) {
+// The request body as a JSON object (400 otherwise).
+Json parse_object(const std::string& text) {
   Json body;
   try {
     body = Json::parse(text);
@@ -240,13 +239,23 @@ CompletionRequest parse_request(Endpoint endpoint, const std::string& text, cons
     throw invalid_request(std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json");
   }
   if (!body.is_object()) throw invalid_request("the request body must be a JSON object", "", "invalid_json");
+  return body;
+}
 
+std::string get_model(const Json& body) {
+  const auto model = get_string(body, "model");
+  if (!model) throw invalid_request("missing required field 'model'", "model", "missing_required_parameter");
+  return *model;
+}
+
+}  // namespace
+
+CompletionRequest parse_request(Endpoint endpoint, const std::string& text, const SamplingParams& defaults) {
+  const Json body = parse_object(text);
   CompletionRequest r;
   r.endpoint = endpoint;
   r.sampling = defaults;
-  const auto model = get_string(body, "model");
-  if (!model) throw invalid_request("missing required field 'model'", "model", "missing_required_parameter");
-  r.model = *model;
+  r.model = get_model(body);
 
   refuse_unsupported(body, endpoint);
   if (endpoint == Endpoint::kChatCompletions) parse_chat(body, r);
@@ -268,6 +277,40 @@ CompletionRequest parse_request(Endpoint endpoint, const std::string& text, cons
     r.include_usage = get_bool(*opts, "include_usage").value_or(false);
   }
   r.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
+  return r;
+}
+
+TokenizeRequest parse_tokenize(const std::string& text) {
+  const Json body = parse_object(text);
+  TokenizeRequest r;
+  r.model = get_model(body);
+  if (field(body, "messages")) {
+    if (field(body, "prompt")) throw invalid_request("give either 'prompt' or 'messages', not both", "prompt");
+    CompletionRequest chat;
+    chat.endpoint = Endpoint::kChatCompletions;
+    parse_chat(body, chat);
+    r.chat = std::move(chat);
+    return r;
+  }
+  const auto prompt = get_string(body, "prompt");
+  if (!prompt) throw invalid_request("missing required field 'prompt' (or 'messages')", "prompt", "missing_required_parameter");
+  r.prompt = *prompt;
+  r.add_special_tokens = get_bool(body, "add_special_tokens").value_or(true);
+  return r;
+}
+
+DetokenizeRequest parse_detokenize(const std::string& text) {
+  const Json body = parse_object(text);
+  DetokenizeRequest r;
+  r.model = get_model(body);
+  const Json* tokens = field(body, "tokens");
+  if (!tokens) throw invalid_request("missing required field 'tokens'", "tokens", "missing_required_parameter");
+  if (!tokens->is_array()) throw wrong_type("tokens", "an array of token ids");
+  for (const Json& t : *tokens) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+      throw wrong_type("tokens", "an array of token ids");
+    r.tokens.push_back(t.get<int32_t>());
+  }
   return r;
 }
 

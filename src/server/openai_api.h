@@ -76,6 +76,23 @@ struct CompletionRequest {
 // range, and for features this server does not implement (logprobs, echo, suffix, best_of > n, ...).
 CompletionRequest parse_request(Endpoint endpoint, const std::string& body, const SamplingParams& defaults);
 
+// POST /tokenize (vLLM's shape): {"model", "prompt", "add_special_tokens" (default true: the BOS)}, or {"model",
+// "messages", and the chat fields} for the prompt /v1/chat/completions would build. Throws ApiError (400).
+struct TokenizeRequest {
+  std::string model;
+  std::optional<CompletionRequest> chat;  // set for the messages form
+  std::string prompt;
+  bool add_special_tokens = true;
+};
+TokenizeRequest parse_tokenize(const std::string& body);
+
+// POST /detokenize: {"model", "tokens": [ids]}. Throws ApiError (400).
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+DetokenizeRequest parse_detokenize(const std::string& body);
+
 // One streamed piece of a chat choice's output.
 struct ToolCallDelta {
   int64_t index = 0;  // position of the call in the choice's tool_calls

@@ -93,6 +93,36 @@ class ServerCase(unittest.TestCase):
 class TestApi(ServerCase):
     """Endpoints, streaming, sampling parameters, thinking mode and tools, one request at a time."""
 
+    def test_tokenize_detokenize(self):
+        http = self.server.http
+        # The ids a completion feeds the model: the count equals its usage's prompt tokens, BOS included.
+        text = "It is a truth universally acknowledged"
+        t = http.post("/tokenize", json={"model": MODEL, "prompt": text}).json()
+        self.assertEqual(set(t), {"count", "max_model_len", "tokens", "token_strs"})
+        self.assertEqual(t["count"], len(t["tokens"]))
+        r = self.client.completions.create(model=MODEL, prompt=text, max_tokens=1)
+        self.assertEqual(t["count"], r.usage.prompt_tokens)
+        plain = http.post("/tokenize", json={"model": MODEL, "prompt": text, "add_special_tokens": False}).json()
+        self.assertEqual(plain["tokens"], t["tokens"][1:])
+        self.assertEqual(http.post("/detokenize", json={"model": MODEL, "tokens": plain["tokens"]}).json(),
+                         {"prompt": text})
+        # The chat form: the prompt /v1/chat/completions builds.
+        c = http.post("/tokenize", json={"model": MODEL, "messages": chat("Hello")}).json()
+        r = self.client.chat.completions.create(model=MODEL, messages=chat("Hello"), max_tokens=1)
+        self.assertEqual(c["count"], r.usage.prompt_tokens)
+        # Bad input: the error shape and status.
+        for path, body, status in (("/tokenize", {"prompt": "x"}, 400), ("/tokenize", {"model": MODEL}, 400),
+                                   ("/tokenize", {"model": MODEL, "prompt": 5}, 400),
+                                   ("/tokenize", {"model": "gpt-4", "prompt": "x"}, 404),
+                                   ("/detokenize", {"model": MODEL, "tokens": [1, -2]}, 400),
+                                   ("/detokenize", {"model": MODEL, "tokens": [10 ** 9]}, 400),
+                                   ("/detokenize", {"model": MODEL, "tokens": "1 2"}, 400)):
+            with self.subTest(path=path, body=body):
+                r = http.post(path, json=body)
+                self.assertEqual(r.status_code, status, r.text)
+                self.assertEqual(set(r.json()["error"]), {"message", "type", "param", "code"})
+        self.assertEqual(http.get("/tokenize").status_code, 405)
+
     def test_models_health_metrics(self):
         self.assertEqual([m.id for m in self.client.models.list()], [MODEL])
         self.assertEqual(self.server.http.get("/health").status_code, 200)

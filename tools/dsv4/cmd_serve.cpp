@@ -32,7 +32,8 @@ namespace {
 constexpr const char* kUsage = R"(usage: dsv4 serve [options]
 
 Serves the model over HTTP with OpenAI's API: POST /v1/chat/completions, POST /v1/completions (streaming with
-"stream": true), GET /v1/models, GET /health, GET /metrics (Prometheus). Requests are batched continuously:
+"stream": true), GET /v1/models, GET /health, GET /metrics (Prometheus), POST /tokenize and /detokenize (vLLM's
+shapes). Requests are batched continuously:
 every forward step decodes one token for each running request and reads prompt chunks of the others.
 
   --host H             address to listen on (default 127.0.0.1)
