@@ -42,8 +42,8 @@ def engine_counters(base_url):
     except OSError:
         return None
     names = ("dsv4:engine_steps_total", "dsv4:engine_step_tokens_total", "dsv4:engine_step_seconds_total")
-    values = [re.search("^" + re.escape(n) + r" (\S+)$", text, re.M) for n in names]
-    return [float(v.group(1)) for v in values] if all(values) else None
+    values = [re.search("^" + re.escape(n) + r"(\{[^}]*\})? (\S+)$", text, re.M) for n in names]
+    return [float(v.group(2)) for v in values] if all(values) else None
 
 
 async def one_request(client, model, prompt, output_len, results):

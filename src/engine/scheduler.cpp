@@ -105,6 +105,7 @@ void Scheduler::admit_locked() {
     waiting_.pop_front();
     a->slot = free_slots_.back();
     free_slots_.pop_back();
+    admitted_.push_back(a.get());
     running_.push_back(std::move(a));
   }
 }
@@ -125,6 +126,8 @@ void Scheduler::update_stats_locked() {
 void Scheduler::deliver_finals() {
   for (auto& [sink, event] : finals_) sink(event);
   finals_.clear();
+  for (Active* a : admitted_) a->sink({std::nullopt, std::nullopt, {}, /*admitted=*/true});
+  admitted_.clear();
 }
 
 void Scheduler::run() {

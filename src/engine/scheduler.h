@@ -44,6 +44,7 @@ struct GenerationEvent {
   std::optional<int32_t> token;             // a new token (absent in the final event)
   std::optional<FinishReason> finished;     // set in the last event of the request
   std::string error;                        // kError: what went wrong
+  bool admitted = false;                    // the request left the queue for a slot (an event of its own)
 };
 
 struct SchedulerOptions {
@@ -109,6 +110,7 @@ class Scheduler {
 
   std::vector<std::unique_ptr<Active>> running_;  // engine thread only, in admission order
   std::vector<std::pair<EventSink, GenerationEvent>> finals_;  // engine thread only
+  std::vector<Active*> admitted_;  // admitted since the last delivery (in running_); engine thread only
   std::thread thread_;
 };
 

@@ -36,6 +36,7 @@ struct CompletionJob::Choice {
   bool finished = false;
   std::string finish_reason;
   clock::time_point last_token;
+  std::optional<clock::time_point> admitted, first_token;  // its phases, for the metrics
   Choice(int64_t i, OutputDecoder d) : index(i), decoder(std::move(d)) {}
 };
 
@@ -111,7 +112,7 @@ Json CompletionService::models() const {
 }
 
 std::string CompletionService::metrics() const {
-  return metrics_.render(scheduler_.stats(), scheduler_.options().max_context);
+  return metrics_.render(scheduler_.stats());
 }
 
 std::unique_ptr<CompletionJob> CompletionService::start(Endpoint endpoint, const std::string& body) {
@@ -244,8 +245,14 @@ void CompletionJob::finish_choice(Choice& c, const std::string& reason, std::vec
   c.finished = true;
   // A model that ended its turn after tool calls asks for them to be run.
   c.finish_reason = reason == "stop" && !c.decoder.output().tool_calls.empty() ? "tool_calls" : reason;
-  service_.metrics_.observe_e2e(seconds(clock::now() - arrival_));
+  const clock::time_point now = clock::now();
+  service_.metrics_.observe_e2e(seconds(now - arrival_));
   service_.metrics_.finished(c.finish_reason);
+  if (c.admitted) {  // a sequence that ran: its queue, prefill and decode time (zero for phases it never reached)
+    const clock::time_point first = c.first_token.value_or(now);
+    service_.metrics_.request_phases(seconds(*c.admitted - arrival_), seconds(first - *c.admitted),
+                                     seconds(now - first), prompt_lengths_[size_t(c.index / request_.n)], c.generated);
+  }
   if (!request_.stream) return;
   Json chunk = response_envelope(header_);
   const bool chat = request_.endpoint == Endpoint::kChatCompletions;
@@ -266,10 +273,18 @@ void CompletionJob::handle(size_t index, const GenerationEvent& event, clock::ti
   Choice& c = *choices_[index];
   if (c.finished) return;  // stopped here (stop string, cancel) before the engine heard of it
   Metrics& metrics = service_.metrics_;
+  if (event.admitted) {
+    c.admitted = at;
+    return;
+  }
   if (event.token) {
     metrics.add_generation_tokens(1);
-    if (c.generated == 0) metrics.observe_ttft(seconds(at - arrival_));
-    else metrics.observe_itl(seconds(at - c.last_token));
+    if (c.generated == 0) {
+      metrics.observe_ttft(seconds(at - arrival_));
+      c.first_token = at;
+    } else {
+      metrics.observe_itl(seconds(at - c.last_token));
+    }
     c.last_token = at;
     ++c.generated;
     const ChatDelta delta = c.decoder.push(*event.token);

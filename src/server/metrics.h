@@ -1,7 +1,7 @@
-// Server metrics in the Prometheus text format (version 0.0.4), named like vLLM's with a dsv4: prefix:
-// requests running / waiting, slot (KV state) usage, prompt and generation token counters, finished requests
-// by reason, HTTP responses by status, and histograms of time to first token, inter-token latency and end-to-end
-// latency.
+// Server metrics in the Prometheus text format (version 0.0.4), named like vLLM's with a dsv4: prefix and a
+// model_name label: requests running / waiting, slot (KV state) usage, prompt and generation token counters,
+// finished requests by reason, HTTP responses by status, and histograms of time to first token, inter-token
+// latency, end-to-end latency, each request's queue, prefill and decode time and its prompt and output lengths.
 // Thread-safe: HTTP threads record, /metrics renders.
 #pragma once
 
@@ -17,9 +17,10 @@ namespace dsv4::server {
 
 class Histogram {
  public:
-  explicit Histogram(std::vector<double> bounds);  // upper bounds in seconds, ascending (+Inf is implied)
-  void observe(double seconds);
-  void render(std::string& out, const std::string& name, const std::string& help) const;
+  explicit Histogram(std::vector<double> bounds);  // upper bounds, ascending (+Inf is implied)
+  void observe(double value);
+  // `labels`: the series' labels without braces; `le` is added for the buckets.
+  void render(std::string& out, const std::string& name, const std::string& labels, const std::string& help) const;
 
  private:
   std::vector<double> bounds_;
@@ -30,7 +31,8 @@ class Histogram {
 
 class Metrics {
  public:
-  Metrics();
+  // Every series carries model_name (as vLLM's); token-count buckets reach max_context.
+  Metrics(std::string model_name, int64_t max_context);
   void add_prompt_tokens(int64_t n);
   void add_generation_tokens(int64_t n);
   void observe_ttft(double seconds);
@@ -38,13 +40,17 @@ class Metrics {
   void observe_e2e(double seconds);
   void finished(const std::string& reason);  // "stop", "length", "tool_calls", "abort", "error"
   void http_response(int status);             // every HTTP response, by status code
+  // A finished sequence's phases, seconds: waiting for a slot, slot to first token, first token to last.
+  void request_phases(double queue, double prefill, double decode, int64_t prompt_tokens, int64_t generation_tokens);
 
-  std::string render(const SchedulerStats& scheduler, int64_t max_context) const;
+  std::string render(const SchedulerStats& scheduler) const;
 
  private:
+  const std::string label_;  // model_name="..."
+  const int64_t max_context_;
   mutable std::mutex mutex_;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0;
-  Histogram ttft_, itl_, e2e_;
+  Histogram ttft_, itl_, e2e_, queue_, prefill_, decode_, prompt_lengths_, generation_lengths_;
   std::map<std::string, int64_t> finished_;
   std::map<int, int64_t> http_responses_;
 };

@@ -42,9 +42,11 @@ class Server:
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=300)
         self.http = httpx.Client(base_url=self.url, timeout=300)
 
-    def metric(self, name):
+    def metric(self, name, labels=""):
+        """A series' value: name{model_name="...",labels} (labels: further label pairs, in the server's order)."""
         text = self.http.get("/metrics").text
-        match = re.search(r"^" + re.escape(name) + r" (\S+)$", text, re.M)
+        pattern = r"^" + re.escape(name) + r'\{model_name="[^"]*"' + ("," + re.escape(labels) if labels else "") + r"\} (\S+)$"
+        match = re.search(pattern, text, re.M)
         return float(match.group(1)) if match else None
 
     def stop(self):
@@ -131,9 +133,20 @@ class TestApi(ServerCase):
         for name in ["dsv4:num_requests_running", "dsv4:num_requests_waiting", "dsv4:kv_cache_usage_perc",
                      "dsv4:prompt_tokens_total", "dsv4:generation_tokens_total",
                      "dsv4:time_to_first_token_seconds_bucket", "dsv4:inter_token_latency_seconds_bucket",
-                     "dsv4:e2e_request_latency_seconds_count"]:
+                     "dsv4:e2e_request_latency_seconds_count", "dsv4:request_queue_time_seconds_bucket",
+                     "dsv4:request_prefill_time_seconds_sum", "dsv4:request_decode_time_seconds_count",
+                     "dsv4:request_prompt_tokens_bucket", "dsv4:request_generation_tokens_count"]:
             self.assertIn(name, text)
+        # Every series carries the served model's name, as vLLM's do.
+        for line in text.splitlines():
+            if not line.startswith("#"):
+                self.assertIn('{model_name="tiny"', line)
         self.assertGreaterEqual(self.server.metric("dsv4:generation_tokens_total"), 3)
+        # The completion's phases: one more sequence in each histogram, its 3 tokens among the generation counts.
+        self.assertGreaterEqual(self.server.metric("dsv4:request_queue_time_seconds_count"), 1)
+        self.assertGreaterEqual(self.server.metric("dsv4:request_prefill_time_seconds_count"), 1)
+        self.assertGreaterEqual(self.server.metric("dsv4:request_generation_tokens_sum"), 3)
+        self.assertGreaterEqual(self.server.metric("dsv4:request_generation_tokens_bucket", 'le="5"'), 1)
 
     def test_chat_non_streaming_and_streaming_agree(self):
         whole = self.client.chat.completions.create(model=MODEL, messages=chat("How do you do?"), max_tokens=12,
@@ -454,7 +467,8 @@ class TestRobustness(ServerCase):
         # Every response counted by status.
         text = self.server.http.get("/metrics").text
         counts = {int(m.group(1)): float(m.group(2))
-                  for m in re.finditer(r'^dsv4:http_requests_total\{status="(\d+)"\} (\S+)$', text, re.M)}
+                  for m in re.finditer(r'^dsv4:http_requests_total\{model_name="tiny",status="(\d+)"\} (\S+)$', text,
+                                       re.M)}
         self.assertGreaterEqual(counts.get(405, 0), 4, [l for l in text.splitlines() if "http_req" in l])
         self.assertGreaterEqual(counts.get(415, 0), 1)
         self.assertGreaterEqual(counts.get(200, 0), 3)
@@ -536,8 +550,8 @@ class TestRobustness(ServerCase):
         return False
 
     def test_client_disconnects_mid_stream(self):
-        aborted = 'dsv4:request_success_total{finished_reason="abort"}'
-        before = self.server.metric(aborted) or 0
+        aborted = ("dsv4:request_success_total", 'finished_reason="abort"')
+        before = self.server.metric(*aborted) or 0
         steps_before = self.server.metric("dsv4:engine_steps_total")
         for path, fields in (("/v1/chat/completions", {"messages": chat("Tell me a long story")}),
                              ("/v1/completions", {"prompt": PROMPTS[3]})):
@@ -551,7 +565,7 @@ class TestRobustness(ServerCase):
                             break
             # Closed after 3 of 400 tokens: the request must leave the batch well before it could finish.
             self.assertTrue(self.wait_idle(), "the cancelled request still holds its slot")
-        self.assertGreaterEqual(self.server.metric(aborted), before + 2)
+        self.assertGreaterEqual(self.server.metric(*aborted), before + 2)
         # Uncancelled, the two requests would have taken 800 steps.
         self.assertLess(self.server.metric("dsv4:engine_steps_total") - steps_before, 200)
         r = self.client.completions.create(model=MODEL, prompt="She was", max_tokens=3)

@@ -268,20 +268,36 @@ TEST(OpenAiApi, RequestsParseAndErrorsNameTheField) {
 }
 
 TEST(Metrics, PrometheusText) {
-  server::Metrics m;
+  server::Metrics m("tiny", 64);
   m.observe_ttft(0.003);
   m.observe_ttft(0.5);
   m.add_generation_tokens(7);
   m.finished("stop");
-  const std::string text = m.render({.running = 2, .waiting = 1, .slots = 4, .tokens_in_slots = 64}, 64);
-  EXPECT_NE(text.find("dsv4:num_requests_running 2\n"), std::string::npos);
-  EXPECT_NE(text.find("dsv4:kv_cache_usage_perc 0.5\n"), std::string::npos);
-  EXPECT_NE(text.find("dsv4:generation_tokens_total 7\n"), std::string::npos);
-  EXPECT_NE(text.find("dsv4:time_to_first_token_seconds_bucket{le=\"0.001\"} 0\n"), std::string::npos);
-  EXPECT_NE(text.find("dsv4:time_to_first_token_seconds_bucket{le=\"0.005\"} 1\n"), std::string::npos);
-  EXPECT_NE(text.find("dsv4:time_to_first_token_seconds_bucket{le=\"+Inf\"} 2\n"), std::string::npos);
-  EXPECT_NE(text.find("dsv4:time_to_first_token_seconds_count 2\n"), std::string::npos);
-  EXPECT_NE(text.find("dsv4:request_success_total{finished_reason=\"stop\"} 1\n"), std::string::npos);
+  m.request_phases(0.002, 0.03, 1.5, 17, 7);
+  m.http_response(405);
+  const std::string text = m.render({.running = 2, .waiting = 1, .slots = 4, .tokens_in_slots = 64});
+  const auto has = [&](const std::string& line) { return text.find(line + "\n") != std::string::npos; };
+  EXPECT_TRUE(has("dsv4:num_requests_running{model_name=\"tiny\"} 2"));
+  EXPECT_TRUE(has("dsv4:kv_cache_usage_perc{model_name=\"tiny\"} 0.5"));
+  EXPECT_TRUE(has("dsv4:kv_cache_tokens_usage_perc{model_name=\"tiny\"} 0.25"));
+  EXPECT_TRUE(has("dsv4:generation_tokens_total{model_name=\"tiny\"} 7"));
+  EXPECT_TRUE(has("dsv4:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.001\"} 0"));
+  EXPECT_TRUE(has("dsv4:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.005\"} 1"));
+  EXPECT_TRUE(has("dsv4:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"+Inf\"} 2"));
+  EXPECT_TRUE(has("dsv4:time_to_first_token_seconds_count{model_name=\"tiny\"} 2"));
+  EXPECT_TRUE(has("dsv4:request_success_total{model_name=\"tiny\",finished_reason=\"stop\"} 1"));
+  EXPECT_TRUE(has("dsv4:http_requests_total{model_name=\"tiny\",status=\"405\"} 1"));
+  EXPECT_TRUE(has("dsv4:request_queue_time_seconds_bucket{model_name=\"tiny\",le=\"0.001\"} 0"));
+  EXPECT_TRUE(has("dsv4:request_queue_time_seconds_bucket{model_name=\"tiny\",le=\"0.005\"} 1"));
+  EXPECT_TRUE(has("dsv4:request_prefill_time_seconds_bucket{model_name=\"tiny\",le=\"0.025\"} 0"));
+  EXPECT_TRUE(has("dsv4:request_prefill_time_seconds_bucket{model_name=\"tiny\",le=\"0.05\"} 1"));
+  EXPECT_TRUE(has("dsv4:request_decode_time_seconds_sum{model_name=\"tiny\"} 1.5"));
+  // Token buckets 1, 2, 5, 10, 20, 50 (≤ the context of 64): 17 prompt tokens fall in 20, 7 generated in 10.
+  EXPECT_TRUE(has("dsv4:request_prompt_tokens_bucket{model_name=\"tiny\",le=\"10\"} 0"));
+  EXPECT_TRUE(has("dsv4:request_prompt_tokens_bucket{model_name=\"tiny\",le=\"20\"} 1"));
+  EXPECT_TRUE(has("dsv4:request_generation_tokens_bucket{model_name=\"tiny\",le=\"5\"} 0"));
+  EXPECT_TRUE(has("dsv4:request_generation_tokens_bucket{model_name=\"tiny\",le=\"10\"} 1"));
+  EXPECT_FALSE(has("dsv4:request_prompt_tokens_bucket{model_name=\"tiny\",le=\"100\"} 1"));  // beyond the context
 }
 
 }  // namespace

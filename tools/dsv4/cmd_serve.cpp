@@ -124,7 +124,7 @@ int cmd_serve(int argc, char** argv) {
 
   const Tokenizer tokenizer = Tokenizer::from_file(dir);
   LoadedModel m = load(args, sched.max_context);
-  server::Metrics metrics;
+  server::Metrics metrics(service_options.model_name, sched.max_context);
   Scheduler scheduler(*m.forward, sched);
   server::CompletionService service(scheduler, tokenizer, metrics, service_options);
   server::HttpServer http(service, http_options);
