@@ -170,6 +170,8 @@ CompletionJob::CompletionJob(CompletionService& service, CompletionRequest reque
     if (length + completion > context) throw too_long(length, /*at_least=*/false);
     prompt_lengths_.push_back(length);
   }
+  if (request_.echo)
+    for (const auto& p : request_.prompts) echoes_.push_back(p.is_tokens ? tokenizer.decode(p.tokens) : p.text);
 
   // One scheduler request per choice: prompt-major, as OpenAI numbers the choices of a batch of prompts.
   // A throw from a constructor skips the destructor, so a refused submission cancels the queued ones here.
@@ -258,12 +260,12 @@ void CompletionJob::finish_choice(Choice& c, const std::string& reason, std::vec
   const bool chat = request_.endpoint == Endpoint::kChatCompletions;
   if (!rest.empty()) {
     chunk["choices"] = Json::array({chat ? chat_chunk_choice_json(c.index, rest, c.first_chunk, "")
-                                         : text_choice_json(c.index, rest.content, "")});
+                                         : text_choice_json(c.index, completion_text(c, rest.content), "")});
     c.first_chunk = false;
     out.push_back(json_text(chunk));
   }
   chunk["choices"] = Json::array({chat ? chat_chunk_choice_json(c.index, {}, c.first_chunk, c.finish_reason)
-                                       : text_choice_json(c.index, "", c.finish_reason)});
+                                       : text_choice_json(c.index, completion_text(c, ""), c.finish_reason)});
   c.first_chunk = false;
   out.push_back(json_text(chunk));
 }
@@ -289,10 +291,10 @@ void CompletionJob::handle(size_t index, const GenerationEvent& event, clock::ti
     ++c.generated;
     const ChatDelta delta = c.decoder.push(*event.token);
     const bool chat = request_.endpoint == Endpoint::kChatCompletions;
-    if (request_.stream && (!delta.empty() || (chat && c.first_chunk))) {
+    if (request_.stream && (!delta.empty() || (c.first_chunk && (chat || request_.echo)))) {
       Json chunk = response_envelope(header_);
       chunk["choices"] = Json::array({chat ? chat_chunk_choice_json(c.index, delta, c.first_chunk, "")
-                                           : text_choice_json(c.index, delta.content, "")});
+                                           : text_choice_json(c.index, completion_text(c, delta.content), "")});
       c.first_chunk = false;
       out.push_back(json_text(chunk));
     }
@@ -347,6 +349,11 @@ std::vector<std::string> CompletionJob::poll(std::chrono::milliseconds wait) {
   return out;
 }
 
+std::string CompletionJob::completion_text(const Choice& c, const std::string& content) const {
+  if (!request_.echo || (request_.stream && !c.first_chunk)) return content;
+  return echoes_[size_t(c.index / request_.n)] + content;
+}
+
 Json CompletionJob::wait() {
   while (!all_finished()) drain(std::chrono::seconds(1));
   if (!error_.empty()) throw ApiError(500, "generation failed: " + error_, "server_error");
@@ -358,7 +365,8 @@ Json CompletionJob::wait() {
     ChatChoice out = c->decoder.output();
     out.finish_reason = c->finish_reason;
     choices.push_back(request_.endpoint == Endpoint::kChatCompletions ? chat_choice_json(c->index, out)
-                                                                      : text_choice_json(c->index, out.content,
+                                                                      : text_choice_json(c->index,
+                                                                                         completion_text(*c, out.content),
                                                                                          out.finish_reason));
     usage.completion_tokens += c->generated;
   }

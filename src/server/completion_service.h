@@ -89,6 +89,9 @@ class CompletionJob {
   std::shared_ptr<Inbox> inbox_;  // shared with the scheduler's sinks, which may outlive the job
   std::vector<std::unique_ptr<Choice>> choices_;
   std::vector<int64_t> prompt_lengths_;  // per prompt (usage counts each prompt once, not once per choice)
+  std::vector<std::string> echoes_;      // per prompt, with echo: the text that starts each of its choices
+  // A completion choice's text to send: with echo, its first piece starts with its prompt's text.
+  std::string completion_text(const Choice& c, const std::string& content) const;
   std::string error_;                    // the engine's error, if any choice failed
   bool done_sent_ = false;
 };

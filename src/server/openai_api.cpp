@@ -89,7 +89,6 @@ void refuse_unsupported(const Json& body, Endpoint endpoint) {
       f && !(f->is_object() && f->contains("type") && (*f)["type"] == "text"))
     refuse("response_format");
   if (endpoint == Endpoint::kCompletions) {
-    if (const Json* f = field(body, "echo"); f && *f != false) refuse("echo");
     if (const Json* f = field(body, "suffix"); f && *f != "") refuse("suffix");
   }
 }
@@ -216,6 +215,7 @@ CompletionRequest::Prompt prompt_from_json(const Json& p) {
 }
 
 void parse_completion(const Json& body, CompletionRequest& r) {
+  r.echo = get_bool(body, "echo").value_or(false);
   const Json* prompt = field(body, "prompt");
   if (!prompt) throw invalid_request("missing required field 'prompt'", "prompt", "missing_required_parameter");
   // A list of strings or of token lists is several prompts; a flat list of integers is one prompt.

@@ -60,6 +60,7 @@ struct CompletionRequest {
     bool is_tokens = false;
   };
   std::vector<Prompt> prompts;
+  bool echo = false;  // each choice's text starts with its prompt's (token prompts: their decoded text)
 
   std::optional<int64_t> max_tokens;  // absent: as many as the context allows
   SamplingParams sampling;            // fields not given keep the server's defaults
@@ -73,7 +74,7 @@ struct CompletionRequest {
 
 // Parses a request body; `defaults` are the sampling parameters used for fields the request leaves out.
 // Throws ApiError (400) naming the field on malformed JSON, missing or wrong-typed fields and values out of
-// range, and for features this server does not implement (logprobs, echo, suffix, best_of > n, ...).
+// range, and for features this server does not implement (logprobs, suffix, best_of > n, ...).
 CompletionRequest parse_request(Endpoint endpoint, const std::string& body, const SamplingParams& defaults);
 
 // POST /tokenize (vLLM's shape): {"model", "prompt", "add_special_tokens" (default true: the BOS)}, or {"model",

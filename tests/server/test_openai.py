@@ -95,6 +95,22 @@ class ServerCase(unittest.TestCase):
 class TestApi(ServerCase):
     """Endpoints, streaming, sampling parameters, thinking mode and tools, one request at a time."""
 
+    def test_echo(self):
+        text = "It is a truth universally acknowledged"
+        plain = self.client.completions.create(model=MODEL, prompt=text, max_tokens=6, temperature=0).choices[0].text
+        echoed = self.client.completions.create(model=MODEL, prompt=text, max_tokens=6, temperature=0, echo=True)
+        self.assertEqual(echoed.choices[0].text, text + plain)
+        pieces = [c.choices[0].text for c in self.client.completions.create(
+            model=MODEL, prompt=text, max_tokens=6, temperature=0, echo=True, stream=True) if c.choices]
+        self.assertEqual(pieces[0][:len(text)], text)
+        self.assertEqual("".join(pieces), text + plain)
+        # Token prompts echo their decoded text; each of n choices starts with its prompt.
+        ids = self.server.http.post("/tokenize", json={"model": MODEL, "prompt": "Mr. Darcy",
+                                                       "add_special_tokens": False}).json()["tokens"]
+        r = self.client.completions.create(model=MODEL, prompt=[ids, ids], max_tokens=2, echo=True, n=2)
+        self.assertEqual(len(r.choices), 4)
+        self.assertTrue(all(c.text.startswith("Mr. Darcy") for c in r.choices))
+
     def test_tokenize_detokenize(self):
         http = self.server.http
         # The ids a completion feeds the model: the count equals its usage's prompt tokens, BOS included.
@@ -377,7 +393,7 @@ class TestRobustness(ServerCase):
             ("/v1/completions", {"model": MODEL, "prompt": [1, -2]}, 400, "prompt"),
             ("/v1/completions", {"model": MODEL, "prompt": [99999999]}, 400, None),  # outside the vocabulary
             ("/v1/completions", {"model": MODEL, "prompt": "word " * 2000}, 400, "prompt"),
-            ("/v1/completions", {"model": MODEL, "prompt": "x", "echo": True}, 400, "echo"),
+            ("/v1/completions", {"model": MODEL, "prompt": "x", "echo": "yes"}, 400, "echo"),
             ("/v1/chat/completions", {**ok, "model": "gpt-4"}, 404, "model"),
             ("/v1/completions", {"model": "gpt-4", "prompt": "x"}, 404, "model"),
         ]
