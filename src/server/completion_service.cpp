@@ -76,8 +76,7 @@ Json CompletionService::tokenize(const std::string& body) const {
   check_model(r.model, options_.model_name);
   const int64_t context = scheduler_.options().max_context;
   const std::string text = r.chat ? chat::encode_chat(r.chat->messages, r.chat->tools, r.chat->chat_options) : r.prompt;
-  // As for completions: no more text than the context could hold (the tokenizer's scratch grows with it).
-  if (int64_t(text.size()) > context * max_token_bytes_)
+  if (fewest_tokens(text) > context)
     throw invalid_request("the text is longer than " + std::to_string(context) + " tokens could hold",
                           r.chat ? "messages" : "prompt", "context_length_exceeded");
   std::vector<int32_t> ids;
@@ -137,8 +136,7 @@ CompletionJob::CompletionJob(CompletionService& service, CompletionRequest reque
   header_ = {random_id(chat ? "chatcmpl-" : "cmpl-"), object, int64_t(std::time(nullptr)), service_.options_.model_name};
   const Tokenizer& tokenizer = service_.tokenizer_;
 
-  // The prompts as tokens. A text too long to fit even at the most bytes a token can hold is refused before it is
-  // tokenized: a 40 MB prompt cost seconds and left the tokenizer's per-thread scratch at gigabytes.
+  // The prompts as tokens; a text that cannot fit is refused before it is tokenized (fewest_tokens).
   const int64_t context = service_.scheduler_.options().max_context;
   const int64_t completion = request_.max_tokens.value_or(1);
   const auto too_long = [&](int64_t length, bool at_least) {
@@ -151,7 +149,7 @@ CompletionJob::CompletionJob(CompletionService& service, CompletionRequest reque
                            chat ? "messages" : "prompt", "context_length_exceeded");
   };
   const auto encode = [&](const std::string& text, bool add_bos) {
-    const int64_t fewest = (int64_t(text.size()) + service_.max_token_bytes_ - 1) / service_.max_token_bytes_;
+    const int64_t fewest = service_.fewest_tokens(text);
     if (fewest + completion > context) throw too_long(fewest, /*at_least=*/true);
     return tokenizer.encode(text, add_bos);
   };

@@ -51,6 +51,11 @@ class CompletionService {
   ServiceOptions options_;
   int64_t created_;  // the model's "created" time in /v1/models
   int64_t max_token_bytes_;  // the most bytes of text one token stands for (prompts refused before tokenizing)
+  // The fewest tokens `text` can encode to: a text longer than the context allows is refused before it is
+  // tokenized (a 40 MB prompt cost seconds and left the tokenizer's per-thread scratch at gigabytes).
+  int64_t fewest_tokens(const std::string& text) const {
+    return (int64_t(text.size()) + max_token_bytes_ - 1) / max_token_bytes_;
+  }
 };
 
 // One request in flight: its choices in the scheduler and their output so far. Used by one HTTP thread.

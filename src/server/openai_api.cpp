@@ -197,6 +197,17 @@ void parse_chat(const Json& body, CompletionRequest& r) {
   if (!r.chat_options.thinking) r.chat_options.reasoning_effort = chat::ReasoningEffort::kDefault;
 }
 
+// An array of token ids (each in [0, 2^31)) named `name`; `expected` says what the field may be.
+std::vector<int32_t> token_ids(const Json& ids, const std::string& name, const std::string& expected) {
+  if (!ids.is_array()) throw wrong_type(name, expected);
+  std::vector<int32_t> tokens;
+  for (const Json& t : ids) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) throw wrong_type(name, expected);
+    tokens.push_back(t.get<int32_t>());
+  }
+  return tokens;
+}
+
 CompletionRequest::Prompt prompt_from_json(const Json& p) {
   CompletionRequest::Prompt prompt;
   if (p.is_string()) {
@@ -204,12 +215,9 @@ CompletionRequest::Prompt prompt_from_json(const Json& p) {
     if (prompt.text.empty()) throw invalid_request("'prompt' must not be empty", "prompt");
     return prompt;
   }
-  if (!p.is_array() || p.empty()) throw wrong_type("prompt", "a string, an array of strings or of token ids");
-  for (const Json& t : p) {
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
-      throw wrong_type("prompt", "a string, an array of strings or of token ids");
-    prompt.tokens.push_back(t.get<int32_t>());
-  }
+  const std::string expected = "a string, an array of strings or of token ids";
+  if (!p.is_array() || p.empty()) throw wrong_type("prompt", expected);
+  prompt.tokens = token_ids(p, "prompt", expected);
   prompt.is_tokens = true;
   return prompt;
 }
@@ -293,7 +301,8 @@ TokenizeRequest parse_tokenize(const std::string& text) {
     return r;
   }
   const auto prompt = get_string(body, "prompt");
-  if (!prompt) throw invalid_request("missing required field 'prompt' (or 'messages')", "prompt", "missing_required_parameter");
+  if (!prompt)
+    throw invalid_request("missing required field 'prompt' (or 'messages')", "prompt", "missing_required_parameter");
   r.prompt = *prompt;
   r.add_special_tokens = get_bool(body, "add_special_tokens").value_or(true);
   return r;
@@ -305,12 +314,7 @@ DetokenizeRequest parse_detokenize(const std::string& text) {
   r.model = get_model(body);
   const Json* tokens = field(body, "tokens");
   if (!tokens) throw invalid_request("missing required field 'tokens'", "tokens", "missing_required_parameter");
-  if (!tokens->is_array()) throw wrong_type("tokens", "an array of token ids");
-  for (const Json& t : *tokens) {
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
-      throw wrong_type("tokens", "an array of token ids");
-    r.tokens.push_back(t.get<int32_t>());
-  }
+  r.tokens = token_ids(*tokens, "tokens", "an array of token ids");
   return r;
 }
 

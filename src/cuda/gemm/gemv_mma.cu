@@ -30,6 +30,7 @@
 #include "cuda/common/check.h"
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/mma_fp8.cuh"
 #include "cuda/gemm/gemv_decode.cuh"
 
 namespace dsv4::cuda::gemv_detail {
@@ -63,17 +64,6 @@ struct MmaParams {
   MmaMatrix m[2];            // a linear_pair's matrices (tiles of m[0] first); m[1].tiles = 0 for one
   bool bf16_out = false;
 };
-
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
 
 // A lane's share of one (tile, K block): 32 bytes of rows g and g + 8, and the block's weight scale.
 struct Chunk {
@@ -165,7 +155,8 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const __grid_cons
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           const uint2 b = *reinterpret_cast<const uint2*>(xq + (nt * 8 + g) * p.x_stride + kb * kBlockK + 32 * c + 8 * s);
-          mma_e4m3(blk[nt], a_row0[2 * s], a_row1[2 * s], a_row0[2 * s + 1], a_row1[2 * s + 1], b.x, b.y);
+          const uint32_t a[4] = {a_row0[2 * s], a_row1[2 * s], a_row0[2 * s + 1], a_row1[2 * s + 1]};
+          mma_e4m3(blk[nt], a, b.x, b.y);
         }
       // C fragment: blk[nt][0 / 1] = row g, activation rows 8nt + 2c / + 1; [2 / 3] = row g + 8.
 #pragma unroll

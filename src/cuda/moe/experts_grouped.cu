@@ -28,6 +28,7 @@
 // over all the tile's pairs. Each warp decodes its weights once per K block from registers (loads one block
 // ahead) and reuses them over the tile's 8-pair MMA columns; the pairs' activations come through a two-stage
 // cp.async ring in shared memory that all 8 warps read.
+#include "cuda/common/mma_fp8.cuh"
 #include "cuda/moe/experts.cuh"
 #include "cuda/moe/moe_grouped.h"
 
@@ -156,15 +157,6 @@ __global__ void __launch_bounds__(1024) grouped_tiles_kernel(ExpertParams p, Gro
 }
 
 // ---- the GEMMs
-
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
 
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
   const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
