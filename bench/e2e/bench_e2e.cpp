@@ -180,39 +180,11 @@ double layer_cache_bytes(const ModelConfig& c, AttnType type, double position, b
 
 // ---- sequences
 
-// Makes `dst` a copy of `src`: the same context at the same position, so a batch of sequences at context C
-// costs one prefill of C tokens. NOTE: mirrors the buffer sizes SequenceState allocates (model/state.cpp):
-// window ring [ring_slots, d]; compressor kv/score [coff·m, coff·c]; entries [max_entries, c] of which the first
-// position / m are filled.
-void fork_sequence(const ModelWeights& m, Ops& ops, const SequenceState& src, SequenceState& dst) {
-  DSV4_ASSERT(src.ring_slots == dst.ring_slots && src.layers.size() == dst.layers.size() &&
-              src.mtp.size() == dst.mtp.size() && dst.max_context >= src.position);
-  const auto compressor = [&](const CompressorWeights& w, const CompressorState& s, CompressorState& d,
-                              int64_t position) {
-    if (!s.kv) return;
-    const int64_t coff = w.overlap ? 2 : 1;
-    const size_t cells = size_t(coff * w.ratio * coff * w.width);
-    ops.copy(s.kv, cells, d.kv);
-    ops.copy(s.score, cells, d.score);
-    const int64_t entries = position / w.ratio;
-    DSV4_ASSERT(entries <= d.max_entries);
-    if (entries > 0) ops.copy_cache(s.entries, entries, w.width, d.entries);
-  };
-  const auto layer = [&](const LayerWeights& l, const LayerState& s, LayerState& d, int64_t position) {
-    ops.copy_cache(s.window, src.ring_slots, m.config.head_dim, d.window);
-    compressor(l.attn.compressor, s.compressor, d.compressor, position);
-    compressor(l.attn.indexer.compressor, s.indexer, d.indexer, position);
-  };
-  for (size_t i = 0; i < src.layers.size(); ++i) layer(m.layers[i], src.layers[i], dst.layers[i], src.position);
-  for (size_t i = 0; i < src.mtp.size(); ++i) layer(m.mtp[i].block, src.mtp[i], dst.mtp[i], src.mtp_position);
-  dst.position = src.position;
-  dst.mtp_position = src.mtp_position;
-}
-
-// Waits for the backend's queued work (download is the Ops seam's synchronising call).
-void sync(Ops& ops, const SequenceState& s) {
+// Waits for the backend's queued work (download is the Ops seam's synchronising call): rank 0's, which the
+// other ranks' all-reduces keep in step with them.
+void sync(const Ranks& ranks, const SequenceState& s) {
   float dummy;
-  ops.download(&dummy, s.layers.front().window, 1);
+  ranks.ops().download(&dummy, s.ranks.front().layers.front().window, 1);
 }
 
 // Feeds tokens to one sequence in steps of at most max_step; logits (host, [V]) of the last token if asked.
@@ -342,13 +314,15 @@ BenchReport run_bench(const BenchOptions& o) {
                std::max(max_prefill, decode_context), " tokens, beyond the model's context of ",
                c.max_position_embeddings);
   weights->storage->prefetch([](size_t, size_t) {});  // no page faults inside timed steps
-  auto ops = make_backend(o.backend, *weights);
+  const Ranks ranks = make_ranks(o.backend, *weights, o.parallelism);
   // The model's own default sequence is not used: the smallest one.
-  DeepseekV4 model(*weights, *ops, o.numerics, /*max_context=*/1, std::max(o.step, max_batch));
+  DeepseekV4 model(*weights, ranks.shards, o.numerics, /*max_context=*/1, std::max(o.step, max_batch));
   r.load_seconds = seconds_since(t_load);
   r.step_tokens = model.max_step();
   r.memory_after_load = memory.sample();
-  const auto weight_bytes = resident_bytes(*ops);
+  // Several ranks: the checkpoint's bytes (each backend holds only its shard's).
+  const std::function<double(const Weight&)> weight_bytes =
+      o.parallelism.ranks() > 1 ? checkpoint_bytes : resident_bytes(ranks.ops());
   for (const Weight* w : weights->matrices)
     if (w) r.weight_bytes += weight_bytes(*w);
   log(cat("loaded ", o.model_dir, " in ", std::round(r.load_seconds * 10) / 10, " s: ", gib(r.weight_bytes),
@@ -370,7 +344,7 @@ BenchReport run_bench(const BenchOptions& o) {
       std::vector<double> ms, tps;
       for (int64_t rep = -1; rep < o.reps; ++rep) {
         model.reset(*seq);
-        sync(*ops, *seq);
+        sync(ranks, *seq);
         const auto t0 = Clock::now();
         feed(model, *seq, tokens.data(), P, logits.data());  // the last step's logits download synchronises
         const double s = seconds_since(t0);
@@ -400,8 +374,8 @@ BenchReport run_bench(const BenchOptions& o) {
       std::vector<StepInput> batch(static_cast<size_t>(b));
       std::vector<int32_t> tokens(static_cast<size_t>(b)), next(static_cast<size_t>(b));
       const auto run = [&](int64_t steps) {
-        for (int64_t i = 0; i < b; ++i) fork_sequence(*weights, *ops, *master, *pool[size_t(i)]);
-        sync(*ops, *master);
+        for (int64_t i = 0; i < b; ++i) model.copy_sequence(*master, *pool[size_t(i)]);
+        sync(ranks, *master);
         const auto t0 = Clock::now();
         for (int64_t s = 0; s < steps; ++s) {
           for (int64_t i = 0; i < b; ++i) {
@@ -435,10 +409,12 @@ BenchReport run_bench(const BenchOptions& o) {
   }
   r.memory_peak = memory.peak();
   if (!gpu) measure_bandwidth(r);
+  // GPU ranks each read their share over their own memory: the floor is the bytes over all their bandwidths.
+  const double floor_bandwidth = r.bandwidth * (gpu ? o.parallelism.ranks() : 1);
   for (DecodeRow& row : r.decode) {
     // The timed steps decode positions C .. C + steps − 1: the floor at their mean.
     row.floor = decode_floor(*weights, weight_bytes, row.batch, double(row.context) + double(o.decode_steps - 1) / 2,
-                             r.bandwidth, /*compact_cache=*/gpu && o.numerics != Numerics::kExact);
+                             floor_bandwidth, /*compact_cache=*/gpu && o.numerics != Numerics::kExact);
     row.achieved = row.floor.seconds * 1e3 / row.ms_per_step.mean;
   }
   return r;
@@ -450,7 +426,8 @@ std::string bench_markdown(const BenchReport& r) {
   out << "## dsv4 bench: " << r.model_dir << "\n\n";
   out << "* model: " << r.layers << " layers, D " << r.dim << ", " << r.experts << " experts (top-" << r.experts_per_tok
       << "), vocab " << r.vocab << ", " << gib(r.weight_bytes) << " of weights as held by the backend\n";
-  out << "* backend: " << r.backend << " on " << r.device << ", numerics " << r.numerics << "\n";
+  out << "* backend: " << r.backend << " on " << r.device << ", numerics " << r.numerics << ", "
+      << parallelism_name(r.options.parallelism) << "\n";
   std::snprintf(line, sizeof line, "* copy bandwidth: %.1f GB/s (%s)\n", r.bandwidth / 1e9, r.bandwidth_method.c_str());
   out << line;
   out << "* memory (" << r.memory_kind << "): " << gib(r.memory_before_load) << " before load, "
@@ -486,7 +463,11 @@ std::string bench_markdown(const BenchReport& r) {
   out << "\nfloor = (every dense matrix + E·(1−(1−k/E)^batch) routed experts per layer + embedding rows + head, "
          "as the backend stores them; + per sequence and layer the window keys, the CSA top-k entries and indexer "
          "keys, the HCA entries, as the backend stores them: compact FP8 / FP4 rows on CUDA outside exact numerics, "
-         "else fp32) / copy bandwidth\n";
+         "else fp32) / copy bandwidth"
+      << (r.backend == "cuda" && r.options.parallelism.ranks() > 1
+              ? cat(" of one GPU × ", r.options.parallelism.ranks(), " GPUs (checkpoint bytes, each counted once)")
+              : std::string())
+      << "\n";
   return out.str();
 }
 
@@ -501,6 +482,7 @@ nlohmann::json bench_json(const BenchReport& r) {
   j["device"] = r.device;
   j["numerics"] = r.numerics;
   j["bandwidth"] = {{"bytes_per_s", r.bandwidth}, {"method", r.bandwidth_method}};
+  j["parallelism"] = {{"tp", r.options.parallelism.tp}, {"ep", r.options.parallelism.ep}};
   j["memory"] = {{"kind", r.memory_kind},
                  {"before_load_bytes", r.memory_before_load},
                  {"after_load_bytes", r.memory_after_load},

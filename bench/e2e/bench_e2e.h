@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/ops.h"
+#include "model/parallel.h"
 
 namespace dsv4 {
 
@@ -17,6 +18,7 @@ struct BenchOptions {
   std::string model_dir;
   std::string backend = "auto";
   Numerics numerics = Numerics::kReference;
+  Parallelism parallelism;  // ranks (model/parallel.h): GPU r runs rank r
   std::vector<int64_t> prefill = {512, 4096};        // prompt lengths
   std::vector<int64_t> contexts = {0, 4096, 32768};  // tokens already in every sequence when decoding starts
   std::vector<int64_t> batches = {1, 8, 64};         // sequences decoded together, one token each per step

@@ -1,14 +1,17 @@
 // CpuOps: memory and the small elementwise ops; the families live in their own files.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "cpu/cpu_ops.h"
 #include "sampler/sampler.h"
 
 namespace dsv4 {
 
-CpuOps::CpuOps(const ModelConfig& config)
+CpuOps::CpuOps(const ModelConfig& config, std::shared_ptr<HostGroup> group, int rank)
     : config_(config),
+      group_(std::move(group)),
+      rank_(rank),
       inv_freq_plain_(rope_inv_freq(config.rope_dim, config.rope_theta, nullptr)),
       inv_freq_compressed_(rope_inv_freq(config.rope_dim, config.compress_rope_theta, &config.yarn)) {}
 
@@ -22,6 +25,12 @@ void CpuOps::greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int
   for (int64_t r = 0; r < rows; ++r) tokens[r] = argmax(logits + r * vocab, vocab);
 }
 void CpuOps::copy(const float* src, size_t count, float* dst) { std::copy(src, src + count, dst); }
+void CpuOps::all_reduce(float* x, size_t count) {
+  if (group_) group_->all_reduce(rank_, x, count);
+}
+void CpuOps::abort_group() {
+  if (group_) group_->abort();
+}
 
 std::vector<float>& CpuOps::scratch(size_t slot, size_t count) {
   if (scratch_.size() <= slot) scratch_.resize(slot + 1);

@@ -4,8 +4,10 @@
 #pragma once
 
 #include <deque>
+#include <memory>
 #include <vector>
 
+#include "cpu/host_group.h"
 #include "model/ops.h"
 
 namespace dsv4 {
@@ -28,7 +30,8 @@ std::vector<float> rope_inv_freq(int64_t rope_dim, double theta, const YarnConfi
 
 class CpuOps final : public Ops {
  public:
-  explicit CpuOps(const ModelConfig& config);
+  // group: the in-process ranks this backend's shard belongs to (model/parallel.h), nullptr when alone.
+  explicit CpuOps(const ModelConfig& config, std::shared_ptr<HostGroup> group = nullptr, int rank = 0);
 
   // kFast rounds where DeepSeek's GPU code rounds (fast-numerics.md §7): bf16 between ops, act_quant before
   // FP8 / FP4 GEMMs. exact and reference stay fp32 between ops.
@@ -41,6 +44,8 @@ class CpuOps final : public Ops {
   void download(float* host, const float* src, size_t count) override;
   void download_i32(int32_t* host, const int32_t* src, size_t count) override;
   void copy(const float* src, size_t count, float* dst) override;
+  void all_reduce(float* x, size_t count) override;
+  void abort_group() override;
 
   void embed(const Weight& table, const int32_t* tokens, int64_t n, float* out) override;
   void broadcast_streams(const float* x, int64_t n, int64_t hc, int64_t dim, float* X) override;
@@ -87,6 +92,8 @@ class CpuOps final : public Ops {
   void rms_norm_bf16(const float* x, int64_t rows, int64_t dim, float* y);  // the gain-less q re-norm (§2.3)
 
   ModelConfig config_;
+  std::shared_ptr<HostGroup> group_;
+  int rank_ = 0;
   Numerics numerics_ = Numerics::kReference;
   std::vector<float> inv_freq_plain_, inv_freq_compressed_;
   std::deque<std::vector<float>> buffers_;  // deque: growth keeps earlier buffers' addresses

@@ -63,7 +63,7 @@ void CpuOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, int
   // y = w2 · (silu(min(g, L)) · clamp(u, −L, L) · weight), weight applied before the down projection.
   const auto run_expert = [&](const ExpertWeights& ew, const std::vector<std::pair<int64_t, float>>& rows) {
     const int64_t m = int64_t(rows.size());
-    if (m == 0) return;
+    if (m == 0 || ew.w1.empty()) return;  // empty: another rank's expert (model/parallel.h)
     for (int64_t r = 0; r < m; ++r) std::copy(x + rows[r].first * D, x + (rows[r].first + 1) * D, xs.data() + r * D);
     linear(xs.data(), D, ew.w1, m, gate.data(), I);
     linear(xs.data(), D, ew.w3, m, up.data(), I);

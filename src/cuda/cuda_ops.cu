@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "cpu/cpu_ops.h"  // rope_inv_freq: host-side constants shared with the CPU reference
 #include "cuda/common/check.h"
@@ -14,7 +15,8 @@ namespace dsv4 {
 using cuda::DeviceWeight;
 using cuda::WFormat;
 
-CudaOps::CudaOps(const ModelConfig& config, int device) : config_(config), device_(device) {
+CudaOps::CudaOps(const ModelConfig& config, int device, std::shared_ptr<cuda::NcclGroup> group, int rank)
+    : config_(config), device_(device), group_(std::move(group)), rank_(rank) {
   int count = 0;
   DSV4_CUDA_CHECK(cudaGetDeviceCount(&count));
   DSV4_CHECK(device >= 0 && device < count, "CUDA device ", device, " requested, ", count, " visible");
@@ -35,6 +37,7 @@ CudaOps::~CudaOps() {
   // Destructors must not throw: errors here are reported by nobody, the process is ending or moving on. A
   // deferred hc_post is dropped: nobody can observe its X any more.
   deferred_post_ = {};
+  cudaSetDevice(device_);
   if (capturing_) abort_graph();
   cudaStream_t stream = stream_.handle();
   if (stream) cudaStreamSynchronize(stream);
@@ -43,6 +46,16 @@ CudaOps::~CudaOps() {
   for (auto& [p, bytes] : workspaces_) cudaFree(p);
   if (pinned_i32_) cudaFreeHost(pinned_i32_);
   if (stream) cudaStreamDestroy(stream);
+}
+
+void CudaOps::bind_thread() { DSV4_CUDA_CHECK(cudaSetDevice(device_)); }
+
+void CudaOps::all_reduce(float* x, size_t count) {
+  if (group_) group_->all_reduce(rank_, x, count, stream_);
+}
+
+void CudaOps::abort_group() {
+  if (group_) group_->abort();
 }
 
 void* CudaOps::device_alloc(size_t bytes) {

@@ -11,9 +11,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
+#include "cuda/comm/nccl_group.h"
 #include "cuda/common/device_weight.h"
 #include "cuda/moe/moe_tables.h"
 #include "model/ops.h"
@@ -55,7 +57,9 @@ struct CacheLayout {
 
 class CudaOps final : public Ops {
  public:
-  explicit CudaOps(const ModelConfig& config, int device = 0);
+  // group: the GPU ranks this backend's shard belongs to (model/parallel.h), nullptr when alone.
+  explicit CudaOps(const ModelConfig& config, int device = 0, std::shared_ptr<cuda::NcclGroup> group = nullptr,
+                   int rank = 0);
   ~CudaOps() override;
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;
@@ -78,6 +82,9 @@ class CudaOps final : public Ops {
   // positions change every token, the topology rarely does), else instantiated. Off unless DSV4_CUDA_GRAPHS=1:
   // re-recording every token measured slower than launching directly (docs/PERFORMANCE.md, §1).
   void set_numerics(Numerics numerics) override { numerics_ = numerics; }
+  void bind_thread() override;
+  void all_reduce(float* x, size_t count) override;
+  void abort_group() override;
   Numerics numerics() const { return numerics_; }
   // Fast numerics round where DeepSeek's GPU code does (docs/design/fast-numerics.md §7): each family's
   // kernels take it as a flag in their params.
@@ -179,6 +186,8 @@ class CudaOps final : public Ops {
 
   ModelConfig config_;
   int device_ = 0;
+  std::shared_ptr<cuda::NcclGroup> group_;
+  int rank_ = 0;
   cudaDeviceProp props_{};
   // NOTE: the stream is reachable only through this guard. Converting it to a cudaStream_t — which every kernel
   // launch, copy, memset, synchronisation and capture call on it does, in any family — first launches a

@@ -1,5 +1,7 @@
 #include "engine/backend.h"
 
+#include <cstdio>
+
 #include "core/error.h"
 #include "cpu/cpu_ops.h"
 #include "cuda/device.h"
@@ -28,6 +30,75 @@ std::unique_ptr<Ops> make_backend(const std::string& requested, const ModelWeigh
 #endif
   }
   fail(cat("unknown backend '", requested, "' (available: auto, cpu", cuda_compiled() ? ", cuda" : "", ")"));
+}
+
+namespace {
+
+// Bytes of a model's matrices as its checkpoint stores them, views counted at their own size.
+double shard_bytes(const ModelWeights& m) {
+  double bytes = 0;
+  for (const Weight* w : m.matrices) {
+    if (!w) continue;
+    bytes += double(w->rows) * double(w->dtype == DType::kI8 ? w->cols / 2 : w->cols * int64_t(dtype_size(w->dtype)));
+    if (w->scale)
+      bytes += double((w->rows + w->scale_block_rows - 1) / w->scale_block_rows) *
+               double((w->cols + w->scale_block_cols - 1) / w->scale_block_cols) * (w->scale_dtype == DType::kF32 ? 4 : 1);
+  }
+  return bytes;
+}
+
+std::string gib(double bytes) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f GiB", bytes / double(1ull << 30));
+  return s;
+}
+
+}  // namespace
+
+Ranks make_ranks(const std::string& requested, const ModelWeights& model, const Parallelism& parallelism) {
+  Ranks r;
+  const int n = parallelism.ranks();
+  if (n == 1) {
+    r.backends.push_back(make_backend(requested, model));
+    r.shards.push_back({&model, r.backends.back().get()});
+    return r;
+  }
+  check_parallelism(model, parallelism);
+  const std::string name = resolve_backend_name(requested);
+  for (int k = 0; k < n; ++k) r.weights.push_back(shard_model(model, parallelism, k));
+  if (name == "cpu") {
+    auto group = std::make_shared<HostGroup>(n);
+    for (int k = 0; k < n; ++k) r.backends.push_back(std::make_unique<CpuOps>(r.weights[size_t(k)]->config, group, k));
+  } else if (name == "cuda") {
+#if DSV4_HAVE_CUDA
+    std::string why;
+    const std::vector<CudaDevice> devices_found = cuda_devices(&why);
+    const size_t gpus = devices_found.size();
+    DSV4_CHECK(gpus >= size_t(n), parallelism_name(parallelism), " runs one rank per GPU and needs ", n, " GPUs; ",
+               gpus, " usable", why.empty() ? "" : cat(" (", why, ")"));
+    DSV4_CHECK(!parallelism.experts_whole(), "--ep on the cuda backend is not implemented yet (whole experts per GPU); "
+               "use --tp ", n, ", which splits every expert");
+    // Each shard's matrices must fit its GPU (with a tenth spare for the caches and workspaces): said before
+    // any weight is read.
+    for (int k = 0; k < n; ++k) {
+      const double need = shard_bytes(*r.weights[size_t(k)]), have = double(devices_found[size_t(k)].memory_bytes);
+      DSV4_CHECK(need * 1.1 <= have, parallelism_name(parallelism), ": rank ", k, "'s weights take ", gib(need),
+                 " and GPU ", k, " (", devices_found[size_t(k)].name, ") has ", gib(have), "; use more GPUs");
+    }
+    std::vector<int> devices(static_cast<size_t>(n));
+    for (int k = 0; k < n; ++k) devices[size_t(k)] = k;
+    auto group = std::make_shared<cuda::NcclGroup>(devices);
+    for (int k = 0; k < n; ++k) {
+      auto ops = std::make_unique<CudaOps>(r.weights[size_t(k)]->config, k, group, k);
+      ops->upload_model(*r.weights[size_t(k)]);
+      r.backends.push_back(std::move(ops));
+    }
+    r.backends.front()->bind_thread();  // the caller's thread runs rank 0
+#endif
+  }
+  DSV4_CHECK(int(r.backends.size()) == n, "unknown backend '", requested, "'");
+  for (int k = 0; k < n; ++k) r.shards.push_back({r.weights[size_t(k)].get(), r.backends[size_t(k)].get()});
+  return r;
 }
 
 Numerics parse_numerics(const std::string& name, const std::string& backend) {

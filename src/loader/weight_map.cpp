@@ -208,29 +208,6 @@ LayerWeights load_layer(WeightBuilder& b, const std::string& p, const ModelConfi
   return l;
 }
 
-void collect_matrices(ModelWeights& m) {
-  auto add = [&](const Weight& w) {
-    if (w.empty()) return;
-    if (m.matrices.size() <= size_t(w.id)) m.matrices.resize(size_t(w.id) + 1, nullptr);
-    m.matrices[size_t(w.id)] = &w;
-  };
-  auto add_compressor = [&](const CompressorWeights& c) { add(c.wkv); add(c.wgate); };
-  auto add_layer = [&](const LayerWeights& l) {
-    add(l.hc_attn.fn); add(l.hc_ffn.fn);
-    const AttentionWeights& a = l.attn;
-    for (const Weight* w : {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b, &a.indexer.wq_b, &a.indexer.weights_proj})
-      add(*w);
-    add_compressor(a.compressor);
-    add_compressor(a.indexer.compressor);
-    add(l.moe.gate);
-    for (const auto& e : l.moe.experts) { add(e.w1); add(e.w2); add(e.w3); }
-    add(l.moe.shared.w1); add(l.moe.shared.w2); add(l.moe.shared.w3);
-  };
-  add(m.embed); add(m.head); add(m.hc_head.fn);
-  for (const auto& l : m.layers) add_layer(l);
-  for (const auto& t : m.mtp) { add(t.e_proj); add(t.h_proj); add(t.hc_head.fn); add_layer(t.block); }
-}
-
 }  // namespace
 
 std::unique_ptr<const ModelWeights> load_model(const std::string& model_dir) {
@@ -261,7 +238,7 @@ std::unique_ptr<const ModelWeights> load_model(const std::string& model_dir) {
     t.block = load_layer(b, p, c, c.n_layers + k, /*hash_routed=*/false);
     model->mtp.push_back(std::move(t));
   }
-  collect_matrices(*model);
+  index_matrices(*model);
   return model;
 }
 

@@ -1,7 +1,13 @@
 #include "model/deepseek_v4.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
 
 #include "core/error.h"
 
@@ -41,29 +47,205 @@ RopeKind rope_kind(AttnType t) { return t == AttnType::kSliding ? RopeKind::kPla
 
 }  // namespace
 
+
+// ---- one rank
+
+// A sequence's rows within the step: rows [row0, row0 + n) at positions pos0 … pos0 + n − 1.
+struct DeepseekV4::Span {
+  int64_t row0, n, pos0;
+  SequenceState* sequence;
+};
+
+// One shard's forward pass: the architecture's components over the Ops seam, on this rank's activation arena
+// and caches. With several ranks each sub-block's output is a partial sum until all_reduce (model/parallel.h).
+class DeepseekV4::Rank {
+ public:
+  Rank(const Shard& shard, int index, int ranks, bool heads_split, Numerics numerics, int64_t max_step)
+      : model_(*shard.model),
+        ops_(*shard.ops),
+        index_(size_t(index)),
+        reduce_attention_(heads_split),
+        reduce_moe_(ranks > 1),
+        numerics_(numerics),
+        act_(plan_activations(model_.config, ops_, max_step)) {
+    ops_.set_numerics(numerics);
+  }
+
+  Ops& ops() { return ops_; }
+
+  // The main model over the step's spans; rank 0 also the head and the results to the host.
+  void step(std::span<const StepInput> batch, std::span<const Span> spans, int64_t n);
+  void mtp_step(SequenceState& sequence, const int32_t* next_tokens, int64_t n, float* logits);
+
+ private:
+  void block(const LayerWeights& l, size_t layer, bool mtp, int64_t n);
+  void hc_pre(const HcWeights& hc, const std::vector<float>& norm, int64_t n);
+  void hc_post(int64_t n);
+  void attention(const LayerWeights& l, size_t layer, bool mtp, int64_t n);
+  void query(const AttentionWeights& w, int64_t n);
+  void finish_query_key_value(const AttentionWeights& w, size_t layer, bool mtp, RopeKind rope);
+  void compress(const CompressorWeights& w, size_t layer, bool mtp, CompressorState LayerState::*which, EntrySim sim);
+  void indexer_query(const IndexerWeights& w, int64_t n);
+  void indexer(const IndexerWeights& w, size_t layer, bool mtp);
+  void output_projection(const AttentionWeights& w, int64_t n);
+  void moe(const LayerWeights& l, int64_t n);
+  // Logits of the rows the batch asked for, on the device (returns how many rows), then to each input's buffer.
+  int64_t head(const HcHeadWeights& hc, const std::vector<float>& norm, std::span<const StepInput> batch, int64_t n);
+  void deliver(std::span<const StepInput> batch, int64_t rows);
+
+  // `layer` indexes RankCaches::layers (mtp = false) or ::mtp (mtp = true).
+  LayerState& layer_state(const Span& s, size_t layer, bool mtp) const {
+    RankCaches& caches = s.sequence->ranks[index_];
+    return mtp ? caches.mtp[layer] : caches.layers[layer];
+  }
+
+  const ModelWeights& model_;  // this rank's shard
+  Ops& ops_;
+  size_t index_;
+  bool reduce_attention_;  // heads split: the output projection's result is a partial sum
+  bool reduce_moe_;        // experts split: the MoE's result is a partial sum
+  Numerics numerics_;
+  Activations act_;
+  std::span<const Span> spans_;  // the current step's sequences
+  // The per-sequence ops' batches of the current layer, one entry per sequence (kept: no allocation per step).
+  std::vector<QueryKvParams> query_kv_batch_;
+  std::vector<CompressorParams> compressor_batch_;
+  std::vector<IndexerParams> indexer_batch_;
+  std::vector<AttentionParams> attention_batch_;
+  std::vector<std::pair<int64_t, int64_t>> head_runs_;  // head(): the rows that need logits, as (first, count) runs of y
+  std::vector<float> host_logits_;  // gathered logits rows of one step, before scattering
+  std::vector<int32_t> host_tokens_;  // greedy ids of those rows
+  std::vector<Span> mtp_span_;  // mtp_step()'s one sequence
+};
+
+// ---- the threads of ranks 1..N−1: each waits for a job, runs it for its rank, reports back.
+
+class DeepseekV4::Workers {
+ public:
+  explicit Workers(std::span<const Shard> shards) : errors_(shards.size()) {
+    for (size_t r = 1; r < shards.size(); ++r)
+      threads_.emplace_back([this, r, ops = shards[r].ops] {
+        ops->bind_thread();
+        loop(r);
+      });
+  }
+  ~Workers() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  // Runs job(r) for r ≥ 1 on the workers and job(0) here; rethrows the first failure once all have finished.
+  void run(const std::function<void(size_t)>& job) {
+    {
+      std::lock_guard lock(mutex_);
+      job_ = &job;
+      pending_ = threads_.size();
+      ++generation_;
+    }
+    wake_.notify_all();
+    try {
+      job(0);
+    } catch (...) {
+      errors_[0] = std::current_exception();
+    }
+    std::unique_lock lock(mutex_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    job_ = nullptr;
+    for (std::exception_ptr& e : errors_)
+      if (e) std::rethrow_exception(std::exchange(e, nullptr));
+  }
+
+ private:
+  void loop(size_t r) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(size_t)>* job;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        job = job_;
+      }
+      try {
+        (*job)(r);
+      } catch (...) {
+        errors_[r] = std::current_exception();
+      }
+      std::lock_guard lock(mutex_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::vector<std::exception_ptr> errors_;  // per rank, of the current job
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  const std::function<void(size_t)>* job_ = nullptr;
+  uint64_t generation_ = 0;
+  size_t pending_ = 0;
+  bool stop_ = false;
+};
+
+// ---- the model over its ranks
+
 DeepseekV4::DeepseekV4(const ModelWeights& model, Ops& ops, Numerics numerics, int64_t max_context,
                        int64_t max_step)
-    : model_(model),
-      ops_(ops),
-      numerics_(numerics),
-      state_(model, ops, max_context, max_step, /*compact=*/numerics != Numerics::kExact),
-      act_(plan_activations(model.config, ops, max_step)) {
-  ops_.set_numerics(numerics);
+    : DeepseekV4(model, std::span<const Shard>(std::array{Shard{&model, &ops}}), numerics, max_context, max_step) {}
+
+DeepseekV4::DeepseekV4(const ModelWeights& model, std::span<const Shard> shards, Numerics numerics,
+                       int64_t max_context, int64_t max_step)
+    : model_(model), shards_(shards.begin(), shards.end()), numerics_(numerics), max_step_(max_step) {
+  DSV4_ASSERT(!shards_.empty());
+  const bool heads_split = shards_.front().model->config.n_heads != model.config.n_heads;
+  for (size_t r = 0; r < shards_.size(); ++r) {
+    shards_[r].ops->bind_thread();  // each rank's arena on its own device
+    ranks_.push_back(std::make_unique<Rank>(shards_[r], int(r), ranks(), heads_split, numerics, max_step));
+  }
+  if (shards_.size() > 1) workers_ = std::make_unique<Workers>(shards_);
+  state_ = new_sequence(max_context);  // ends bound to rank 0: the caller's thread runs it
+}
+
+DeepseekV4::~DeepseekV4() = default;
+
+template <class Fn>
+void DeepseekV4::on_ranks(Fn&& fn) {
+  // A rank that fails tells its group, so that the others' collectives fail instead of waiting for it.
+  const std::function<void(size_t)> job = [&](size_t r) {
+    try {
+      fn(*ranks_[r]);
+    } catch (...) {
+      ranks_[r]->ops().abort_group();
+      throw;
+    }
+  };
+  if (!workers_) return job(0);
+  shards_.front().ops->bind_thread();  // the caller's thread runs rank 0
+  workers_->run(job);
 }
 
 std::unique_ptr<SequenceState> DeepseekV4::new_sequence(int64_t max_context) {
-  return std::make_unique<SequenceState>(model_, ops_, max_context, act_.max_step, numerics_ != Numerics::kExact);
+  return std::make_unique<SequenceState>(shards_, max_context, max_step_, numerics_ != Numerics::kExact);
+}
+
+void DeepseekV4::copy_sequence(const SequenceState& src, SequenceState& dst) {
+  dsv4::copy_sequence(shards_, src, dst);
 }
 
 void DeepseekV4::step(const int32_t* tokens, int64_t n, float* logits, bool all_rows, int32_t* next_token) {
-  const StepInput input{&state_, tokens, n, logits, all_rows, next_token};
+  const StepInput input{state_.get(), tokens, n, logits, all_rows, next_token};
   step(std::span<const StepInput>(&input, 1));
 }
 
 void DeepseekV4::step(std::span<const StepInput> batch) {
   const ModelConfig& c = model_.config;
   DSV4_ASSERT(!batch.empty());
-  spans_.clear();
+  std::vector<Span>& spans = spans_;
+  spans.clear();
   int64_t n = 0;
   for (const StepInput& in : batch) {
     SequenceState& seq = *in.sequence;
@@ -74,16 +256,33 @@ void DeepseekV4::step(std::span<const StepInput> batch) {
     for (int64_t i = 0; i < in.n; ++i)
       DSV4_CHECK(in.tokens[i] >= 0 && in.tokens[i] < c.vocab_size, "token id ", in.tokens[i],
                  " is outside the vocabulary [0, ", c.vocab_size, ")");
-    spans_.push_back({n, in.n, seq.position, &seq});
+    spans.push_back({n, in.n, seq.position, &seq});
     n += in.n;
   }
-  DSV4_CHECK(n <= act_.max_step, "a step of ", n, " tokens exceeds the step capacity of ", act_.max_step);
+  DSV4_CHECK(n <= max_step_, "a step of ", n, " tokens exceeds the step capacity of ", max_step_);
+  on_ranks([&](Rank& r) { r.step(batch, spans, n); });
+  for (const Span& s : spans) s.sequence->position += s.n;
+}
+
+void DeepseekV4::mtp_step(const int32_t* next_tokens, int64_t n, float* logits) {
+  DSV4_CHECK(has_mtp(), "this checkpoint has no MTP module (mtp.0.* tensors)");
+  DSV4_ASSERT(n >= 1 && n <= max_step_);
+  on_ranks([&](Rank& r) { r.mtp_step(*state_, next_tokens, n, logits); });
+  state_->mtp_position += n;
+}
+
+// ---- one rank's forward pass
+
+void DeepseekV4::Rank::step(std::span<const StepInput> batch, std::span<const Span> spans, int64_t n) {
+  const ModelConfig& c = model_.config;
+  spans_ = spans;
   for (size_t i = 0; i < batch.size(); ++i) ops_.upload_i32(act_.tokens + spans_[i].row0, batch[i].tokens, size_t(batch[i].n));
+  const bool logits = index_ == 0;  // the other ranks stop at the last layer
   const auto forward = [&] {
     ops_.embed(model_.embed, act_.tokens, n, act_.x);
     ops_.broadcast_streams(act_.x, n, c.hc_mult, c.dim, act_.X);
     for (size_t i = 0; i < model_.layers.size(); ++i) block(model_.layers[i], i, /*mtp=*/false, n);
-    return head(model_.hc_head, model_.norm, batch, n);
+    return logits ? head(model_.hc_head, model_.norm, batch, n) : 0;
   };
   // Decode steps (one token per sequence) repeat the same op sequence every token: worth recording as a graph.
   const bool decode = n == int64_t(batch.size());
@@ -99,14 +298,11 @@ void DeepseekV4::step(std::span<const StepInput> batch) {
   } else {
     rows = forward();
   }
-  for (const Span& s : spans_) s.sequence->position += s.n;
-  deliver(batch, rows);
+  if (logits) deliver(batch, rows);
 }
 
-void DeepseekV4::mtp_step(const int32_t* next_tokens, int64_t n, float* logits) {
+void DeepseekV4::Rank::mtp_step(SequenceState& sequence, const int32_t* next_tokens, int64_t n, float* logits) {
   const ModelConfig& c = model_.config;
-  DSV4_CHECK(has_mtp(), "this checkpoint has no MTP module (mtp.0.* tensors)");
-  DSV4_ASSERT(n >= 1 && n <= act_.max_step);
   const MtpWeights& m = model_.mtp[0];
   const int64_t hc = c.hc_mult, D = c.dim;
   // h = h_proj · hnorm(streams) per stream; e = e_proj · enorm(embed(next token)), added to every stream.
@@ -118,17 +314,18 @@ void DeepseekV4::mtp_step(const int32_t* next_tokens, int64_t n, float* logits) 
   ops_.linear(act_.x, D, m.e_proj, n, act_.mtp_e, D);
   ops_.broadcast_streams(act_.mtp_e, n, hc, D, act_.X);
   ops_.add(act_.X, act_.mtp_h, size_t(n * hc * D), act_.X);
-  spans_.assign(1, Span{0, n, state_.mtp_position, &state_});
+  mtp_span_.assign(1, Span{0, n, sequence.mtp_position, &sequence});
+  spans_ = mtp_span_;
   block(m.block, 0, /*mtp=*/true, n);
-  state_.mtp_position += n;
-  const StepInput all{&state_, next_tokens, n, logits, /*all_rows=*/true};
+  if (index_ != 0) return;
+  const StepInput all{&sequence, next_tokens, n, logits, /*all_rows=*/true};
   const std::span<const StepInput> batch(&all, 1);
   deliver(batch, head(m.hc_head, m.norm, batch, n));
 }
 
 // One decoder layer (spec §4–§5): attention then MoE, each between an mHC pre-mix and post-mix. A backend may
 // run a post-mix fused with the pre-mix (or head collapse) that follows it (ops.h, hc_post).
-void DeepseekV4::block(const LayerWeights& l, size_t layer, bool mtp, int64_t n) {
+void DeepseekV4::Rank::block(const LayerWeights& l, size_t layer, bool mtp, int64_t n) {
   hc_pre(l.hc_attn, l.attn_norm, n);
   attention(l, layer, mtp, n);
   hc_post(n);
@@ -139,16 +336,16 @@ void DeepseekV4::block(const LayerWeights& l, size_t layer, bool mtp, int64_t n)
 
 // The streams X collapsed into the sub-block input and normed: xn, and the post / comb coefficients of the
 // sub-block's own post-mix.
-void DeepseekV4::hc_pre(const HcWeights& hc, const std::vector<float>& norm, int64_t n) {
+void DeepseekV4::Rank::hc_pre(const HcWeights& hc, const std::vector<float>& norm, int64_t n) {
   ops_.hc_pre_norm(act_.X, hc, norm, n, model_.config.dim, act_.x, act_.xn, act_.post, act_.comb);
 }
 
 // The sub-block's output sub_out mixed back into the streams X with the coefficients of its pre-mix.
-void DeepseekV4::hc_post(int64_t n) { ops_.hc_post(act_.sub_out, act_.post, act_.comb, n, act_.X); }
+void DeepseekV4::Rank::hc_post(int64_t n) { ops_.hc_post(act_.sub_out, act_.post, act_.comb, n, act_.X); }
 
 // Attention sub-block (spec §6): xn → sub_out. Projections run over the whole batch; the KV cache, the
 // compressors, the indexer and the attention itself run per sequence on its rows, each as one batched op.
-void DeepseekV4::attention(const LayerWeights& l, size_t layer, bool mtp, int64_t n) {
+void DeepseekV4::Rank::attention(const LayerWeights& l, size_t layer, bool mtp, int64_t n) {
   const ModelConfig& c = model_.config;
   const AttentionWeights& w = l.attn;
   const RopeKind rope = rope_kind(l.attn_type);
@@ -190,7 +387,7 @@ void DeepseekV4::attention(const LayerWeights& l, size_t layer, bool mtp, int64_
 }
 
 // q = wq_b · RMSNorm(qr), qr = wq_a · x (attention()); the normed qr is kept for the indexer.
-void DeepseekV4::query(const AttentionWeights& w, int64_t n) {
+void DeepseekV4::Rank::query(const AttentionWeights& w, int64_t n) {
   const ModelConfig& c = model_.config;
   ops_.rms_norm(act_.qr, &w.q_norm, n, c.q_lora_rank, act_.qr);
   ops_.linear(act_.qr, c.q_lora_rank, w.wq_b, n, act_.q, c.n_heads * c.head_dim);
@@ -198,7 +395,7 @@ void DeepseekV4::query(const AttentionWeights& w, int64_t n) {
 
 // Per sequence: the query heads' RMS norm and RoPE on the last rope_dim channels, and the single shared K = V
 // head (kv = wkv · x, attention()) normed, rotated and stored in the sequence's sliding-window ring.
-void DeepseekV4::finish_query_key_value(const AttentionWeights& w, size_t layer, bool mtp, RopeKind rope) {
+void DeepseekV4::Rank::finish_query_key_value(const AttentionWeights& w, size_t layer, bool mtp, RopeKind rope) {
   const ModelConfig& c = model_.config;
   const int64_t H = c.n_heads, d = c.head_dim;
   query_kv_batch_.clear();
@@ -211,7 +408,7 @@ void DeepseekV4::finish_query_key_value(const AttentionWeights& w, size_t layer,
 
 // Per sequence: its tokens through one of its compressors (spec §7), the attention's (its entries are the CSA /
 // HCA keys) or the indexer's (its entries are the indexer keys).
-void DeepseekV4::compress(const CompressorWeights& w, size_t layer, bool mtp, CompressorState LayerState::*which,
+void DeepseekV4::Rank::compress(const CompressorWeights& w, size_t layer, bool mtp, CompressorState LayerState::*which,
                           EntrySim sim) {
   compressor_batch_.clear();
   for (const Span& s : spans_)
@@ -221,7 +418,7 @@ void DeepseekV4::compress(const CompressorWeights& w, size_t layer, bool mtp, Co
 }
 
 // Lightning indexer queries and head weights (spec §8) for the whole batch, from qr and xn.
-void DeepseekV4::indexer_query(const IndexerWeights& w, int64_t n) {
+void DeepseekV4::Rank::indexer_query(const IndexerWeights& w, int64_t n) {
   const ModelConfig& c = model_.config;
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
   ops_.linear(act_.qr, c.q_lora_rank, w.wq_b, n, act_.index_q, nI * dI);
@@ -235,7 +432,7 @@ void DeepseekV4::indexer_query(const IndexerWeights& w, int64_t n) {
 
 // Lightning indexer (spec §8): feeds each sequence's keys compressor, then scores every visible compressed entry
 // and keeps the top k per query.
-void DeepseekV4::indexer(const IndexerWeights& w, size_t layer, bool mtp) {
+void DeepseekV4::Rank::indexer(const IndexerWeights& w, size_t layer, bool mtp) {
   const ModelConfig& c = model_.config;
   const bool reference = numerics_ != Numerics::kExact;  // kFast keeps the simulation points
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
@@ -259,18 +456,22 @@ void DeepseekV4::indexer(const IndexerWeights& w, size_t layer, bool mtp) {
 }
 
 // Grouped low-rank output projection (spec §6.6): o [n, H·d] → z [n, G·r_o] → sub_out [n, D].
-void DeepseekV4::output_projection(const AttentionWeights& w, int64_t n) {
+void DeepseekV4::Rank::output_projection(const AttentionWeights& w, int64_t n) {
   const ModelConfig& c = model_.config;
   ops_.linear_grouped(act_.o, w.wo_a, c.o_groups, n, act_.z);
   ops_.linear(act_.z, c.o_groups * c.o_lora_rank, w.wo_b, n, act_.sub_out, c.dim);
+  if (reduce_attention_) ops_.all_reduce(act_.sub_out, size_t(n * c.dim));  // each rank's heads' share
 }
 
-void DeepseekV4::moe(const LayerWeights& l, int64_t n) { ops_.moe(l.moe, act_.xn, act_.tokens, n, act_.sub_out); }
+void DeepseekV4::Rank::moe(const LayerWeights& l, int64_t n) {
+  ops_.moe(l.moe, act_.xn, act_.tokens, n, act_.sub_out);
+  if (reduce_moe_) ops_.all_reduce(act_.sub_out, size_t(n * model_.config.dim));  // each rank's experts' share
+}
 
 // Final hyper-connection collapse, norm and LM head (spec §5.4, §4), only for the rows whose logits or greedy
 // token the batch asked for: they are gathered into y_rows and projected together. Returns the number of
 // logits rows.
-int64_t DeepseekV4::head(const HcHeadWeights& hc, const std::vector<float>& norm, std::span<const StepInput> batch,
+int64_t DeepseekV4::Rank::head(const HcHeadWeights& hc, const std::vector<float>& norm, std::span<const StepInput> batch,
                          int64_t n) {
   const ModelConfig& c = model_.config;
   const int64_t D = c.dim;
@@ -304,7 +505,7 @@ int64_t DeepseekV4::head(const HcHeadWeights& hc, const std::vector<float>& norm
 
 // The step's results to the host, in head()'s row order: the greedy ids (chosen on the backend) if any input
 // asked for one, one logits download for the whole step if any asked for logits, then each input's share.
-void DeepseekV4::deliver(std::span<const StepInput> batch, int64_t rows) {
+void DeepseekV4::Rank::deliver(std::span<const StepInput> batch, int64_t rows) {
   if (rows == 0) return;
   const int64_t V = model_.config.vocab_size;
   const bool want_tokens = std::any_of(batch.begin(), batch.end(), [](const StepInput& in) { return in.next_token != nullptr; });

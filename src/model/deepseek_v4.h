@@ -1,5 +1,6 @@
 // The DeepSeek-V4 forward pass, written against the Ops seam. One short function per component of the
-// architecture (spec §4–§10); every intermediate is a named buffer of the activation arena.
+// architecture (spec §4–§10); every intermediate is a named buffer of the activation arena. With several ranks
+// (model/parallel.h) each runs the same pass on its shard.
 #pragma once
 
 #include <cstdint>
@@ -51,20 +52,31 @@ struct StepInput {
   int32_t* next_token = nullptr;
 };
 
+// The model over one or several ranks (model/parallel.h). Every rank runs the same forward pass on its shard,
+// rank 0 on the calling thread and each other rank on a thread of its own; the public calls below return once
+// every rank has finished. Rank 0 computes the logits.
 class DeepseekV4 {
  public:
+  // The whole model on one backend.
   DeepseekV4(const ModelWeights& model, Ops& ops, Numerics numerics, int64_t max_context, int64_t max_step = 64);
+  // `model` split over shards (shard_model), shard r run by its backend; `model` is the full model the shards view.
+  DeepseekV4(const ModelWeights& model, std::span<const Shard> shards, Numerics numerics, int64_t max_context,
+             int64_t max_step = 64);
+  ~DeepseekV4();
 
-  const ModelConfig& config() const { return model_.config; }
-  int64_t max_step() const { return act_.max_step; }
-  int64_t position() const { return state_.position; }
+  const ModelConfig& config() const { return model_.config; }  // the full model's
+  int ranks() const { return int(shards_.size()); }
+  int64_t max_step() const { return max_step_; }
+  int64_t position() const { return state_->position; }
   bool has_mtp() const { return !model_.mtp.empty(); }
-  void reset() { state_.reset(model_, ops_); }
+  void reset() { state_->reset(shards_); }
 
   // Per-sequence state for batched steps (the model also owns one default sequence, used by the
   // single-sequence step below). Sized for max_context tokens; allocated at load, never in the decode loop.
   std::unique_ptr<SequenceState> new_sequence(int64_t max_context);
-  void reset(SequenceState& sequence) { sequence.reset(model_, ops_); }
+  void reset(SequenceState& sequence) { sequence.reset(shards_); }
+  // Makes dst a copy of src (the same context at the same position), on every rank.
+  void copy_sequence(const SequenceState& src, SequenceState& dst);
 
   // One forward step over several sequences: their tokens are concatenated (Σ n ≤ max_step) so every matrix
   // multiply runs once over the whole batch; attention and the compressors run per sequence on their rows, in
@@ -81,46 +93,22 @@ class DeepseekV4 {
   void mtp_step(const int32_t* next_tokens, int64_t n, float* logits);
 
  private:
-  // A sequence's rows within the step: rows [row0, row0 + n) at positions pos0 … pos0 + n − 1.
-  struct Span {
-    int64_t row0, n, pos0;
-    SequenceState* sequence;
-  };
-  // `layer` indexes SequenceState::layers (mtp = false) or ::mtp (mtp = true).
-  void block(const LayerWeights& l, size_t layer, bool mtp, int64_t n);
-  void hc_pre(const HcWeights& hc, const std::vector<float>& norm, int64_t n);
-  void hc_post(int64_t n);
-  void attention(const LayerWeights& l, size_t layer, bool mtp, int64_t n);
-  void query(const AttentionWeights& w, int64_t n);
-  void finish_query_key_value(const AttentionWeights& w, size_t layer, bool mtp, RopeKind rope);
-  void compress(const CompressorWeights& w, size_t layer, bool mtp, CompressorState LayerState::*which, EntrySim sim);
-  void indexer_query(const IndexerWeights& w, int64_t n);
-  void indexer(const IndexerWeights& w, size_t layer, bool mtp);
-  void output_projection(const AttentionWeights& w, int64_t n);
-  void moe(const LayerWeights& l, int64_t n);
-  // Logits of the rows the batch asked for, on the device (returns how many rows), then to each input's buffer.
-  int64_t head(const HcHeadWeights& hc, const std::vector<float>& norm, std::span<const StepInput> batch, int64_t n);
-  void deliver(std::span<const StepInput> batch, int64_t rows);
+  struct Span;    // a sequence's rows in the step
+  class Rank;     // one shard's forward pass (deepseek_v4.cpp)
+  class Workers;  // the threads of ranks 1..N−1
 
-  LayerState& layer_state(const Span& s, size_t layer, bool mtp) const {
-    return mtp ? s.sequence->mtp[layer] : s.sequence->layers[layer];
-  }
+  // Runs fn(rank) on every rank, in parallel; rethrows the first failure once all have stopped.
+  template <class Fn>
+  void on_ranks(Fn&& fn);
 
   const ModelWeights& model_;
-  Ops& ops_;
+  std::vector<Shard> shards_;
   Numerics numerics_;
-  SequenceState state_;
-  Activations act_;
-  std::vector<Span> spans_;        // the current step's sequences
-  // The per-sequence ops' batches of the current layer, one entry per sequence (kept: no allocation per step).
-  std::vector<QueryKvParams> query_kv_batch_;
-  std::vector<CompressorParams> compressor_batch_;
-  std::vector<IndexerParams> indexer_batch_;
-  std::vector<AttentionParams> attention_batch_;
-  std::vector<std::pair<int64_t, int64_t>> head_runs_;  // head(): the rows that need logits, as (first, count) runs of y
-  std::vector<float> host_logits_;  // gathered logits rows of one step, before scattering
-  std::vector<int32_t> host_tokens_;  // greedy ids of those rows
-
+  int64_t max_step_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::unique_ptr<Workers> workers_;
+  std::unique_ptr<SequenceState> state_;
+  std::vector<Span> spans_;  // the current step's sequences
 };
 
 }  // namespace dsv4

@@ -127,6 +127,15 @@ class Ops {
   // keeps GEMMs in fp32 for exact and reference numerics, and uses its tensor-core path only under kFast.
   virtual void set_numerics(Numerics) {}
 
+  // ---- ranks (model/parallel.h). A backend runs one rank's shard; the forward pass calls every op of a rank
+  // from one thread, which it tells the backend once (a CUDA backend makes its device current there).
+  virtual void bind_thread() {}
+  // Sums x [count] over the ranks of this backend's group, in place, in the same order on every rank (so
+  // every rank gets the same bits and replicated computations stay identical). Alone in its group: nothing.
+  virtual void all_reduce(float* x, size_t count) { (void)x, (void)count; }
+  // This rank failed mid-step: the group's collectives, on every rank, now fail instead of waiting for it.
+  virtual void abort_group() {}
+
   // ---- step graphs (optional). Between begin_graph() returning true and end_graph(), a backend may record
   // the ops instead of running them, then run the recording as one unit (CUDA graphs: one launch instead of
   // hundreds). An op that cannot be recorded throws; the caller then calls abort_graph() and re-runs the ops

@@ -110,4 +110,7 @@ struct ModelWeights {
   std::shared_ptr<const Checkpoint> storage;
 };
 
+// Fills model.matrices from the matrices above (after loading, or after a copy: the pointers are into `model`).
+void index_matrices(ModelWeights& model);
+
 }  // namespace dsv4

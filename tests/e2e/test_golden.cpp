@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/compare.h"
+#include "harness/fixture.h"
 #include "harness/files.h"
 #include "harness/gpu_skip.h"
 
@@ -36,47 +37,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct Fixture {
-  std::string dir;
-  json index;
-  std::vector<int32_t> prompt;
-  int64_t vocab = 0;
-};
-
-Fixture open_fixture(const std::string& dir) {
-  Fixture f;
-  f.dir = dir;
-  f.index = json::parse(read_text(dir + "/logits/index.json"));
-  f.prompt = f.index["prompt_ids"].get<std::vector<int32_t>>();
-  f.vocab = f.index["vocab_size"].get<int64_t>();
-  return f;
-}
-
 const std::vector<std::string> kBackends = {"cpu", "cuda"};
-
-std::vector<float> run_logits(const std::string& backend, const Fixture& f, size_t len, const std::string& numerics,
-                              int step, bool mtp = false) {
-  TempDir tmp;
-  std::vector<std::string> args = {"logits", "--model", f.dir, "--tokens", join_ids(f.prompt, len), "--out",
-                                   tmp.file("logits.f32"), "--numerics", numerics, "--step", std::to_string(step),
-                                   "--backend", backend};
-  if (mtp) args.push_back("--mtp");
-  const CliResult r = run_cli(args);
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  return r.exit_code == 0 ? read_f32(tmp.file("logits.f32")) : std::vector<float>{};
-}
-
-std::vector<int32_t> run_greedy(const std::string& backend, const Fixture& f, const std::vector<int32_t>& prompt,
-                                size_t new_tokens, const std::string& numerics) {
-  const CliResult r = run_cli({"generate", "--model", f.dir, "--prompt-ids", join_ids(prompt, prompt.size()),
-                               "--max-tokens", std::to_string(new_tokens), "--temperature", "0", "--ignore-eos",
-                               "--print-ids", "--numerics", numerics, "--backend", backend});
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  std::vector<int32_t> ids;
-  std::istringstream last(r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1));
-  for (int32_t id; last >> id;) ids.push_back(id);
-  return ids;
-}
 
 size_t argmax_row(const std::vector<float>& v, size_t row, int64_t vocab) {
   size_t best = 0;
@@ -204,16 +165,6 @@ TEST_P(RefSmall, GreedyContinuationMatches) {
 }
 
 // ---------------------------------------------------------------- tests/data/golden (transformers)
-
-std::vector<std::string> golden_dirs() {
-  std::vector<std::string> dirs;
-  const fs::path root = source_path("tests/data/golden");
-  if (fs::exists(root))
-    for (const auto& e : fs::directory_iterator(root))
-      if (fs::exists(e.path() / "logits" / "index.json")) dirs.push_back(e.path().string());
-  std::sort(dirs.begin(), dirs.end());
-  return dirs;
-}
 
 TEST(GoldenSet, FixturesArePresent) { EXPECT_GE(golden_dirs().size(), 3u) << "tests/data/golden has too few fixtures"; }
 

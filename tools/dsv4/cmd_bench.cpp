@@ -35,6 +35,8 @@ Markdown on stdout, progress on stderr.
     --experts N, --vocab N, --dim N, --inter N, --set F=V,...   smaller dims, as for dsv4 synth
   --backend NAME       auto (default: cuda when available), cpu or cuda
   --numerics MODE      auto (default: fast on cuda, reference on cpu) | fast | reference | exact
+  --tp N, --ep N       split the model over N ranks (GPUs 0..N−1 on cuda), as for dsv4 generate; the decode
+                       floor is then the checkpoint's bytes over N GPUs' bandwidth
   --prefill LIST       prompt lengths (default 512,4096)
   --contexts LIST      context depths for decode (default 0,4096,32768)
   --batches LIST       sequences per decode step (default 1,8,64)
@@ -85,7 +87,7 @@ int cmd_bench(int argc, char** argv) {
   const Args args(argc, argv, 2,
                   {"--model", "--synth", "--layers", "--synth-dir", "--experts", "--vocab", "--dim", "--inter", "--set",
                    "--backend", "--numerics", "--prefill", "--contexts", "--batches", "--reps", "--decode-steps",
-                   "--step", "--seed", "--json"},
+                   "--step", "--seed", "--json", "--tp", "--ep"},
                   {"--logits"});
   DSV4_CHECK(!(args.has("--model") && args.has("--synth")), "give --model DIR or --synth PRESET, not both");
   for (const char* synth_only : {"--layers", "--synth-dir", "--experts", "--vocab", "--dim", "--inter", "--set"})
@@ -95,6 +97,7 @@ int cmd_bench(int argc, char** argv) {
 
   BenchOptions o;
   o.backend = args.get("--backend", "auto");
+  o.parallelism = parallelism_option(args);
   o.numerics = parse_numerics(args.get("--numerics", "auto"), resolve_backend_name(o.backend));
   o.prefill = list(args, "--prefill", o.prefill);
   o.contexts = list(args, "--contexts", o.contexts);

@@ -20,10 +20,20 @@ std::string model_dir(const Args& args) {
   return shipped;
 }
 
+Parallelism parallelism_option(const Args& args) {
+  Parallelism p;
+  p.tp = int(args.get_int("--tp", 1));
+  p.ep = int(args.get_int("--ep", 1));
+  DSV4_CHECK(p.tp >= 1 && p.tp <= 64 && p.ep >= 1 && p.ep <= 64, "--tp and --ep must be between 1 and 64");
+  return p;
+}
+
 LoadedModel load(const Args& args, int64_t max_context) {
   LoadedModel m;
   m.dir = model_dir(args);
+  m.parallelism = parallelism_option(args);
   m.weights = load_model(m.dir);
+  check_parallelism(*m.weights, m.parallelism);  // before the weights are read in
   // Large checkpoints: read them in once with a progress bar instead of stalling inside the first step.
   const Checkpoint& ckpt = *m.weights->storage;
   if (ckpt.total_bytes() > (size_t(1) << 30)) {
@@ -44,8 +54,8 @@ LoadedModel load(const Args& args, int64_t max_context) {
   DSV4_CHECK(step >= 1, "--step must be at least 1");
   m.backend = resolve_backend_name(args.get("--backend", "auto"));
   m.numerics = parse_numerics(args.get("--numerics", "auto"), m.backend);
-  m.ops = make_backend(m.backend, *m.weights);
-  m.forward = std::make_unique<DeepseekV4>(*m.weights, *m.ops, m.numerics, max_context, std::min(step, max_context));
+  m.ranks = make_ranks(m.backend, *m.weights, m.parallelism);
+  m.forward = std::make_unique<DeepseekV4>(*m.weights, m.ranks.shards, m.numerics, max_context, std::min(step, max_context));
   return m;
 }
 

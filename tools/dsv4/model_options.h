@@ -6,7 +6,9 @@
 #include <string>
 
 #include "args.h"
+#include "engine/backend.h"
 #include "model/deepseek_v4.h"
+#include "model/parallel.h"
 #include "model/weights.h"
 
 namespace dsv4::cli {
@@ -19,16 +21,23 @@ constexpr const char* kModelOptionsHelp =
                        activations, FP8 act-quant GEMMs) | reference (the fp32 oracle with the official FP8/FP4
                        simulation points) | exact (no simulation)
   --step N             prompt tokens per forward step (default 64)
+  --tp N               tensor parallel over N ranks: attention heads and expert dimensions split (default 1)
+  --ep N               expert parallel over N ranks: whole experts split (default 1); with --tp N, attention
+                       by heads and experts whole. On cuda, rank r runs on GPU r; on cpu, ranks are threads.
 )";
 
-inline std::set<std::string> model_options() { return {"--model", "--backend", "--numerics", "--step"}; }
+inline std::set<std::string> model_options() { return {"--model", "--backend", "--numerics", "--step", "--tp", "--ep"}; }
+
+// --tp and --ep (kModelOptionsHelp).
+Parallelism parallelism_option(const Args& args);
 
 struct LoadedModel {
   std::string dir;
   std::string backend;  // resolved: "cpu" | "cuda"
   Numerics numerics = Numerics::kReference;
+  Parallelism parallelism;
   std::unique_ptr<const ModelWeights> weights;
-  std::unique_ptr<Ops> ops;
+  Ranks ranks;  // each rank's shard and backend
   std::unique_ptr<DeepseekV4> forward;
 };
 

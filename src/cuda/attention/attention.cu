@@ -30,6 +30,7 @@
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/sequence_table.cuh"
+#include "cuda/common/smem.h"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 
@@ -546,12 +547,7 @@ void attention_split_kv(CudaOps& ops, std::span<const AttentionParams> batch, in
   }
 
   const size_t smem = attn_smem_bytes(p0.head_dim);
-  static const bool smem_opted_in = [] {
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(attn_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(attn_smem_bytes(kMaxHeadDim))));
-    return true;
-  }();
-  (void)smem_opted_in;
+  allow_dynamic_smem(reinterpret_cast<const void*>(attn_split_kernel), int(attn_smem_bytes(kMaxHeadDim)));
   const bool pdl = ops.props().major >= 9;
   const auto launch = [&] {
     if (k.rows == 0) return;

@@ -29,6 +29,7 @@
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/sequence_table.cuh"
+#include "cuda/common/smem.h"
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 
@@ -407,16 +408,11 @@ void launch_batch(CudaOps& ops, std::span<const IndexerParams> batch) {
   }
   if (rows_total == 0 || p0.top_k == 0) return;
 
-  static const bool smem_opted_in = [] {
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_score_kernel<kDecodeHeads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(score_smem_bytes(kMaxIndexerHeads, kMaxIndexerHeadDim, max_entries(kDecodeHeads)))));
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_score_kernel<kPrefillHeads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(score_smem_bytes(kMaxIndexerHeads, kMaxIndexerHeadDim, max_entries(kPrefillHeads)))));
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(kCandidates * sizeof(uint64_t))));
-    return true;
-  }();
-  (void)smem_opted_in;
+  allow_dynamic_smem(reinterpret_cast<const void*>(indexer_score_kernel<kDecodeHeads>),
+                     int(score_smem_bytes(kMaxIndexerHeads, kMaxIndexerHeadDim, max_entries(kDecodeHeads))));
+  allow_dynamic_smem(reinterpret_cast<const void*>(indexer_score_kernel<kPrefillHeads>),
+                     int(score_smem_bytes(kMaxIndexerHeads, kMaxIndexerHeadDim, max_entries(kPrefillHeads))));
+  allow_dynamic_smem(reinterpret_cast<const void*>(indexer_select_kernel), int(kCandidates * sizeof(uint64_t)));
 
   // Launches of up to kMaxSequences sequences and max_rows rows, whose score keys and histograms fit a fixed
   // budget (so the workspaces are sized once); a sequence with more rows spans launches, a run of them in each.

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/common/smem.h"
 #include "cuda/common/check.h"
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
@@ -541,11 +542,7 @@ void launch(const GemmParams& p, const TcActivations& a, const Grid& g, CudaOps&
   // BF16 kernels never read it: x_map fills the parameter.
   const CUtensorMap scale_map = T::kFp8 ? scale_map_of(a, n, p.groups * p.w.cols / kScaleBlock, T::kBlockM) : x_map;
 
-  static const bool smem_configured = [] {
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(gemm_tc_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes));
-    return true;
-  }();
-  (void)smem_configured;
+  allow_dynamic_smem(reinterpret_cast<const void*>(gemm_tc_kernel<T>), S::kBytes);
   const int ctas = std::min(tp.tiles, ops.props().multiProcessorCount);  // one per SM (~192 KB of shared memory)
   gemm_tc_kernel<T><<<ctas, kThreads, S::kBytes, stream>>>(x_map, w_map, scale_map, tp);
   DSV4_LAUNCH_CHECK();

@@ -31,6 +31,7 @@
 #include <map>
 #include <mutex>
 
+#include "cuda/common/smem.h"
 #include "cuda/common/check.h"
 #include "cuda/common/dequant.cuh"
 #include "cuda/common/fp_grid.cuh"
@@ -419,8 +420,7 @@ void launch(const GemmParams& gp, cudaStream_t stream) {
   p.stages = int(ceil_div(p.slice_chunks, max_stage));
   p.stage_chunks = int(ceil_div(ceil_div(p.slice_chunks, p.stages), align)) * align;
   const int smem = smem_for(p.stage_chunks);
-  if (smem > 48 * 1024)  // above the default dynamic shared memory limit: opt in (per device, so every time)
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  if (smem > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);  // above the default limit
 
   // Units per block: as even as possible over at most one wave of blocks (≤ 65535 since target is).
   const int per_block = int(ceil_div(p.units, std::max(1, target / cluster)));

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cuda/common/smem.h"
 #include "cuda/common/check.h"
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
@@ -209,12 +210,7 @@ namespace {
 
 template <int NT>
 void launch_mma(const MmaParams& k, int tiles, cudaStream_t stream) {
-  static const bool opted_in = [] {
-    DSV4_CUDA_CHECK(
-        cudaFuncSetAttribute(gemv_mma_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmemBytes));
-    return true;
-  }();
-  (void)opted_in;
+  allow_dynamic_smem(reinterpret_cast<const void*>(gemv_mma_kernel<NT>), kMaxSmemBytes);
   const size_t smem = mma_smem_bytes(NT, k.cols);
   // As many blocks as fit the SMs at once (each stages x once), but no more than there are tiles.
   const int per_sm = int(std::clamp<size_t>(size_t(220 * 1024) / (smem + 1024), 1, 2));

@@ -28,6 +28,7 @@
 // over all the tile's pairs. Each warp decodes its weights once per K block from registers (loads one block
 // ahead) and reuses them over the tile's 8-pair MMA columns; the pairs' activations come through a two-stage
 // cp.async ring in shared memory that all 8 warps read.
+#include "cuda/common/smem.h"
 #include "cuda/common/mma_fp8.cuh"
 #include "cuda/moe/experts.cuh"
 #include "cuda/moe/moe_grouped.h"
@@ -501,13 +502,9 @@ void launch_experts_grouped(const ExpertParams& p, const GroupedBuffers& g, cuda
   grouped_tiles_kernel<<<1, 1024, 0, stream>>>(p, g);
   DSV4_CUDA_CHECK(cudaGetLastError());
 
-  static const bool prepared = [] {
-    for (const void* k : {reinterpret_cast<const void*>(grouped_gemm_kernel<true>),
-                          reinterpret_cast<const void*>(grouped_gemm_kernel<false>)})
-      DSV4_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kGSmemBytes)));
-    return true;
-  }();
-  (void)prepared;
+  for (const void* k : {reinterpret_cast<const void*>(grouped_gemm_kernel<true>),
+                        reinterpret_cast<const void*>(grouped_gemm_kernel<false>)})
+    allow_dynamic_smem(k, int(kGSmemBytes));
   const int64_t up_blocks = g.max_tiles * ((p.I + kGUpRows - 1) / kGUpRows);
   const int64_t down_blocks = g.max_tiles * ((p.D + kGDownRows - 1) / kGDownRows);
   DSV4_CHECK(up_blocks < (int64_t(1) << 31) && down_blocks < (int64_t(1) << 31), "moe: too many grouped tiles");

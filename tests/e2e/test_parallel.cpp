@@ -1,0 +1,123 @@
+// The model split over ranks (model/parallel.h) computes what one rank computes: every fixture's logits with
+// --tp 2, --ep 2 and --tp 2 --ep 2 against the fixture and against one rank, prefill and token by token, and
+// greedy continuations identical. On cpu the ranks are in-process threads summing over host memory; on cuda
+// one GPU each, joined by NCCL (skipped, visibly, with fewer than 2 GPUs), where only --tp runs so far (the
+// cuda backend refuses --ep: its MoE kernels serve every expert of a layer).
+//
+// Tolerances: exact numerics as test_golden (1e-3 against the fixtures: fp32 end to end). Against one rank
+// 1e-4: only the order of the sums changes (each rank's partial output projection and MoE, then their sum;
+// observed ≤ 2e-6 on cpu).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "harness/compare.h"
+#include "harness/files.h"
+#include "harness/fixture.h"
+#include "harness/gpu_skip.h"
+
+namespace dsv4::test {
+namespace {
+
+namespace fs = std::filesystem;
+using Split = std::vector<std::string>;
+
+const std::vector<Split> kSplits = {{"--tp", "2"}, {"--ep", "2"}, {"--tp", "2", "--ep", "2"}};
+const std::vector<Split> kCudaSplits = {{"--tp", "2"}};
+
+std::string name_of(const Split& s) {
+  std::string n;
+  for (const std::string& a : s) n += (n.empty() ? "" : " ") + a;
+  return n;
+}
+
+class Sharded : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
+ protected:
+  void SetUp() override {
+    if (backend() == "cuda") DSV4_REQUIRE_GPUS(2);
+    f_ = open_fixture(dir());
+  }
+  const std::string& dir() const { return std::get<0>(GetParam()); }
+  const std::string& backend() const { return std::get<1>(GetParam()); }
+  const std::vector<Split>& splits() const { return backend() == "cuda" ? kCudaSplits : kSplits; }
+  Fixture f_;
+};
+
+TEST_P(Sharded, ExactLogitsMatchOneRankAndTheFixture) {
+  for (size_t len : f_.index["lens"].get<std::vector<size_t>>()) {
+    const std::string kind = "exact_" + std::to_string(len);
+    const std::vector<float> want = read_f32(f_.dir + "/logits/" + kind + ".f32");
+    // Token by token for the shorter prompts (cost grows with length), as test_golden.
+    for (int step : len <= 129 ? std::vector<int>{64, 1} : std::vector<int>{64}) {
+      const std::vector<float> one = run_logits(backend(), f_, len, "exact", step);
+      for (const Split& split : splits()) {
+        const std::string what = name_of(split) + ", " + kind + ", step " + std::to_string(step);
+        const std::vector<float> got = run_logits(backend(), f_, len, "exact", step, false, split);
+        EXPECT_TRUE(compare(got, want, {1e-3, 0.0}, what + " against the fixture"));
+        EXPECT_TRUE(compare(got, one, {1e-4, 0.0}, what + " against one rank"));
+      }
+    }
+  }
+}
+
+TEST_P(Sharded, GreedyContinuationIsIdentical) {
+  const size_t plen = f_.index.contains("greedy_prompt_len") ? f_.index["greedy_prompt_len"].get<size_t>() : 16;
+  const std::vector<int32_t> prompt(f_.prompt.begin(), f_.prompt.begin() + long(plen));
+  const std::vector<int32_t> one = run_greedy(backend(), f_, prompt, 24, "exact");
+  ASSERT_EQ(one.size(), 24u);
+  for (const Split& split : splits())
+    EXPECT_EQ(run_greedy(backend(), f_, prompt, 24, "exact", split), one) << name_of(split);
+}
+
+std::vector<std::string> fixture_dirs() {
+  std::vector<std::string> dirs = golden_dirs();
+  dirs.push_back(ref_small_dir());  // FP8 and FP4 weights: slices inside and across their scale blocks
+  return dirs;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Sharded,
+                         ::testing::Combine(::testing::ValuesIn(fixture_dirs()), ::testing::Values("cpu", "cuda")),
+                         [](const ::testing::TestParamInfo<Sharded::ParamType>& info) {
+                           std::string name = fs::path(std::get<0>(info.param)).filename().string() + "_" +
+                                              std::get<1>(info.param);
+                           for (char& c : name)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return name;
+                         });
+
+// The MTP block splits like a layer: its draft logits match one rank's.
+TEST(ShardedMtp, DraftLogitsMatchOneRank) {
+  const Fixture f = open_fixture(ref_small_dir());
+  const size_t len = f.index["lens"].get<std::vector<size_t>>().back();
+  const std::vector<float> one = run_logits("cpu", f, len, "exact", 64, /*mtp=*/true);
+  ASSERT_FALSE(one.empty());
+  for (const Split& split : kSplits)
+    EXPECT_TRUE(compare(run_logits("cpu", f, len, "exact", 64, true, split), one, {1e-4, 0.0}, name_of(split)));
+}
+
+// A split the model cannot take is refused with the reason, before any weight is read.
+TEST(ShardedBadInput, ImpossibleSplitsAreRefused) {
+  const std::string model = ref_small_dir();  // 4 heads in 2 output groups, 8 experts
+  const struct {
+    Split args;
+    std::string says;
+  } cases[] = {
+      {{"--tp", "4"}, "do not split into 4 equal parts"},
+      {{"--tp", "3"}, "do not split into 3 equal parts"},
+      {{"--ep", "3"}, "routed experts do not split into 3"},
+      {{"--tp", "2", "--ep", "4"}, "each must be 1 or the number of ranks"},
+      {{"--tp", "0"}, "--tp and --ep must be between 1 and 64"},
+      {{"--ep", "1000"}, "--tp and --ep must be between 1 and 64"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> args = {"generate", "--model", model, "--prompt-ids", "1,2,3", "--max-tokens", "2",
+                                     "--backend", "cpu"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    const CliResult r = run_cli(args);
+    EXPECT_NE(r.exit_code, 0) << name_of(c.args);
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << name_of(c.args) << ": " << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace dsv4::test
