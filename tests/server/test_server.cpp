@@ -27,12 +27,14 @@ struct Collector {
   std::mutex mutex;
   std::condition_variable cv;
   std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;  // of the tokens, when asked
   std::optional<FinishReason> finished;
 
   Scheduler::EventSink sink() {
     return [this](const GenerationEvent& e) {
       std::lock_guard lock(mutex);
       if (e.token) tokens.push_back(*e.token);
+      if (e.logprobs) logprobs.push_back(*e.logprobs);
       if (e.finished) finished = e.finished;
       cv.notify_all();
     };
@@ -150,6 +152,34 @@ TEST_F(TinyModel, FullQueueRefusesAndBadRequestsThrow) {
   outside.prompt[1] = 99999;
   EXPECT_THROW(scheduler.submit(outside, d.sink()), Error);
   EXPECT_THROW(Scheduler(*m, {.max_seqs = 17, .max_context = 64, .max_waiting = 0}), Error);  // > step of 16
+}
+
+TEST_F(TinyModel, LogprobsComeWithEachTokenAndLeaveGreedyUnchanged) {
+  auto m = model();
+  Scheduler scheduler(*m, {.max_seqs = 2, .max_context = 256});
+  // Side by side in one batch: greedy on the backend (no logits on the host) and greedy from the host row.
+  Collector plain, with;
+  GenerationRequest asked = request(21, 8, 7);
+  asked.logprobs = 4;
+  ASSERT_TRUE(scheduler.submit(request(21, 8, 7), plain.sink()));
+  ASSERT_TRUE(scheduler.submit(asked, with.sink()));
+  EXPECT_EQ(plain.wait(), FinishReason::kLength);
+  EXPECT_EQ(with.wait(), FinishReason::kLength);
+  EXPECT_EQ(with.tokens, plain.tokens);
+  EXPECT_TRUE(plain.logprobs.empty());
+  ASSERT_EQ(with.logprobs.size(), with.tokens.size());
+  for (size_t i = 0; i < with.tokens.size(); ++i) {
+    const TokenLogprobs& lp = with.logprobs[i];
+    ASSERT_EQ(lp.top.size(), 4u);
+    EXPECT_EQ(lp.top[0].first, with.tokens[i]) << "greedy takes the most likely token";
+    EXPECT_EQ(lp.top[0].second, lp.logprob);
+    EXPECT_LE(lp.logprob, 0.0f);
+    for (size_t k = 1; k < lp.top.size(); ++k) EXPECT_LE(lp.top[k].second, lp.top[k - 1].second);
+  }
+  Collector refused;
+  GenerationRequest too_many = request(3, 2, 1);
+  too_many.logprobs = m->config().vocab_size + 1;
+  EXPECT_THROW(scheduler.submit(too_many, refused.sink()), Error);
 }
 
 // Streams `text` through the decoder one token at a time; returns the deltas joined per field.
