@@ -6,6 +6,7 @@
 
 #include "chat/chat_encoding.h"
 #include "core/error.h"
+#include "tokenizer/utf8.h"
 
 namespace dsv4::server {
 
@@ -31,6 +32,8 @@ struct CompletionJob::Choice {
   int64_t index = 0;
   Scheduler::RequestId id = 0;
   OutputDecoder decoder;
+  std::vector<LogprobEntry> logprobs;  // one per generated token, when asked
+  size_t logprobs_sent = 0;            // streams: the entries already in a chunk
   int64_t generated = 0;
   bool first_chunk = true;
   bool finished = false;
@@ -51,6 +54,19 @@ int64_t max_token_bytes(const Tokenizer& tokenizer) {
     if (const auto token = tokenizer.id_to_token(id)) most = std::max(most, token->size());
   }
   return int64_t(most);
+}
+
+// A token in a logprobs object: bytes that are not whole UTF-8 on their own (part of a character) are spelled
+// "bytes:\xNN..." as OpenAI does; logprobs are clamped at -9999 (vLLM's floor for -inf) so JSON can carry them.
+LogprobToken logprob_token(const Tokenizer& tokenizer, int32_t id, float logprob) {
+  const std::string bytes(tokenizer.token_bytes(id));
+  std::string text = bytes;
+  if (tok::find_invalid_utf8(bytes) != std::string_view::npos) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    text = "bytes:";
+    for (const char b : bytes) text += std::string("\\x") + kHex[uint8_t(b) >> 4] + kHex[uint8_t(b) & 15];
+  }
+  return {text, bytes, std::max(logprob, -9999.0f)};
 }
 
 }  // namespace
@@ -199,6 +215,7 @@ void CompletionJob::submit_all(const std::vector<std::vector<int32_t>>& prompts,
       g.sampling = request_.sampling;
       g.sampling.seed = seed + uint64_t(index);
       g.stop_at_eos = !request_.ignore_eos;
+      g.logprobs = request_.logprobs;
       c.finished = true;  // until the scheduler has it
       std::optional<Scheduler::RequestId> id;
       try {
@@ -254,16 +271,26 @@ void CompletionJob::finish_choice(Choice& c, const std::string& reason, std::vec
                                      seconds(now - first), prompt_lengths_[size_t(c.index / request_.n)], c.generated);
   }
   if (!request_.stream) return;
+  if (!rest.empty()) send_chunk(c, rest, "", out);
+  send_chunk(c, {}, c.finish_reason, out);
+}
+
+Json CompletionJob::logprobs_json(const Choice& c, size_t from) const {
+  if (!request_.logprobs) return nullptr;
+  const std::vector<LogprobEntry> entries(c.logprobs.begin() + std::ptrdiff_t(from), c.logprobs.end());
+  return request_.endpoint == Endpoint::kCompletions ? text_logprobs_json(entries) : chat_logprobs_json(entries);
+}
+
+void CompletionJob::send_chunk(Choice& c, const ChatDelta& delta, const std::string& finish_reason,
+                               std::vector<std::string>& out) {
+  // The logprobs of the tokens since the last chunk (null in a chunk that carries none: the finish chunk).
+  const Json logprobs = c.logprobs.size() > c.logprobs_sent ? logprobs_json(c, c.logprobs_sent) : Json();
+  c.logprobs_sent = c.logprobs.size();
   Json chunk = response_envelope(header_);
-  const bool chat = request_.endpoint == Endpoint::kChatCompletions;
-  if (!rest.empty()) {
-    chunk["choices"] = Json::array({chat ? chat_chunk_choice_json(c.index, rest, c.first_chunk, "")
-                                         : text_choice_json(c.index, completion_text(c, rest.content), "")});
-    c.first_chunk = false;
-    out.push_back(json_text(chunk));
-  }
-  chunk["choices"] = Json::array({chat ? chat_chunk_choice_json(c.index, {}, c.first_chunk, c.finish_reason)
-                                       : text_choice_json(c.index, completion_text(c, ""), c.finish_reason)});
+  chunk["choices"] = Json::array(
+      {request_.endpoint == Endpoint::kChatCompletions
+           ? chat_chunk_choice_json(c.index, delta, c.first_chunk, finish_reason, logprobs)
+           : text_choice_json(c.index, completion_text(c, delta.content), finish_reason, logprobs)});
   c.first_chunk = false;
   out.push_back(json_text(chunk));
 }
@@ -287,14 +314,17 @@ void CompletionJob::handle(size_t index, const GenerationEvent& event, clock::ti
     }
     c.last_token = at;
     ++c.generated;
+    if (event.logprobs) {
+      LogprobEntry& e = c.logprobs.emplace_back();
+      e.token = logprob_token(service_.tokenizer_, *event.token, event.logprobs->logprob);
+      for (const auto& [id, logprob] : event.logprobs->top)
+        e.top.push_back(logprob_token(service_.tokenizer_, id, logprob));
+      e.text_offset = c.decoder.text_chars();  // echo is refused with logprobs: the text starts with the output
+    }
     const ChatDelta delta = c.decoder.push(*event.token);
-    const bool chat = request_.endpoint == Endpoint::kChatCompletions;
-    if (request_.stream && (!delta.empty() || (c.first_chunk && (chat || request_.echo)))) {
-      Json chunk = response_envelope(header_);
-      chunk["choices"] = Json::array({chat ? chat_chunk_choice_json(c.index, delta, c.first_chunk, "")
-                                           : text_choice_json(c.index, completion_text(c, delta.content), "")});
-      c.first_chunk = false;
-      out.push_back(json_text(chunk));
+    const bool opening = c.first_chunk && (request_.endpoint == Endpoint::kChatCompletions || request_.echo);
+    if (request_.stream && (!delta.empty() || c.logprobs.size() > c.logprobs_sent || opening)) {
+      send_chunk(c, delta, "", out);
     }
     if (c.decoder.stopped()) {
       service_.scheduler_.cancel(c.id);
@@ -362,10 +392,10 @@ Json CompletionJob::wait() {
   for (const auto& c : choices_) {
     ChatChoice out = c->decoder.output();
     out.finish_reason = c->finish_reason;
-    choices.push_back(request_.endpoint == Endpoint::kChatCompletions ? chat_choice_json(c->index, out)
-                                                                      : text_choice_json(c->index,
-                                                                                         completion_text(*c, out.content),
-                                                                                         out.finish_reason));
+    choices.push_back(request_.endpoint == Endpoint::kChatCompletions
+                          ? chat_choice_json(c->index, out, logprobs_json(*c, 0))
+                          : text_choice_json(c->index, completion_text(*c, out.content), out.finish_reason,
+                                             logprobs_json(*c, 0)));
     usage.completion_tokens += c->generated;
   }
   body["choices"] = choices;

@@ -84,6 +84,10 @@ class CompletionJob {
   void handle(size_t choice, const GenerationEvent& event, std::chrono::steady_clock::time_point at,
               std::vector<std::string>& out);
   void finish_choice(Choice& c, const std::string& reason, std::vector<std::string>& out);
+  // A stream chunk of a choice: `delta`, the logprobs of the tokens not sent yet, the finish reason.
+  void send_chunk(Choice& c, const ChatDelta& delta, const std::string& finish_reason, std::vector<std::string>& out);
+  // The choice's logprobs from entry `from` on, in its endpoint's shape; null when the request did not ask.
+  Json logprobs_json(const Choice& c, size_t from) const;
   bool all_finished() const;
   std::vector<std::string> drain(std::chrono::milliseconds wait);
 

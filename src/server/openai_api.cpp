@@ -82,15 +82,30 @@ void refuse_unsupported(const Json& body, Endpoint endpoint) {
   const auto refuse = [](const std::string& name) {
     throw invalid_request("'" + name + "' is not supported by this server", name, "unsupported_parameter");
   };
-  if (const Json* f = field(body, "logprobs"); f && !(f->is_boolean() ? !f->get<bool>() : *f == 0)) refuse("logprobs");
-  if (const Json* f = field(body, "top_logprobs"); f && *f != 0) refuse("top_logprobs");
   if (const Json* f = field(body, "logit_bias"); f && !f->empty()) refuse("logit_bias");
   if (const Json* f = field(body, "response_format");
       f && !(f->is_object() && f->contains("type") && (*f)["type"] == "text"))
     refuse("response_format");
   if (endpoint == Endpoint::kCompletions) {
     if (const Json* f = field(body, "suffix"); f && *f != "") refuse("suffix");
+    if (const Json* f = field(body, "top_logprobs"); f && *f != 0) refuse("top_logprobs");  // chat's field
   }
+}
+
+// Chat: "logprobs": true with "top_logprobs": 0..20 alternatives. Completions: "logprobs": 0..20, the
+// alternatives; with "echo" that would ask for the prompt's logprobs too, which this server does not compute.
+void parse_logprobs(const Json& body, CompletionRequest& r) {
+  if (r.endpoint == Endpoint::kCompletions) {
+    r.logprobs = get_int(body, "logprobs", 0, kMaxTopLogprobs);
+    if (r.logprobs && r.echo)
+      throw invalid_request("prompt logprobs ('echo' with 'logprobs') are not supported by this server", "logprobs",
+                            "unsupported_parameter");
+    return;
+  }
+  const auto top = get_int(body, "top_logprobs", 0, kMaxTopLogprobs);
+  if (get_bool(body, "logprobs").value_or(false)) r.logprobs = top.value_or(0);
+  else if (top.value_or(0) > 0)
+    throw invalid_request("'top_logprobs' requires 'logprobs': true", "top_logprobs");
 }
 
 std::vector<std::string> get_stop(const Json& body) {
@@ -269,6 +284,7 @@ CompletionRequest parse_request(Endpoint endpoint, const std::string& text, cons
   if (endpoint == Endpoint::kChatCompletions) parse_chat(body, r);
   else parse_completion(body, r);
   parse_sampling(body, r);
+  parse_logprobs(body, r);
 
   // max_completion_tokens is the newer name in chat completions; both mean the same here.
   constexpr int64_t kMaxTokens = int64_t(1) << 40;
@@ -330,9 +346,42 @@ Json response_envelope(const ResponseHeader& h) {
 
 namespace {
 Json finish_json(const std::string& finish_reason) { return finish_reason.empty() ? Json() : Json(finish_reason); }
+
+Json token_json(const LogprobToken& t) {
+  Json bytes = Json::array();
+  for (const char b : t.bytes) bytes.push_back(int(uint8_t(b)));
+  return Json{{"token", t.text}, {"logprob", t.logprob}, {"bytes", bytes}};
+}
 }  // namespace
 
-Json chat_choice_json(int64_t index, const ChatChoice& c) {
+Json chat_logprobs_json(const std::vector<LogprobEntry>& entries) {
+  Json content = Json::array();
+  for (const LogprobEntry& e : entries) {
+    Json item = token_json(e.token);
+    item["top_logprobs"] = Json::array();
+    for (const LogprobToken& t : e.top) item["top_logprobs"].push_back(token_json(t));
+    content.push_back(item);
+  }
+  return Json{{"content", content}};
+}
+
+Json text_logprobs_json(const std::vector<LogprobEntry>& entries) {
+  Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array(), offsets = Json::array();
+  for (const LogprobEntry& e : entries) {
+    tokens.push_back(e.token.text);
+    token_logprobs.push_back(e.token.logprob);
+    // The alternatives and, as OpenAI's legacy API always reports it, the token itself (up to N + 1 entries).
+    Json top = Json::object();
+    for (const LogprobToken& t : e.top) top[t.text] = t.logprob;
+    top[e.token.text] = e.token.logprob;
+    top_logprobs.push_back(top);
+    offsets.push_back(e.text_offset);
+  }
+  return Json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs},
+              {"text_offset", offsets}};
+}
+
+Json chat_choice_json(int64_t index, const ChatChoice& c, const Json& logprobs) {
   Json message{{"role", "assistant"}, {"content", c.content}};
   if (!c.reasoning.empty()) message["reasoning_content"] = c.reasoning;
   if (!c.tool_calls.empty()) {
@@ -342,10 +391,14 @@ Json chat_choice_json(int64_t index, const ChatChoice& c) {
     message["tool_calls"] = calls;
     if (c.content.empty()) message["content"] = nullptr;  // as OpenAI answers a pure tool call
   }
-  return Json{{"index", index}, {"message", message}, {"logprobs", nullptr}, {"finish_reason", finish_json(c.finish_reason)}};
+  return Json{{"index", index},
+              {"message", message},
+              {"logprobs", logprobs},
+              {"finish_reason", finish_json(c.finish_reason)}};
 }
 
-Json chat_chunk_choice_json(int64_t index, const ChatDelta& d, bool first, const std::string& finish_reason) {
+Json chat_chunk_choice_json(int64_t index, const ChatDelta& d, bool first, const std::string& finish_reason,
+                            const Json& logprobs) {
   Json delta = Json::object();
   if (first) delta["role"] = "assistant";
   if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
@@ -366,11 +419,14 @@ Json chat_chunk_choice_json(int64_t index, const ChatDelta& d, bool first, const
     }
     delta["tool_calls"] = calls;
   }
-  return Json{{"index", index}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish_reason)}};
+  return Json{{"index", index},
+              {"delta", delta},
+              {"logprobs", logprobs},
+              {"finish_reason", finish_json(finish_reason)}};
 }
 
-Json text_choice_json(int64_t index, const std::string& text, const std::string& finish_reason) {
-  return Json{{"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish_reason)}};
+Json text_choice_json(int64_t index, const std::string& text, const std::string& finish_reason, const Json& logprobs) {
+  return Json{{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish_json(finish_reason)}};
 }
 
 std::string random_id(const std::string& prefix) {

@@ -44,6 +44,9 @@ std::string json_text(const Json& value);
 
 enum class Endpoint { kChatCompletions, kCompletions };
 
+// The most alternatives per token `top_logprobs` (chat) and `logprobs` (completions) may ask for.
+inline constexpr int64_t kMaxTopLogprobs = 20;
+
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kChatCompletions;
   std::string model;
@@ -70,11 +73,14 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;
+  // Set: report each generated token's log-probability with this many most likely alternatives (chat:
+  // "logprobs": true and top_logprobs; completions: "logprobs": N).
+  std::optional<int64_t> logprobs;
 };
 
 // Parses a request body; `defaults` are the sampling parameters used for fields the request leaves out.
 // Throws ApiError (400) naming the field on malformed JSON, missing or wrong-typed fields and values out of
-// range, and for features this server does not implement (logprobs, suffix, best_of > n, ...).
+// range, and for features this server does not implement (prompt logprobs, suffix, best_of > n, ...).
 CompletionRequest parse_request(Endpoint endpoint, const std::string& body, const SamplingParams& defaults);
 
 // POST /tokenize (vLLM's shape): {"model", "prompt", "add_special_tokens" (default true: the BOS)}, or {"model",
@@ -123,19 +129,41 @@ struct ResponseHeader {
 };
 Json response_envelope(const ResponseHeader& header);
 
+// A token as the logprobs objects spell it: its text ("bytes:\xNN..." when its bytes are not whole UTF-8 on
+// their own, as OpenAI writes them), its bytes and its log-probability (clamped at -9999, as vLLM does).
+struct LogprobToken {
+  std::string text;
+  std::string bytes;
+  float logprob = 0.0f;
+};
+// One generated token's logprobs: the token, the most likely alternatives (most likely first) and, for
+// completions, where its text starts in the choice's text (code points, after the echoed prompt).
+struct LogprobEntry {
+  LogprobToken token;
+  std::vector<LogprobToken> top;
+  int64_t text_offset = 0;
+};
+// Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}.
+Json chat_logprobs_json(const std::vector<LogprobEntry>& entries);
+// Completions: {"tokens", "token_logprobs", "top_logprobs": [{text: logprob} of the alternatives and the token
+// itself], "text_offset"}.
+Json text_logprobs_json(const std::vector<LogprobEntry>& entries);
+
 // A finished chat choice: {"index", "message": {"role", "content", ["reasoning_content"], ["tool_calls"]},
-// "logprobs": null, "finish_reason"}.
+// "logprobs", "finish_reason"}. `logprobs` is null unless the request asked for them.
 struct ChatChoice {
   std::string reasoning;
   std::string content;
   std::vector<chat::ToolCall> tool_calls;  // id, name, arguments
   std::string finish_reason;
 };
-Json chat_choice_json(int64_t index, const ChatChoice& choice);
-// A chat.completion.chunk choice: {"index", "delta": {...}, "logprobs": null, "finish_reason"}.
-Json chat_chunk_choice_json(int64_t index, const ChatDelta& delta, bool first, const std::string& finish_reason);
-// A text_completion choice (whole or streamed): {"index", "text", "logprobs": null, "finish_reason"}.
-Json text_choice_json(int64_t index, const std::string& text, const std::string& finish_reason);
+Json chat_choice_json(int64_t index, const ChatChoice& choice, const Json& logprobs = nullptr);
+// A chat.completion.chunk choice: {"index", "delta": {...}, "logprobs", "finish_reason"}.
+Json chat_chunk_choice_json(int64_t index, const ChatDelta& delta, bool first, const std::string& finish_reason,
+                            const Json& logprobs = nullptr);
+// A text_completion choice (whole or streamed): {"index", "text", "logprobs", "finish_reason"}.
+Json text_choice_json(int64_t index, const std::string& text, const std::string& finish_reason,
+                      const Json& logprobs = nullptr);
 
 // prefix + 24 random alphanumerics, as OpenAI's ids look ("chatcmpl-…", "call_…").
 std::string random_id(const std::string& prefix);

@@ -1,5 +1,7 @@
 #include "server/output_decoder.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace dsv4::server {
@@ -11,7 +13,10 @@ OutputDecoder::OutputDecoder(const Tokenizer& tokenizer, bool chat, bool thinkin
 
 ChatDelta OutputDecoder::push(int32_t token) {
   if (stop_.stopped()) return {};
-  return advance(stop_.feed(detok_.push(token)), /*final=*/false);
+  const std::string text = detok_.push(token);
+  // Complete UTF-8 (the detokenizer holds back partial characters): count every byte but continuation bytes.
+  text_chars_ += std::count_if(text.begin(), text.end(), [](char b) { return (uint8_t(b) & 0xC0) != 0x80; });
+  return advance(stop_.feed(text), /*final=*/false);
 }
 
 ChatDelta OutputDecoder::finish() {

@@ -22,6 +22,9 @@ class OutputDecoder {
   ChatDelta finish();  // end of generation: releases held-back text
 
   bool stopped() const { return stop_.stopped(); }  // a stop string was reached: generate nothing more
+  // Code points of text the tokens pushed so far decode to (before stop strings cut it): where the next
+  // token's text starts.
+  int64_t text_chars() const { return text_chars_; }
   // Everything shown so far (complete after finish()); tool calls carry their ids.
   const ChatChoice& output() const { return output_; }
 
@@ -32,6 +35,7 @@ class OutputDecoder {
   StopMatcher stop_;
   std::unique_ptr<chat::ChatParser> parser_;  // chat only
   bool raw_ = false;  // the model wrote malformed DSML: from there on, everything is plain content
+  int64_t text_chars_ = 0;
   ChatChoice output_;
 };
 

@@ -1,6 +1,6 @@
 // The server below HTTP: the continuous-batching scheduler on the shipped tiny model (batched = alone,
-// cancellation, queue limit), the output decoder (DSML tool calls and reasoning streamed as deltas, stop
-// strings), request parsing and the metrics text. The HTTP layer is tested with the real openai client in
+// cancellation, queue limit, logprobs), the output decoder (DSML tool calls and reasoning streamed as deltas,
+// stop strings), request parsing and the metrics text. The HTTP layer is tested with the real openai client in
 // test_openai.py.
 #include <gtest/gtest.h>
 
@@ -264,6 +264,18 @@ TEST(OutputDecoder, ReasoningContentAndStopStrings) {
   EXPECT_EQ(shown, "Mr. Bingley and Mr. ");
 }
 
+// The field a request that `parse` refuses (400) names; "<accepted>" when it is not refused.
+template <class Parse>
+std::string refused_param(Parse parse) {
+  try {
+    parse();
+  } catch (const server::ApiError& err) {
+    EXPECT_EQ(err.status, 400);
+    return err.param;
+  }
+  return "<accepted>";
+}
+
 TEST(OpenAiApi, RequestsParseAndErrorsNameTheField) {
   const SamplingParams defaults;
   const auto r = server::parse_request(server::Endpoint::kChatCompletions, R"({"model": "m",
@@ -278,13 +290,7 @@ TEST(OpenAiApi, RequestsParseAndErrorsNameTheField) {
   EXPECT_TRUE(r.stream && r.include_usage && r.chat_options.thinking);
 
   const auto param_of = [&](server::Endpoint e, const std::string& body) {
-    try {
-      server::parse_request(e, body, defaults);
-    } catch (const server::ApiError& err) {
-      EXPECT_EQ(err.status, 400);
-      return err.param;
-    }
-    return std::string("<accepted>");
+    return refused_param([&] { server::parse_request(e, body, defaults); });
   };
   const auto chat = server::Endpoint::kChatCompletions;
   EXPECT_EQ(param_of(chat, "{"), "");
@@ -295,6 +301,38 @@ TEST(OpenAiApi, RequestsParseAndErrorsNameTheField) {
   EXPECT_EQ(param_of(server::Endpoint::kCompletions, R"({"model": "m", "prompt": [[1], 2]})"), "prompt");
   const server::Json e = server::error_body(server::invalid_request("bad", "n"))["error"];
   EXPECT_EQ(e.dump(), R"({"message":"bad","type":"invalid_request_error","param":"n","code":"invalid_value"})");
+}
+
+TEST(OpenAiApi, LogprobsFieldsAndShapes) {
+  const SamplingParams defaults;
+  const auto chat = server::Endpoint::kChatCompletions, text = server::Endpoint::kCompletions;
+  const std::string messages = R"("model": "m", "messages": [{"role": "user", "content": "hi"}])";
+  const auto logprobs_of = [&](server::Endpoint e, const std::string& body) {
+    return server::parse_request(e, body, defaults).logprobs;
+  };
+  EXPECT_EQ(logprobs_of(chat, "{" + messages + R"(, "logprobs": true, "top_logprobs": 3})"), 3);
+  EXPECT_EQ(logprobs_of(chat, "{" + messages + R"(, "logprobs": true})"), 0);
+  EXPECT_FALSE(logprobs_of(chat, "{" + messages + R"(, "logprobs": false})"));
+  EXPECT_EQ(logprobs_of(text, R"({"model": "m", "prompt": "x", "logprobs": 2})"), 2);
+  const auto param_of = [&](server::Endpoint e, const std::string& body) {
+    return refused_param([&] { server::parse_request(e, body, defaults); });
+  };
+  EXPECT_EQ(param_of(chat, "{" + messages + R"(, "top_logprobs": 2})"), "top_logprobs");  // needs logprobs
+  EXPECT_EQ(param_of(chat, "{" + messages + R"(, "logprobs": true, "top_logprobs": 21})"), "top_logprobs");
+  EXPECT_EQ(param_of(chat, "{" + messages + R"(, "logprobs": 1})"), "logprobs");
+  EXPECT_EQ(param_of(text, R"({"model": "m", "prompt": "x", "logprobs": true})"), "logprobs");
+  EXPECT_EQ(param_of(text, R"({"model": "m", "prompt": "x", "logprobs": 1, "echo": true})"), "logprobs");
+
+  const std::vector<server::LogprobEntry> entries = {
+      {{"Hi", "Hi", -0.5f}, {{"Hi", "Hi", -0.5f}, {"Ho", "Ho", -1.5f}}, 0},
+      {{"bytes:\\xe2", "\xe2", -3.0f}, {{"!", "!", -0.25f}}, 2}};
+  EXPECT_EQ(server::chat_logprobs_json(entries)["content"][1].dump(),
+            R"({"token":"bytes:\\xe2","logprob":-3.0,"bytes":[226],)"
+            R"("top_logprobs":[{"token":"!","logprob":-0.25,"bytes":[33]}]})");
+  // The legacy shape: the alternatives and the token itself, whether or not it is among them.
+  EXPECT_EQ(server::text_logprobs_json(entries).dump(),
+            R"({"tokens":["Hi","bytes:\\xe2"],"token_logprobs":[-0.5,-3.0],"top_logprobs":[{"Hi":-0.5,"Ho":-1.5},)"
+            R"({"!":-0.25,"bytes:\\xe2":-3.0}],"text_offset":[0,2]})");
 }
 
 TEST(Metrics, PrometheusText) {
