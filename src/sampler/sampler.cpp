@@ -129,7 +129,7 @@ std::string StopMatcher::feed(const std::string& text) {
   size_t first = std::string::npos;
   for (const auto& s : stops_) {
     const size_t at = s.empty() ? std::string::npos : pending_.find(s);
-    first = std::min(first, at);
+    if (at < first) first = at, matched_ = s;
   }
   if (first != std::string::npos) {
     stopped_ = true;

@@ -69,10 +69,13 @@ class StopMatcher {
   std::string feed(const std::string& text);
   std::string flush();  // end of generation: release what was held back (nothing once stopped)
   bool stopped() const { return stopped_; }
+  // The stop string that ended the text (the one found earliest; empty while not stopped).
+  const std::string& matched() const { return matched_; }
 
  private:
   std::vector<std::string> stops_;
   std::string pending_;
+  std::string matched_;
   bool stopped_ = false;
 };
 

@@ -32,6 +32,7 @@ struct CompletionJob::Choice {
   int64_t index = 0;
   Scheduler::RequestId id = 0;
   OutputDecoder decoder;
+  MessageStream message;  // Anthropic streams: the content blocks sent so far
   std::vector<LogprobEntry> logprobs;  // one per generated token, when asked
   size_t logprobs_sent = 0;            // streams: the entries already in a chunk
   int64_t generated = 0;
@@ -69,13 +70,14 @@ LogprobToken logprob_token(const Tokenizer& tokenizer, int32_t id, float logprob
   return {text, bytes, std::max(logprob, -9999.0f)};
 }
 
+SseEvent anthropic_event(const Json& event) { return {event["type"].get<std::string>(), json_text(event)}; }
+
 }  // namespace
 
 CompletionService::CompletionService(Scheduler& scheduler, const Tokenizer& tokenizer, Metrics& metrics,
                                      ServiceOptions options)
     : scheduler_(scheduler), tokenizer_(tokenizer), metrics_(metrics), options_(std::move(options)),
-      max_token_bytes_(max_token_bytes(tokenizer)),
-      created_(int64_t(std::time(nullptr))) {}
+      created_(int64_t(std::time(nullptr))), max_token_bytes_(max_token_bytes(tokenizer)) {}
 
 namespace {
 
@@ -133,7 +135,8 @@ std::string CompletionService::metrics() const {
 std::unique_ptr<CompletionJob> CompletionService::start(Endpoint endpoint, const std::string& body) {
   CompletionRequest request;
   try {
-    request = parse_request(endpoint, body, options_.defaults);
+    request = endpoint == Endpoint::kMessages ? parse_messages(body, options_.defaults)
+                                              : parse_request(endpoint, body, options_.defaults);
   } catch (const nlohmann::json::exception& e) {
     // A field of an unexpected JSON type that a check missed: still the client's request, not a server error.
     throw invalid_request(std::string("the request has a field of the wrong type: ") + e.what());
@@ -147,9 +150,14 @@ std::unique_ptr<CompletionJob> CompletionService::start(Endpoint endpoint, const
 
 CompletionJob::CompletionJob(CompletionService& service, CompletionRequest request)
     : service_(service), request_(std::move(request)), arrival_(clock::now()), inbox_(std::make_shared<Inbox>()) {
-  const bool chat = request_.endpoint == Endpoint::kChatCompletions;
-  const char* object = !chat ? "text_completion" : request_.stream ? "chat.completion.chunk" : "chat.completion";
-  header_ = {random_id(chat ? "chatcmpl-" : "cmpl-"), object, int64_t(std::time(nullptr)), service_.options_.model_name};
+  const bool chat = request_.endpoint != Endpoint::kCompletions;
+  const bool openai_chat = request_.endpoint == Endpoint::kChatCompletions;
+  const char* object = request_.endpoint == Endpoint::kMessages ? "message"
+                       : !openai_chat                           ? "text_completion"
+                       : request_.stream                        ? "chat.completion.chunk"
+                                                                : "chat.completion";
+  const char* id_prefix = request_.endpoint == Endpoint::kMessages ? "msg_" : openai_chat ? "chatcmpl-" : "cmpl-";
+  header_ = {random_id(id_prefix), object, int64_t(std::time(nullptr)), service_.options_.model_name};
   const Tokenizer& tokenizer = service_.tokenizer_;
 
   // The prompts as tokens; a text that cannot fit is refused before it is tokenized (fewest_tokens).
@@ -203,11 +211,16 @@ CompletionJob::CompletionJob(CompletionService& service, CompletionRequest reque
 void CompletionJob::submit_all(const std::vector<std::vector<int32_t>>& prompts, bool chat) {
   const int64_t context = service_.scheduler_.options().max_context;
   const uint64_t seed = request_.seed_given ? request_.sampling.seed : std::random_device{}();
+  // The output starts inside <think> in thinking mode, unless it continues an assistant prefix (rendered after
+  // its </think>).
+  const bool thinking =
+      chat && request_.chat_options.thinking && !(!request_.messages.empty() && request_.messages.back().prefix);
+  const std::string call_id_prefix = request_.endpoint == Endpoint::kMessages ? "toolu_" : "call_";
   for (const auto& prompt : prompts) {
     for (int64_t j = 0; j < request_.n; ++j) {
       const size_t index = choices_.size();
       choices_.push_back(std::make_unique<Choice>(
-          int64_t(index), OutputDecoder(service_.tokenizer_, chat, request_.chat_options.thinking, request_.stop)));
+          int64_t(index), OutputDecoder(service_.tokenizer_, chat, thinking, request_.stop, call_id_prefix)));
       Choice& c = *choices_.back();
       GenerationRequest g;
       g.prompt = prompt;
@@ -257,7 +270,7 @@ bool CompletionJob::all_finished() const {
   return true;
 }
 
-void CompletionJob::finish_choice(Choice& c, const std::string& reason, std::vector<std::string>& out) {
+void CompletionJob::finish_choice(Choice& c, const std::string& reason, std::vector<SseEvent>& out) {
   const ChatDelta rest = c.decoder.finish();
   c.finished = true;
   // A model that ended its turn after tool calls asks for them to be run.
@@ -271,8 +284,16 @@ void CompletionJob::finish_choice(Choice& c, const std::string& reason, std::vec
                                      seconds(now - first), prompt_lengths_[size_t(c.index / request_.n)], c.generated);
   }
   if (!request_.stream) return;
-  if (!rest.empty()) send_chunk(c, rest, "", out);
-  send_chunk(c, {}, c.finish_reason, out);
+  if (request_.endpoint != Endpoint::kMessages) {
+    if (!rest.empty()) send_chunk(c, rest, "", out);
+    send_chunk(c, {}, c.finish_reason, out);
+    return;
+  }
+  for (const Json& e : c.message.delta(rest)) out.push_back(anthropic_event(e));
+  if (reason == "error") return;  // the stream ends with the error event instead
+  const std::string& stop_sequence = c.decoder.stop_sequence();
+  for (const Json& e : c.message.finish(stop_reason(c.finish_reason, stop_sequence), stop_sequence, c.generated))
+    out.push_back(anthropic_event(e));
 }
 
 Json CompletionJob::logprobs_json(const Choice& c, size_t from) const {
@@ -282,7 +303,7 @@ Json CompletionJob::logprobs_json(const Choice& c, size_t from) const {
 }
 
 void CompletionJob::send_chunk(Choice& c, const ChatDelta& delta, const std::string& finish_reason,
-                               std::vector<std::string>& out) {
+                               std::vector<SseEvent>& out) {
   // The logprobs of the tokens since the last chunk (null in a chunk that carries none: the finish chunk).
   const Json logprobs = c.logprobs.size() > c.logprobs_sent ? logprobs_json(c, c.logprobs_sent) : Json();
   c.logprobs_sent = c.logprobs.size();
@@ -292,11 +313,11 @@ void CompletionJob::send_chunk(Choice& c, const ChatDelta& delta, const std::str
            ? chat_chunk_choice_json(c.index, delta, c.first_chunk, finish_reason, logprobs)
            : text_choice_json(c.index, completion_text(c, delta.content), finish_reason, logprobs)});
   c.first_chunk = false;
-  out.push_back(json_text(chunk));
+  out.push_back({"", json_text(chunk)});
 }
 
 void CompletionJob::handle(size_t index, const GenerationEvent& event, clock::time_point at,
-                           std::vector<std::string>& out) {
+                           std::vector<SseEvent>& out) {
   Choice& c = *choices_[index];
   if (c.finished) return;  // stopped here (stop string, cancel) before the engine heard of it
   Metrics& metrics = service_.metrics_;
@@ -323,7 +344,9 @@ void CompletionJob::handle(size_t index, const GenerationEvent& event, clock::ti
     }
     const ChatDelta delta = c.decoder.push(*event.token);
     const bool opening = c.first_chunk && (request_.endpoint == Endpoint::kChatCompletions || request_.echo);
-    if (request_.stream && (!delta.empty() || c.logprobs.size() > c.logprobs_sent || opening)) {
+    if (request_.stream && request_.endpoint == Endpoint::kMessages) {
+      for (const Json& e : c.message.delta(delta)) out.push_back(anthropic_event(e));
+    } else if (request_.stream && (!delta.empty() || c.logprobs.size() > c.logprobs_sent || opening)) {
       send_chunk(c, delta, "", out);
     }
     if (c.decoder.stopped()) {
@@ -336,42 +359,51 @@ void CompletionJob::handle(size_t index, const GenerationEvent& event, clock::ti
     case FinishReason::kLength: finish_choice(c, "length", out); break;
     case FinishReason::kEos: finish_choice(c, "stop", out); break;
     case FinishReason::kCancelled: finish_choice(c, "abort", out); break;
-    case FinishReason::kError:
+    case FinishReason::kError: {
       error_ = event.error;
       finish_choice(c, "error", out);
-      if (request_.stream) {
-        out.push_back(json_text(error_body(ApiError(500, "generation failed: " + event.error, "server_error"))));
-      }
+      if (!request_.stream) break;
+      const ApiError error(500, "generation failed: " + event.error, "server_error");
+      out.push_back(request_.endpoint == Endpoint::kMessages ? anthropic_event(anthropic_error_body(error))
+                                                             : SseEvent{"", json_text(error_body(error))});
       break;
+    }
   }
 }
 
-std::vector<std::string> CompletionJob::drain(std::chrono::milliseconds wait) {
+std::vector<SseEvent> CompletionJob::drain(std::chrono::milliseconds wait) {
   std::deque<Inbox::Item> items;
   {
     std::unique_lock lock(inbox_->mutex);
     inbox_->ready.wait_for(lock, wait, [&] { return !inbox_->items.empty(); });
     items.swap(inbox_->items);
   }
-  std::vector<std::string> out;
+  std::vector<SseEvent> out;
   for (const auto& item : items) handle(item.choice, item.event, item.at, out);
   return out;
 }
 
-std::vector<std::string> CompletionJob::poll(std::chrono::milliseconds wait) {
+std::vector<SseEvent> CompletionJob::poll(std::chrono::milliseconds wait) {
   if (done_sent_) return {};
-  std::vector<std::string> out = drain(wait);
-  if (all_finished()) {
-    if (request_.include_usage) {
-      Json chunk = response_envelope(header_);
-      chunk["choices"] = Json::array();
-      Usage usage;
-      for (int64_t l : prompt_lengths_) usage.prompt_tokens += l;
-      for (const auto& c : choices_) usage.completion_tokens += c->generated;
-      chunk["usage"] = usage_json(usage);
-      out.push_back(json_text(chunk));
+  if (!started_) {  // an Anthropic stream opens at once, before the prompt is read
+    started_ = true;
+    if (request_.endpoint == Endpoint::kMessages) {
+      std::vector<SseEvent> out;
+      for (const Json& e : message_start(header_, prompt_lengths_[0])) out.push_back(anthropic_event(e));
+      return out;
     }
-    out.push_back("[DONE]");
+  }
+  std::vector<SseEvent> out = drain(wait);
+  if (all_finished()) {
+    if (request_.endpoint != Endpoint::kMessages) {  // Anthropic's message_stop was the last event
+      if (request_.include_usage) {
+        Json chunk = response_envelope(header_);
+        chunk["choices"] = Json::array();
+        chunk["usage"] = usage_json(usage());
+        out.push_back({"", json_text(chunk)});
+      }
+      out.push_back({"", "[DONE]"});
+    }
     done_sent_ = true;
   }
   return out;
@@ -382,13 +414,24 @@ std::string CompletionJob::completion_text(const Choice& c, const std::string& c
   return echoes_[size_t(c.index / request_.n)] + content;
 }
 
+Usage CompletionJob::usage() const {
+  Usage usage;
+  for (int64_t l : prompt_lengths_) usage.prompt_tokens += l;
+  for (const auto& c : choices_) usage.completion_tokens += c->generated;
+  return usage;
+}
+
 Json CompletionJob::wait() {
   while (!all_finished()) drain(std::chrono::seconds(1));
   if (!error_.empty()) throw ApiError(500, "generation failed: " + error_, "server_error");
+  if (request_.endpoint == Endpoint::kMessages) {  // one choice
+    const Choice& c = *choices_[0];
+    const std::string& stop_sequence = c.decoder.stop_sequence();
+    return message_json(header_, c.decoder.output(), stop_reason(c.finish_reason, stop_sequence), stop_sequence,
+                        usage());
+  }
   Json body = response_envelope(header_);
   Json choices = Json::array();
-  Usage usage;
-  for (int64_t l : prompt_lengths_) usage.prompt_tokens += l;
   for (const auto& c : choices_) {
     ChatChoice out = c->decoder.output();
     out.finish_reason = c->finish_reason;
@@ -396,10 +439,9 @@ Json CompletionJob::wait() {
                           ? chat_choice_json(c->index, out, logprobs_json(*c, 0))
                           : text_choice_json(c->index, completion_text(*c, out.content), out.finish_reason,
                                              logprobs_json(*c, 0)));
-    usage.completion_tokens += c->generated;
   }
   body["choices"] = choices;
-  body["usage"] = usage_json(usage);
+  body["usage"] = usage_json(usage());
   return body;
 }
 

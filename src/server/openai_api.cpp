@@ -23,9 +23,6 @@ Json error_body(const ApiError& error) {
   return Json{{"error", e}};
 }
 
-namespace {
-
-// A present, non-null field of the request body.
 const Json* field(const Json& body, const std::string& name) {
   const auto it = body.find(name);
   return it == body.end() || it->is_null() ? nullptr : &*it;
@@ -63,8 +60,7 @@ std::optional<int64_t> get_int(const Json& body, const std::string& name, int64_
   return v;
 }
 
-// A number in [lo, hi] (lo excluded when lo_open).
-std::optional<float> get_number(const Json& body, const std::string& name, double lo, double hi, bool lo_open = false) {
+std::optional<float> get_number(const Json& body, const std::string& name, double lo, double hi, bool lo_open) {
   const Json* f = field(body, name);
   if (!f) return std::nullopt;
   if (!f->is_number()) throw wrong_type(name, "a number");
@@ -76,6 +72,44 @@ std::optional<float> get_number(const Json& body, const std::string& name, doubl
   }
   return float(v);
 }
+
+std::vector<std::string> get_stop(const Json& body, const std::string& name) {
+  const Json* f = field(body, name);
+  if (!f) return {};
+  std::vector<std::string> stop;
+  if (f->is_string()) {
+    stop.push_back(f->get<std::string>());
+  } else if (f->is_array()) {
+    for (const Json& s : *f) {
+      if (!s.is_string()) throw wrong_type(name, "a string or an array of strings");
+      stop.push_back(s.get<std::string>());
+    }
+  } else {
+    throw wrong_type(name, "a string or an array of strings");
+  }
+  if (stop.size() > 16) throw invalid_request("'" + name + "' may hold at most 16 strings", name);
+  std::erase(stop, "");
+  return stop;
+}
+
+Json parse_object(const std::string& text) {
+  Json body;
+  try {
+    body = Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    throw invalid_request(std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json");
+  }
+  if (!body.is_object()) throw invalid_request("the request body must be a JSON object", "", "invalid_json");
+  return body;
+}
+
+std::string get_model(const Json& body) {
+  const auto model = get_string(body, "model");
+  if (!model) throw invalid_request("missing required field 'model'", "model", "missing_required_parameter");
+  return *model;
+}
+
+namespace {
 
 // Options that change what is generated but that this server does not implement: refuse rather than ignore.
 void refuse_unsupported(const Json& body, Endpoint endpoint) {
@@ -106,25 +140,6 @@ void parse_logprobs(const Json& body, CompletionRequest& r) {
   if (get_bool(body, "logprobs").value_or(false)) r.logprobs = top.value_or(0);
   else if (top.value_or(0) > 0)
     throw invalid_request("'top_logprobs' requires 'logprobs': true", "top_logprobs");
-}
-
-std::vector<std::string> get_stop(const Json& body) {
-  const Json* f = field(body, "stop");
-  if (!f) return {};
-  std::vector<std::string> stop;
-  if (f->is_string()) {
-    stop.push_back(f->get<std::string>());
-  } else if (f->is_array()) {
-    for (const Json& s : *f) {
-      if (!s.is_string()) throw wrong_type("stop", "a string or an array of strings");
-      stop.push_back(s.get<std::string>());
-    }
-  } else {
-    throw wrong_type("stop", "a string or an array of strings");
-  }
-  if (stop.size() > 16) throw invalid_request("'stop' may hold at most 16 strings", "stop");
-  std::erase(stop, "");
-  return stop;
 }
 
 void parse_sampling(const Json& body, CompletionRequest& r) {
@@ -253,24 +268,6 @@ void parse_completion(const Json& body, CompletionRequest& r) {
   }
 }
 
-// The request body as a JSON object (400 otherwise).
-Json parse_object(const std::string& text) {
-  Json body;
-  try {
-    body = Json::parse(text);
-  } catch (const Json::parse_error& e) {
-    throw invalid_request(std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json");
-  }
-  if (!body.is_object()) throw invalid_request("the request body must be a JSON object", "", "invalid_json");
-  return body;
-}
-
-std::string get_model(const Json& body) {
-  const auto model = get_string(body, "model");
-  if (!model) throw invalid_request("missing required field 'model'", "model", "missing_required_parameter");
-  return *model;
-}
-
 }  // namespace
 
 CompletionRequest parse_request(Endpoint endpoint, const std::string& text, const SamplingParams& defaults) {
@@ -287,13 +284,12 @@ CompletionRequest parse_request(Endpoint endpoint, const std::string& text, cons
   parse_logprobs(body, r);
 
   // max_completion_tokens is the newer name in chat completions; both mean the same here.
-  constexpr int64_t kMaxTokens = int64_t(1) << 40;
-  r.max_tokens = get_int(body, "max_tokens", 1, kMaxTokens);
-  if (auto v = get_int(body, "max_completion_tokens", 1, kMaxTokens)) r.max_tokens = v;
+  r.max_tokens = get_int(body, "max_tokens", 1, kMaxTokensField);
+  if (auto v = get_int(body, "max_completion_tokens", 1, kMaxTokensField)) r.max_tokens = v;
   r.n = get_int(body, "n", 1, 128).value_or(1);
   if (auto best_of = get_int(body, "best_of", 1, 128); best_of && *best_of != r.n)
     throw invalid_request("'best_of' other than n is not supported", "best_of", "unsupported_parameter");
-  r.stop = get_stop(body);
+  r.stop = get_stop(body, "stop");
   r.stream = get_bool(body, "stream").value_or(false);
   if (const Json* opts = field(body, "stream_options")) {
     if (!r.stream) throw invalid_request("'stream_options' is only allowed when 'stream' is true", "stream_options");

@@ -42,7 +42,26 @@ Json error_body(const ApiError& error);
 // nlohmann's dump() throws on them, which in an HTTP error handler ended the process.
 std::string json_text(const Json& value);
 
-enum class Endpoint { kChatCompletions, kCompletions };
+// The readers of request fields, shared by the API schemas (anthropic_api too). A field that is absent or null
+// reads as std::nullopt; a present field of the wrong type or out of range throws ApiError (400) naming it.
+Json parse_object(const std::string& body);  // the body as a JSON object
+const Json* field(const Json& body, const std::string& name);  // present and not null, else nullptr
+std::string get_model(const Json& body);  // the required "model"
+ApiError wrong_type(const std::string& name, const std::string& expected);
+std::optional<bool> get_bool(const Json& body, const std::string& name);
+std::optional<std::string> get_string(const Json& body, const std::string& name);
+std::optional<int64_t> get_int(const Json& body, const std::string& name, int64_t lo, int64_t hi);
+// A number in [lo, hi] (lo excluded when lo_open).
+std::optional<float> get_number(const Json& body, const std::string& name, double lo, double hi,
+                                bool lo_open = false);
+// A string or an array of strings (at most 16), empty ones dropped.
+std::vector<std::string> get_stop(const Json& body, const std::string& name);
+
+// /v1/messages is Anthropic's Messages API (anthropic_api.h); it shares the chat fields of CompletionRequest.
+enum class Endpoint { kChatCompletions, kCompletions, kMessages };
+
+// The largest max_tokens a request may name (the context then bounds it: a 400 naming the prompt).
+inline constexpr int64_t kMaxTokensField = int64_t(1) << 40;
 
 // The most alternatives per token `top_logprobs` (chat) and `logprobs` (completions) may ask for.
 inline constexpr int64_t kMaxTopLogprobs = 20;
@@ -78,7 +97,8 @@ struct CompletionRequest {
   std::optional<int64_t> logprobs;
 };
 
-// Parses a request body; `defaults` are the sampling parameters used for fields the request leaves out.
+// Parses a request body of /v1/chat/completions or /v1/completions (Anthropic's: parse_messages); `defaults` are
+// the sampling parameters used for fields the request leaves out.
 // Throws ApiError (400) naming the field on malformed JSON, missing or wrong-typed fields and values out of
 // range, and for features this server does not implement (prompt logprobs, suffix, best_of > n, ...).
 CompletionRequest parse_request(Endpoint endpoint, const std::string& body, const SamplingParams& defaults);

@@ -6,8 +6,9 @@
 
 namespace dsv4::server {
 
-OutputDecoder::OutputDecoder(const Tokenizer& tokenizer, bool chat, bool thinking, std::vector<std::string> stop)
-    : detok_(tokenizer, /*skip_special=*/true), stop_(std::move(stop)) {
+OutputDecoder::OutputDecoder(const Tokenizer& tokenizer, bool chat, bool thinking, std::vector<std::string> stop,
+                             std::string call_id_prefix)
+    : detok_(tokenizer, /*skip_special=*/true), stop_(std::move(stop)), call_id_prefix_(std::move(call_id_prefix)) {
   if (chat) parser_ = std::make_unique<chat::ChatParser>(thinking);
 }
 
@@ -51,7 +52,7 @@ ChatDelta OutputDecoder::advance(const std::string& text, bool final) {
     ToolCallDelta d;
     d.index = int64_t(i);
     if (i == output_.tool_calls.size()) {
-      output_.tool_calls.push_back({random_id("call_"), call.name, ""});
+      output_.tool_calls.push_back({random_id(call_id_prefix_), call.name, ""});
       d.id = output_.tool_calls.back().id;
       d.name = call.name;
     }

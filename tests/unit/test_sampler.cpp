@@ -192,12 +192,17 @@ TEST(StopMatcher, HoldsBackPartialStopsAndCutsAtTheFirst) {
   EXPECT_EQ(m.feed("Hello </e"), "Hello ");  // "</e" may become "</end>"
   EXPECT_EQ(m.feed("xtra S"), "</extra ");   // not a stop after all; "S" may start STOP
   EXPECT_EQ(m.feed("TO"), "");
+  EXPECT_EQ(m.matched(), "");
   EXPECT_EQ(m.feed("P and more"), "");       // stopped at STOP
   EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.matched(), "STOP");
   EXPECT_EQ(m.feed("ignored"), "");
   StopMatcher n({"##"});
   EXPECT_EQ(n.feed("a#"), "a");
   EXPECT_EQ(n.flush(), "#");  // end of generation releases the held-back text
+  StopMatcher both({"cd", "bc"});
+  EXPECT_EQ(both.feed("abcd"), "a");  // the stop that starts first ends the text and is the one reported
+  EXPECT_EQ(both.matched(), "bc");
 }
 
 }  // namespace
