@@ -73,6 +73,9 @@ std::optional<Scheduler::RequestId> Scheduler::submit(GenerationRequest request,
   for (int32_t t : request.prompt)
     DSV4_CHECK(t >= 0 && t < c.vocab_size, "token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")");
   validate(request.sampling);
+  if (request.logprobs)
+    DSV4_CHECK(*request.logprobs >= 0 && *request.logprobs <= c.vocab_size, "logprobs must be between 0 and the ",
+               "vocabulary size ", c.vocab_size, ", got ", *request.logprobs);
   auto active = std::make_unique<Active>(0, std::move(request), std::move(sink), c.vocab_size);  // allocates
   std::unique_lock lock(mutex_);
   // Room for the free slots (admitted at the next step) plus max_waiting queued behind the running ones.
@@ -177,7 +180,7 @@ int64_t Scheduler::step(std::vector<Active*>& members) {
   // Decodes first (one row each), then prompt chunks in admission order with the rows left.
   for (auto& a : running_) {
     if (!a->decoding()) continue;
-    batch.push_back(a->sampler.plain_greedy()
+    batch.push_back(a->sampler.plain_greedy() && !a->request.logprobs
                         ? StepInput{slots_[a->slot].get(), &a->generated.back(), 1, nullptr, false, &a->greedy_token}
                         : StepInput{slots_[a->slot].get(), &a->generated.back(), 1, a->logits.data(), false});
     members.push_back(a.get());
@@ -216,7 +219,11 @@ int64_t Scheduler::step(std::vector<Active*>& members) {
                                               : a.sampler.sample(a.logits.data(), a.request.prompt, a.generated);
     a.greedy_token = -1;
     a.generated.push_back(token);
-    a.sink({token, std::nullopt, {}});
+    GenerationEvent event;
+    event.token = token;
+    if (a.request.logprobs)
+      event.logprobs = token_logprobs(a.logits.data(), int64_t(a.logits.size()), token, *a.request.logprobs);
+    a.sink(event);
     std::optional<FinishReason> done;
     if (a.request.stop_at_eos && token == eos) done = FinishReason::kEos;
     else if (int64_t(a.generated.size()) >= a.request.max_tokens) done = FinishReason::kLength;

@@ -35,6 +35,9 @@ struct GenerationRequest {
   int64_t max_tokens = 16;      // ≥ 1; prompt + max_tokens ≤ the slots' context (checked by submit)
   SamplingParams sampling;
   bool stop_at_eos = true;
+  // Set: each token's event carries its log-probability and this many most likely alternatives (≤ the vocab).
+  // The logits row then crosses to the host every step, greedy included; unset costs nothing.
+  std::optional<int64_t> logprobs;
 };
 
 enum class FinishReason { kLength, kEos, kCancelled, kError };
@@ -45,6 +48,7 @@ struct GenerationEvent {
   std::optional<FinishReason> finished;     // set in the last event of the request
   std::string error;                        // kError: what went wrong
   bool admitted = false;                    // the request left the queue for a slot (an event of its own)
+  std::optional<TokenLogprobs> logprobs{};  // with a token, when the request asked for them
 };
 
 struct SchedulerOptions {

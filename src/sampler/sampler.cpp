@@ -101,13 +101,35 @@ int32_t Sampler::sample(const float* logits, std::span<const int32_t> prompt, st
   return order_[size_t(keep - 1)];
 }
 
+TokenLogprobs token_logprobs(const float* logits, int64_t vocab, int32_t token, int64_t top) {
+  DSV4_ASSERT(token >= 0 && token < vocab && top >= 0 && top <= vocab);
+  const float most = logits[argmax(logits, vocab)];
+  double total = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) total += std::exp(double(logits[i]) - double(most));
+  const double log_z = double(most) + std::log(total);
+  const auto logprob = [&](int64_t i) { return float(double(logits[i]) - log_z); };
+
+  TokenLogprobs out;
+  out.logprob = logprob(token);
+  // The `top` best ids by one pass, kept sorted (top ≤ 20 in the APIs: an insertion is rare and short).
+  std::vector<int32_t> best;
+  const auto before = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  for (int32_t i = 0; i < int32_t(vocab) && top > 0; ++i) {
+    if (int64_t(best.size()) == top && !before(i, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), i, before), i);
+    if (int64_t(best.size()) > top) best.pop_back();
+  }
+  for (int32_t id : best) out.top.emplace_back(id, logprob(id));
+  return out;
+}
+
 std::string StopMatcher::feed(const std::string& text) {
   if (stopped_) return "";
   pending_ += text;
   size_t first = std::string::npos;
   for (const auto& s : stops_) {
     const size_t at = s.empty() ? std::string::npos : pending_.find(s);
-    first = std::min(first, at);
+    if (at < first) first = at, matched_ = s;
   }
   if (first != std::string::npos) {
     stopped_ = true;

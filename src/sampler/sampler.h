@@ -7,6 +7,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dsv4 {
@@ -48,6 +49,18 @@ class Sampler {
 
 int32_t argmax(const float* logits, int64_t vocab);
 
+// A sampled token's log-probability and the most likely tokens', under the model's raw distribution: the
+// log-softmax of the logits row, before penalties, temperature and top-k / top-p / min-p (what vLLM reports by
+// default, its "raw_logprobs" mode). Under greedy decoding the chosen token is top[0].
+struct TokenLogprobs {
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // (id, logprob), most likely first; equal logits: lower id first
+};
+
+// The log-softmax of logits [vocab] at `token`, and its `top` (≤ vocab) most likely entries. Stable for any
+// finite logits: the maximum is subtracted and the normaliser summed in double.
+TokenLogprobs token_logprobs(const float* logits, int64_t vocab, int32_t token, int64_t top);
+
 // Finds stop strings in streamed text. feed() returns the text that is safe to emit now: it holds back any
 // suffix that could still grow into a stop string, and cuts the output at the first stop string found.
 class StopMatcher {
@@ -56,10 +69,13 @@ class StopMatcher {
   std::string feed(const std::string& text);
   std::string flush();  // end of generation: release what was held back (nothing once stopped)
   bool stopped() const { return stopped_; }
+  // The stop string that ended the text (the one found earliest; empty while not stopped).
+  const std::string& matched() const { return matched_; }
 
  private:
   std::vector<std::string> stops_;
   std::string pending_;
+  std::string matched_;
   bool stopped_ = false;
 };
 

@@ -6,6 +6,7 @@
 
 #include "chat/chat_encoding.h"
 #include "core/error.h"
+#include "tokenizer/utf8.h"
 
 namespace dsv4::server {
 
@@ -31,6 +32,9 @@ struct CompletionJob::Choice {
   int64_t index = 0;
   Scheduler::RequestId id = 0;
   OutputDecoder decoder;
+  MessageStream message;  // Anthropic streams: the content blocks sent so far
+  std::vector<LogprobEntry> logprobs;  // one per generated token, when asked
+  size_t logprobs_sent = 0;            // streams: the entries already in a chunk
   int64_t generated = 0;
   bool first_chunk = true;
   bool finished = false;
@@ -53,13 +57,27 @@ int64_t max_token_bytes(const Tokenizer& tokenizer) {
   return int64_t(most);
 }
 
+// A token in a logprobs object: bytes that are not whole UTF-8 on their own (part of a character) are spelled
+// "bytes:\xNN..." as OpenAI does; logprobs are clamped at -9999 (vLLM's floor for -inf) so JSON can carry them.
+LogprobToken logprob_token(const Tokenizer& tokenizer, int32_t id, float logprob) {
+  const std::string bytes(tokenizer.token_bytes(id));
+  std::string text = bytes;
+  if (tok::find_invalid_utf8(bytes) != std::string_view::npos) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    text = "bytes:";
+    for (const char b : bytes) text += std::string("\\x") + kHex[uint8_t(b) >> 4] + kHex[uint8_t(b) & 15];
+  }
+  return {text, bytes, std::max(logprob, -9999.0f)};
+}
+
+SseEvent anthropic_event(const Json& event) { return {event["type"].get<std::string>(), json_text(event)}; }
+
 }  // namespace
 
 CompletionService::CompletionService(Scheduler& scheduler, const Tokenizer& tokenizer, Metrics& metrics,
                                      ServiceOptions options)
     : scheduler_(scheduler), tokenizer_(tokenizer), metrics_(metrics), options_(std::move(options)),
-      max_token_bytes_(max_token_bytes(tokenizer)),
-      created_(int64_t(std::time(nullptr))) {}
+      created_(int64_t(std::time(nullptr))), max_token_bytes_(max_token_bytes(tokenizer)) {}
 
 namespace {
 
@@ -117,7 +135,8 @@ std::string CompletionService::metrics() const {
 std::unique_ptr<CompletionJob> CompletionService::start(Endpoint endpoint, const std::string& body) {
   CompletionRequest request;
   try {
-    request = parse_request(endpoint, body, options_.defaults);
+    request = endpoint == Endpoint::kMessages ? parse_messages(body, options_.defaults)
+                                              : parse_request(endpoint, body, options_.defaults);
   } catch (const nlohmann::json::exception& e) {
     // A field of an unexpected JSON type that a check missed: still the client's request, not a server error.
     throw invalid_request(std::string("the request has a field of the wrong type: ") + e.what());
@@ -131,9 +150,14 @@ std::unique_ptr<CompletionJob> CompletionService::start(Endpoint endpoint, const
 
 CompletionJob::CompletionJob(CompletionService& service, CompletionRequest request)
     : service_(service), request_(std::move(request)), arrival_(clock::now()), inbox_(std::make_shared<Inbox>()) {
-  const bool chat = request_.endpoint == Endpoint::kChatCompletions;
-  const char* object = !chat ? "text_completion" : request_.stream ? "chat.completion.chunk" : "chat.completion";
-  header_ = {random_id(chat ? "chatcmpl-" : "cmpl-"), object, int64_t(std::time(nullptr)), service_.options_.model_name};
+  const bool chat = request_.endpoint != Endpoint::kCompletions;
+  const bool openai_chat = request_.endpoint == Endpoint::kChatCompletions;
+  const char* object = request_.endpoint == Endpoint::kMessages ? "message"
+                       : !openai_chat                           ? "text_completion"
+                       : request_.stream                        ? "chat.completion.chunk"
+                                                                : "chat.completion";
+  const char* id_prefix = request_.endpoint == Endpoint::kMessages ? "msg_" : openai_chat ? "chatcmpl-" : "cmpl-";
+  header_ = {random_id(id_prefix), object, int64_t(std::time(nullptr)), service_.options_.model_name};
   const Tokenizer& tokenizer = service_.tokenizer_;
 
   // The prompts as tokens; a text that cannot fit is refused before it is tokenized (fewest_tokens).
@@ -187,11 +211,16 @@ CompletionJob::CompletionJob(CompletionService& service, CompletionRequest reque
 void CompletionJob::submit_all(const std::vector<std::vector<int32_t>>& prompts, bool chat) {
   const int64_t context = service_.scheduler_.options().max_context;
   const uint64_t seed = request_.seed_given ? request_.sampling.seed : std::random_device{}();
+  // The output starts inside <think> in thinking mode, unless it continues an assistant prefix (rendered after
+  // its </think>).
+  const bool thinking =
+      chat && request_.chat_options.thinking && !(!request_.messages.empty() && request_.messages.back().prefix);
+  const std::string call_id_prefix = request_.endpoint == Endpoint::kMessages ? "toolu_" : "call_";
   for (const auto& prompt : prompts) {
     for (int64_t j = 0; j < request_.n; ++j) {
       const size_t index = choices_.size();
       choices_.push_back(std::make_unique<Choice>(
-          int64_t(index), OutputDecoder(service_.tokenizer_, chat, request_.chat_options.thinking, request_.stop)));
+          int64_t(index), OutputDecoder(service_.tokenizer_, chat, thinking, request_.stop, call_id_prefix)));
       Choice& c = *choices_.back();
       GenerationRequest g;
       g.prompt = prompt;
@@ -199,6 +228,7 @@ void CompletionJob::submit_all(const std::vector<std::vector<int32_t>>& prompts,
       g.sampling = request_.sampling;
       g.sampling.seed = seed + uint64_t(index);
       g.stop_at_eos = !request_.ignore_eos;
+      g.logprobs = request_.logprobs;
       c.finished = true;  // until the scheduler has it
       std::optional<Scheduler::RequestId> id;
       try {
@@ -240,7 +270,7 @@ bool CompletionJob::all_finished() const {
   return true;
 }
 
-void CompletionJob::finish_choice(Choice& c, const std::string& reason, std::vector<std::string>& out) {
+void CompletionJob::finish_choice(Choice& c, const std::string& reason, std::vector<SseEvent>& out) {
   const ChatDelta rest = c.decoder.finish();
   c.finished = true;
   // A model that ended its turn after tool calls asks for them to be run.
@@ -254,22 +284,40 @@ void CompletionJob::finish_choice(Choice& c, const std::string& reason, std::vec
                                      seconds(now - first), prompt_lengths_[size_t(c.index / request_.n)], c.generated);
   }
   if (!request_.stream) return;
-  Json chunk = response_envelope(header_);
-  const bool chat = request_.endpoint == Endpoint::kChatCompletions;
-  if (!rest.empty()) {
-    chunk["choices"] = Json::array({chat ? chat_chunk_choice_json(c.index, rest, c.first_chunk, "")
-                                         : text_choice_json(c.index, completion_text(c, rest.content), "")});
-    c.first_chunk = false;
-    out.push_back(json_text(chunk));
+  if (request_.endpoint != Endpoint::kMessages) {
+    if (!rest.empty()) send_chunk(c, rest, "", out);
+    send_chunk(c, {}, c.finish_reason, out);
+    return;
   }
-  chunk["choices"] = Json::array({chat ? chat_chunk_choice_json(c.index, {}, c.first_chunk, c.finish_reason)
-                                       : text_choice_json(c.index, completion_text(c, ""), c.finish_reason)});
+  for (const Json& e : c.message.delta(rest)) out.push_back(anthropic_event(e));
+  if (reason == "error") return;  // the stream ends with the error event instead
+  const std::string& stop_sequence = c.decoder.stop_sequence();
+  for (const Json& e : c.message.finish(stop_reason(c.finish_reason, stop_sequence), stop_sequence, c.generated))
+    out.push_back(anthropic_event(e));
+}
+
+Json CompletionJob::logprobs_json(const Choice& c, size_t from) const {
+  if (!request_.logprobs) return nullptr;
+  const std::vector<LogprobEntry> entries(c.logprobs.begin() + std::ptrdiff_t(from), c.logprobs.end());
+  return request_.endpoint == Endpoint::kCompletions ? text_logprobs_json(entries) : chat_logprobs_json(entries);
+}
+
+void CompletionJob::send_chunk(Choice& c, const ChatDelta& delta, const std::string& finish_reason,
+                               std::vector<SseEvent>& out) {
+  // The logprobs of the tokens since the last chunk (null in a chunk that carries none: the finish chunk).
+  const Json logprobs = c.logprobs.size() > c.logprobs_sent ? logprobs_json(c, c.logprobs_sent) : Json();
+  c.logprobs_sent = c.logprobs.size();
+  Json chunk = response_envelope(header_);
+  chunk["choices"] = Json::array(
+      {request_.endpoint == Endpoint::kChatCompletions
+           ? chat_chunk_choice_json(c.index, delta, c.first_chunk, finish_reason, logprobs)
+           : text_choice_json(c.index, completion_text(c, delta.content), finish_reason, logprobs)});
   c.first_chunk = false;
-  out.push_back(json_text(chunk));
+  out.push_back({"", json_text(chunk)});
 }
 
 void CompletionJob::handle(size_t index, const GenerationEvent& event, clock::time_point at,
-                           std::vector<std::string>& out) {
+                           std::vector<SseEvent>& out) {
   Choice& c = *choices_[index];
   if (c.finished) return;  // stopped here (stop string, cancel) before the engine heard of it
   Metrics& metrics = service_.metrics_;
@@ -287,14 +335,19 @@ void CompletionJob::handle(size_t index, const GenerationEvent& event, clock::ti
     }
     c.last_token = at;
     ++c.generated;
+    if (event.logprobs) {
+      LogprobEntry& e = c.logprobs.emplace_back();
+      e.token = logprob_token(service_.tokenizer_, *event.token, event.logprobs->logprob);
+      for (const auto& [id, logprob] : event.logprobs->top)
+        e.top.push_back(logprob_token(service_.tokenizer_, id, logprob));
+      e.text_offset = c.decoder.text_chars();  // echo is refused with logprobs: the text starts with the output
+    }
     const ChatDelta delta = c.decoder.push(*event.token);
-    const bool chat = request_.endpoint == Endpoint::kChatCompletions;
-    if (request_.stream && (!delta.empty() || (c.first_chunk && (chat || request_.echo)))) {
-      Json chunk = response_envelope(header_);
-      chunk["choices"] = Json::array({chat ? chat_chunk_choice_json(c.index, delta, c.first_chunk, "")
-                                           : text_choice_json(c.index, completion_text(c, delta.content), "")});
-      c.first_chunk = false;
-      out.push_back(json_text(chunk));
+    const bool opening = c.first_chunk && (request_.endpoint == Endpoint::kChatCompletions || request_.echo);
+    if (request_.stream && request_.endpoint == Endpoint::kMessages) {
+      for (const Json& e : c.message.delta(delta)) out.push_back(anthropic_event(e));
+    } else if (request_.stream && (!delta.empty() || c.logprobs.size() > c.logprobs_sent || opening)) {
+      send_chunk(c, delta, "", out);
     }
     if (c.decoder.stopped()) {
       service_.scheduler_.cancel(c.id);
@@ -306,42 +359,51 @@ void CompletionJob::handle(size_t index, const GenerationEvent& event, clock::ti
     case FinishReason::kLength: finish_choice(c, "length", out); break;
     case FinishReason::kEos: finish_choice(c, "stop", out); break;
     case FinishReason::kCancelled: finish_choice(c, "abort", out); break;
-    case FinishReason::kError:
+    case FinishReason::kError: {
       error_ = event.error;
       finish_choice(c, "error", out);
-      if (request_.stream) {
-        out.push_back(json_text(error_body(ApiError(500, "generation failed: " + event.error, "server_error"))));
-      }
+      if (!request_.stream) break;
+      const ApiError error(500, "generation failed: " + event.error, "server_error");
+      out.push_back(request_.endpoint == Endpoint::kMessages ? anthropic_event(anthropic_error_body(error))
+                                                             : SseEvent{"", json_text(error_body(error))});
       break;
+    }
   }
 }
 
-std::vector<std::string> CompletionJob::drain(std::chrono::milliseconds wait) {
+std::vector<SseEvent> CompletionJob::drain(std::chrono::milliseconds wait) {
   std::deque<Inbox::Item> items;
   {
     std::unique_lock lock(inbox_->mutex);
     inbox_->ready.wait_for(lock, wait, [&] { return !inbox_->items.empty(); });
     items.swap(inbox_->items);
   }
-  std::vector<std::string> out;
+  std::vector<SseEvent> out;
   for (const auto& item : items) handle(item.choice, item.event, item.at, out);
   return out;
 }
 
-std::vector<std::string> CompletionJob::poll(std::chrono::milliseconds wait) {
+std::vector<SseEvent> CompletionJob::poll(std::chrono::milliseconds wait) {
   if (done_sent_) return {};
-  std::vector<std::string> out = drain(wait);
-  if (all_finished()) {
-    if (request_.include_usage) {
-      Json chunk = response_envelope(header_);
-      chunk["choices"] = Json::array();
-      Usage usage;
-      for (int64_t l : prompt_lengths_) usage.prompt_tokens += l;
-      for (const auto& c : choices_) usage.completion_tokens += c->generated;
-      chunk["usage"] = usage_json(usage);
-      out.push_back(json_text(chunk));
+  if (!started_) {  // an Anthropic stream opens at once, before the prompt is read
+    started_ = true;
+    if (request_.endpoint == Endpoint::kMessages) {
+      std::vector<SseEvent> out;
+      for (const Json& e : message_start(header_, prompt_lengths_[0])) out.push_back(anthropic_event(e));
+      return out;
     }
-    out.push_back("[DONE]");
+  }
+  std::vector<SseEvent> out = drain(wait);
+  if (all_finished()) {
+    if (request_.endpoint != Endpoint::kMessages) {  // Anthropic's message_stop was the last event
+      if (request_.include_usage) {
+        Json chunk = response_envelope(header_);
+        chunk["choices"] = Json::array();
+        chunk["usage"] = usage_json(usage());
+        out.push_back({"", json_text(chunk)});
+      }
+      out.push_back({"", "[DONE]"});
+    }
     done_sent_ = true;
   }
   return out;
@@ -352,24 +414,34 @@ std::string CompletionJob::completion_text(const Choice& c, const std::string& c
   return echoes_[size_t(c.index / request_.n)] + content;
 }
 
+Usage CompletionJob::usage() const {
+  Usage usage;
+  for (int64_t l : prompt_lengths_) usage.prompt_tokens += l;
+  for (const auto& c : choices_) usage.completion_tokens += c->generated;
+  return usage;
+}
+
 Json CompletionJob::wait() {
   while (!all_finished()) drain(std::chrono::seconds(1));
   if (!error_.empty()) throw ApiError(500, "generation failed: " + error_, "server_error");
+  if (request_.endpoint == Endpoint::kMessages) {  // one choice
+    const Choice& c = *choices_[0];
+    const std::string& stop_sequence = c.decoder.stop_sequence();
+    return message_json(header_, c.decoder.output(), stop_reason(c.finish_reason, stop_sequence), stop_sequence,
+                        usage());
+  }
   Json body = response_envelope(header_);
   Json choices = Json::array();
-  Usage usage;
-  for (int64_t l : prompt_lengths_) usage.prompt_tokens += l;
   for (const auto& c : choices_) {
     ChatChoice out = c->decoder.output();
     out.finish_reason = c->finish_reason;
-    choices.push_back(request_.endpoint == Endpoint::kChatCompletions ? chat_choice_json(c->index, out)
-                                                                      : text_choice_json(c->index,
-                                                                                         completion_text(*c, out.content),
-                                                                                         out.finish_reason));
-    usage.completion_tokens += c->generated;
+    choices.push_back(request_.endpoint == Endpoint::kChatCompletions
+                          ? chat_choice_json(c->index, out, logprobs_json(*c, 0))
+                          : text_choice_json(c->index, completion_text(*c, out.content), out.finish_reason,
+                                             logprobs_json(*c, 0)));
   }
   body["choices"] = choices;
-  body["usage"] = usage_json(usage);
+  body["usage"] = usage_json(usage());
   return body;
 }
 

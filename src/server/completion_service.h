@@ -1,6 +1,7 @@
-// Between the API and the engine queue: turns a parsed request into prompt tokens and scheduler requests (one
-// per choice), and the scheduler's token events back into OpenAI responses or stream chunks. Knows nothing of
-// HTTP: the transport hands it a body and gets back JSON, or SSE payloads to send as they come.
+// Between the APIs and the engine queue: turns a parsed request (OpenAI's chat or text completions, Anthropic's
+// messages) into prompt tokens and scheduler requests (one per choice), and the scheduler's token events back
+// into that API's responses or stream events. Knows nothing of HTTP: the transport hands it a body and gets back
+// JSON, or SSE events to send as they come.
 #pragma once
 
 #include <chrono>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "engine/scheduler.h"
+#include "server/anthropic_api.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/output_decoder.h"
@@ -26,12 +28,18 @@ struct ServiceOptions {
 
 class CompletionJob;
 
+// One server-sent event of a stream.
+struct SseEvent {
+  std::string event;  // the `event:` line's name; empty for OpenAI's streams, which send `data:` lines only
+  std::string data;
+};
+
 class CompletionService {
  public:
   CompletionService(Scheduler& scheduler, const Tokenizer& tokenizer, Metrics& metrics, ServiceOptions options);
 
-  // Parses and validates a request body and queues its choices. Throws ApiError: 400 for a bad request or a
-  // prompt that does not fit the context, 404 for an unknown model, 429 when the queue is full.
+  // Parses and validates a request body of the endpoint's API and queues its choices. Throws ApiError: 400 for a
+  // bad request or a prompt that does not fit the context, 404 for an unknown model, 429 when the queue is full.
   std::unique_ptr<CompletionJob> start(Endpoint endpoint, const std::string& body);
 
   // POST /tokenize and /detokenize (vLLM's shapes): the ids this server would feed the model for a prompt or a
@@ -64,9 +72,10 @@ class CompletionJob {
   ~CompletionJob();  // cancels the choices still generating
   bool stream() const { return request_.stream; }
 
-  // Streaming: waits up to `wait` for tokens and returns the SSE data payloads they produced (chunk JSON
-  // texts, an error object if the engine failed, the usage chunk, and "[DONE]" last). Empty on timeout.
-  std::vector<std::string> poll(std::chrono::milliseconds wait);
+  // Streaming: waits up to `wait` for tokens and returns the SSE events they produced. OpenAI: chunk JSON texts,
+  // an error object if the engine failed, the usage chunk, and "[DONE]" last. Anthropic: message_start at once,
+  // then the content block events, message_delta and message_stop (or an error event). Empty on timeout.
+  std::vector<SseEvent> poll(std::chrono::milliseconds wait);
   bool done() const { return done_sent_; }
   // Non-streaming: waits for every choice and returns the response body. Throws ApiError (500) when the
   // engine failed.
@@ -82,10 +91,15 @@ class CompletionJob {
   void submit_all(const std::vector<std::vector<int32_t>>& prompts, bool chat);
   // Applies one engine event to its choice; stream chunks go to `out` when streaming.
   void handle(size_t choice, const GenerationEvent& event, std::chrono::steady_clock::time_point at,
-              std::vector<std::string>& out);
-  void finish_choice(Choice& c, const std::string& reason, std::vector<std::string>& out);
+              std::vector<SseEvent>& out);
+  void finish_choice(Choice& c, const std::string& reason, std::vector<SseEvent>& out);
+  // An OpenAI stream chunk of a choice: `delta`, the logprobs of the tokens not sent yet, the finish reason.
+  void send_chunk(Choice& c, const ChatDelta& delta, const std::string& finish_reason, std::vector<SseEvent>& out);
+  // The choice's logprobs from entry `from` on, in its endpoint's shape; null when the request did not ask.
+  Json logprobs_json(const Choice& c, size_t from) const;
   bool all_finished() const;
-  std::vector<std::string> drain(std::chrono::milliseconds wait);
+  Usage usage() const;  // every prompt once, every choice's tokens
+  std::vector<SseEvent> drain(std::chrono::milliseconds wait);
 
   CompletionService& service_;
   CompletionRequest request_;
@@ -98,6 +112,7 @@ class CompletionJob {
   // A completion choice's text to send: with echo, its first piece starts with its prompt's text.
   std::string completion_text(const Choice& c, const std::string& content) const;
   std::string error_;                    // the engine's error, if any choice failed
+  bool started_ = false;                 // a stream's opening events (Anthropic's message_start) went out
   bool done_sent_ = false;
 };
 

@@ -25,10 +25,13 @@ namespace {
 
 constexpr const char* kJson = "application/json";
 
-void send_error(httplib::Response& res, const ApiError& error) {
+// Anthropic's routes answer errors in Anthropic's shape, the others in OpenAI's.
+bool anthropic_path(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
+
+void send_error(httplib::Response& res, const ApiError& error, bool anthropic = false) {
   res.status = error.status;
   if (error.status == 429) res.set_header("Retry-After", "1");  // the queue drains at the engine's pace
-  res.set_content(json_text(error_body(error)), kJson);
+  res.set_content(json_text(anthropic ? anthropic_error_body(error) : error_body(error)), kJson);
 }
 
 // The request body, whatever its content type says: clients such as `curl -d` label JSON as a form, which
@@ -57,14 +60,19 @@ std::string read_body(const httplib::Request& req, const httplib::ContentReader&
   throw ApiError(400, "the request body could not be read", "invalid_request_error");
 }
 
-// Whether the request carries `Authorization: Bearer <key>` (compared in constant time).
-bool authorized(const httplib::Request& req, const std::string& key) {
-  const std::string header = req.get_header_value("Authorization");
-  const std::string prefix = "Bearer ";
+// Whether `header` is `prefix` + `key` (the key compared in constant time).
+bool carries_key(const std::string& header, const std::string& prefix, const std::string& key) {
   if (header.size() != prefix.size() + key.size() || header.compare(0, prefix.size(), prefix) != 0) return false;
   unsigned char diff = 0;
   for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>(header[prefix.size() + i] ^ key[i]);
   return diff == 0;
+}
+
+// Whether the request carries the key: `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>`
+// (Anthropic's).
+bool authorized(const httplib::Request& req, const std::string& key) {
+  return carries_key(req.get_header_value("Authorization"), "Bearer ", key) ||
+         carries_key(req.get_header_value("x-api-key"), "", key);
 }
 
 // The Access-Control-Allow-Origin value for this request's Origin, empty when it is not allowed.
@@ -83,7 +91,7 @@ void release_large_body(size_t size) {
 }
 
 // A completion request: a JSON response, or an SSE stream whose provider runs on this connection's thread
-// after the handler returns, pulling payloads from the job as the engine produces them.
+// after the handler returns, pulling events from the job as the engine produces them.
 void complete(CompletionService& service, Endpoint endpoint, const std::string& body, httplib::Response& res) {
   std::shared_ptr<CompletionJob> job = service.start(endpoint, body);
   if (!job->stream()) {
@@ -95,11 +103,12 @@ void complete(CompletionService& service, Endpoint endpoint, const std::string& 
   res.set_chunked_content_provider(
       "text/event-stream",
       [job](size_t, httplib::DataSink& sink) {
-        const std::vector<std::string> payloads = job->poll(std::chrono::seconds(1));
+        const std::vector<SseEvent> events = job->poll(std::chrono::seconds(1));
         // Nothing new for a second (a long prefill, a full queue): a comment line, which clients ignore,
         // tells whether the client is still there.
-        std::string text = payloads.empty() ? ": keep-alive\n\n" : "";
-        for (const std::string& p : payloads) text += "data: " + p + "\n\n";
+        std::string text = events.empty() ? ": keep-alive\n\n" : "";
+        for (const SseEvent& e : events)
+          text += (e.event.empty() ? "" : "event: " + e.event + "\n") + "data: " + e.data + "\n\n";
         if (!sink.write(text.data(), text.size())) {
           job->cancel();
           return false;
@@ -202,13 +211,14 @@ HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
         size = body.size();
         complete(service_, endpoint, body, res);
       } catch (const ApiError& e) {
-        send_error(res, e);
+        send_error(res, e, endpoint == Endpoint::kMessages);
       }
       release_large_body(size);
     };
   };
   http.Post("/v1/chat/completions", completion(Endpoint::kChatCompletions));
   http.Post("/v1/completions", completion(Endpoint::kCompletions));
+  http.Post("/v1/messages", completion(Endpoint::kMessages));
   const auto tokens = [this](bool encode) {
     return [this, encode](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
       try {
@@ -233,10 +243,11 @@ HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
     return [allowed](const httplib::Request& req, httplib::Response& res) {
       res.set_header("Allow", allowed);
       send_error(res, ApiError(405, req.method + " is not allowed on " + req.path + " (allowed: " + allowed + ")",
-                               "invalid_request_error", "", "method_not_allowed"));
+                               "invalid_request_error", "", "method_not_allowed"),
+                 anthropic_path(req.path));
     };
   };
-  for (const char* path : {"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"}) {
+  for (const char* path : {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/tokenize", "/detokenize"}) {
     http.Get(path, not_allowed("POST"));
     http.Put(path, not_allowed("POST"));
     http.Patch(path, not_allowed("POST"));
@@ -259,13 +270,20 @@ HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
       res.status = 204;
       res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
       const std::string asked = req.get_header_value("Access-Control-Request-Headers");
-      res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
+      res.set_header("Access-Control-Allow-Headers",
+                     asked.empty() ? "Authorization, X-Api-Key, Anthropic-Version, Content-Type" : asked);
       res.set_header("Access-Control-Max-Age", "600");
       return httplib::Server::HandlerResponse::Handled;
     }
     if (!options_.api_key.empty() && req.path.rfind("/v1/", 0) == 0 && !authorized(req, options_.api_key)) {
-      send_error(res, ApiError(401, "missing or incorrect API key: send it as 'Authorization: Bearer <key>'",
-                               "invalid_request_error", "", "invalid_api_key"));
+      send_error(res,
+                 ApiError(401, "missing or incorrect API key: send it as 'Authorization: Bearer <key>' or "
+                               "'x-api-key: <key>'",
+                          "invalid_request_error", "", "invalid_api_key"),
+                 anthropic_path(req.path));
+      // Refused before its body is read (an unauthenticated client's upload is not worth reading), so the
+      // connection cannot serve another request: its unread bytes would be taken for one. The client closes it.
+      res.set_header("Connection", "close");
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
@@ -279,7 +297,7 @@ HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
   });
 
   // Anything else that escapes a handler is a bug, but the server answers and stays up.
-  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+  http.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "unknown error";
     try {
       std::rethrow_exception(ep);
@@ -288,7 +306,7 @@ HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
     } catch (...) {
     }
     std::fprintf(stderr, "dsv4 serve: internal error: %s\n", what.c_str());
-    send_error(res, ApiError(500, "internal server error: " + what, "server_error"));
+    send_error(res, ApiError(500, "internal server error: " + what, "server_error"), anthropic_path(req.path));
   });
   // Unknown paths, wrong methods and other transport-level failures, in the same error shape.
   http.set_error_handler([limit = options.max_body_bytes](const httplib::Request& req, httplib::Response& res) {
@@ -298,7 +316,8 @@ HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
         : res.status == 413 ? "the request body is larger than this server's limit of " + std::to_string(limit) +
                                   " bytes (dsv4 serve --max-body-mb)"
                             : "HTTP error " + std::to_string(res.status);
-    send_error(res, ApiError(res.status, message, "invalid_request_error", "", res.status == 404 ? "not_found" : ""));
+    send_error(res, ApiError(res.status, message, "invalid_request_error", "", res.status == 404 ? "not_found" : ""),
+               anthropic_path(req.path));
   });
 }
 

@@ -1,5 +1,6 @@
-// The HTTP transport (cpp-httplib): routes, JSON bodies, Server-Sent Events for streams, and OpenAI-shaped
-// errors for everything that goes wrong (405 with Allow for a known path's other methods, Retry-After on 429).
+// The HTTP transport (cpp-httplib): routes, JSON bodies, Server-Sent Events for streams, and errors for
+// everything that goes wrong in the API's shape (Anthropic's on /v1/messages, OpenAI's elsewhere; 405 with Allow
+// for a known path's other methods, Retry-After on 429).
 // A client that disconnects mid-stream is noticed when a write fails (an idle stream sends an SSE comment every
 // second to find out) and its request is cancelled. Every response is counted by status in the metrics.
 #pragma once
@@ -22,8 +23,8 @@ struct HttpOptions {
   int threads = 64;  // connection threads kept; a stream holds one for its whole length
   int max_threads = 1024;  // when all are busy more are started, up to this many (idle ones leave again)
   size_t max_body_bytes = size_t(64) << 20;  // larger request bodies are refused with 413
-  // Non-empty: the /v1/ routes require `Authorization: Bearer <api_key>` (401 otherwise); /health and /metrics
-  // stay open (probes and scrapers).
+  // Non-empty: the /v1/ routes require `Authorization: Bearer <api_key>` or `x-api-key: <api_key>` (401
+  // otherwise); /health and /metrics stay open (probes and scrapers).
   std::string api_key;
   // Origins whose browsers may call the API (CORS: preflight answered, Access-Control-Allow-Origin set); "*" is
   // any origin. Empty: no CORS headers.

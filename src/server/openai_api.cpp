@@ -23,9 +23,6 @@ Json error_body(const ApiError& error) {
   return Json{{"error", e}};
 }
 
-namespace {
-
-// A present, non-null field of the request body.
 const Json* field(const Json& body, const std::string& name) {
   const auto it = body.find(name);
   return it == body.end() || it->is_null() ? nullptr : &*it;
@@ -63,8 +60,7 @@ std::optional<int64_t> get_int(const Json& body, const std::string& name, int64_
   return v;
 }
 
-// A number in [lo, hi] (lo excluded when lo_open).
-std::optional<float> get_number(const Json& body, const std::string& name, double lo, double hi, bool lo_open = false) {
+std::optional<float> get_number(const Json& body, const std::string& name, double lo, double hi, bool lo_open) {
   const Json* f = field(body, name);
   if (!f) return std::nullopt;
   if (!f->is_number()) throw wrong_type(name, "a number");
@@ -77,39 +73,73 @@ std::optional<float> get_number(const Json& body, const std::string& name, doubl
   return float(v);
 }
 
-// Options that change what is generated but that this server does not implement: refuse rather than ignore.
-void refuse_unsupported(const Json& body, Endpoint endpoint) {
-  const auto refuse = [](const std::string& name) {
-    throw invalid_request("'" + name + "' is not supported by this server", name, "unsupported_parameter");
-  };
-  if (const Json* f = field(body, "logprobs"); f && !(f->is_boolean() ? !f->get<bool>() : *f == 0)) refuse("logprobs");
-  if (const Json* f = field(body, "top_logprobs"); f && *f != 0) refuse("top_logprobs");
-  if (const Json* f = field(body, "logit_bias"); f && !f->empty()) refuse("logit_bias");
-  if (const Json* f = field(body, "response_format");
-      f && !(f->is_object() && f->contains("type") && (*f)["type"] == "text"))
-    refuse("response_format");
-  if (endpoint == Endpoint::kCompletions) {
-    if (const Json* f = field(body, "suffix"); f && *f != "") refuse("suffix");
-  }
-}
-
-std::vector<std::string> get_stop(const Json& body) {
-  const Json* f = field(body, "stop");
+std::vector<std::string> get_stop(const Json& body, const std::string& name) {
+  const Json* f = field(body, name);
   if (!f) return {};
   std::vector<std::string> stop;
   if (f->is_string()) {
     stop.push_back(f->get<std::string>());
   } else if (f->is_array()) {
     for (const Json& s : *f) {
-      if (!s.is_string()) throw wrong_type("stop", "a string or an array of strings");
+      if (!s.is_string()) throw wrong_type(name, "a string or an array of strings");
       stop.push_back(s.get<std::string>());
     }
   } else {
-    throw wrong_type("stop", "a string or an array of strings");
+    throw wrong_type(name, "a string or an array of strings");
   }
-  if (stop.size() > 16) throw invalid_request("'stop' may hold at most 16 strings", "stop");
+  if (stop.size() > 16) throw invalid_request("'" + name + "' may hold at most 16 strings", name);
   std::erase(stop, "");
   return stop;
+}
+
+Json parse_object(const std::string& text) {
+  Json body;
+  try {
+    body = Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    throw invalid_request(std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json");
+  }
+  if (!body.is_object()) throw invalid_request("the request body must be a JSON object", "", "invalid_json");
+  return body;
+}
+
+std::string get_model(const Json& body) {
+  const auto model = get_string(body, "model");
+  if (!model) throw invalid_request("missing required field 'model'", "model", "missing_required_parameter");
+  return *model;
+}
+
+namespace {
+
+// Options that change what is generated but that this server does not implement: refuse rather than ignore.
+void refuse_unsupported(const Json& body, Endpoint endpoint) {
+  const auto refuse = [](const std::string& name) {
+    throw invalid_request("'" + name + "' is not supported by this server", name, "unsupported_parameter");
+  };
+  if (const Json* f = field(body, "logit_bias"); f && !f->empty()) refuse("logit_bias");
+  if (const Json* f = field(body, "response_format");
+      f && !(f->is_object() && f->contains("type") && (*f)["type"] == "text"))
+    refuse("response_format");
+  if (endpoint == Endpoint::kCompletions) {
+    if (const Json* f = field(body, "suffix"); f && *f != "") refuse("suffix");
+    if (const Json* f = field(body, "top_logprobs"); f && *f != 0) refuse("top_logprobs");  // chat's field
+  }
+}
+
+// Chat: "logprobs": true with "top_logprobs": 0..20 alternatives. Completions: "logprobs": 0..20, the
+// alternatives; with "echo" that would ask for the prompt's logprobs too, which this server does not compute.
+void parse_logprobs(const Json& body, CompletionRequest& r) {
+  if (r.endpoint == Endpoint::kCompletions) {
+    r.logprobs = get_int(body, "logprobs", 0, kMaxTopLogprobs);
+    if (r.logprobs && r.echo)
+      throw invalid_request("prompt logprobs ('echo' with 'logprobs') are not supported by this server", "logprobs",
+                            "unsupported_parameter");
+    return;
+  }
+  const auto top = get_int(body, "top_logprobs", 0, kMaxTopLogprobs);
+  if (get_bool(body, "logprobs").value_or(false)) r.logprobs = top.value_or(0);
+  else if (top.value_or(0) > 0)
+    throw invalid_request("'top_logprobs' requires 'logprobs': true", "top_logprobs");
 }
 
 void parse_sampling(const Json& body, CompletionRequest& r) {
@@ -238,24 +268,6 @@ void parse_completion(const Json& body, CompletionRequest& r) {
   }
 }
 
-// The request body as a JSON object (400 otherwise).
-Json parse_object(const std::string& text) {
-  Json body;
-  try {
-    body = Json::parse(text);
-  } catch (const Json::parse_error& e) {
-    throw invalid_request(std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json");
-  }
-  if (!body.is_object()) throw invalid_request("the request body must be a JSON object", "", "invalid_json");
-  return body;
-}
-
-std::string get_model(const Json& body) {
-  const auto model = get_string(body, "model");
-  if (!model) throw invalid_request("missing required field 'model'", "model", "missing_required_parameter");
-  return *model;
-}
-
 }  // namespace
 
 CompletionRequest parse_request(Endpoint endpoint, const std::string& text, const SamplingParams& defaults) {
@@ -269,15 +281,15 @@ CompletionRequest parse_request(Endpoint endpoint, const std::string& text, cons
   if (endpoint == Endpoint::kChatCompletions) parse_chat(body, r);
   else parse_completion(body, r);
   parse_sampling(body, r);
+  parse_logprobs(body, r);
 
   // max_completion_tokens is the newer name in chat completions; both mean the same here.
-  constexpr int64_t kMaxTokens = int64_t(1) << 40;
-  r.max_tokens = get_int(body, "max_tokens", 1, kMaxTokens);
-  if (auto v = get_int(body, "max_completion_tokens", 1, kMaxTokens)) r.max_tokens = v;
+  r.max_tokens = get_int(body, "max_tokens", 1, kMaxTokensField);
+  if (auto v = get_int(body, "max_completion_tokens", 1, kMaxTokensField)) r.max_tokens = v;
   r.n = get_int(body, "n", 1, 128).value_or(1);
   if (auto best_of = get_int(body, "best_of", 1, 128); best_of && *best_of != r.n)
     throw invalid_request("'best_of' other than n is not supported", "best_of", "unsupported_parameter");
-  r.stop = get_stop(body);
+  r.stop = get_stop(body, "stop");
   r.stream = get_bool(body, "stream").value_or(false);
   if (const Json* opts = field(body, "stream_options")) {
     if (!r.stream) throw invalid_request("'stream_options' is only allowed when 'stream' is true", "stream_options");
@@ -330,9 +342,42 @@ Json response_envelope(const ResponseHeader& h) {
 
 namespace {
 Json finish_json(const std::string& finish_reason) { return finish_reason.empty() ? Json() : Json(finish_reason); }
+
+Json token_json(const LogprobToken& t) {
+  Json bytes = Json::array();
+  for (const char b : t.bytes) bytes.push_back(int(uint8_t(b)));
+  return Json{{"token", t.text}, {"logprob", t.logprob}, {"bytes", bytes}};
+}
 }  // namespace
 
-Json chat_choice_json(int64_t index, const ChatChoice& c) {
+Json chat_logprobs_json(const std::vector<LogprobEntry>& entries) {
+  Json content = Json::array();
+  for (const LogprobEntry& e : entries) {
+    Json item = token_json(e.token);
+    item["top_logprobs"] = Json::array();
+    for (const LogprobToken& t : e.top) item["top_logprobs"].push_back(token_json(t));
+    content.push_back(item);
+  }
+  return Json{{"content", content}};
+}
+
+Json text_logprobs_json(const std::vector<LogprobEntry>& entries) {
+  Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array(), offsets = Json::array();
+  for (const LogprobEntry& e : entries) {
+    tokens.push_back(e.token.text);
+    token_logprobs.push_back(e.token.logprob);
+    // The alternatives and, as OpenAI's legacy API always reports it, the token itself (up to N + 1 entries).
+    Json top = Json::object();
+    for (const LogprobToken& t : e.top) top[t.text] = t.logprob;
+    top[e.token.text] = e.token.logprob;
+    top_logprobs.push_back(top);
+    offsets.push_back(e.text_offset);
+  }
+  return Json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs},
+              {"text_offset", offsets}};
+}
+
+Json chat_choice_json(int64_t index, const ChatChoice& c, const Json& logprobs) {
   Json message{{"role", "assistant"}, {"content", c.content}};
   if (!c.reasoning.empty()) message["reasoning_content"] = c.reasoning;
   if (!c.tool_calls.empty()) {
@@ -342,10 +387,14 @@ Json chat_choice_json(int64_t index, const ChatChoice& c) {
     message["tool_calls"] = calls;
     if (c.content.empty()) message["content"] = nullptr;  // as OpenAI answers a pure tool call
   }
-  return Json{{"index", index}, {"message", message}, {"logprobs", nullptr}, {"finish_reason", finish_json(c.finish_reason)}};
+  return Json{{"index", index},
+              {"message", message},
+              {"logprobs", logprobs},
+              {"finish_reason", finish_json(c.finish_reason)}};
 }
 
-Json chat_chunk_choice_json(int64_t index, const ChatDelta& d, bool first, const std::string& finish_reason) {
+Json chat_chunk_choice_json(int64_t index, const ChatDelta& d, bool first, const std::string& finish_reason,
+                            const Json& logprobs) {
   Json delta = Json::object();
   if (first) delta["role"] = "assistant";
   if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
@@ -366,11 +415,14 @@ Json chat_chunk_choice_json(int64_t index, const ChatDelta& d, bool first, const
     }
     delta["tool_calls"] = calls;
   }
-  return Json{{"index", index}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish_reason)}};
+  return Json{{"index", index},
+              {"delta", delta},
+              {"logprobs", logprobs},
+              {"finish_reason", finish_json(finish_reason)}};
 }
 
-Json text_choice_json(int64_t index, const std::string& text, const std::string& finish_reason) {
-  return Json{{"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish_reason)}};
+Json text_choice_json(int64_t index, const std::string& text, const std::string& finish_reason, const Json& logprobs) {
+  return Json{{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish_json(finish_reason)}};
 }
 
 std::string random_id(const std::string& prefix) {

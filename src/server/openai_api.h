@@ -42,7 +42,29 @@ Json error_body(const ApiError& error);
 // nlohmann's dump() throws on them, which in an HTTP error handler ended the process.
 std::string json_text(const Json& value);
 
-enum class Endpoint { kChatCompletions, kCompletions };
+// The readers of request fields, shared by the API schemas (anthropic_api too). A field that is absent or null
+// reads as std::nullopt; a present field of the wrong type or out of range throws ApiError (400) naming it.
+Json parse_object(const std::string& body);  // the body as a JSON object
+const Json* field(const Json& body, const std::string& name);  // present and not null, else nullptr
+std::string get_model(const Json& body);  // the required "model"
+ApiError wrong_type(const std::string& name, const std::string& expected);
+std::optional<bool> get_bool(const Json& body, const std::string& name);
+std::optional<std::string> get_string(const Json& body, const std::string& name);
+std::optional<int64_t> get_int(const Json& body, const std::string& name, int64_t lo, int64_t hi);
+// A number in [lo, hi] (lo excluded when lo_open).
+std::optional<float> get_number(const Json& body, const std::string& name, double lo, double hi,
+                                bool lo_open = false);
+// A string or an array of strings (at most 16), empty ones dropped.
+std::vector<std::string> get_stop(const Json& body, const std::string& name);
+
+// /v1/messages is Anthropic's Messages API (anthropic_api.h); it shares the chat fields of CompletionRequest.
+enum class Endpoint { kChatCompletions, kCompletions, kMessages };
+
+// The largest max_tokens a request may name (the context then bounds it: a 400 naming the prompt).
+inline constexpr int64_t kMaxTokensField = int64_t(1) << 40;
+
+// The most alternatives per token `top_logprobs` (chat) and `logprobs` (completions) may ask for.
+inline constexpr int64_t kMaxTopLogprobs = 20;
 
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kChatCompletions;
@@ -70,11 +92,15 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;
+  // Set: report each generated token's log-probability with this many most likely alternatives (chat:
+  // "logprobs": true and top_logprobs; completions: "logprobs": N).
+  std::optional<int64_t> logprobs;
 };
 
-// Parses a request body; `defaults` are the sampling parameters used for fields the request leaves out.
+// Parses a request body of /v1/chat/completions or /v1/completions (Anthropic's: parse_messages); `defaults` are
+// the sampling parameters used for fields the request leaves out.
 // Throws ApiError (400) naming the field on malformed JSON, missing or wrong-typed fields and values out of
-// range, and for features this server does not implement (logprobs, suffix, best_of > n, ...).
+// range, and for features this server does not implement (prompt logprobs, suffix, best_of > n, ...).
 CompletionRequest parse_request(Endpoint endpoint, const std::string& body, const SamplingParams& defaults);
 
 // POST /tokenize (vLLM's shape): {"model", "prompt", "add_special_tokens" (default true: the BOS)}, or {"model",
@@ -123,19 +149,41 @@ struct ResponseHeader {
 };
 Json response_envelope(const ResponseHeader& header);
 
+// A token as the logprobs objects spell it: its text ("bytes:\xNN..." when its bytes are not whole UTF-8 on
+// their own, as OpenAI writes them), its bytes and its log-probability (clamped at -9999, as vLLM does).
+struct LogprobToken {
+  std::string text;
+  std::string bytes;
+  float logprob = 0.0f;
+};
+// One generated token's logprobs: the token, the most likely alternatives (most likely first) and, for
+// completions, where its text starts in the choice's text (code points, after the echoed prompt).
+struct LogprobEntry {
+  LogprobToken token;
+  std::vector<LogprobToken> top;
+  int64_t text_offset = 0;
+};
+// Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}.
+Json chat_logprobs_json(const std::vector<LogprobEntry>& entries);
+// Completions: {"tokens", "token_logprobs", "top_logprobs": [{text: logprob} of the alternatives and the token
+// itself], "text_offset"}.
+Json text_logprobs_json(const std::vector<LogprobEntry>& entries);
+
 // A finished chat choice: {"index", "message": {"role", "content", ["reasoning_content"], ["tool_calls"]},
-// "logprobs": null, "finish_reason"}.
+// "logprobs", "finish_reason"}. `logprobs` is null unless the request asked for them.
 struct ChatChoice {
   std::string reasoning;
   std::string content;
   std::vector<chat::ToolCall> tool_calls;  // id, name, arguments
   std::string finish_reason;
 };
-Json chat_choice_json(int64_t index, const ChatChoice& choice);
-// A chat.completion.chunk choice: {"index", "delta": {...}, "logprobs": null, "finish_reason"}.
-Json chat_chunk_choice_json(int64_t index, const ChatDelta& delta, bool first, const std::string& finish_reason);
-// A text_completion choice (whole or streamed): {"index", "text", "logprobs": null, "finish_reason"}.
-Json text_choice_json(int64_t index, const std::string& text, const std::string& finish_reason);
+Json chat_choice_json(int64_t index, const ChatChoice& choice, const Json& logprobs = nullptr);
+// A chat.completion.chunk choice: {"index", "delta": {...}, "logprobs", "finish_reason"}.
+Json chat_chunk_choice_json(int64_t index, const ChatDelta& delta, bool first, const std::string& finish_reason,
+                            const Json& logprobs = nullptr);
+// A text_completion choice (whole or streamed): {"index", "text", "logprobs", "finish_reason"}.
+Json text_choice_json(int64_t index, const std::string& text, const std::string& finish_reason,
+                      const Json& logprobs = nullptr);
 
 // prefix + 24 random alphanumerics, as OpenAI's ids look ("chatcmpl-…", "call_…").
 std::string random_id(const std::string& prefix);

@@ -1,17 +1,23 @@
 #include "server/output_decoder.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace dsv4::server {
 
-OutputDecoder::OutputDecoder(const Tokenizer& tokenizer, bool chat, bool thinking, std::vector<std::string> stop)
-    : detok_(tokenizer, /*skip_special=*/true), stop_(std::move(stop)) {
+OutputDecoder::OutputDecoder(const Tokenizer& tokenizer, bool chat, bool thinking, std::vector<std::string> stop,
+                             std::string call_id_prefix)
+    : detok_(tokenizer, /*skip_special=*/true), stop_(std::move(stop)), call_id_prefix_(std::move(call_id_prefix)) {
   if (chat) parser_ = std::make_unique<chat::ChatParser>(thinking);
 }
 
 ChatDelta OutputDecoder::push(int32_t token) {
   if (stop_.stopped()) return {};
-  return advance(stop_.feed(detok_.push(token)), /*final=*/false);
+  const std::string text = detok_.push(token);
+  // Complete UTF-8 (the detokenizer holds back partial characters): count every byte but continuation bytes.
+  text_chars_ += std::count_if(text.begin(), text.end(), [](char b) { return (uint8_t(b) & 0xC0) != 0x80; });
+  return advance(stop_.feed(text), /*final=*/false);
 }
 
 ChatDelta OutputDecoder::finish() {
@@ -46,7 +52,7 @@ ChatDelta OutputDecoder::advance(const std::string& text, bool final) {
     ToolCallDelta d;
     d.index = int64_t(i);
     if (i == output_.tool_calls.size()) {
-      output_.tool_calls.push_back({random_id("call_"), call.name, ""});
+      output_.tool_calls.push_back({random_id(call_id_prefix_), call.name, ""});
       d.id = output_.tool_calls.back().id;
       d.name = call.name;
     }

@@ -1,11 +1,12 @@
-# dsv4_server: the OpenAI-compatible HTTP server (included from the top-level CMakeLists.txt after the dsv4
-# executable): transport (cpp-httplib from Debian's libcpp-httplib-dev, found through pkg-config), API schema,
+# dsv4_server: the OpenAI- and Anthropic-compatible HTTP server (included from the top-level CMakeLists.txt after
+# the dsv4 executable): transport (cpp-httplib from Debian's libcpp-httplib-dev, found through pkg-config), API schemas,
 # the API <-> queue service and metrics. The scheduler it drives is part of dsv4_engine.
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(CPP_HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 
 add_library(dsv4_server STATIC
   ${CMAKE_CURRENT_LIST_DIR}/openai_api.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/anthropic_api.cpp
   ${CMAKE_CURRENT_LIST_DIR}/output_decoder.cpp
   ${CMAKE_CURRENT_LIST_DIR}/completion_service.cpp
   ${CMAKE_CURRENT_LIST_DIR}/metrics.cpp

@@ -7,6 +7,7 @@ Each test class starts its own server on a free port and stops it at the end.
 """
 
 import json
+import math
 import os
 import random
 import re
@@ -110,6 +111,69 @@ class TestApi(ServerCase):
         r = self.client.completions.create(model=MODEL, prompt=[ids, ids], max_tokens=2, echo=True, n=2)
         self.assertEqual(len(r.choices), 4)
         self.assertTrue(all(c.text.startswith("Mr. Darcy") for c in r.choices))
+
+    def assert_distribution(self, logprob, top, asked):
+        """One token's logprobs: ≤ 0, `asked` alternatives, most likely first, their probabilities ≤ 1 in all."""
+        self.assertLessEqual(logprob, 0)
+        self.assertEqual(len(top), asked)
+        values = [t.logprob if hasattr(t, "logprob") else t for t in top]
+        self.assertEqual(values, sorted(values, reverse=True))
+        self.assertLessEqual(sum(math.exp(v) for v in values), 1 + 1e-6)
+
+    def test_chat_logprobs(self):
+        kw = dict(model=MODEL, messages=chat("How do you do?"), max_tokens=8, temperature=0, logprobs=True,
+                  top_logprobs=5)
+        whole = self.client.chat.completions.create(**kw)
+        content = whole.choices[0].logprobs.content
+        self.assertEqual(len(content), whole.usage.completion_tokens)
+        self.assertEqual("".join(t.token for t in content), whole.choices[0].message.content)
+        for t in content:
+            self.assert_distribution(t.logprob, t.top_logprobs, 5)
+            # Greedy picks the most likely token of the raw distribution.
+            self.assertEqual((t.token, t.logprob), (t.top_logprobs[0].token, t.top_logprobs[0].logprob))
+            self.assertEqual(bytes(t.bytes).decode(), t.token)
+        # Streamed: each chunk carries its tokens' logprobs, the same ones.
+        chunks = [c for c in self.client.chat.completions.create(**kw, stream=True) if c.choices]
+        streamed = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+        self.assertEqual([t.model_dump() for t in streamed], [t.model_dump() for t in content])
+        # Sampled: the logprobs are the model's own (before temperature and top-k): at temperature 2 with a seed,
+        # the same as greedy's for the same first token.
+        sampled = self.client.chat.completions.create(**{**kw, "temperature": 2.0, "seed": 5, "max_tokens": 6,
+                                                         "extra_body": {"top_k": 3}})
+        first = sampled.choices[0].logprobs.content[0]
+        self.assertEqual(first.top_logprobs, content[0].top_logprobs)
+        self.assertIn(first.token, [t.token for t in first.top_logprobs[:3]])  # top_k 3 kept only those
+        for t in sampled.choices[0].logprobs.content:
+            self.assert_distribution(t.logprob, t.top_logprobs, 5)
+            self.assertGreaterEqual(t.logprob, t.top_logprobs[2].logprob)
+        # Without logprobs: null; with logprobs and no top_logprobs: the tokens alone.
+        self.assertIsNone(self.client.chat.completions.create(model=MODEL, messages=chat("Hi"), max_tokens=2)
+                          .choices[0].logprobs)
+        bare = self.client.chat.completions.create(model=MODEL, messages=chat("Hi"), max_tokens=2, logprobs=True)
+        self.assertEqual([t.top_logprobs for t in bare.choices[0].logprobs.content], [[], []])
+
+    def test_completion_logprobs(self):
+        kw = dict(model=MODEL, prompt=PROMPTS[0], max_tokens=10, temperature=0, logprobs=3)
+        whole = self.client.completions.create(**kw)
+        choice = whole.choices[0]
+        lp = choice.logprobs
+        self.assertEqual(len(lp.tokens), whole.usage.completion_tokens)
+        self.assertEqual("".join(lp.tokens), choice.text)
+        self.assertEqual(lp.text_offset, [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))])
+        for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+            # Greedy: the token is the most likely, so the 3 alternatives hold it (no extra entry).
+            self.assertEqual(list(top)[0], token)
+            self.assertEqual(top[token], logprob)
+            self.assert_distribution(logprob, list(top.values()), 3)
+        streamed = [c.choices[0].logprobs for c in self.client.completions.create(**kw, stream=True)
+                    if c.choices[0].logprobs]
+        self.assertEqual(sum((s.tokens for s in streamed), []), lp.tokens)
+        self.assertEqual(sum((s.token_logprobs for s in streamed), []), lp.token_logprobs)
+        self.assertEqual(sum((s.top_logprobs for s in streamed), []), lp.top_logprobs)
+        self.assertEqual(sum((s.text_offset for s in streamed), []), lp.text_offset)
+        # logprobs 0: the sampled token's own entry only.
+        zero = self.client.completions.create(**{**kw, "logprobs": 0, "max_tokens": 3}).choices[0].logprobs
+        self.assertEqual(zero.top_logprobs, [{t: l} for t, l in zip(zero.tokens, zero.token_logprobs)])
 
     def test_tokenize_detokenize(self):
         http = self.server.http
@@ -386,7 +450,9 @@ class TestRobustness(ServerCase):
             ("/v1/chat/completions", {**ok, "tools": [{"type": "function"}]}, 400, "tools[0]"),
             ("/v1/chat/completions", {**ok, "tool_choice": "required"}, 400, "tool_choice"),
             ("/v1/chat/completions", {**ok, "reasoning_effort": "extreme"}, 400, "reasoning_effort"),
-            ("/v1/chat/completions", {**ok, "logprobs": True}, 400, "logprobs"),
+            ("/v1/chat/completions", {**ok, "top_logprobs": 2}, 400, "top_logprobs"),  # without logprobs: true
+            ("/v1/chat/completions", {**ok, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+            ("/v1/chat/completions", {**ok, "logprobs": 3}, 400, "logprobs"),
             ("/v1/chat/completions", {**ok, "messages": [{"role": "system", "content": "x"}]}, 400, "messages"),
             ("/v1/completions", {"model": MODEL, "max_tokens": 4}, 400, "prompt"),
             ("/v1/completions", {"model": MODEL, "prompt": ""}, 400, "prompt"),
@@ -394,6 +460,8 @@ class TestRobustness(ServerCase):
             ("/v1/completions", {"model": MODEL, "prompt": [99999999]}, 400, None),  # outside the vocabulary
             ("/v1/completions", {"model": MODEL, "prompt": "word " * 2000}, 400, "prompt"),
             ("/v1/completions", {"model": MODEL, "prompt": "x", "echo": "yes"}, 400, "echo"),
+            ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 21}, 400, "logprobs"),
+            ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 1, "echo": True}, 400, "logprobs"),
             ("/v1/chat/completions", {**ok, "model": "gpt-4"}, 404, "model"),
             ("/v1/completions", {"model": "gpt-4", "prompt": "x"}, 404, "model"),
         ]

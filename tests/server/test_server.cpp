@@ -1,7 +1,8 @@
 // The server below HTTP: the continuous-batching scheduler on the shipped tiny model (batched = alone,
-// cancellation, queue limit), the output decoder (DSML tool calls and reasoning streamed as deltas, stop
-// strings), request parsing and the metrics text. The HTTP layer is tested with the real openai client in
-// test_openai.py.
+// cancellation, queue limit, logprobs), the output decoder (DSML tool calls and reasoning streamed as deltas,
+// stop strings), OpenAI and Anthropic request parsing, the Anthropic message and stream events (tool_use blocks
+// from DSML), and the metrics text. The HTTP layer is tested with the real openai and anthropic clients in
+// test_openai.py and test_anthropic.py.
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -12,6 +13,7 @@
 #include "engine/backend.h"
 #include "harness/files.h"
 #include "loader/weight_map.h"
+#include "server/anthropic_api.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/output_decoder.h"
@@ -27,12 +29,14 @@ struct Collector {
   std::mutex mutex;
   std::condition_variable cv;
   std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;  // of the tokens, when asked
   std::optional<FinishReason> finished;
 
   Scheduler::EventSink sink() {
     return [this](const GenerationEvent& e) {
       std::lock_guard lock(mutex);
       if (e.token) tokens.push_back(*e.token);
+      if (e.logprobs) logprobs.push_back(*e.logprobs);
       if (e.finished) finished = e.finished;
       cv.notify_all();
     };
@@ -152,6 +156,34 @@ TEST_F(TinyModel, FullQueueRefusesAndBadRequestsThrow) {
   EXPECT_THROW(Scheduler(*m, {.max_seqs = 17, .max_context = 64, .max_waiting = 0}), Error);  // > step of 16
 }
 
+TEST_F(TinyModel, LogprobsComeWithEachTokenAndLeaveGreedyUnchanged) {
+  auto m = model();
+  Scheduler scheduler(*m, {.max_seqs = 2, .max_context = 256});
+  // Side by side in one batch: greedy on the backend (no logits on the host) and greedy from the host row.
+  Collector plain, with;
+  GenerationRequest asked = request(21, 8, 7);
+  asked.logprobs = 4;
+  ASSERT_TRUE(scheduler.submit(request(21, 8, 7), plain.sink()));
+  ASSERT_TRUE(scheduler.submit(asked, with.sink()));
+  EXPECT_EQ(plain.wait(), FinishReason::kLength);
+  EXPECT_EQ(with.wait(), FinishReason::kLength);
+  EXPECT_EQ(with.tokens, plain.tokens);
+  EXPECT_TRUE(plain.logprobs.empty());
+  ASSERT_EQ(with.logprobs.size(), with.tokens.size());
+  for (size_t i = 0; i < with.tokens.size(); ++i) {
+    const TokenLogprobs& lp = with.logprobs[i];
+    ASSERT_EQ(lp.top.size(), 4u);
+    EXPECT_EQ(lp.top[0].first, with.tokens[i]) << "greedy takes the most likely token";
+    EXPECT_EQ(lp.top[0].second, lp.logprob);
+    EXPECT_LE(lp.logprob, 0.0f);
+    for (size_t k = 1; k < lp.top.size(); ++k) EXPECT_LE(lp.top[k].second, lp.top[k - 1].second);
+  }
+  Collector refused;
+  GenerationRequest too_many = request(3, 2, 1);
+  too_many.logprobs = m->config().vocab_size + 1;
+  EXPECT_THROW(scheduler.submit(too_many, refused.sink()), Error);
+}
+
 // Streams `text` through the decoder one token at a time; returns the deltas joined per field.
 struct Streamed {
   std::string reasoning, content;
@@ -179,19 +211,21 @@ Streamed stream_text(OutputDecoder& decoder, const Tokenizer& tokenizer, const s
   return s;
 }
 
+// An answer with two DSML tool calls, as V4 writes them after its content.
+constexpr const char* kToolCallAnswer =
+    "I shall ask.\n\n<｜DSML｜tool_calls>\n"
+    "<｜DSML｜invoke name=\"get_weather\">\n"
+    "<｜DSML｜parameter name=\"town\" string=\"true\">Bath</｜DSML｜parameter>\n"
+    "<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n"
+    "</｜DSML｜invoke>\n"
+    "<｜DSML｜invoke name=\"get_time\">\n"
+    "</｜DSML｜invoke>\n"
+    "</｜DSML｜tool_calls>";
+
 TEST(OutputDecoder, StreamsDsmlToolCallsAsOpenAiDeltas) {
   const Tokenizer tokenizer = Tokenizer::from_file(source_path("models/tiny"));
-  const std::string text =
-      "I shall ask.\n\n<｜DSML｜tool_calls>\n"
-      "<｜DSML｜invoke name=\"get_weather\">\n"
-      "<｜DSML｜parameter name=\"town\" string=\"true\">Bath</｜DSML｜parameter>\n"
-      "<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n"
-      "</｜DSML｜invoke>\n"
-      "<｜DSML｜invoke name=\"get_time\">\n"
-      "</｜DSML｜invoke>\n"
-      "</｜DSML｜tool_calls>";
   OutputDecoder decoder(tokenizer, /*chat=*/true, /*thinking=*/false, {});
-  const Streamed s = stream_text(decoder, tokenizer, text);
+  const Streamed s = stream_text(decoder, tokenizer, kToolCallAnswer);
   EXPECT_EQ(s.content, "I shall ask.");
   ASSERT_EQ(s.ids.size(), 2u);
   EXPECT_EQ(s.names.at(0), "get_weather");
@@ -234,6 +268,18 @@ TEST(OutputDecoder, ReasoningContentAndStopStrings) {
   EXPECT_EQ(shown, "Mr. Bingley and Mr. ");
 }
 
+// The field a request that `parse` refuses (400) names; "<accepted>" when it is not refused.
+template <class Parse>
+std::string refused_param(Parse parse) {
+  try {
+    parse();
+  } catch (const server::ApiError& err) {
+    EXPECT_EQ(err.status, 400);
+    return err.param;
+  }
+  return "<accepted>";
+}
+
 TEST(OpenAiApi, RequestsParseAndErrorsNameTheField) {
   const SamplingParams defaults;
   const auto r = server::parse_request(server::Endpoint::kChatCompletions, R"({"model": "m",
@@ -248,13 +294,7 @@ TEST(OpenAiApi, RequestsParseAndErrorsNameTheField) {
   EXPECT_TRUE(r.stream && r.include_usage && r.chat_options.thinking);
 
   const auto param_of = [&](server::Endpoint e, const std::string& body) {
-    try {
-      server::parse_request(e, body, defaults);
-    } catch (const server::ApiError& err) {
-      EXPECT_EQ(err.status, 400);
-      return err.param;
-    }
-    return std::string("<accepted>");
+    return refused_param([&] { server::parse_request(e, body, defaults); });
   };
   const auto chat = server::Endpoint::kChatCompletions;
   EXPECT_EQ(param_of(chat, "{"), "");
@@ -265,6 +305,172 @@ TEST(OpenAiApi, RequestsParseAndErrorsNameTheField) {
   EXPECT_EQ(param_of(server::Endpoint::kCompletions, R"({"model": "m", "prompt": [[1], 2]})"), "prompt");
   const server::Json e = server::error_body(server::invalid_request("bad", "n"))["error"];
   EXPECT_EQ(e.dump(), R"({"message":"bad","type":"invalid_request_error","param":"n","code":"invalid_value"})");
+}
+
+TEST(OpenAiApi, LogprobsFieldsAndShapes) {
+  const SamplingParams defaults;
+  const auto chat = server::Endpoint::kChatCompletions, text = server::Endpoint::kCompletions;
+  const std::string messages = R"("model": "m", "messages": [{"role": "user", "content": "hi"}])";
+  const auto logprobs_of = [&](server::Endpoint e, const std::string& body) {
+    return server::parse_request(e, body, defaults).logprobs;
+  };
+  EXPECT_EQ(logprobs_of(chat, "{" + messages + R"(, "logprobs": true, "top_logprobs": 3})"), 3);
+  EXPECT_EQ(logprobs_of(chat, "{" + messages + R"(, "logprobs": true})"), 0);
+  EXPECT_FALSE(logprobs_of(chat, "{" + messages + R"(, "logprobs": false})"));
+  EXPECT_EQ(logprobs_of(text, R"({"model": "m", "prompt": "x", "logprobs": 2})"), 2);
+  const auto param_of = [&](server::Endpoint e, const std::string& body) {
+    return refused_param([&] { server::parse_request(e, body, defaults); });
+  };
+  EXPECT_EQ(param_of(chat, "{" + messages + R"(, "top_logprobs": 2})"), "top_logprobs");  // needs logprobs
+  EXPECT_EQ(param_of(chat, "{" + messages + R"(, "logprobs": true, "top_logprobs": 21})"), "top_logprobs");
+  EXPECT_EQ(param_of(chat, "{" + messages + R"(, "logprobs": 1})"), "logprobs");
+  EXPECT_EQ(param_of(text, R"({"model": "m", "prompt": "x", "logprobs": true})"), "logprobs");
+  EXPECT_EQ(param_of(text, R"({"model": "m", "prompt": "x", "logprobs": 1, "echo": true})"), "logprobs");
+
+  const std::vector<server::LogprobEntry> entries = {
+      {{"Hi", "Hi", -0.5f}, {{"Hi", "Hi", -0.5f}, {"Ho", "Ho", -1.5f}}, 0},
+      {{"bytes:\\xe2", "\xe2", -3.0f}, {{"!", "!", -0.25f}}, 2}};
+  EXPECT_EQ(server::chat_logprobs_json(entries)["content"][1].dump(),
+            R"({"token":"bytes:\\xe2","logprob":-3.0,"bytes":[226],)"
+            R"("top_logprobs":[{"token":"!","logprob":-0.25,"bytes":[33]}]})");
+  // The legacy shape: the alternatives and the token itself, whether or not it is among them.
+  EXPECT_EQ(server::text_logprobs_json(entries).dump(),
+            R"({"tokens":["Hi","bytes:\\xe2"],"token_logprobs":[-0.5,-3.0],"top_logprobs":[{"Hi":-0.5,"Ho":-1.5},)"
+            R"({"!":-0.25,"bytes:\\xe2":-3.0}],"text_offset":[0,2]})");
+}
+
+TEST(AnthropicApi, MessagesRenderTheSamePromptAsTheirOpenAiSpelling) {
+  const SamplingParams defaults;
+  const auto r = server::parse_messages(R"({"model": "m", "max_tokens": 9,
+      "system": [{"type": "text", "text": "Be brief."}],
+      "messages": [{"role": "user", "content": "Weather in Bath?"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "Ask the tool.", "signature": "s"},
+          {"type": "text", "text": "Checking."},
+          {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"town": "Bath", "days": 2}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                      "content": [{"type": "text", "text": "Rain"}]},
+                                     {"type": "text", "text": "And tomorrow?"}]}],
+      "tools": [{"name": "get_weather", "description": "Weather of a town",
+                 "input_schema": {"type": "object", "properties": {"town": {"type": "string"}}}}],
+      "thinking": {"type": "enabled", "budget_tokens": 2048}, "stop_sequences": ["END"], "temperature": 0.5,
+      "top_k": 5, "stream": true})",
+                                        defaults);
+  const auto o = server::parse_request(server::Endpoint::kChatCompletions, R"({"model": "m",
+      "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Bath?"},
+        {"role": "assistant", "reasoning_content": "Ask the tool.", "content": "Checking.",
+         "tool_calls": [{"id": "toolu_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": "{\"town\": \"Bath\", \"days\": 2}"}}]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "Rain"}, {"role": "user", "content": "And tomorrow?"}],
+      "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a town",
+                 "parameters": {"type": "object", "properties": {"town": {"type": "string"}}}}}],
+      "chat_template_kwargs": {"thinking": true}})",
+                                       defaults);
+  EXPECT_EQ(chat::encode_chat(r.messages, r.tools, r.chat_options),
+            chat::encode_chat(o.messages, o.tools, o.chat_options));
+  EXPECT_EQ(r.endpoint, server::Endpoint::kMessages);
+  EXPECT_EQ(r.max_tokens, 9);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"END"});
+  EXPECT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_EQ(r.sampling.top_k, 5);
+  EXPECT_TRUE(r.stream && r.chat_options.thinking);
+  // tool_choice none leaves the tools out; a final assistant message is a prefill to continue.
+  const auto prefill = server::parse_messages(R"({"model": "m", "max_tokens": 4, "tool_choice": {"type": "none"},
+      "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+      "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Well,"}]})",
+                                              defaults);
+  EXPECT_TRUE(prefill.tools.empty());
+  EXPECT_TRUE(prefill.messages.back().prefix);
+
+  const auto param_of = [&](const std::string& body) {
+    return refused_param([&] { server::parse_messages(body, defaults); });
+  };
+  const std::string hi = R"("model": "m", "messages": [{"role": "user", "content": "Hi"}])";
+  EXPECT_EQ(param_of("{" + hi + "}"), "max_tokens");
+  const std::string to = R"("model": "m", "max_tokens": 3)";
+  EXPECT_EQ(param_of("{" + to + "}"), "messages");
+  EXPECT_EQ(param_of("{" + to + R"(, "messages": [{"role": "system", "content": "x"}]})"), "messages[0]");
+  EXPECT_EQ(param_of("{" + to + R"(, "messages": [{"role": "user", "content": [{"type": "image"}]}]})"),
+            "messages[0].content[0]");
+  EXPECT_EQ(param_of("{" + hi + R"(, "max_tokens": 3, "tool_choice": {"type": "any"}})"), "tool_choice");
+  EXPECT_EQ(param_of("{" + hi + R"(, "max_tokens": 3, "tools": [{"name": "f"}]})"), "tools[0]");
+  EXPECT_EQ(param_of("{" + hi + R"(, "max_tokens": 3, "tools": [{"type": "bash_20250124", "name": "bash"}]})"),
+            "tools[0]");
+  EXPECT_EQ(param_of("{" + hi + R"(, "max_tokens": 3, "thinking": {"type": "enabled"}})"), "thinking");
+  EXPECT_EQ(param_of("{" + hi + R"(, "max_tokens": 3, "temperature": 1.5})"), "temperature");
+  EXPECT_EQ(param_of("{" + hi + R"(, "max_tokens": 3, "stop_sequences": "x"})"), "<accepted>");
+  EXPECT_EQ(server::anthropic_error_body(server::ApiError(401, "no key", "x")).dump(),
+            R"({"type":"error","error":{"type":"authentication_error","message":"no key"}})");
+  EXPECT_EQ(server::anthropic_error_body(server::invalid_request("bad"))["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(server::anthropic_error_body(server::ApiError(404, "?", "x"))["error"]["type"], "not_found_error");
+  EXPECT_EQ(server::anthropic_error_body(server::ApiError(500, "!", "x"))["error"]["type"], "api_error");
+}
+
+TEST(AnthropicApi, DsmlToolCallsBecomeToolUseBlocks) {
+  const Tokenizer tokenizer = Tokenizer::from_file(source_path("models/tiny"));
+  const std::string text = std::string("Bath is wet.</think>") + kToolCallAnswer;
+  OutputDecoder decoder(tokenizer, /*chat=*/true, /*thinking=*/true, {}, "toolu_");
+  server::MessageStream stream;
+  std::vector<server::Json> events;
+  const auto take = [&](const std::vector<server::Json>& e) { events.insert(events.end(), e.begin(), e.end()); };
+  for (int32_t id : tokenizer.encode(text)) take(stream.delta(decoder.push(id)));
+  take(stream.delta(decoder.finish()));
+  take(stream.finish(server::stop_reason("tool_calls", ""), "", 42));
+
+  // Four blocks, each opened, filled and closed in turn; then the message's end.
+  std::vector<std::string> starts;
+  std::vector<server::Json> blocks;      // as each block started
+  std::map<int64_t, std::string> filled;  // per block: its text, thinking or partial JSON joined
+  int64_t open = -1;
+  for (const server::Json& e : events) {
+    const std::string type = e["type"];
+    if (type == "content_block_start") {
+      EXPECT_EQ(open, -1) << "a block opened before the last one closed";
+      open = e["index"];
+      EXPECT_EQ(open, int64_t(starts.size()));
+      starts.push_back(e["content_block"]["type"]);
+      blocks.push_back(e["content_block"]);
+    } else if (type == "content_block_delta") {
+      EXPECT_EQ(e["index"], open);
+      const server::Json& d = e["delta"];
+      filled[open] += d.contains("text") ? d["text"] : d.contains("thinking") ? d["thinking"] : d["partial_json"];
+    } else if (type == "content_block_stop") {
+      EXPECT_EQ(e["index"], open);
+      open = -1;
+    }
+  }
+  EXPECT_EQ(starts, (std::vector<std::string>{"thinking", "text", "tool_use", "tool_use"}));
+  EXPECT_EQ(filled[0], "Bath is wet.");
+  EXPECT_EQ(filled[1], "I shall ask.");
+  EXPECT_EQ(server::Json::parse(filled[2]), (server::Json{{"town", "Bath"}, {"days", 3}}));
+  EXPECT_EQ(filled[3], "{}");
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events[events.size() - 2].dump(),
+            R"({"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},)"
+            R"("usage":{"output_tokens":42}})");
+  EXPECT_EQ(events.back()["type"], "message_stop");
+
+  // The whole message says the same, with the ids the stream gave.
+  const server::Json message = server::message_json({"msg_1", "message", 0, "m"}, decoder.output(), "tool_use", "",
+                                                    {.prompt_tokens = 7, .completion_tokens = 42});
+  const server::Json& content = message["content"];
+  ASSERT_EQ(content.size(), 4u);
+  EXPECT_EQ(content[0].dump(), R"({"type":"thinking","thinking":"Bath is wet.","signature":""})");
+  EXPECT_EQ(content[2]["id"], blocks[2]["id"]);
+  EXPECT_EQ(blocks[2]["name"], "get_weather");
+  EXPECT_EQ(content[2]["input"], (server::Json{{"town", "Bath"}, {"days", 3}}));
+  EXPECT_EQ(content[3]["input"], server::Json::object());
+  EXPECT_EQ(content[2]["id"].get<std::string>().rfind("toolu_", 0), 0u);
+  EXPECT_EQ(message["stop_reason"], "tool_use");
+  EXPECT_EQ(message["usage"].dump(), R"({"input_tokens":7,"output_tokens":42})");
+
+  // A call cut off by max_tokens: its arguments so far, as DeepSeek's encoder would read them back.
+  server::ChatChoice cut;
+  cut.tool_calls.push_back({"toolu_2", "get_weather", "{\"town\": \"Ba"});
+  EXPECT_EQ(server::message_json({"msg_2", "message", 0, "m"}, cut, "max_tokens", "", {})["content"][0]["input"],
+            (server::Json{{"arguments", "{\"town\": \"Ba"}}));
+  EXPECT_EQ(server::stop_reason("length", ""), "max_tokens");
+  EXPECT_EQ(server::stop_reason("stop", "END"), "stop_sequence");
+  EXPECT_EQ(server::stop_reason("stop", ""), "end_turn");
 }
 
 TEST(Metrics, PrometheusText) {

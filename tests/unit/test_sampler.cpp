@@ -1,5 +1,5 @@
 // Sampling: greedy, temperature (empirical frequencies vs the softmax), top-k / top-p / min-p supports,
-// penalties, seed reproducibility, parameter validation, and stop strings across chunk boundaries.
+// penalties, seed reproducibility, parameter validation, logprobs, and stop strings across chunk boundaries.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -150,17 +150,59 @@ TEST(Sampler, RejectsOutOfRangeParameters) {
   EXPECT_THROW(validate(p), Error);
 }
 
+TEST(TokenLogprobs, LogSoftmaxOfTheRawRowAndItsMostLikelyTokens) {
+  const int64_t vocab = 997;
+  for (const float offset : {0.0f, 3000.0f, -3000.0f}) {  // exp() of these alone would overflow or vanish
+    std::vector<float> l = random_logits(vocab, 7);
+    for (float& x : l) x += offset;
+    l[400] = l[3] = offset + 9.0f;  // a tie at the top: the lower id first, as greedy picks it
+    const std::vector<double> p = softmax(l, 1.0);
+    const TokenLogprobs r = token_logprobs(l.data(), vocab, 400, 20);
+    EXPECT_NEAR(r.logprob, std::log(p[400]), 1e-5) << offset;
+    ASSERT_EQ(r.top.size(), 20u);
+    EXPECT_EQ(r.top[0].first, 3);
+    EXPECT_EQ(r.top[1].first, 400);
+    EXPECT_EQ(r.top[1].second, r.logprob);
+    std::vector<int32_t> order(size_t(vocab), 0);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[size_t(a)] > l[size_t(b)]; });
+    for (size_t k = 0; k < r.top.size(); ++k) {
+      EXPECT_EQ(r.top[k].first, order[k]) << k;
+      EXPECT_NEAR(r.top[k].second, std::log(p[size_t(order[k])]), 1e-5);
+      EXPECT_LE(r.top[k].second, 0.0f);
+    }
+  }
+  // The whole row: a distribution (its probabilities sum to 1), in order; none asked: none computed.
+  const std::vector<float> l = random_logits(50, 8);
+  const TokenLogprobs all = token_logprobs(l.data(), 50, 0, 50);
+  double total = 0.0;
+  for (size_t k = 0; k < all.top.size(); ++k) {
+    total += std::exp(double(all.top[k].second));
+    if (k > 0) {
+      EXPECT_LE(all.top[k].second, all.top[k - 1].second);
+    }
+  }
+  EXPECT_NEAR(total, 1.0, 1e-5);
+  EXPECT_TRUE(token_logprobs(l.data(), 50, 0, 0).top.empty());
+  EXPECT_EQ(token_logprobs(l.data(), 50, 0, 1).top[0].first, argmax(l.data(), 50));
+}
+
 TEST(StopMatcher, HoldsBackPartialStopsAndCutsAtTheFirst) {
   StopMatcher m({"</end>", "STOP"});
   EXPECT_EQ(m.feed("Hello </e"), "Hello ");  // "</e" may become "</end>"
   EXPECT_EQ(m.feed("xtra S"), "</extra ");   // not a stop after all; "S" may start STOP
   EXPECT_EQ(m.feed("TO"), "");
+  EXPECT_EQ(m.matched(), "");
   EXPECT_EQ(m.feed("P and more"), "");       // stopped at STOP
   EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.matched(), "STOP");
   EXPECT_EQ(m.feed("ignored"), "");
   StopMatcher n({"##"});
   EXPECT_EQ(n.feed("a#"), "a");
   EXPECT_EQ(n.flush(), "#");  // end of generation releases the held-back text
+  StopMatcher both({"cd", "bc"});
+  EXPECT_EQ(both.feed("abcd"), "a");  // the stop that starts first ends the text and is the one reported
+  EXPECT_EQ(both.matched(), "bc");
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// dsv4 serve: an OpenAI-compatible HTTP server (chat and text completions, streaming, tools, thinking mode)
-// over the continuous-batching scheduler. The layers: http_server (transport) -> completion_service (API <->
-// queue) -> scheduler (engine thread, batched steps) -> model.
+// dsv4 serve: an OpenAI- and Anthropic-compatible HTTP server (chat and text completions, messages, streaming,
+// tools, thinking mode, logprobs) over the continuous-batching scheduler. The layers: http_server (transport) ->
+// completion_service (API <-> queue) -> scheduler (engine thread, batched steps) -> model.
 #include <pthread.h>
 #include <signal.h>
 
@@ -33,7 +33,7 @@ constexpr const char* kUsage = R"(usage: dsv4 serve [options]
 
 Serves the model over HTTP with OpenAI's API: POST /v1/chat/completions, POST /v1/completions (streaming with
 "stream": true), GET /v1/models, GET /health, GET /metrics (Prometheus), POST /tokenize and /detokenize (vLLM's
-shapes). Requests are batched continuously:
+shapes); and Anthropic's: POST /v1/messages. Requests are batched continuously:
 every forward step decodes one token for each running request and reads prompt chunks of the others.
 
   --host H             address to listen on (default 127.0.0.1)
@@ -46,8 +46,8 @@ every forward step decodes one token for each running request and reads prompt c
   --http-threads N     connection threads kept; a stream holds one, and when all are busy more start, up to
                        1024 (default: max(64, 2 × (max-seqs + 8)))
   --max-body-mb N      largest request body in MiB; larger ones get 413 (default 64)
-  --api-key KEY        require 'Authorization: Bearer KEY' on the /v1/ routes (default: $DSV4_API_KEY; none if
-                       unset); /health and /metrics stay open
+  --api-key KEY        require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on the /v1/ routes (default:
+                       $DSV4_API_KEY; none if unset); /health and /metrics stay open
   --allowed-origins L  comma-separated origins browsers may call from (CORS), or '*' (default: none)
 
 Sampling defaults for fields a request leaves out come from the model's generation_config.json.
