@@ -21,8 +21,11 @@ void CpuOps::fill(float* x, size_t count, float value) { std::fill(x, x + count,
 void CpuOps::upload_i32(int32_t* dst, const int32_t* host, size_t count) { std::copy(host, host + count, dst); }
 void CpuOps::download(float* host, const float* src, size_t count) { std::copy(src, src + count, host); }
 void CpuOps::download_i32(int32_t* host, const int32_t* src, size_t count) { std::copy(src, src + count, host); }
-void CpuOps::greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens) {
-  for (int64_t r = 0; r < rows; ++r) tokens[r] = argmax(logits + r * vocab, vocab);
+void CpuOps::greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, float* values) {
+  for (int64_t r = 0; r < rows; ++r) {
+    tokens[r] = argmax(logits + r * vocab, vocab);
+    if (values) values[r] = logits[r * vocab + tokens[r]];
+  }
 }
 void CpuOps::copy(const float* src, size_t count, float* dst) { std::copy(src, src + count, dst); }
 void CpuOps::all_reduce(float* x, size_t count) {

@@ -104,7 +104,7 @@ void CudaOps::download_i32(int32_t* host, const int32_t* src, size_t count) {
   std::copy(pinned_i32_, pinned_i32_ + count, host);
 }
 
-void CudaOps::greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens) {
+void CudaOps::greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, float* values) {
   if (rows == 0) return;
   // The arrival counters have a slot of their own: a slot shared with the partials would put them at an
   // offset that moves with rows × slices, over bytes an earlier call left non-zero.
@@ -114,6 +114,7 @@ void CudaOps::greedy_tokens(const float* logits, int64_t rows, int64_t vocab, in
   p.rows = rows;
   p.vocab = p.ld = vocab;
   p.tokens = tokens;
+  p.values = values;
   p.partials = static_cast<int2*>(workspace(cuda::kWsGreedyPartials, size_t(rows * slices) * sizeof(int2)));
   p.arrivals = static_cast<unsigned*>(workspace(cuda::kWsGreedyArrivals, size_t(rows) * sizeof(unsigned), /*zeroed=*/true));
   cuda::greedy_tokens(p, stream_, pdl());

@@ -21,6 +21,7 @@ Activations plan_activations(const ModelConfig& c, Ops& ops, int64_t n) {
   a.max_step = n;
   a.tokens = ops.alloc_i32(size_t(n));
   a.greedy = ops.alloc_i32(size_t(n));
+  a.greedy_values = f(1);
   a.X = f(c.hc_mult * c.dim);
   a.x = f(c.dim);
   a.xn = f(c.dim);
@@ -60,22 +61,39 @@ struct DeepseekV4::Span {
 // and caches. With several ranks each sub-block's output is a partial sum until all_reduce (model/parallel.h).
 class DeepseekV4::Rank {
  public:
-  Rank(const Shard& shard, int index, int ranks, bool heads_split, Numerics numerics, int64_t max_step)
+  Rank(const Shard& shard, int index, int ranks, bool heads_split, int64_t vocab0, Numerics numerics,
+       int64_t max_step)
       : model_(*shard.model),
         ops_(*shard.ops),
         index_(size_t(index)),
         reduce_attention_(heads_split),
         reduce_moe_(ranks > 1),
         numerics_(numerics),
-        act_(plan_activations(model_.config, ops_, max_step)) {
+        act_(plan_activations(model_.config, ops_, max_step)),
+        vocab0_(vocab0),
+        several_(ranks > 1) {
     ops_.set_numerics(numerics);
   }
 
   Ops& ops() { return ops_; }
 
-  // The main model over the step's spans; rank 0 also the head and the results to the host.
+  // The main model over the step's spans, then this rank's share of the logits (head rows = vocabulary
+  // columns [vocab0, vocab0 + V_r)) and greedy choices downloaded to the host, for DeepseekV4::deliver.
   void step(std::span<const StepInput> batch, std::span<const Span> spans, int64_t n);
-  void mtp_step(SequenceState& sequence, const int32_t* next_tokens, int64_t n, float* logits);
+  // The MTP block over the default sequence's last step; `batch` asks for all rows' logits.
+  void mtp_step(SequenceState& sequence, std::span<const StepInput> batch, int64_t n);
+
+  // What the last step left on the host: its logits rows ([rows, V_r], when asked) and greedy ids with their
+  // logits (this rank's columns only).
+  struct Results {
+    int64_t rows = 0;
+    std::vector<float> logits;
+    std::vector<int32_t> tokens;  // ids within this rank's columns
+    std::vector<float> values;    // the logit of each, when several ranks share the vocabulary
+  };
+  const Results& results() const { return results_; }
+  int64_t vocab0() const { return vocab0_; }
+  int64_t vocab_share() const { return model_.head.rows; }
 
  private:
   void block(const LayerWeights& l, size_t layer, bool mtp, int64_t n);
@@ -91,7 +109,7 @@ class DeepseekV4::Rank {
   void moe(const LayerWeights& l, int64_t n);
   // Logits of the rows the batch asked for, on the device (returns how many rows), then to each input's buffer.
   int64_t head(const HcHeadWeights& hc, const std::vector<float>& norm, std::span<const StepInput> batch, int64_t n);
-  void deliver(std::span<const StepInput> batch, int64_t rows);
+  void collect(std::span<const StepInput> batch, int64_t rows);
 
   // `layer` indexes RankCaches::layers (mtp = false) or ::mtp (mtp = true).
   LayerState& layer_state(const Span& s, size_t layer, bool mtp) const {
@@ -113,8 +131,9 @@ class DeepseekV4::Rank {
   std::vector<IndexerParams> indexer_batch_;
   std::vector<AttentionParams> attention_batch_;
   std::vector<std::pair<int64_t, int64_t>> head_runs_;  // head(): the rows that need logits, as (first, count) runs of y
-  std::vector<float> host_logits_;  // gathered logits rows of one step, before scattering
-  std::vector<int32_t> host_tokens_;  // greedy ids of those rows
+  int64_t vocab0_;   // this rank's first vocabulary column (its head rows, model/parallel.h)
+  bool several_;     // ranks share the vocabulary: greedy ids need their values to pick the best rank
+  Results results_;
   std::vector<Span> mtp_span_;  // mtp_step()'s one sequence
 };
 
@@ -202,10 +221,13 @@ DeepseekV4::DeepseekV4(const ModelWeights& model, std::span<const Shard> shards,
     : model_(model), shards_(shards.begin(), shards.end()), numerics_(numerics), max_step_(max_step) {
   DSV4_ASSERT(!shards_.empty());
   const bool heads_split = shards_.front().model->config.n_heads != model.config.n_heads;
+  int64_t vocab0 = 0;  // the ranks' head rows tile the vocabulary in rank order
   for (size_t r = 0; r < shards_.size(); ++r) {
     shards_[r].ops->bind_thread();  // each rank's arena on its own device
-    ranks_.push_back(std::make_unique<Rank>(shards_[r], int(r), ranks(), heads_split, numerics, max_step));
+    ranks_.push_back(std::make_unique<Rank>(shards_[r], int(r), ranks(), heads_split, vocab0, numerics, max_step));
+    vocab0 += shards_[r].model->head.rows;
   }
+  DSV4_ASSERT(vocab0 == model.config.vocab_size);
   if (shards_.size() > 1) workers_ = std::make_unique<Workers>(shards_);
   state_ = new_sequence(max_context);  // ends bound to rank 0: the caller's thread runs it
 }
@@ -262,13 +284,47 @@ void DeepseekV4::step(std::span<const StepInput> batch) {
   DSV4_CHECK(n <= max_step_, "a step of ", n, " tokens exceeds the step capacity of ", max_step_);
   on_ranks([&](Rank& r) { r.step(batch, spans, n); });
   for (const Span& s : spans) s.sequence->position += s.n;
+  deliver(batch);
 }
 
 void DeepseekV4::mtp_step(const int32_t* next_tokens, int64_t n, float* logits) {
   DSV4_CHECK(has_mtp(), "this checkpoint has no MTP module (mtp.0.* tensors)");
   DSV4_ASSERT(n >= 1 && n <= max_step_);
-  on_ranks([&](Rank& r) { r.mtp_step(*state_, next_tokens, n, logits); });
+  const StepInput all{state_.get(), next_tokens, n, logits, /*all_rows=*/true};
+  const std::span<const StepInput> batch(&all, 1);
+  on_ranks([&](Rank& r) { r.mtp_step(*state_, batch, n); });
   state_->mtp_position += n;
+  deliver(batch);
+}
+
+// Rows in head() order; each rank holds its columns of them. A greedy id is the best over the ranks' own:
+// the largest logit, and among equal ones the lowest id (the first rank's), as argmax() in sampler.h.
+void DeepseekV4::deliver(std::span<const StepInput> batch) {
+  const int64_t V = model_.config.vocab_size;
+  int64_t row = 0;
+  for (const StepInput& in : batch) {
+    if (!in.logits && !in.next_token) continue;
+    const int64_t count = in.logits && in.all_rows ? in.n : 1;
+    for (const auto& rank : ranks_) {
+      const Rank::Results& res = rank->results();
+      const int64_t share = rank->vocab_share();
+      if (in.logits)
+        for (int64_t r = 0; r < count; ++r)
+          std::copy_n(res.logits.data() + (row + r) * share, share, in.logits + r * V + rank->vocab0());
+    }
+    if (in.next_token) {
+      const size_t last = size_t(row + count - 1);
+      int32_t best = -1;
+      float best_value = 0.0f;
+      for (const auto& rank : ranks_) {
+        const Rank::Results& res = rank->results();
+        const float value = res.values.empty() ? 0.0f : res.values[last];
+        if (best < 0 || value > best_value) best = int32_t(rank->vocab0()) + res.tokens[last], best_value = value;
+      }
+      *in.next_token = best;
+    }
+    row += count;
+  }
 }
 
 // ---- one rank's forward pass
@@ -277,12 +333,11 @@ void DeepseekV4::Rank::step(std::span<const StepInput> batch, std::span<const Sp
   const ModelConfig& c = model_.config;
   spans_ = spans;
   for (size_t i = 0; i < batch.size(); ++i) ops_.upload_i32(act_.tokens + spans_[i].row0, batch[i].tokens, size_t(batch[i].n));
-  const bool logits = index_ == 0;  // the other ranks stop at the last layer
   const auto forward = [&] {
     ops_.embed(model_.embed, act_.tokens, n, act_.x);
     ops_.broadcast_streams(act_.x, n, c.hc_mult, c.dim, act_.X);
     for (size_t i = 0; i < model_.layers.size(); ++i) block(model_.layers[i], i, /*mtp=*/false, n);
-    return logits ? head(model_.hc_head, model_.norm, batch, n) : 0;
+    return head(model_.hc_head, model_.norm, batch, n);
   };
   // Decode steps (one token per sequence) repeat the same op sequence every token: worth recording as a graph.
   const bool decode = n == int64_t(batch.size());
@@ -298,17 +353,17 @@ void DeepseekV4::Rank::step(std::span<const StepInput> batch, std::span<const Sp
   } else {
     rows = forward();
   }
-  if (logits) deliver(batch, rows);
+  collect(batch, rows);
 }
 
-void DeepseekV4::Rank::mtp_step(SequenceState& sequence, const int32_t* next_tokens, int64_t n, float* logits) {
+void DeepseekV4::Rank::mtp_step(SequenceState& sequence, std::span<const StepInput> batch, int64_t n) {
   const ModelConfig& c = model_.config;
   const MtpWeights& m = model_.mtp[0];
   const int64_t hc = c.hc_mult, D = c.dim;
   // h = h_proj · hnorm(streams) per stream; e = e_proj · enorm(embed(next token)), added to every stream.
   ops_.rms_norm(act_.X, &m.hnorm, n * hc, D, act_.X);
   ops_.linear(act_.X, D, m.h_proj, n * hc, act_.mtp_h, D);
-  ops_.upload_i32(act_.tokens, next_tokens, size_t(n));
+  ops_.upload_i32(act_.tokens, batch.front().tokens, size_t(n));
   ops_.embed(model_.embed, act_.tokens, n, act_.x);
   ops_.rms_norm(act_.x, &m.enorm, n, D, act_.x);
   ops_.linear(act_.x, D, m.e_proj, n, act_.mtp_e, D);
@@ -317,10 +372,7 @@ void DeepseekV4::Rank::mtp_step(SequenceState& sequence, const int32_t* next_tok
   mtp_span_.assign(1, Span{0, n, sequence.mtp_position, &sequence});
   spans_ = mtp_span_;
   block(m.block, 0, /*mtp=*/true, n);
-  if (index_ != 0) return;
-  const StepInput all{&sequence, next_tokens, n, logits, /*all_rows=*/true};
-  const std::span<const StepInput> batch(&all, 1);
-  deliver(batch, head(m.hc_head, m.norm, batch, n));
+  collect(batch, head(m.hc_head, m.norm, batch, n));
 }
 
 // One decoder layer (spec §4–§5): attention then MoE, each between an mHC pre-mix and post-mix. A backend may
@@ -503,29 +555,26 @@ int64_t DeepseekV4::Rank::head(const HcHeadWeights& hc, const std::vector<float>
   return rows;
 }
 
-// The step's results to the host, in head()'s row order: the greedy ids (chosen on the backend) if any input
-// asked for one, one logits download for the whole step if any asked for logits, then each input's share.
-void DeepseekV4::Rank::deliver(std::span<const StepInput> batch, int64_t rows) {
+// This rank's results to the host, in head()'s row order: the greedy ids (chosen on the backend, with their
+// logits when ranks share the vocabulary) if any input asked for one, the logits rows if any asked for logits.
+void DeepseekV4::Rank::collect(std::span<const StepInput> batch, int64_t rows) {
+  results_.rows = rows;
   if (rows == 0) return;
-  const int64_t V = model_.config.vocab_size;
+  const int64_t V = model_.head.rows;  // this rank's columns
   const bool want_tokens = std::any_of(batch.begin(), batch.end(), [](const StepInput& in) { return in.next_token != nullptr; });
   const bool want_logits = std::any_of(batch.begin(), batch.end(), [](const StepInput& in) { return in.logits != nullptr; });
   if (want_tokens) {
-    host_tokens_.resize(size_t(rows));
-    ops_.greedy_tokens(act_.logits, rows, V, act_.greedy);
-    ops_.download_i32(host_tokens_.data(), act_.greedy, size_t(rows));
+    results_.tokens.resize(size_t(rows));
+    ops_.greedy_tokens(act_.logits, rows, V, act_.greedy, several_ ? act_.greedy_values : nullptr);
+    ops_.download_i32(results_.tokens.data(), act_.greedy, size_t(rows));
+    if (several_) {
+      results_.values.resize(size_t(rows));
+      ops_.download(results_.values.data(), act_.greedy_values, size_t(rows));
+    }
   }
   if (want_logits) {
-    host_logits_.resize(size_t(rows * V));
-    ops_.download(host_logits_.data(), act_.logits, size_t(rows * V));
-  }
-  int64_t row = 0;
-  for (const StepInput& in : batch) {
-    if (!in.logits && !in.next_token) continue;
-    const int64_t count = in.logits && in.all_rows ? in.n : 1;
-    if (in.logits) std::copy_n(host_logits_.data() + row * V, count * V, in.logits);
-    if (in.next_token) *in.next_token = host_tokens_[size_t(row + count - 1)];
-    row += count;
+    results_.logits.resize(size_t(rows * V));
+    ops_.download(results_.logits.data(), act_.logits, size_t(rows * V));
   }
 }
 

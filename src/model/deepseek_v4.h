@@ -19,6 +19,7 @@ struct Activations {
   int64_t max_step = 0;
   int32_t* tokens = nullptr;  // [n]
   int32_t* greedy = nullptr;  // [n] the greedy next token of each logits row
+  float* greedy_values = nullptr;  // [n] its logit (ranks that share the vocabulary compare them)
   float* X = nullptr;         // [n, hc, D] residual streams
   float* x = nullptr;         // [n, D] collapsed sub-block input
   float* xn = nullptr;        // [n, D] normed sub-block input
@@ -100,6 +101,8 @@ class DeepseekV4 {
   // Runs fn(rank) on every rank, in parallel; rethrows the first failure once all have stopped.
   template <class Fn>
   void on_ranks(Fn&& fn);
+  // The ranks' results of the last step (each its share of the vocabulary) into the inputs' host buffers.
+  void deliver(std::span<const StepInput> batch);
 
   const ModelWeights& model_;
   std::vector<Shard> shards_;

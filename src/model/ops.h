@@ -150,8 +150,9 @@ class Ops {
   virtual void add(const float* a, const float* b, size_t count, float* out) = 0;
   virtual void scale(float* x, size_t count, float factor) = 0;
   // tokens[r] = the greedy token of logits row r (rows of `vocab` floats): the lowest id among the row's maxima,
-  // as argmax() in sampler.h. tokens is backend memory (alloc_i32).
-  virtual void greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens) = 0;
+  // as argmax() in sampler.h; values[r] = that maximum unless values is nullptr (ranks that share the
+  // vocabulary compare theirs). tokens and values are backend memory.
+  virtual void greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, float* values) = 0;
 
   // Writes rows x[i] to ring[(pos0 + i) % slots] (the sliding-window KV ring, a cache).
   virtual void ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) = 0;

@@ -1,5 +1,7 @@
 #include "model/parallel.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace dsv4 {
@@ -99,6 +101,10 @@ std::unique_ptr<ModelWeights> shard_model(const ModelWeights& model, const Paral
   c.n_heads /= p.tp;
   c.o_groups /= p.tp;
   if (!p.experts_whole()) c.moe_inter_dim /= p.tp;
+  // The LM head by vocabulary rows (every rank scores its share of the tokens; the embedding stays whole: a step
+  // reads only its tokens' rows of it).
+  const int64_t per = (c.vocab_size + p.ranks() - 1) / p.ranks(), v0 = std::min(c.vocab_size, rank * per);
+  s.head = row_slice(model.head, "the LM head", v0, std::min(per, c.vocab_size - v0));
   for (LayerWeights& l : s.layers) shard_layer(l, model.config, p, rank);
   for (MtpWeights& t : s.mtp) shard_layer(t.block, model.config, p, rank);
   index_matrices(s);  // the copy's matrices still point into `model`

@@ -5,7 +5,9 @@
 //   tensor parallel (tp = ranks): each rank owns H/tp query heads — its rows of wq_b, its output groups of
 //     wo_a (G/tp) and the matching columns of wo_b, its attention sinks. The single K = V head, wq_a, wkv,
 //     the compressors and the indexer are replicated (one shared head cannot split), as are the mHC mixes,
-//     norms, the router, the embedding and the LM head.
+//     norms, the router and the embedding.
+//   the LM head: by vocabulary rows, ⌈V/ranks⌉ a rank, under either split; each rank scores its tokens and the
+//     host takes the best (DeepseekV4::deliver).
 //   routed experts: whole experts, E/ep per rank, when ep = ranks (expert parallel); otherwise every expert's
 //     intermediate dimension is split over tp ranks (w1 and w3 rows, w2 columns: balanced at batch 1).
 //   the shared expert: split like the routed experts under tensor parallelism; whole on rank 0 under expert

@@ -96,9 +96,10 @@ class TeeOps final : public Ops {
   }
   void download_i32(int32_t* host, const int32_t* src, size_t count) override { cpu_.download_i32(host, src, count); }
   // The logits twins are equal here (every check leaves the CUDA copy equal to the CPU's): the ids must be too.
-  void greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens) override {
-    cpu_.greedy_tokens(logits, rows, vocab, tokens);
-    gpu_.greedy_tokens(g(logits), rows, vocab, g(tokens));
+  void greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, float* values) override {
+    EXPECT_EQ(values, nullptr);  // one rank: the forward pass never asks for them
+    cpu_.greedy_tokens(logits, rows, vocab, tokens, nullptr);
+    gpu_.greedy_tokens(g(logits), rows, vocab, g(tokens), nullptr);
     OpStats& s = stats_["greedy_tokens"];
     const int64_t call = s.calls++;
     const std::vector<int32_t> got = to_host(gpu_, g(tokens), size_t(rows));

@@ -169,12 +169,21 @@ TEST(CudaSampling, MultiBlockGreedyEqualsCpuArgmax) {
       std::vector<int32_t> want(size_t(c.rows));
       for (int64_t r = 0; r < c.rows; ++r) want[size_t(r)] = argmax(logits.data() + r * c.V, c.V);
       int32_t* tokens = settled(ops.alloc_i32(size_t(c.rows)));
+      float* values = settled(ops.alloc(size_t(c.rows)));
       poison(tokens, size_t(c.rows));
+      poison(values, size_t(c.rows));
       settle();
-      ops.greedy_tokens(to_device(ops, logits), c.rows, c.V, tokens);
+      // The values are optional: every second pass asks for them (ranks that share the vocabulary do).
+      ops.greedy_tokens(to_device(ops, logits), c.rows, c.V, tokens, pass == 1 ? values : nullptr);
       std::vector<int32_t> got(size_t(c.rows), -7);
       ops.download_i32(got.data(), tokens, size_t(c.rows));
       EXPECT_EQ(got, want) << "rows=" << c.rows << " V=" << c.V << " pass " << pass;
+      if (pass == 1) {
+        std::vector<float> got_values(size_t(c.rows));
+        ops.download(got_values.data(), values, size_t(c.rows));
+        for (int64_t r = 0; r < c.rows; ++r)
+          EXPECT_EQ(got_values[size_t(r)], logits[size_t(r * c.V + want[size_t(r)])]) << "row " << r << " V=" << c.V;
+      }
     }
   }
 #endif

@@ -60,6 +60,9 @@ TEST(Shard, ViewsReadTheFullMatricesSlices) {
       expect_view(part.moe.experts[3].w3, full.moe.experts[3].w3, rank * inter, 0, at + "expert 3 w3");
       expect_view(part.moe.experts[3].w2, full.moe.experts[3].w2, 0, rank * inter, at + "expert 3 w2");
     }
+    expect_view(s->head, model->head, rank * c.vocab_size / 2, 0, "the LM head");  // by vocabulary rows
+    EXPECT_EQ(s->head.rows, c.vocab_size / 2);
+    expect_view(s->embed, model->embed, 0, 0, "the embedding (whole)");
     // The shard's matrix index points into the shard, not into the model it was copied from.
     EXPECT_EQ(s->matrices[size_t(s->embed.id)], &s->embed);
     EXPECT_EQ(s->matrices[size_t(s->layers[0].attn.wq_b.id)], &s->layers[0].attn.wq_b);

@@ -356,7 +356,10 @@ __global__ void __launch_bounds__(kGreedyThreads) greedy_kernel(GreedyParams p) 
   int id = int(best_id);
   block_best(v, id);
   if (slices == 1) {
-    if (threadIdx.x == 0) p.tokens[row] = id;
+    if (threadIdx.x == 0) {
+      p.tokens[row] = id;
+      if (p.values) p.values[row] = v;
+    }
     return;
   }
   if (threadIdx.x == 0) {
@@ -376,6 +379,7 @@ __global__ void __launch_bounds__(kGreedyThreads) greedy_kernel(GreedyParams p) 
   block_best(v, id);
   if (threadIdx.x == 0) {
     p.tokens[row] = id;
+    if (p.values) p.values[row] = v;
     p.arrivals[row] = 0;  // ready for the next call (stream order publishes it)
   }
 }

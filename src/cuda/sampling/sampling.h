@@ -33,6 +33,7 @@ struct GreedyParams {
   const float* logits = nullptr;  // [rows, ld] device
   int64_t rows = 0, vocab = 0, ld = 0;
   int32_t* tokens = nullptr;      // [rows] device
+  float* values = nullptr;        // [rows] device, the maximum of each row; nullptr: not wanted
   int2* partials = nullptr;       // [rows, greedy_slices(vocab)] (value bits, id) of each slice's winner
   unsigned* arrivals = nullptr;   // [rows], zero between calls (the last block of a row resets its counter)
 };
