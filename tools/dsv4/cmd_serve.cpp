@@ -130,10 +130,10 @@ int cmd_serve(int argc, char** argv) {
   server::HttpServer http(service, http_options);
   const int port = http.bind();
   std::fprintf(stderr,
-               "dsv4 serve: listening on http://%s:%d (model '%s', backend %s, numerics %s, %lld sequences of %lld "
-               "tokens, step %lld)\n",
+               "dsv4 serve: listening on http://%s:%d (model '%s', backend %s, %s, numerics %s, %lld sequences of "
+               "%lld tokens, step %lld)\n",
                http_options.host.c_str(), port, service_options.model_name.c_str(), m.backend.c_str(),
-               numerics_name(m.numerics), (long long)sched.max_seqs,
+               parallelism_name(m.parallelism).c_str(), numerics_name(m.numerics), (long long)sched.max_seqs,
                (long long)sched.max_context, (long long)m.forward->max_step());
   std::fflush(stderr);
 
