@@ -86,7 +86,6 @@ class DeepseekV4::Rank {
   // What the last step left on the host: its logits rows ([rows, V_r], when asked) and greedy ids with their
   // logits (this rank's columns only).
   struct Results {
-    int64_t rows = 0;
     std::vector<float> logits;
     std::vector<int32_t> tokens;  // ids within this rank's columns
     std::vector<float> values;    // the logit of each, when several ranks share the vocabulary
@@ -107,7 +106,7 @@ class DeepseekV4::Rank {
   void indexer(const IndexerWeights& w, size_t layer, bool mtp);
   void output_projection(const AttentionWeights& w, int64_t n);
   void moe(const LayerWeights& l, int64_t n);
-  // Logits of the rows the batch asked for, on the device (returns how many rows), then to each input's buffer.
+  // Logits of the rows the batch asked for, on the device (returns how many rows).
   int64_t head(const HcHeadWeights& hc, const std::vector<float>& norm, std::span<const StepInput> batch, int64_t n);
   void collect(std::span<const StepInput> batch, int64_t rows);
 
@@ -558,7 +557,6 @@ int64_t DeepseekV4::Rank::head(const HcHeadWeights& hc, const std::vector<float>
 // This rank's results to the host, in head()'s row order: the greedy ids (chosen on the backend, with their
 // logits when ranks share the vocabulary) if any input asked for one, the logits rows if any asked for logits.
 void DeepseekV4::Rank::collect(std::span<const StepInput> batch, int64_t rows) {
-  results_.rows = rows;
   if (rows == 0) return;
   const int64_t V = model_.head.rows;  // this rank's columns
   const bool want_tokens = std::any_of(batch.begin(), batch.end(), [](const StepInput& in) { return in.next_token != nullptr; });
