@@ -186,8 +186,8 @@ class ElasticPool final : public httplib::TaskQueue {
 
 }  // namespace
 
-HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
-    : service_(service), options_(options), http_(std::make_unique<httplib::Server>()) {
+HttpServer::HttpServer(CompletionService& service, const Dashboard& dashboard, const HttpOptions& options)
+    : service_(service), dashboard_(dashboard), options_(options), http_(std::make_unique<httplib::Server>()) {
   // glibc gives threads up to 8 malloc arenas per core, and each keeps what its threads' requests left in it:
   // with connection threads coming and going, large bodies spread over ever more arenas. A few are enough for
   // JSON parsing, and they bound what stays resident.
@@ -238,6 +238,19 @@ HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(service_.metrics(), "text/plain; version=0.0.4");
   });
+  http.Get("/dashboard", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(kDashboardPage.data(), kDashboardPage.size(), "text/html; charset=utf-8");
+  });
+  http.Get("/dashboard/data", [this](const httplib::Request& req, httplib::Response& res) {
+    std::optional<std::string> since;
+    if (req.has_param("since")) since = req.get_param_value("since");
+    try {
+      res.set_content(json_text(dashboard_.data(since)), kJson);
+      res.set_header("Cache-Control", "no-store");
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  });
   // The other methods of the known paths: 405 with the allowed one.
   const auto not_allowed = [](const char* allowed) {
     return [allowed](const httplib::Request& req, httplib::Response& res) {
@@ -254,7 +267,7 @@ HttpServer::HttpServer(CompletionService& service, const HttpOptions& options)
     http.Delete(path, not_allowed("POST"));
     http.Options(path, not_allowed("POST"));
   }
-  for (const char* path : {"/v1/models", "/health", "/metrics"}) {
+  for (const char* path : {"/v1/models", "/health", "/metrics", "/dashboard", "/dashboard/data"}) {
     http.Post(path, not_allowed("GET"));
     http.Put(path, not_allowed("GET"));
     http.Patch(path, not_allowed("GET"));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "server/completion_service.h"
+#include "server/dashboard.h"
 
 namespace httplib {
 class Server;
@@ -24,7 +25,7 @@ struct HttpOptions {
   int max_threads = 1024;  // when all are busy more are started, up to this many (idle ones leave again)
   size_t max_body_bytes = size_t(64) << 20;  // larger request bodies are refused with 413
   // Non-empty: the /v1/ routes require `Authorization: Bearer <api_key>` or `x-api-key: <api_key>` (401
-  // otherwise); /health and /metrics stay open (probes and scrapers).
+  // otherwise); /health, /metrics and /dashboard stay open (probes, scrapers, and a page of the same aggregates).
   std::string api_key;
   // Origins whose browsers may call the API (CORS: preflight answered, Access-Control-Allow-Origin set); "*" is
   // any origin. Empty: no CORS headers.
@@ -33,7 +34,7 @@ struct HttpOptions {
 
 class HttpServer {
  public:
-  HttpServer(CompletionService& service, const HttpOptions& options);
+  HttpServer(CompletionService& service, const Dashboard& dashboard, const HttpOptions& options);
   ~HttpServer();
 
   int bind();   // binds the socket; returns the port (useful with port 0). Throws Error when it cannot.
@@ -42,6 +43,7 @@ class HttpServer {
 
  private:
   CompletionService& service_;
+  const Dashboard& dashboard_;
   HttpOptions options_;
   std::unique_ptr<httplib::Server> http_;
   int listen_socket_ = -1;

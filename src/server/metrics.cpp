@@ -23,6 +23,10 @@ void sample(std::string& out, const std::string& name, const std::string& labels
   out += name + "{" + labels + "} " + value + "\n";
 }
 
+// Latencies kept between two samples of the dashboard (taken every second): a bound on memory should nothing
+// take them, far above what an engine generates in a second.
+constexpr size_t kRecentLatencies = size_t(1) << 16;
+
 }  // namespace
 
 Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
@@ -86,10 +90,12 @@ void Metrics::add_generation_tokens(int64_t n) {
 void Metrics::observe_ttft(double s) {
   std::lock_guard lock(mutex_);
   ttft_.observe(s);
+  if (recent_ttft_.size() < kRecentLatencies) recent_ttft_.push_back(s);
 }
 void Metrics::observe_itl(double s) {
   std::lock_guard lock(mutex_);
   itl_.observe(s);
+  if (recent_itl_.size() < kRecentLatencies) recent_itl_.push_back(s);
 }
 void Metrics::observe_e2e(double s) {
   std::lock_guard lock(mutex_);
@@ -111,6 +117,17 @@ void Metrics::finished(const std::string& reason) {
 void Metrics::http_response(int status) {
   std::lock_guard lock(mutex_);
   ++http_responses_[status];
+}
+
+MetricsSample Metrics::take_sample() {
+  std::lock_guard lock(mutex_);
+  MetricsSample s;
+  s.prompt_tokens = prompt_tokens_;
+  s.generation_tokens = generation_tokens_;
+  for (const auto& [reason, count] : finished_) s.finished += count;
+  s.ttft.swap(recent_ttft_);
+  s.itl.swap(recent_itl_);
+  return s;
 }
 
 std::string Metrics::render(const SchedulerStats& s) const {

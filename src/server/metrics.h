@@ -2,7 +2,7 @@
 // model_name label: requests running / waiting, slot (KV state) usage, prompt and generation token counters,
 // finished requests by reason, HTTP responses by status, and histograms of time to first token, inter-token
 // latency, end-to-end latency, each request's queue, prefill and decode time and its prompt and output lengths.
-// Thread-safe: HTTP threads record, /metrics renders.
+// Thread-safe: HTTP threads record, /metrics renders, the dashboard's sampler takes samples.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +29,13 @@ class Histogram {
   uint64_t count_ = 0;
 };
 
+// What the dashboard's sampler reads each time: the counters so far, and the latencies observed since its
+// previous read.
+struct MetricsSample {
+  int64_t prompt_tokens = 0, generation_tokens = 0, finished = 0;
+  std::vector<double> ttft, itl;  // seconds
+};
+
 class Metrics {
  public:
   // Every series carries model_name (as vLLM's); token-count buckets reach max_context.
@@ -44,6 +51,7 @@ class Metrics {
   void request_phases(double queue, double prefill, double decode, int64_t prompt_tokens, int64_t generation_tokens);
 
   std::string render(const SchedulerStats& scheduler) const;
+  MetricsSample take_sample();  // takes the latencies observed since the previous call
 
  private:
   const std::string label_;  // model_name="..."
@@ -53,6 +61,7 @@ class Metrics {
   Histogram ttft_, itl_, e2e_, queue_, prefill_, decode_, prompt_lengths_, generation_lengths_;
   std::map<std::string, int64_t> finished_;
   std::map<int, int64_t> http_responses_;
+  std::vector<double> recent_ttft_, recent_itl_;  // since the last take_sample(), at most kRecentLatencies each
 };
 
 }  // namespace dsv4::server

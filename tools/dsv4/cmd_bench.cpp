@@ -12,6 +12,7 @@
 #include "commands.h"
 #include "core/error.h"
 #include "e2e/bench_e2e.h"
+#include "e2e/bench_plot.h"
 #include "engine/backend.h"
 #include "model_options.h"
 #include "synth.h"
@@ -47,6 +48,8 @@ Markdown on stdout, progress on stderr.
                        of the greedy next tokens chosen on the backend (as generate --temperature 0 runs)
   --seed N             seed of the random tokens (and of the synthesised weights)
   --json FILE          also write the results as JSON
+  --plot FILE.svg      also draw them: every decode row's ms per step against its floor, grouped by context
+                       (log scale, the percentage of the floor above each bar), and prefill tokens/s
 )";
 
 std::vector<int64_t> list(const Args& args, const char* name, std::vector<int64_t> fallback) {
@@ -87,7 +90,7 @@ int cmd_bench(int argc, char** argv) {
   const Args args(argc, argv, 2,
                   {"--model", "--synth", "--layers", "--synth-dir", "--experts", "--vocab", "--dim", "--inter", "--set",
                    "--backend", "--numerics", "--prefill", "--contexts", "--batches", "--reps", "--decode-steps",
-                   "--step", "--seed", "--json", "--tp", "--ep"},
+                   "--step", "--seed", "--json", "--plot", "--tp", "--ep"},
                   {"--logits"});
   DSV4_CHECK(!(args.has("--model") && args.has("--synth")), "give --model DIR or --synth PRESET, not both");
   for (const char* synth_only : {"--layers", "--synth-dir", "--experts", "--vocab", "--dim", "--inter", "--set"})
@@ -108,10 +111,11 @@ int cmd_bench(int argc, char** argv) {
   o.download_logits = args.has("--logits");
   o.seed = uint64_t(seed);
   o.log = [](const std::string& line) { std::fprintf(stderr, "bench: %s\n", line.c_str()); };
-  // Fail on an unwritable --json before the (possibly long) run.
-  if (args.has("--json")) {
-    std::ofstream probe(args.get("--json"), std::ios::app);
-    DSV4_CHECK(probe.good(), args.get("--json"), ": cannot write");
+  // Fail on an unwritable --json or --plot before the (possibly long) run.
+  for (const char* output : {"--json", "--plot"}) {
+    if (!args.has(output)) continue;
+    std::ofstream probe(args.get(output), std::ios::app);
+    DSV4_CHECK(probe.good(), args.get(output), ": cannot write");
   }
 
   std::unique_ptr<TempDir> tmp;
@@ -146,11 +150,14 @@ int cmd_bench(int argc, char** argv) {
   report.synth = synth_info;
   const std::string md = bench_markdown(report);
   std::fwrite(md.data(), 1, md.size(), stdout);
-  if (args.has("--json")) {
-    std::ofstream out(args.get("--json"), std::ios::trunc);
-    out << bench_json(report).dump(2) << "\n";
-    DSV4_CHECK(out.good(), args.get("--json"), ": write failed");
-  }
+  const auto write = [&](const char* output, const std::string& text) {
+    if (!args.has(output)) return;
+    std::ofstream out(args.get(output), std::ios::trunc);
+    out << text;
+    DSV4_CHECK(out.good(), args.get(output), ": write failed");
+  };
+  write("--json", bench_json(report).dump(2) + "\n");
+  write("--plot", bench_svg(report));
   return 0;
 }
 

@@ -21,6 +21,7 @@
 #include "loader/hf_config.h"
 #include "model_options.h"
 #include "server/completion_service.h"
+#include "server/dashboard.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "tokenizer/tokenizer.h"
@@ -33,7 +34,8 @@ constexpr const char* kUsage = R"(usage: dsv4 serve [options]
 
 Serves the model over HTTP with OpenAI's API: POST /v1/chat/completions, POST /v1/completions (streaming with
 "stream": true), GET /v1/models, GET /health, GET /metrics (Prometheus), POST /tokenize and /detokenize (vLLM's
-shapes); and Anthropic's: POST /v1/messages. Requests are batched continuously:
+shapes); and Anthropic's: POST /v1/messages. GET /dashboard is a live page of throughput, latencies, requests
+and cache use over the last ten minutes (its data: GET /dashboard/data). Requests are batched continuously:
 every forward step decodes one token for each running request and reads prompt chunks of the others.
 
   --host H             address to listen on (default 127.0.0.1)
@@ -47,7 +49,7 @@ every forward step decodes one token for each running request and reads prompt c
                        1024 (default: max(64, 2 × (max-seqs + 8)))
   --max-body-mb N      largest request body in MiB; larger ones get 413 (default 64)
   --api-key KEY        require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on the /v1/ routes (default:
-                       $DSV4_API_KEY; none if unset); /health and /metrics stay open
+                       $DSV4_API_KEY; none if unset); /health, /metrics and /dashboard stay open
   --allowed-origins L  comma-separated origins browsers may call from (CORS), or '*' (default: none)
 
 Sampling defaults for fields a request leaves out come from the model's generation_config.json.
@@ -127,7 +129,8 @@ int cmd_serve(int argc, char** argv) {
   server::Metrics metrics(service_options.model_name, sched.max_context);
   Scheduler scheduler(*m.forward, sched);
   server::CompletionService service(scheduler, tokenizer, metrics, service_options);
-  server::HttpServer http(service, http_options);
+  server::Dashboard dashboard(scheduler, metrics, {service_options.model_name, m.backend, numerics_name(m.numerics)});
+  server::HttpServer http(service, dashboard, http_options);
   const int port = http.bind();
   std::fprintf(stderr,
                "dsv4 serve: listening on http://%s:%d (model '%s', backend %s, %s, numerics %s, %lld sequences of "
