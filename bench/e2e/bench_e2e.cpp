@@ -114,15 +114,6 @@ std::string device_description(const std::string& backend) {
 
 // ---- weight sizes
 
-// Bytes of a matrix in checkpoint storage: what the CPU backend reads in place.
-double checkpoint_bytes(const Weight& w) {
-  if (w.empty()) return 0;
-  double bytes = double(w.rows) * double(w.row_stride);
-  if (w.scale) bytes += double((w.rows + w.scale_block_rows - 1) / w.scale_block_rows) * double(w.scale_stride) *
-                        double(dtype_size(w.scale_dtype));
-  return bytes;
-}
-
 // Bytes of a matrix as `ops` holds it: the CUDA backend's upload (cuda/common/device_weight.h) widens some
 // formats (F16 → F32, FP8 block scales → F32); the CPU backend uses the checkpoint bytes.
 std::function<double(const Weight&)> resident_bytes(Ops& ops) {
@@ -139,7 +130,7 @@ std::function<double(const Weight&)> resident_bytes(Ops& ops) {
   }
 #endif
   (void)ops;
-  return checkpoint_bytes;
+  return stored_bytes;
 }
 
 // Every matrix of a layer that a decode step reads whatever the routing: mHC, attention, compressors, indexer,
@@ -322,7 +313,7 @@ BenchReport run_bench(const BenchOptions& o) {
   r.memory_after_load = memory.sample();
   // Several ranks: the checkpoint's bytes (each backend holds only its shard's).
   const std::function<double(const Weight&)> weight_bytes =
-      o.parallelism.ranks() > 1 ? checkpoint_bytes : resident_bytes(ranks.ops());
+      o.parallelism.ranks() > 1 ? stored_bytes : resident_bytes(ranks.ops());
   for (const Weight* w : weights->matrices)
     if (w) r.weight_bytes += weight_bytes(*w);
   log(cat("loaded ", o.model_dir, " in ", std::round(r.load_seconds * 10) / 10, " s: ", gib(r.weight_bytes),

@@ -37,13 +37,8 @@ namespace {
 // Bytes of a model's matrices as its checkpoint stores them, views counted at their own size.
 double shard_bytes(const ModelWeights& m) {
   double bytes = 0;
-  for (const Weight* w : m.matrices) {
-    if (!w) continue;
-    bytes += double(w->rows) * double(w->dtype == DType::kI8 ? w->cols / 2 : w->cols * int64_t(dtype_size(w->dtype)));
-    if (w->scale)
-      bytes += double((w->rows + w->scale_block_rows - 1) / w->scale_block_rows) *
-               double((w->cols + w->scale_block_cols - 1) / w->scale_block_cols) * (w->scale_dtype == DType::kF32 ? 4 : 1);
-  }
+  for (const Weight* w : m.matrices)
+    if (w) bytes += stored_bytes(*w);
   return bytes;
 }
 

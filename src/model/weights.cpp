@@ -2,6 +2,15 @@
 
 namespace dsv4 {
 
+double stored_bytes(const Weight& w) {
+  if (w.empty()) return 0;
+  const auto blocks = [](int64_t n, int64_t block) { return double((n + block - 1) / block); };
+  double bytes = double(w.rows) * double(w.dtype == DType::kI8 ? w.cols / 2 : w.cols * int64_t(dtype_size(w.dtype)));
+  if (w.scale)
+    bytes += blocks(w.rows, w.scale_block_rows) * blocks(w.cols, w.scale_block_cols) * double(dtype_size(w.scale_dtype));
+  return bytes;
+}
+
 void index_matrices(ModelWeights& m) {
   m.matrices.clear();
   auto add = [&](const Weight& w) {

@@ -110,6 +110,10 @@ struct ModelWeights {
   std::shared_ptr<const Checkpoint> storage;
 };
 
+// Bytes of a matrix's elements and scales as its checkpoint stores them; a view (model/parallel.h) counts only
+// its slice. 0 for an empty weight.
+double stored_bytes(const Weight& w);
+
 // Fills model.matrices from the matrices above (after loading, or after a copy: the pointers are into `model`).
 void index_matrices(ModelWeights& model);
 
