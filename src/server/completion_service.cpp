@@ -74,6 +74,17 @@ SseEvent anthropic_event(const Json& event) { return {event["type"].get<std::str
 
 }  // namespace
 
+std::shared_ptr<const grammar::Vocabulary> grammar_vocabulary(const Tokenizer& tokenizer, int64_t vocab_size,
+                                                              int32_t eos) {
+  std::vector<std::string> bytes(static_cast<size_t>(vocab_size));
+  std::vector<bool> special(size_t(vocab_size), false);
+  for (int32_t id = 0; id < std::min<int64_t>(vocab_size, tokenizer.vocab_size()); ++id) {
+    bytes[size_t(id)] = tokenizer.token_bytes(id);
+    special[size_t(id)] = tokenizer.is_special(id);
+  }
+  return std::make_shared<const grammar::Vocabulary>(std::move(bytes), special, eos);
+}
+
 CompletionService::CompletionService(Scheduler& scheduler, const Tokenizer& tokenizer, Metrics& metrics,
                                      ServiceOptions options)
     : scheduler_(scheduler), tokenizer_(tokenizer), metrics_(metrics), options_(std::move(options)),

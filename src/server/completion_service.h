@@ -21,6 +21,11 @@
 
 namespace dsv4::server {
 
+// The vocabulary as constrained decoding sees it: the tokenizer's bytes per id, for the `vocab_size` ids of the
+// model's logits rows (ids beyond the tokenizer: no bytes, never allowed), its special tokens, and `eos`.
+std::shared_ptr<const grammar::Vocabulary> grammar_vocabulary(const Tokenizer& tokenizer, int64_t vocab_size,
+                                                              int32_t eos);
+
 struct ServiceOptions {
   std::string model_name;   // what /v1/models lists and requests must name
   SamplingParams defaults;  // sampling for fields a request leaves out (the model's generation_config.json)
