@@ -2,7 +2,7 @@
 // cancellation, queue limit, logprobs, grammars in greedy and sampled decoding), the output decoder (DSML tool
 // calls and reasoning streamed as deltas, stop strings), OpenAI and Anthropic request parsing, the Anthropic
 // message and stream events (tool_use blocks from DSML), and the metrics text. The HTTP layer is tested with the
-// real openai and anthropic clients in test_openai.py and test_anthropic.py.
+// real openai and anthropic clients in test_openai.py, test_anthropic.py and test_structured.py.
 #include <gtest/gtest.h>
 
 #include <condition_variable>

@@ -3,15 +3,15 @@
 dsv4_test(test_server ${CMAKE_CURRENT_LIST_DIR}/test_server.cpp)
 target_link_libraries(test_server PRIVATE dsv4_server)
 
-# test_openai.py and test_anthropic.py: the running `dsv4 serve` driven by the official openai and anthropic
-# Python clients. tools/setup installs the clients into a virtual environment under build/ (Debian's Python is
-# externally managed, and a venv keeps the pinned versions away from the system). One CTest entry per test
-# class, so they run in parallel.
+# test_openai.py, test_anthropic.py and test_structured.py (constrained decoding): the running `dsv4 serve` driven
+# by the official openai and anthropic Python clients. tools/setup installs the clients into a virtual environment
+# under build/ (Debian's Python is externally managed, and a venv keeps the pinned versions away from the system).
+# One CTest entry per test class, so they run in parallel.
 set(DSV4_PYTHON "${PROJECT_SOURCE_DIR}/build/venv/bin/python" CACHE FILEPATH
     "Python with the openai and anthropic packages, for the server tests (tools/setup makes build/venv)")
 if(EXISTS "${DSV4_PYTHON}")
   foreach(test openai.TestApi openai.TestConcurrency openai.TestRobustness openai.TestAccess openai.TestSlowClients
-               openai.TestOverload anthropic.TestMessages anthropic.TestMessagesAccess)
+               openai.TestOverload anthropic.TestMessages anthropic.TestMessagesAccess structured.TestStructuredOutput)
     add_test(NAME server_${test}
              COMMAND "${DSV4_PYTHON}" -m unittest -v test_${test}
              WORKING_DIRECTORY "${CMAKE_CURRENT_LIST_DIR}")
