@@ -30,10 +30,15 @@ struct Scheduler::Active {
   std::vector<float> logits;       // [V] the row the next token is sampled from
   bool has_logits = false;         // this step produced that row (or, plain greedy, the token itself)
   int32_t greedy_token = -1;       // plain greedy decode: the next token, chosen on the backend (−1: none)
+  std::vector<uint32_t> mask;      // [ceil(V / 32)] with a grammar: the tokens it allows in this step's row
+  int64_t allowed = 0;             // how many
 
   Active(RequestId id_, GenerationRequest r, EventSink s, int64_t vocab)
-      : id(id_), request(std::move(r)), sink(std::move(s)), sampler(request.sampling, vocab), logits(size_t(vocab)) {}
+      : id(id_), request(std::move(r)), sink(std::move(s)), sampler(request.sampling, vocab), logits(size_t(vocab)),
+        mask(request.constraint ? size_t((vocab + 31) / 32) : 0) {}
   bool decoding() const { return prefilled == int64_t(request.prompt.size()); }
+  // The logits row must reach the host: the backend's greedy choice would skip the sampler's inputs.
+  bool needs_logits() const { return !sampler.plain_greedy() || request.logprobs || request.constraint; }
 };
 
 Scheduler::Scheduler(DeepseekV4& model, const SchedulerOptions& options) : model_(model), options_(options) {
@@ -76,6 +81,9 @@ std::optional<Scheduler::RequestId> Scheduler::submit(GenerationRequest request,
   if (request.logprobs)
     DSV4_CHECK(*request.logprobs >= 0 && *request.logprobs <= c.vocab_size, "logprobs must be between 0 and the ",
                "vocabulary size ", c.vocab_size, ", got ", *request.logprobs);
+  if (request.constraint)
+    DSV4_CHECK(request.constraint->vocabulary().size() == c.vocab_size, "the grammar's vocabulary has ",
+               request.constraint->vocabulary().size(), " tokens, the model ", c.vocab_size);
   auto active = std::make_unique<Active>(0, std::move(request), std::move(sink), c.vocab_size);  // allocates
   std::unique_lock lock(mutex_);
   // Room for the free slots (admitted at the next step) plus max_waiting queued behind the running ones.
@@ -180,9 +188,9 @@ int64_t Scheduler::step(std::vector<Active*>& members) {
   // Decodes first (one row each), then prompt chunks in admission order with the rows left.
   for (auto& a : running_) {
     if (!a->decoding()) continue;
-    batch.push_back(a->sampler.plain_greedy() && !a->request.logprobs
-                        ? StepInput{slots_[a->slot].get(), &a->generated.back(), 1, nullptr, false, &a->greedy_token}
-                        : StepInput{slots_[a->slot].get(), &a->generated.back(), 1, a->logits.data(), false});
+    batch.push_back(a->needs_logits()
+                        ? StepInput{slots_[a->slot].get(), &a->generated.back(), 1, a->logits.data(), false}
+                        : StepInput{slots_[a->slot].get(), &a->generated.back(), 1, nullptr, false, &a->greedy_token});
     members.push_back(a.get());
     --budget;
   }
@@ -196,6 +204,14 @@ int64_t Scheduler::step(std::vector<Active*>& members) {
     budget -= n;
   }
   for (size_t i = 0; i < members.size(); ++i) members[i]->has_logits = batch[i].logits || batch[i].next_token;
+  // The grammars' masks depend only on the tokens so far: they are made before the step (on a GPU backend this
+  // is where they can overlap the forward pass). Rows are independent.
+  std::vector<Active*> constrained;
+  for (Active* a : members)
+    if (a->has_logits && a->request.constraint) constrained.push_back(a);
+#pragma omp parallel for schedule(dynamic, 1) if (constrained.size() > 1)
+  for (size_t i = 0; i < constrained.size(); ++i)
+    constrained[i]->allowed = constrained[i]->request.constraint->allowed(constrained[i]->mask);
   try {
     model_.step(batch);
   } catch (const std::exception& e) {
@@ -215,9 +231,16 @@ int64_t Scheduler::step(std::vector<Active*>& members) {
     Active& a = *ap;
     if (!a.has_logits) return false;
     a.has_logits = false;
+    grammar::TokenConstraint* constraint = a.request.constraint.get();
+    if (constraint && a.allowed == 0) {  // only past the grammar's nesting limit
+      retire(a, FinishReason::kError, "the grammar allows no token here (nested deeper than it supports)");
+      return true;
+    }
     const int32_t token = a.greedy_token >= 0 ? a.greedy_token
-                                              : a.sampler.sample(a.logits.data(), a.request.prompt, a.generated);
+                                              : a.sampler.sample(a.logits.data(), a.request.prompt, a.generated,
+                                                                 constraint ? a.mask.data() : nullptr);
     a.greedy_token = -1;
+    if (constraint) DSV4_ASSERT(constraint->accept(token));
     a.generated.push_back(token);
     GenerationEvent event;
     event.token = token;

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "grammar/token_mask.h"
 #include "model/deepseek_v4.h"
 #include "sampler/sampler.h"
 
@@ -38,6 +39,10 @@ struct GenerationRequest {
   // Set: each token's event carries its log-probability and this many most likely alternatives (≤ the vocab).
   // The logits row then crosses to the host every step, greedy included; unset costs nothing.
   std::optional<int64_t> logprobs;
+  // Set: constrained decoding. Every token is drawn from those the grammar allows next (its mask is made before
+  // the step that computes the logits, then applied to them), so the logits row crosses to the host every step,
+  // greedy included. The end-of-sentence token comes only where the answer may end.
+  std::shared_ptr<grammar::TokenConstraint> constraint;
 };
 
 enum class FinishReason { kLength, kEos, kCancelled, kError };
@@ -88,6 +93,7 @@ class Scheduler {
 
   SchedulerStats stats() const;
   const SchedulerOptions& options() const { return options_; }
+  const ModelConfig& model_config() const { return model_.config(); }
 
  private:
   struct Active;

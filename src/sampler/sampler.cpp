@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "core/error.h"
@@ -28,6 +29,34 @@ int32_t argmax(const float* logits, int64_t vocab) {
   return int32_t(best);
 }
 
+int64_t apply_mask(float* logits, int64_t vocab, const uint32_t* allowed, int32_t* ids) {
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  int64_t kept = 0;
+  // A word at a time: most words of a grammar's mask are all clear (structure) or all set (inside a string).
+  for (int64_t base = 0; base < vocab; base += 32) {
+    const int64_t end = std::min<int64_t>(base + 32, vocab);
+    const uint32_t word = allowed[base >> 5];
+    if (word == 0) {
+      std::fill(logits + base, logits + end, kMasked);
+      continue;
+    }
+    if (word == ~0u && end - base == 32) {
+      if (ids) std::iota(ids + kept, ids + kept + 32, int32_t(base));
+      kept += 32;
+      continue;
+    }
+    for (int64_t i = base; i < end; ++i) {
+      if ((word >> (i - base)) & 1) {
+        if (ids) ids[kept] = int32_t(i);
+        ++kept;
+      } else {
+        logits[i] = kMasked;
+      }
+    }
+  }
+  return kept;
+}
+
 bool Sampler::plain_greedy() const {
   return params_.temperature == 0.0f && params_.repetition_penalty == 1.0f && params_.presence_penalty == 0.0f &&
          params_.frequency_penalty == 0.0f;
@@ -39,9 +68,12 @@ Sampler::Sampler(const SamplingParams& params, int64_t vocab)
   validate(params);
 }
 
-int32_t Sampler::sample(const float* logits, std::span<const int32_t> prompt, std::span<const int32_t> generated) {
+int32_t Sampler::sample(const float* logits, std::span<const int32_t> prompt, std::span<const int32_t> generated,
+                        const uint32_t* allowed) {
   const SamplingParams& p = params_;
   std::copy(logits, logits + vocab_, work_.begin());
+  // The candidates: every token, or the ones a grammar allows (listed in order_; the others' logits become -inf).
+  const int64_t n = allowed ? apply_mask(work_.data(), vocab_, allowed, order_.data()) : vocab_;
 
   // Penalties: repetition over prompt + output (each token once), presence / frequency over the output.
   if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
@@ -60,12 +92,12 @@ int32_t Sampler::sample(const float* logits, std::span<const int32_t> prompt, st
   if (p.temperature == 0.0f) return argmax(work_.data(), vocab_);
 
   // Candidates sorted by logit (ties: lower id first), truncated by top-k.
-  std::iota(order_.begin(), order_.end(), 0);
-  const int64_t k = p.top_k > 0 ? std::min(p.top_k, vocab_) : vocab_;
+  if (!allowed) std::iota(order_.begin(), order_.end(), 0);
+  const int64_t k = p.top_k > 0 ? std::min(p.top_k, n) : n;
   const auto by_logit = [&](int32_t a, int32_t b) {
     return work_[size_t(a)] > work_[size_t(b)] || (work_[size_t(a)] == work_[size_t(b)] && a < b);
   };
-  std::partial_sort(order_.begin(), order_.begin() + k, order_.end(), by_logit);
+  std::partial_sort(order_.begin(), order_.begin() + k, order_.begin() + n, by_logit);
 
   // Softmax at the temperature over the k candidates (double for the normalisation).
   std::vector<double>& prob = prob_;
@@ -75,12 +107,14 @@ int32_t Sampler::sample(const float* logits, std::span<const int32_t> prompt, st
   for (int64_t i = 0; i < k; ++i)
     total += prob[size_t(i)] = std::exp((double(work_[size_t(order_[size_t(i)])]) - top) / p.temperature);
   for (double& q : prob) q /= total;
+  // Tokens of probability 0 (logits of -inf: masked) are never drawn, whatever the rounding of the draw below.
+  int64_t keep = k;
+  while (keep > 1 && prob[size_t(keep - 1)] == 0.0) --keep;
 
   // top-p keeps the smallest prefix whose mass reaches top_p; min-p drops tokens below min_p · p(top).
-  int64_t keep = k;
   if (p.top_p < 1.0f) {
     double mass = 0.0;
-    for (int64_t i = 0; i < k; ++i) {
+    for (int64_t i = 0; i < keep; ++i) {
       mass += prob[size_t(i)];
       if (mass >= double(p.top_p)) {
         keep = i + 1;

@@ -1,5 +1,6 @@
-// Token selection from a row of logits, as OpenAI-style servers define it: penalties, then temperature,
-// then top-k, top-p and min-p filtering, then a draw from the remaining distribution (seeded, reproducible).
+// Token selection from a row of logits, as OpenAI-style servers define it: a grammar's mask, penalties, then
+// temperature, then top-k, top-p and min-p filtering, then a draw from the remaining distribution (seeded,
+// reproducible).
 // Temperature 0 is greedy: the lowest id among the exact maxima after penalties.
 #pragma once
 
@@ -30,8 +31,11 @@ class Sampler {
  public:
   Sampler(const SamplingParams& params, int64_t vocab);
 
-  // logits [vocab] (not modified); prompt / generated: token history for the penalties.
-  int32_t sample(const float* logits, std::span<const int32_t> prompt, std::span<const int32_t> generated);
+  // logits [vocab] (not modified); prompt / generated: token history for the penalties. allowed: a bit set of
+  // the tokens that may be drawn ([ceil(vocab / 32)] words, bit id % 32 of word id / 32; a grammar's mask, at
+  // least one bit set); the others count as logits of -inf. Null: all of them.
+  int32_t sample(const float* logits, std::span<const int32_t> prompt, std::span<const int32_t> generated,
+                 const uint32_t* allowed = nullptr);
   // Temperature 0 without penalties: sample() is argmax(logits), which the backend can choose itself
   // (StepInput::next_token) so that the logits never cross to the host.
   bool plain_greedy() const;
@@ -48,6 +52,10 @@ class Sampler {
 };
 
 int32_t argmax(const float* logits, int64_t vocab);
+
+// Sets logits [vocab] to -inf where `allowed` ([ceil(vocab / 32)] words, bit id % 32 of word id / 32) is clear; returns
+// how many stay. Token ids of the allowed ones go to `ids` when it is not null ([vocab] room).
+int64_t apply_mask(float* logits, int64_t vocab, const uint32_t* allowed, int32_t* ids = nullptr);
 
 // A sampled token's log-probability and the most likely tokens', under the model's raw distribution: the
 // log-softmax of the logits row, before penalties, temperature and top-k / top-p / min-p (what vLLM reports by

@@ -10,7 +10,7 @@ namespace {
 
 // Fields that would change what is generated and that this server does not implement.
 void refuse_unsupported(const Json& body) {
-  for (const char* name : {"mcp_servers", "container", "output_format", "context_management"}) {
+  for (const char* name : {"mcp_servers", "container", "context_management"}) {
     if (field(body, name))
       throw invalid_request(std::string("'") + name + "' is not supported by this server", name,
                             "unsupported_parameter");
@@ -104,23 +104,32 @@ void append_message(const Json& m, const std::string& where, std::vector<chat::M
 }
 
 // tools [{name, description, input_schema}] as the chat encoder's function tools, unless tool_choice is none.
-// Forcing a tool (any, tool) is not implemented.
-void parse_tools(const Json& body, CompletionRequest& r) {
+// tool_choice any / tool force a call (constrained decoding, as OpenAI's required / named function). Returns
+// whether a tool asks for strict inputs.
+bool parse_tools(const Json& body, CompletionRequest& r) {
   std::string choice = "auto";
   if (const Json* f = field(body, "tool_choice")) {
-    if (!f->is_object()) throw wrong_type("tool_choice", "an object {\"type\": \"auto\" | \"none\"}");
+    if (!f->is_object())
+      throw wrong_type("tool_choice", "an object {\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}");
     choice = get_string(*f, "type").value_or("");
-    if (choice == "any" || choice == "tool")
-      throw invalid_request("'tool_choice' " + choice + " is not supported (forcing a tool): use auto or none",
-                            "tool_choice", "unsupported_parameter");
-    if (choice != "auto" && choice != "none")
+    if (choice != "auto" && choice != "none" && choice != "any" && choice != "tool")
       throw invalid_request("'tool_choice.type' must be \"auto\", \"any\", \"tool\" or \"none\"", "tool_choice");
-    if (get_bool(*f, "disable_parallel_tool_use").value_or(false))
-      throw invalid_request("'tool_choice.disable_parallel_tool_use' is not supported", "tool_choice",
-                            "unsupported_parameter");
+    if (choice == "any") r.tool_choice = CompletionRequest::ToolChoice::kRequired;
+    if (choice == "tool") {
+      const auto name = get_string(*f, "name");
+      if (!name) throw invalid_request("'tool_choice' of type tool needs a 'name'", "tool_choice");
+      r.tool_choice = CompletionRequest::ToolChoice::kNamed;
+      r.forced_tool = *name;
+    }
+    r.parallel_tool_calls = !get_bool(*f, "disable_parallel_tool_use").value_or(false);
   }
+  bool strict = false;
   const Json* tools = field(body, "tools");
-  if (!tools) return;
+  if (!tools) {
+    if (r.tool_choice != CompletionRequest::ToolChoice::kAuto)
+      throw invalid_request("'tool_choice' " + choice + " needs 'tools'", "tool_choice");
+    return strict;
+  }
   if (!tools->is_array()) throw wrong_type("tools", "an array");
   for (size_t i = 0; i < tools->size(); ++i) {
     const Json& t = (*tools)[i];
@@ -129,9 +138,7 @@ void parse_tools(const Json& body, CompletionRequest& r) {
     if (const auto type = get_string(t, "type"); type && *type != "custom")
       throw invalid_request(where + ": server tools ('" + *type + "') are not supported", where,
                             "unsupported_parameter");
-    if (get_bool(t, "strict").value_or(false))
-      throw invalid_request(where + ": strict tool inputs (constrained decoding) are not supported", where,
-                            "unsupported_parameter");
+    strict = get_bool(t, "strict").value_or(false) || strict;
     const std::string name = block_string(t, "name", where);
     if (name.empty()) throw invalid_request(where + ".name must not be empty", where);
     Json function{{"name", name}};
@@ -142,6 +149,23 @@ void parse_tools(const Json& body, CompletionRequest& r) {
     function["parameters"] = *schema;
     if (choice != "none") r.tools.push_back({Json{{"type", "function"}, {"function", function}}});
   }
+  if (r.tool_choice == CompletionRequest::ToolChoice::kNamed &&
+      std::none_of(r.tools.begin(), r.tools.end(),
+                   [&](const chat::Tool& t) { return t.definition["function"]["name"] == r.forced_tool; }))
+    throw invalid_request("'tool_choice' names the tool '" + r.forced_tool + "', which is not in 'tools'",
+                          "tool_choice");
+  return strict;
+}
+
+// output_config.format (and the beta's top-level output_format): {"type": "json_schema", "schema"}: the answer is
+// a JSON value of the schema (constrained decoding).
+void parse_output_format(const Json& format, const std::string& where, CompletionRequest& r) {
+  if (!format.is_object() || get_string(format, "type").value_or("") != "json_schema")
+    throw invalid_request("'" + where + "' must be {\"type\": \"json_schema\", \"schema\": {...}}", where);
+  const Json* schema = field(format, "schema");
+  if (!schema) throw invalid_request("'" + where + "' needs a 'schema'", where, "missing_required_parameter");
+  r.json_schema = *schema;
+  r.json_schema_field = where + ".schema";
 }
 
 // thinking {"type": "enabled", "budget_tokens"} or {"type": "adaptive"}: V4's thinking mode (which thinks on
@@ -164,9 +188,7 @@ void parse_thinking(const Json& body, CompletionRequest& r) {
   const Json* output = field(body, "output_config");
   if (!output) return;
   if (!output->is_object()) throw wrong_type("output_config", "an object");
-  if (field(*output, "format"))
-    throw invalid_request("'output_config.format' is not supported by this server", "output_config",
-                          "unsupported_parameter");
+  if (const Json* format = field(*output, "format")) parse_output_format(*format, "output_config.format", r);
   if (const auto effort = get_string(*output, "effort")) {
     static const std::vector<std::string> kEfforts = {"low", "medium", "high", "xhigh", "max"};
     if (std::find(kEfforts.begin(), kEfforts.end(), *effort) == kEfforts.end())
@@ -198,9 +220,14 @@ CompletionRequest parse_messages(const std::string& text, const SamplingParams& 
     append_message((*messages)[i], "messages[" + std::to_string(i) + "]", r.messages);
   // A final assistant message is a prefill: the answer continues it.
   if (r.messages.back().role == chat::Role::kAssistant) r.messages.back().prefix = true;
-  parse_tools(body, r);
-
+  const bool strict_tools = parse_tools(body, r);
+  if (const Json* format = field(body, "output_format")) parse_output_format(*format, "output_format", r);
   parse_thinking(body, r);
+  // Strict tool inputs are what a grammar over the tools gives: a forced call, or an answer that is a call or the
+  // output format. Under auto alone nothing would hold a call to its schema.
+  if (strict_tools && !r.constrained())
+    throw invalid_request("strict tool inputs need a forced tool_choice (any, tool) or an output format",
+                          "tools", "unsupported_parameter");
 
   SamplingParams& s = r.sampling;
   if (auto v = get_number(body, "temperature", 0, 1)) s.temperature = *v;
@@ -208,6 +235,7 @@ CompletionRequest parse_messages(const std::string& text, const SamplingParams& 
   if (auto v = get_int(body, "top_k", 0, INT32_MAX)) s.top_k = *v;
   r.stop = get_stop(body, "stop_sequences");
   r.stream = get_bool(body, "stream").value_or(false);
+  check_constraint_fields(r);
   return r;
 }
 

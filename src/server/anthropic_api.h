@@ -14,9 +14,9 @@ namespace dsv4::server {
 
 // Parses a /v1/messages body. Required: model, max_tokens, messages. Thinking mode with "thinking": {"type":
 // "enabled", "budget_tokens"} (the budget is checked, not enforced: max_tokens bounds the reasoning too) or
-// {"type": "adaptive"}. Throws ApiError (400) naming the field for malformed or missing fields, and for what this
-// server does not implement (tool_choice any / tool, image and document blocks, server tools, strict tools,
-// output_config.format, ...).
+// {"type": "adaptive"}. tool_choice any / tool and output_config.format are honoured by constrained decoding.
+// Throws ApiError (400) naming the field for malformed or missing fields, and for what this server does not
+// implement (image and document blocks, server tools, strict tools under tool_choice auto, ...).
 CompletionRequest parse_messages(const std::string& body, const SamplingParams& defaults);
 
 // {"type": "error", "error": {"type", "message"}}, the type from the status (400 invalid_request_error, 401

@@ -74,10 +74,23 @@ SseEvent anthropic_event(const Json& event) { return {event["type"].get<std::str
 
 }  // namespace
 
+std::shared_ptr<const grammar::Vocabulary> grammar_vocabulary(const Tokenizer& tokenizer, int64_t vocab_size,
+                                                              int32_t eos) {
+  std::vector<std::string> bytes(static_cast<size_t>(vocab_size));
+  std::vector<bool> special(size_t(vocab_size), false);
+  for (int32_t id = 0; id < std::min<int64_t>(vocab_size, tokenizer.vocab_size()); ++id) {
+    bytes[size_t(id)] = tokenizer.token_bytes(id);
+    special[size_t(id)] = tokenizer.is_special(id);
+  }
+  return std::make_shared<const grammar::Vocabulary>(std::move(bytes), special, eos);
+}
+
 CompletionService::CompletionService(Scheduler& scheduler, const Tokenizer& tokenizer, Metrics& metrics,
                                      ServiceOptions options)
     : scheduler_(scheduler), tokenizer_(tokenizer), metrics_(metrics), options_(std::move(options)),
-      created_(int64_t(std::time(nullptr))), max_token_bytes_(max_token_bytes(tokenizer)) {}
+      created_(int64_t(std::time(nullptr))), max_token_bytes_(max_token_bytes(tokenizer)),
+      vocabulary_(grammar_vocabulary(tokenizer, scheduler.model_config().vocab_size,
+                                     int32_t(scheduler.model_config().eos_token_id))) {}
 
 namespace {
 
@@ -195,10 +208,24 @@ CompletionJob::CompletionJob(CompletionService& service, CompletionRequest reque
   if (request_.echo)
     for (const auto& p : request_.prompts) echoes_.push_back(p.is_tokens ? tokenizer.decode(p.tokens) : p.text);
 
+  // The output starts inside <think> in thinking mode, unless it continues an assistant prefix (rendered after
+  // its </think>).
+  const bool continues = chat && request_.messages.back().prefix;
+  const bool thinking = chat && request_.chat_options.thinking && !continues;
+  const std::unique_ptr<grammar::TokenConstraint> constraint = make_constraint(thinking);
+  if (constraint && continues) {
+    const chat::Message& prefix = request_.messages.back();
+    if (!constraint->accept_text(prefix.content + chat::render_tool_calls(prefix.tool_calls)))
+      throw invalid_request("the assistant prefix is not the start of an answer that " +
+                                (request_.json_schema ? request_.json_schema_field : std::string("tool_choice")) +
+                                " allows",
+                            "messages");
+  }
+
   // One scheduler request per choice: prompt-major, as OpenAI numbers the choices of a batch of prompts.
   // A throw from a constructor skips the destructor, so a refused submission cancels the queued ones here.
   try {
-    submit_all(prompts, chat);
+    submit_all(prompts, chat, thinking, constraint.get());
   } catch (...) {
     cancel();
     throw;
@@ -208,13 +235,38 @@ CompletionJob::CompletionJob(CompletionService& service, CompletionRequest reque
   service_.metrics_.add_prompt_tokens(prompt_tokens);
 }
 
-void CompletionJob::submit_all(const std::vector<std::vector<int32_t>>& prompts, bool chat) {
+std::unique_ptr<grammar::TokenConstraint> CompletionJob::make_constraint(bool thinking) const {
+  if (!request_.constrained()) return nullptr;
+  grammar::Spec spec;
+  spec.reasoning = thinking;
+  spec.json = request_.json_schema;
+  spec.single_call = !request_.parallel_tool_calls;
+  // The tools a call may name: all of them (required, or auto beside a response format), or the named one.
+  std::vector<size_t> tool_index;
+  for (size_t i = 0; i < request_.tools.size(); ++i) {
+    const Json& function = request_.tools[i].definition["function"];
+    const std::string name = function["name"].get<std::string>();
+    if (request_.tool_choice == CompletionRequest::ToolChoice::kNamed && name != request_.forced_tool) continue;
+    spec.tools.push_back({name, function.value("parameters", Json())});
+    tool_index.push_back(i);
+  }
+  std::shared_ptr<const grammar::Grammar> g;
+  try {
+    g = grammar::compile(spec);
+  } catch (const grammar::SchemaError& e) {
+    const bool messages = request_.endpoint == Endpoint::kMessages;
+    const std::string param = e.tool < 0 ? request_.json_schema_field
+                                         : "tools[" + std::to_string(tool_index[size_t(e.tool)]) + "]" +
+                                               (messages ? ".input_schema" : ".function.parameters");
+    throw invalid_request(param + " " + e.what(), e.tool < 0 ? request_.json_schema_field : "tools");
+  }
+  return std::make_unique<grammar::TokenConstraint>(std::move(g), service_.vocabulary_);
+}
+
+void CompletionJob::submit_all(const std::vector<std::vector<int32_t>>& prompts, bool chat, bool thinking,
+                               const grammar::TokenConstraint* constraint) {
   const int64_t context = service_.scheduler_.options().max_context;
   const uint64_t seed = request_.seed_given ? request_.sampling.seed : std::random_device{}();
-  // The output starts inside <think> in thinking mode, unless it continues an assistant prefix (rendered after
-  // its </think>).
-  const bool thinking =
-      chat && request_.chat_options.thinking && !(!request_.messages.empty() && request_.messages.back().prefix);
   const std::string call_id_prefix = request_.endpoint == Endpoint::kMessages ? "toolu_" : "call_";
   for (const auto& prompt : prompts) {
     for (int64_t j = 0; j < request_.n; ++j) {
@@ -229,6 +281,7 @@ void CompletionJob::submit_all(const std::vector<std::vector<int32_t>>& prompts,
       g.sampling.seed = seed + uint64_t(index);
       g.stop_at_eos = !request_.ignore_eos;
       g.logprobs = request_.logprobs;
+      if (constraint) g.constraint = std::make_shared<grammar::TokenConstraint>(*constraint);
       c.finished = true;  // until the scheduler has it
       std::optional<Scheduler::RequestId> id;
       try {

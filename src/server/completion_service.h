@@ -21,6 +21,11 @@
 
 namespace dsv4::server {
 
+// The vocabulary as constrained decoding sees it: the tokenizer's bytes per id, for the `vocab_size` ids of the
+// model's logits rows (ids beyond the tokenizer: no bytes, never allowed), its special tokens, and `eos`.
+std::shared_ptr<const grammar::Vocabulary> grammar_vocabulary(const Tokenizer& tokenizer, int64_t vocab_size,
+                                                              int32_t eos);
+
 struct ServiceOptions {
   std::string model_name;   // what /v1/models lists and requests must name
   SamplingParams defaults;  // sampling for fields a request leaves out (the model's generation_config.json)
@@ -64,6 +69,7 @@ class CompletionService {
   int64_t fewest_tokens(const std::string& text) const {
     return (int64_t(text.size()) + max_token_bytes_ - 1) / max_token_bytes_;
   }
+  std::shared_ptr<const grammar::Vocabulary> vocabulary_;  // for constrained decoding
 };
 
 // One request in flight: its choices in the scheduler and their output so far. Used by one HTTP thread.
@@ -88,7 +94,12 @@ class CompletionJob {
   struct Inbox;
   struct Choice;
   CompletionJob(CompletionService& service, CompletionRequest request);
-  void submit_all(const std::vector<std::vector<int32_t>>& prompts, bool chat);
+  // The grammar of the request's answer (response_format, a forced tool_choice) as a constraint in its initial
+  // state; null when the answer is free. Throws ApiError (400) for a schema it cannot honour.
+  std::unique_ptr<grammar::TokenConstraint> make_constraint(bool thinking) const;
+  // thinking: the output starts in the reasoning; constraint: each choice's copy starts from it (null: none).
+  void submit_all(const std::vector<std::vector<int32_t>>& prompts, bool chat, bool thinking,
+                  const grammar::TokenConstraint* constraint);
   // Applies one engine event to its choice; stream chunks go to `out` when streaming.
   void handle(size_t choice, const GenerationEvent& event, std::chrono::steady_clock::time_point at,
               std::vector<SseEvent>& out);

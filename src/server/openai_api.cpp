@@ -117,10 +117,10 @@ void refuse_unsupported(const Json& body, Endpoint endpoint) {
     throw invalid_request("'" + name + "' is not supported by this server", name, "unsupported_parameter");
   };
   if (const Json* f = field(body, "logit_bias"); f && !f->empty()) refuse("logit_bias");
-  if (const Json* f = field(body, "response_format");
-      f && !(f->is_object() && f->contains("type") && (*f)["type"] == "text"))
-    refuse("response_format");
   if (endpoint == Endpoint::kCompletions) {
+    if (const Json* f = field(body, "response_format");
+        f && !(f->is_object() && f->contains("type") && (*f)["type"] == "text"))
+      refuse("response_format");
     if (const Json* f = field(body, "suffix"); f && *f != "") refuse("suffix");
     if (const Json* f = field(body, "top_logprobs"); f && *f != 0) refuse("top_logprobs");  // chat's field
   }
@@ -159,6 +159,56 @@ void parse_sampling(const Json& body, CompletionRequest& r) {
   }
 }
 
+// tool_choice: "auto", "none", "required" or {"type": "function", "function": {"name"}}; parallel_tool_calls.
+// Returns it as a message spells it ("auto", "none", "required", "naming a function").
+std::string parse_tool_choice(const Json& body, CompletionRequest& r) {
+  r.parallel_tool_calls = get_bool(body, "parallel_tool_calls").value_or(true);
+  const Json* f = field(body, "tool_choice");
+  if (!f) return "auto";
+  if (f->is_string() && (*f == "auto" || *f == "none" || *f == "required")) {
+    if (*f == "required") r.tool_choice = CompletionRequest::ToolChoice::kRequired;
+    return f->get<std::string>();
+  }
+  const Json* function = f->is_object() && f->value("type", "") == "function" ? field(*f, "function") : nullptr;
+  const Json* name = function && function->is_object() ? field(*function, "name") : nullptr;
+  if (!name || !name->is_string())
+    throw invalid_request("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                          "\"function\": {\"name\": ...}}",
+                          "tool_choice");
+  r.tool_choice = CompletionRequest::ToolChoice::kNamed;
+  r.forced_tool = name->get<std::string>();
+  return "naming a function";
+}
+
+// response_format: {"type": "text"} (free text), {"type": "json_object"} (any JSON object) or {"type":
+// "json_schema", "json_schema": {"name", "schema", "description", "strict"}} (the schema is always enforced, strict
+// or not).
+void parse_response_format(const Json& body, CompletionRequest& r) {
+  const Json* f = field(body, "response_format");
+  if (!f) return;
+  const std::string type = f->is_object() ? get_string(*f, "type").value_or("") : "";
+  if (type == "text") return;
+  r.json_schema_field = "response_format";
+  if (type == "json_object") {
+    r.json_schema = Json{{"type", "object"}};
+    return;
+  }
+  if (type != "json_schema")
+    throw invalid_request("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"",
+                          "response_format");
+  const Json* spec = field(*f, "json_schema");
+  if (!spec || !spec->is_object())
+    throw invalid_request("'response_format.json_schema' must be an object {\"name\", \"schema\"}", "response_format");
+  if (!get_string(*spec, "name"))
+    throw invalid_request("'response_format.json_schema.name' is required", "response_format",
+                          "missing_required_parameter");
+  static_cast<void>(get_string(*spec, "description"));
+  static_cast<void>(get_bool(*spec, "strict"));
+  const Json* schema = field(*spec, "schema");
+  r.json_schema = schema ? *schema : Json::object();  // without a schema: any JSON value
+  r.json_schema_field = "response_format.json_schema.schema";
+}
+
 void parse_chat(const Json& body, CompletionRequest& r) {
   const Json* messages = field(body, "messages");
   if (!messages) throw invalid_request("missing required field 'messages'", "messages", "missing_required_parameter");
@@ -176,15 +226,8 @@ void parse_chat(const Json& body, CompletionRequest& r) {
                           "\"prefix\": true to continue it)",
                           "messages");
 
-  const std::string tool_choice = [&] {
-    const Json* f = field(body, "tool_choice");
-    if (!f) return std::string("auto");
-    if (!f->is_string() || (*f != "auto" && *f != "none"))
-      throw invalid_request("'tool_choice' must be \"auto\" or \"none\" (forcing a tool is not supported)",
-                            "tool_choice", "unsupported_parameter");
-    return f->get<std::string>();
-  }();
-  if (const Json* tools = field(body, "tools"); tools && tool_choice == "auto") {
+  const std::string tool_choice = parse_tool_choice(body, r);
+  if (const Json* tools = field(body, "tools"); tools && tool_choice != "none") {
     if (!tools->is_array()) throw wrong_type("tools", "an array");
     for (size_t i = 0; i < tools->size(); ++i) {
       const Json& t = (*tools)[i];
@@ -195,6 +238,15 @@ void parse_chat(const Json& body, CompletionRequest& r) {
       r.tools.push_back(chat::tool_from_json(t));
     }
   }
+  if (r.tool_choice != CompletionRequest::ToolChoice::kAuto && r.tools.empty())
+    throw invalid_request("'tool_choice' " + tool_choice + " needs 'tools'", "tool_choice");
+  if (r.tool_choice == CompletionRequest::ToolChoice::kNamed &&
+      std::none_of(r.tools.begin(), r.tools.end(), [&](const chat::Tool& t) {
+        return t.definition["function"]["name"] == r.forced_tool;
+      }))
+    throw invalid_request("'tool_choice' names the function '" + r.forced_tool + "', which is not in 'tools'",
+                          "tool_choice");
+  parse_response_format(body, r);
 
   // Thinking mode: chat_template_kwargs {"thinking" | "enable_thinking": bool, "reasoning_effort"} or the
   // top-level reasoning_effort. "max" adds DeepSeek's maximum-effort instruction; any other effort but "none"
@@ -270,6 +322,18 @@ void parse_completion(const Json& body, CompletionRequest& r) {
 
 }  // namespace
 
+void check_constraint_fields(const CompletionRequest& r) {
+  if (r.ignore_eos && r.constrained())
+    throw invalid_request("'ignore_eos' cannot be combined with a structured answer (response_format, tool_choice "
+                          "forcing a tool): it ends where it is complete",
+                          "ignore_eos");
+  if (!r.parallel_tool_calls && !r.constrained() && !r.tools.empty())
+    throw invalid_request("turning parallel tool calls off needs a grammar to hold the model to one call: "
+                          "tool_choice required or a named function, or a response format",
+                          r.endpoint == Endpoint::kMessages ? "tool_choice" : "parallel_tool_calls",
+                          "unsupported_parameter");
+}
+
 CompletionRequest parse_request(Endpoint endpoint, const std::string& text, const SamplingParams& defaults) {
   const Json body = parse_object(text);
   CompletionRequest r;
@@ -297,6 +361,7 @@ CompletionRequest parse_request(Endpoint endpoint, const std::string& text, cons
     r.include_usage = get_bool(*opts, "include_usage").value_or(false);
   }
   r.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
+  check_constraint_fields(r);
   return r;
 }
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chat/chat_encoding.h"
+#include "grammar/grammar.h"
 #include "sampler/sampler.h"
 
 namespace dsv4::server {
@@ -95,6 +96,18 @@ struct CompletionRequest {
   // Set: report each generated token's log-probability with this many most likely alternatives (chat:
   // "logprobs": true and top_logprobs; completions: "logprobs": N).
   std::optional<int64_t> logprobs;
+
+  // Constrained decoding (chat and messages). The answer must be a JSON value of `json_schema` (response_format
+  // json_object: {"type": "object"}; json_schema; Anthropic's output_config.format), and/or, with tool_choice
+  // required / a named function (Anthropic: any / tool), a DSML block of tool calls whose arguments follow the
+  // tools' parameters. With tool_choice auto and a schema, the answer is either.
+  std::optional<Json> json_schema;
+  std::string json_schema_field;  // the request field that holds it, for errors
+  enum class ToolChoice { kAuto, kRequired, kNamed };
+  ToolChoice tool_choice = ToolChoice::kAuto;
+  std::string forced_tool;        // kNamed: the function
+  bool parallel_tool_calls = true;  // false: exactly one call (only honoured where a grammar applies)
+  bool constrained() const { return json_schema || tool_choice != ToolChoice::kAuto; }
 };
 
 // Parses a request body of /v1/chat/completions or /v1/completions (Anthropic's: parse_messages); `defaults` are
@@ -102,6 +115,10 @@ struct CompletionRequest {
 // Throws ApiError (400) naming the field on malformed JSON, missing or wrong-typed fields and values out of
 // range, and for features this server does not implement (prompt logprobs, suffix, best_of > n, ...).
 CompletionRequest parse_request(Endpoint endpoint, const std::string& body, const SamplingParams& defaults);
+
+// The rules between the constrained-decoding fields, shared with parse_messages: ignore_eos is refused with a
+// grammar, and parallel tool calls can be turned off only where a grammar applies. Throws ApiError (400).
+void check_constraint_fields(const CompletionRequest& r);
 
 // POST /tokenize (vLLM's shape): {"model", "prompt", "add_special_tokens" (default true: the BOS)}, or {"model",
 // "messages", and the chat fields} for the prompt /v1/chat/completions would build. Throws ApiError (400).

@@ -3,7 +3,8 @@ raw HTTP for the exact event stream and error bodies), on the shipped tiny model
 
 Run by ctest (tests/server/tests.cmake) with the venv that tools/setup makes:
     DSV4_CLI=build/bin/dsv4 build/venv/bin/python -m unittest -v tests/server/test_anthropic.py
-The tiny model never writes DSML tool calls; their mapping to tool_use blocks is tested in test_server.cpp.
+The tiny model never writes DSML tool calls of its own; their mapping to tool_use blocks is tested in
+test_server.cpp, and calls forced by tool_choice any / tool in test_structured.py.
 """
 
 import json
@@ -188,7 +189,9 @@ class TestMessages(ServerCase):
             ({**ok, "messages": [{"role": "system", "content": "x"}]}, 400, "invalid_request_error"),
             ({**ok, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
              "invalid_request_error"),
-            ({**ok, "tools": [WEATHER], "tool_choice": {"type": "any"}}, 400, "invalid_request_error"),
+            ({**ok, "tools": [WEATHER], "tool_choice": {"type": "tool", "name": "get_time"}}, 400,
+             "invalid_request_error"),
+            ({**ok, "tools": [{**WEATHER, "strict": True}]}, 400, "invalid_request_error"),
             ({**ok, "tools": [{"name": "f"}]}, 400, "invalid_request_error"),
             ({**ok, "thinking": {"type": "enabled"}}, 400, "invalid_request_error"),
             ({**ok, "temperature": 3}, 400, "invalid_request_error"),
@@ -204,7 +207,7 @@ class TestMessages(ServerCase):
             self.anthropic.messages.create(model="claude-x", max_tokens=2, messages=user("Hi"))
         with self.assertRaises(anthropic.BadRequestError) as refused:
             self.anthropic.messages.create(model=MODEL, max_tokens=2, messages=user("Hi"), tools=[WEATHER],
-                                           tool_choice={"type": "tool", "name": "get_weather"})
+                                           tool_choice={"type": "tool", "name": "get_time"})
         self.assertIn("tool_choice", refused.exception.body["error"]["message"])
         r = self.anthropic.messages.create(model=MODEL, max_tokens=2, messages=user("Still there?"))
         self.assertEqual(r.usage.output_tokens, 2)

@@ -1,8 +1,8 @@
 // The server below HTTP: the continuous-batching scheduler on the shipped tiny model (batched = alone,
-// cancellation, queue limit, logprobs), the output decoder (DSML tool calls and reasoning streamed as deltas,
-// stop strings), OpenAI and Anthropic request parsing, the Anthropic message and stream events (tool_use blocks
-// from DSML), and the metrics text. The HTTP layer is tested with the real openai and anthropic clients in
-// test_openai.py and test_anthropic.py.
+// cancellation, queue limit, logprobs, grammars in greedy and sampled decoding), the output decoder (DSML tool
+// calls and reasoning streamed as deltas, stop strings), OpenAI and Anthropic request parsing, the Anthropic
+// message and stream events (tool_use blocks from DSML), and the metrics text. The HTTP layer is tested with the
+// real openai and anthropic clients in test_openai.py, test_anthropic.py and test_structured.py.
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -14,6 +14,7 @@
 #include "harness/files.h"
 #include "loader/weight_map.h"
 #include "server/anthropic_api.h"
+#include "server/completion_service.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/output_decoder.h"
@@ -182,6 +183,55 @@ TEST_F(TinyModel, LogprobsComeWithEachTokenAndLeaveGreedyUnchanged) {
   GenerationRequest too_many = request(3, 2, 1);
   too_many.logprobs = m->config().vocab_size + 1;
   EXPECT_THROW(scheduler.submit(too_many, refused.sink()), Error);
+}
+
+TEST_F(TinyModel, GrammarHoldsGreedyAndSampledDecoding) {
+  auto m = model();
+  const Tokenizer tokenizer = Tokenizer::from_file(source_path("models/tiny"));
+  const auto vocabulary = server::grammar_vocabulary(tokenizer, m->config().vocab_size,
+                                                     int32_t(m->config().eos_token_id));
+  grammar::Spec spec;
+  spec.json = grammar::Json::parse(R"({"type": "object", "additionalProperties": false, "required": ["a", "b"],
+      "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", "y"]}}})");
+  const auto grammar = grammar::compile(spec);
+  Scheduler scheduler(*m, {.max_seqs = 3, .max_context = 256});
+  // Greedy (which would otherwise take the backend's argmax), sampled, and a free greedy request beside them.
+  std::vector<Collector> collectors(3);
+  for (int i = 0; i < 3; ++i) {
+    GenerationRequest r = request(12, 120, uint32_t(i));
+    r.stop_at_eos = true;
+    r.sampling.temperature = i == 1 ? 1.0f : 0.0f;
+    r.sampling.seed = 9;
+    if (i < 2) r.constraint = std::make_shared<grammar::TokenConstraint>(grammar, vocabulary);
+    ASSERT_TRUE(scheduler.submit(r, collectors[size_t(i)].sink()));
+  }
+  for (int i = 0; i < 2; ++i) {
+    Collector& c = collectors[size_t(i)];
+    EXPECT_EQ(c.wait(), FinishReason::kEos) << "request " << i;
+    ASSERT_EQ(c.tokens.back(), m->config().eos_token_id);
+    std::string text;
+    for (size_t k = 0; k + 1 < c.tokens.size(); ++k) text += tokenizer.token_bytes(c.tokens[k]);
+    grammar::Matcher matcher(grammar);
+    EXPECT_TRUE(matcher.feed(text) && matcher.can_end()) << text;
+    const auto json = nlohmann::json::parse(text);
+    EXPECT_TRUE(json["a"].is_number_integer()) << text;
+  }
+  collectors[2].wait();
+  EXPECT_EQ(collectors[2].tokens, [&] {  // the free request is unchanged by its constrained neighbours
+    Scheduler alone(*m, {.max_seqs = 1, .max_context = 256});
+    Collector c;
+    GenerationRequest r = request(12, 120, 2);
+    r.stop_at_eos = true;
+    EXPECT_TRUE(alone.submit(r, c.sink()));
+    c.wait();
+    return c.tokens;
+  }());
+  // A constraint over another vocabulary is refused.
+  Collector refused;
+  GenerationRequest wrong = request(3, 2, 1);
+  wrong.constraint = std::make_shared<grammar::TokenConstraint>(
+      grammar, server::grammar_vocabulary(tokenizer, 100, 1));
+  EXPECT_THROW(scheduler.submit(wrong, refused.sink()), Error);
 }
 
 // Streams `text` through the decoder one token at a time; returns the deltas joined per field.

@@ -1,5 +1,6 @@
 // Sampling: greedy, temperature (empirical frequencies vs the softmax), top-k / top-p / min-p supports,
-// penalties, seed reproducibility, parameter validation, logprobs, and stop strings across chunk boundaries.
+// penalties, seed reproducibility, parameter validation, grammar masks, logprobs, and stop strings across chunk
+// boundaries.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -185,6 +186,41 @@ TEST(TokenLogprobs, LogSoftmaxOfTheRawRowAndItsMostLikelyTokens) {
   EXPECT_NEAR(total, 1.0, 1e-5);
   EXPECT_TRUE(token_logprobs(l.data(), 50, 0, 0).top.empty());
   EXPECT_EQ(token_logprobs(l.data(), 50, 0, 1).top[0].first, argmax(l.data(), 50));
+}
+
+TEST(Sampler, AGrammarMaskKeepsOutEveryOtherToken) {
+  const int64_t vocab = 1000;  // not a multiple of 32
+  const std::vector<float> l = random_logits(vocab, 21);
+  std::vector<uint32_t> mask(size_t((vocab + 31) / 32), 0);
+  std::set<int32_t> allowed;
+  for (int32_t id : {3, 64, 65, 95, 500, 999}) {
+    mask[size_t(id >> 5)] |= 1u << (id & 31);
+    allowed.insert(id);
+  }
+  for (int32_t id = 128; id < 160; ++id) mask[4] |= 1u << (id & 31), allowed.insert(id);  // a whole word
+  std::vector<float> row = l;
+  std::vector<int32_t> ids(static_cast<size_t>(vocab));
+  ASSERT_EQ(apply_mask(row.data(), vocab, mask.data(), ids.data()), int64_t(allowed.size()));
+  EXPECT_EQ(std::set<int32_t>(ids.begin(), ids.begin() + int64_t(allowed.size())), allowed);
+  for (int32_t id = 0; id < vocab; ++id) EXPECT_EQ(row[size_t(id)] == l[size_t(id)], allowed.count(id) == 1) << id;
+
+  // Greedy takes the best allowed token; sampling (with penalties, top-k, top-p) draws allowed tokens only.
+  int32_t best = *allowed.begin();
+  for (int32_t id : allowed) best = l[size_t(id)] > l[size_t(best)] ? id : best;
+  Sampler greedy({.temperature = 0}, vocab);
+  EXPECT_EQ(greedy.sample(l.data(), {}, {}, mask.data()), best);
+  for (const SamplingParams& p : {SamplingParams{.temperature = 2.0f, .seed = 1},
+                                  SamplingParams{.temperature = 0.7f, .top_k = 500, .top_p = 0.99f, .seed = 2},
+                                  SamplingParams{.temperature = 1.0f, .presence_penalty = 2.0f, .seed = 3}}) {
+    Sampler s(p, vocab);
+    const std::vector<int32_t> history = {3, 64, 999};
+    for (int i = 0; i < 500; ++i) EXPECT_EQ(allowed.count(s.sample(l.data(), history, history, mask.data())), 1u);
+  }
+  // A single allowed token is always the one.
+  std::vector<uint32_t> one(mask.size(), 0);
+  one[15] = 1u << 7;  // id 487
+  Sampler s({.temperature = 1.5f, .seed = 4}, vocab);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(s.sample(l.data(), {}, {}, one.data()), 487);
 }
 
 TEST(StopMatcher, HoldsBackPartialStopsAndCutsAtTheFirst) {
