@@ -21,7 +21,8 @@ class HostGroup {
   void abort();
 
  private:
-  void arrive();  // waits until every rank has arrived (a barrier); throws once aborted
+  // Waits until every rank has arrived (a barrier), sum_ then holding at least sum_size; throws once aborted.
+  void arrive(size_t sum_size = 0);
 
   std::mutex mutex_;
   std::condition_variable all_here_;

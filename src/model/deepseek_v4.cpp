@@ -67,11 +67,10 @@ class DeepseekV4::Rank {
         ops_(*shard.ops),
         index_(size_t(index)),
         reduce_attention_(heads_split),
-        reduce_moe_(ranks > 1),
+        several_(ranks > 1),
         numerics_(numerics),
         act_(plan_activations(model_.config, ops_, max_step)),
-        vocab0_(vocab0),
-        several_(ranks > 1) {
+        vocab0_(vocab0) {
     ops_.set_numerics(numerics);
   }
 
@@ -120,7 +119,9 @@ class DeepseekV4::Rank {
   Ops& ops_;
   size_t index_;
   bool reduce_attention_;  // heads split: the output projection's result is a partial sum
-  bool reduce_moe_;        // experts split: the MoE's result is a partial sum
+  // Several ranks: the MoE's result is a partial sum (experts split), and the ranks share the vocabulary (greedy
+  // ids need their logits to pick the best rank).
+  bool several_;
   Numerics numerics_;
   Activations act_;
   std::span<const Span> spans_;  // the current step's sequences
@@ -131,7 +132,6 @@ class DeepseekV4::Rank {
   std::vector<AttentionParams> attention_batch_;
   std::vector<std::pair<int64_t, int64_t>> head_runs_;  // head(): the rows that need logits, as (first, count) runs of y
   int64_t vocab0_;   // this rank's first vocabulary column (its head rows, model/parallel.h)
-  bool several_;     // ranks share the vocabulary: greedy ids need their values to pick the best rank
   Results results_;
   std::vector<Span> mtp_span_;  // mtp_step()'s one sequence
 };
@@ -516,7 +516,7 @@ void DeepseekV4::Rank::output_projection(const AttentionWeights& w, int64_t n) {
 
 void DeepseekV4::Rank::moe(const LayerWeights& l, int64_t n) {
   ops_.moe(l.moe, act_.xn, act_.tokens, n, act_.sub_out);
-  if (reduce_moe_) ops_.all_reduce(act_.sub_out, size_t(n * model_.config.dim));  // each rank's experts' share
+  if (several_) ops_.all_reduce(act_.sub_out, size_t(n * model_.config.dim));  // each rank's experts' share
 }
 
 // Final hyper-connection collapse, norm and LM head (spec §5.4, §4), only for the rows whose logits or greedy
