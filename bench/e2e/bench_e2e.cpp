@@ -286,7 +286,7 @@ BenchReport run_bench(const BenchOptions& o) {
   r.memory_kind = memory.kind();
   r.memory_before_load = memory.sample();
   const auto t_load = Clock::now();
-  const auto weights = load_model(o.model_dir);
+  const std::unique_ptr<const ModelWeights> weights = o.load ? o.load() : load_model(o.model_dir);
   const ModelConfig& c = weights->config;
   r.layers = c.n_layers;
   r.dim = c.dim;
@@ -424,7 +424,14 @@ std::string bench_markdown(const BenchReport& r) {
   out << "* memory (" << r.memory_kind << "): " << gib(r.memory_before_load) << " before load, "
       << gib(r.memory_after_load) << " after load, " << gib(r.memory_peak) << " peak; load "
       << std::round(r.load_seconds * 10) / 10 << " s\n";
-  if (!r.synth.is_null()) {
+  if (!r.synth.is_null() && r.synth.value("in_memory", false)) {
+    std::snprintf(line, sizeof line,
+                  "* synthesised for this run in memory: %.2f GiB, of which %.2f GiB made on the host (%.1f s), "
+                  "the rest in place on the device during the load\n",
+                  r.synth.value("bytes", 0.0) / double(1ull << 30), r.synth.value("host_bytes", 0.0) / double(1ull << 30),
+                  r.synth.value("seconds", 0.0));
+    out << line;
+  } else if (!r.synth.is_null()) {
     std::snprintf(line, sizeof line, "* synthesised for this run: %.2f GiB in %.1f s (%.2f GB/s)\n",
                   r.synth.value("bytes", 0.0) / double(1ull << 30), r.synth.value("seconds", 0.0),
                   r.synth.value("bytes", 0.0) / std::max(r.synth.value("seconds", 0.0), 1e-9) / 1e9);

@@ -5,17 +5,21 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "model/ops.h"
 #include "model/parallel.h"
+#include "model/weights.h"
 
 namespace dsv4 {
 
 struct BenchOptions {
-  std::string model_dir;
+  std::string model_dir;  // the checkpoint, or what `load` makes (a name for the report)
+  // Makes the model instead of loading model_dir (e.g. a synthesised one: loader/synth.h); timed as the load.
+  std::function<std::unique_ptr<const ModelWeights>()> load;
   std::string backend = "auto";
   Numerics numerics = Numerics::kReference;
   Parallelism parallelism;  // ranks (model/parallel.h): GPU r runs rank r

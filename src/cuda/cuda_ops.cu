@@ -8,6 +8,8 @@
 #include "cpu/cpu_ops.h"  // rope_inv_freq: host-side constants shared with the CPU reference
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/loader/synth_fill.h"
+#include "loader/checkpoint.h"
 #include "cuda/sampling/sampling.h"
 
 namespace dsv4 {
@@ -246,8 +248,12 @@ const DeviceWeight& CudaOps::upload(const Weight& w) {
   }
   const int64_t row_bytes = d.row_bytes();
   auto* data = static_cast<uint8_t*>(device_alloc(size_t(w.rows * row_bytes)));
-  DSV4_CUDA_CHECK(cudaMemcpy2D(data, size_t(row_bytes), src, size_t(src_stride), size_t(row_bytes), size_t(w.rows),
-                               cudaMemcpyHostToDevice));
+  if (const GeneratedTensor* g = generated(w.data)) {
+    make_generated(*g, w.data, data, w.rows, row_bytes, w.row_stride);
+  } else {
+    DSV4_CUDA_CHECK(cudaMemcpy2D(data, size_t(row_bytes), src, size_t(src_stride), size_t(row_bytes), size_t(w.rows),
+                                 cudaMemcpyHostToDevice));
+  }
   d.data = data;
   if (d.format == WFormat::kFP8) {
     DSV4_CHECK(w.scale_block_rows == 128 && w.scale_block_cols == 128, "CUDA backend: FP8 weight with ",
@@ -262,6 +268,18 @@ const DeviceWeight& CudaOps::upload(const Weight& w) {
     DSV4_CHECK(w.scale_block_rows == 1 && w.scale_block_cols == 32, "CUDA backend: FP4 weight with ",
                w.scale_block_rows, "x", w.scale_block_cols, " scale blocks (expected 1x32)");
     d.scale_cols = w.cols / 32;
+    auto* ds = static_cast<uint8_t*>(device_alloc(size_t(w.rows * d.scale_cols)));
+    d.scale_e8m0 = ds;
+    if (const GeneratedTensor* g = w.scale_dtype == DType::kF8E8M0 ? generated(w.scale) : nullptr) {
+      make_generated(*g, w.scale, ds, w.rows, d.scale_cols, w.scale_stride);
+      // Every byte is one of the value table's: its range bounds the scales' (exactly, for a constant table).
+      const auto* table = static_cast<const uint8_t*>(g->fill.table);
+      const auto [lo, hi] = std::minmax_element(table, table + kSynthTableEntries);
+      d.scale_lo = *lo;
+      d.scale_hi = *hi;
+      d.scale_span = w.cols % 128 == 0 ? uint8_t(*hi - *lo) : 255;
+      return weights_.emplace(w.data, d).first->second;
+    }
     std::vector<uint8_t> s(size_t(w.rows * d.scale_cols));
     for (int64_t r = 0; r < w.rows; ++r)
       for (int64_t c = 0; c < d.scale_cols; ++c) {
@@ -280,11 +298,46 @@ const DeviceWeight& CudaOps::upload(const Weight& w) {
         }
         s[size_t(r * d.scale_cols + c)] = e;
       }
-    auto* ds = static_cast<uint8_t*>(device_alloc(s.size()));
+    const auto [lo, hi] = std::minmax_element(s.begin(), s.end());
+    d.scale_lo = *lo;
+    d.scale_hi = *hi;
+    if (w.cols % 128 == 0) {
+      d.scale_span = 0;
+      for (size_t b = 0; b < s.size(); b += 4) {
+        const auto [blo, bhi] = std::minmax_element(s.begin() + b, s.begin() + b + 4);
+        d.scale_span = std::max(d.scale_span, uint8_t(*bhi - *blo));
+      }
+    }
     DSV4_CUDA_CHECK(cudaMemcpy(ds, s.data(), s.size(), cudaMemcpyHostToDevice));
-    d.scale_e8m0 = ds;
   }
   return weights_.emplace(w.data, d).first->second;
+}
+
+const GeneratedTensor* CudaOps::generated(const uint8_t* host) const {
+  return storage_ ? storage_->generated(host) : nullptr;
+}
+
+void CudaOps::make_generated(const GeneratedTensor& g, const uint8_t* host, uint8_t* dst, int64_t rows,
+                             int64_t row_bytes, int64_t src_stride) {
+  auto& table = synth_tables_[g.fill.table];
+  if (!table) {
+    const size_t bytes = size_t(kSynthTableEntries) * size_t(g.fill.entry_bytes);
+    table = device_alloc(bytes);
+    DSV4_CUDA_CHECK(cudaMemcpy(table, g.fill.table, bytes, cudaMemcpyHostToDevice));
+  }
+  cuda::SynthFillParams p;
+  p.dst = dst;
+  p.rows = rows;
+  p.row_bytes = row_bytes;
+  p.dst_pitch = row_bytes;
+  p.first = uint64_t(host - g.data);
+  p.src_stride = src_stride;
+  p.fill = g.fill;
+  p.fill.table = table;
+  DSV4_CHECK(p.first + uint64_t(std::max<int64_t>(rows - 1, 0) * src_stride + row_bytes) <= g.nbytes,
+             "internal error: a generated weight's slice runs past its tensor");
+  cuda::synth_fill(p, stream_);
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));  // done on return, as the copies of stored weights are
 }
 
 const float* CudaOps::upload(const std::vector<float>& v) {
@@ -304,6 +357,7 @@ const int32_t* CudaOps::upload(const std::vector<int32_t>& v) {
 }
 
 void CudaOps::upload_model(const ModelWeights& m) {
+  storage_ = m.storage.get();
   for (const Weight* w : m.matrices)
     if (w && !w->empty()) upload(*w);
   const auto vec = [&](const auto& v) {

@@ -18,6 +18,7 @@
 #include "cuda/comm/rank_group.h"
 #include "cuda/common/device_weight.h"
 #include "cuda/moe/moe_tables.h"
+#include "loader/synth_fill.h"
 #include "model/ops.h"
 
 namespace dsv4 {
@@ -183,6 +184,12 @@ class CudaOps final : public Ops {
 
  private:
   void* device_alloc(size_t bytes);  // tracked, freed in the destructor
+  // The tensor of upload_model's checkpoint that is generated, not stored (a synthesised one held in memory,
+  // loader/synth.h), which `host` lies in; nullptr for stored bytes.
+  const GeneratedTensor* generated(const uint8_t* host) const;
+  // Makes the slice of g [rows, row_bytes], rows src_stride bytes apart from `host` on, into dst (compact rows).
+  void make_generated(const GeneratedTensor& g, const uint8_t* host, uint8_t* dst, int64_t rows, int64_t row_bytes,
+                      int64_t src_stride);
 
   ModelConfig config_;
   int device_ = 0;
@@ -220,6 +227,8 @@ class CudaOps final : public Ops {
   std::unordered_map<const void*, cuda::DeviceWeight> weights_;   // by host Weight::data
   std::unordered_map<const void*, cuda::DeviceWeight> bf16_copies_;  // bf16_copy's, by host Weight::data
   std::unordered_map<const void*, const void*> vectors_;          // host vector data → device copy
+  const Checkpoint* storage_ = nullptr;                           // upload_model's, for its generated tensors
+  std::unordered_map<const void*, void*> synth_tables_;           // their value tables: host → device
   std::unordered_map<const void*, cuda::CacheLayout> caches_;     // compact caches by device address
   std::vector<std::pair<void*, size_t>> workspaces_;
   int32_t* pinned_i32_ = nullptr;  // page-locked host staging of download_i32, grown on first use

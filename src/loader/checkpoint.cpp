@@ -133,8 +133,32 @@ void Checkpoint::add_file(const std::string& path) {
   for (const auto& [name, info] : files_.back()->tensors()) add_tensor(info);
 }
 
+std::shared_ptr<const Checkpoint> Checkpoint::in_memory(std::string label, std::vector<TensorInfo> tensors,
+                                                         std::vector<GeneratedTensor> generated,
+                                                         std::shared_ptr<const void> owner) {
+  auto ckpt = std::shared_ptr<Checkpoint>(new Checkpoint());
+  ckpt->dir_ = std::move(label);
+  for (const TensorInfo& t : tensors) {
+    ckpt->add_tensor(t);
+    ckpt->memory_bytes_ += t.nbytes;
+  }
+  std::sort(generated.begin(), generated.end(),
+            [](const GeneratedTensor& a, const GeneratedTensor& b) { return a.data < b.data; });
+  ckpt->generated_ = std::move(generated);
+  ckpt->memory_ = std::move(owner);
+  return ckpt;
+}
+
+const GeneratedTensor* Checkpoint::generated(const uint8_t* p) const {
+  auto it = std::upper_bound(generated_.begin(), generated_.end(), p,
+                             [](const uint8_t* q, const GeneratedTensor& g) { return q < g.data; });
+  if (it == generated_.begin()) return nullptr;
+  --it;
+  return p < it->data + it->nbytes ? &*it : nullptr;
+}
+
 size_t Checkpoint::total_bytes() const {
-  size_t total = 0;
+  size_t total = memory_bytes_;
   for (const auto& f : files_) total += f->mapped().size();
   return total;
 }

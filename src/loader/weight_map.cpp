@@ -211,12 +211,16 @@ LayerWeights load_layer(WeightBuilder& b, const std::string& p, const ModelConfi
 }  // namespace
 
 std::unique_ptr<const ModelWeights> load_model(const std::string& model_dir) {
+  ModelConfig config = load_config(model_dir);
+  return load_model(Checkpoint::open(model_dir), std::move(config));
+}
+
+std::unique_ptr<const ModelWeights> load_model(std::shared_ptr<const Checkpoint> ckpt, ModelConfig config) {
   auto model = std::make_unique<ModelWeights>();
-  model->config = load_config(model_dir);
+  model->config = std::move(config);
   const ModelConfig& c = model->config;
-  auto ckpt = Checkpoint::open(model_dir);
-  model->storage = ckpt;
-  WeightBuilder b(*ckpt);
+  model->storage = std::move(ckpt);
+  WeightBuilder b(*model->storage);
 
   model->embed = b.linear("embed", c.vocab_size, c.dim);
   model->head = b.linear("head", c.vocab_size, c.dim);

@@ -5,10 +5,13 @@
 #include <memory>
 #include <string>
 
+#include "loader/checkpoint.h"
 #include "model/weights.h"
 
 namespace dsv4 {
 
 std::unique_ptr<const ModelWeights> load_model(const std::string& model_dir);
+// The same over an open checkpoint (e.g. one held in memory: loader/synth.h) and its parsed config.
+std::unique_ptr<const ModelWeights> load_model(std::shared_ptr<const Checkpoint> checkpoint, ModelConfig config);
 
 }  // namespace dsv4

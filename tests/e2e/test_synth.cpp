@@ -5,13 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 
 #include "cpu/cpu_ops.h"
-#include "dsv4/synth.h"
+#include "loader/synth.h"
+#include "loader/synth_fill.h"
 #include "e2e/bench_e2e.h"
 #include "harness/files.h"
 #include "loader/checkpoint.h"
@@ -246,6 +248,63 @@ TEST_F(Synth, SameSeedSameBytes) {
   }
 }
 
+// synth_model: the same checkpoint, held in memory. On the host every tensor equals the file's bytes; placed for
+// the device, each matrix's elements and the FP4 scales are left to be generated (the CUDA test makes them and
+// compares) and every other tensor still equals the file's.
+SynthOptions small_options(uint64_t seed) {
+  SynthOptions o;
+  o.preset = "v4-flash";
+  o.layers = 4;
+  o.seed = seed;
+  for (size_t i = 4; i + 1 < kSmall.size(); i += 2) add_synth_override(kSmall[i].substr(2), kSmall[i + 1], &o);
+  return o;
+}
+
+TEST_F(Synth, InMemoryModelHoldsTheFilesBytes) {
+  const auto files = Checkpoint::open(dir());
+  for (const SynthPlace place : {SynthPlace::kHost, SynthPlace::kDevice}) {
+    SynthResult r;
+    const auto m = synth_model(small_options(7), place, &r);
+    const Checkpoint& mem = *m->storage;
+    ASSERT_EQ(mem.tensors().size(), files->tensors().size());
+    size_t generated = 0, generated_bytes = 0;
+    for (const auto& [name, t] : files->tensors()) {
+      SCOPED_TRACE(name);
+      const TensorInfo* u = mem.find(name);
+      ASSERT_NE(u, nullptr);
+      ASSERT_EQ(u->dtype, t.dtype);
+      ASSERT_EQ(u->shape, t.shape);
+      ASSERT_EQ(u->nbytes, t.nbytes);
+      const GeneratedTensor* g = mem.generated(u->data);
+      const bool fp4_scale = name.find("ffn.experts.") != std::string::npos && u->dtype == DType::kF8E8M0;
+      const bool matrix = u->shape.size() == 2 && name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0 &&
+                          u->dtype != DType::kF32;
+      if (place == SynthPlace::kDevice && (matrix || fp4_scale)) {
+        ASSERT_NE(g, nullptr);
+        EXPECT_EQ(g->data, u->data);
+        EXPECT_EQ(mem.generated(u->data + u->nbytes - 1), g);  // its last byte too
+        ++generated;
+        generated_bytes += u->nbytes;
+        // The generator reproduces the file's bytes (the GPU runs the same function: cuda_test_synth_fill).
+        for (const uint64_t off : {uint64_t(0), uint64_t(u->nbytes / 2), uint64_t(u->nbytes - 1)})
+          ASSERT_EQ(uint8_t(synth_word(g->fill, off / 8) >> (8 * (off % 8))), t.data[off]) << "byte " << off;
+      } else {
+        ASSERT_EQ(g, nullptr);
+        ASSERT_EQ(std::memcmp(u->data, t.data, t.nbytes), 0);
+      }
+    }
+    EXPECT_EQ(r.bytes, r.host_bytes + generated_bytes);
+    if (place == SynthPlace::kDevice) {
+      EXPECT_GT(generated, 100u);
+      EXPECT_LT(double(r.host_bytes), 0.25 * double(r.bytes));
+    }
+  }
+  // A different seed, different bytes.
+  const auto other = synth_model(small_options(8), SynthPlace::kHost);
+  const TensorInfo& a = other->storage->get("layers.1.attn.wq_a.weight");
+  EXPECT_NE(std::memcmp(a.data, files->get("layers.1.attn.wq_a.weight").data, a.nbytes), 0);
+}
+
 TEST_F(Synth, GeneratesFiniteDeterministicOutputOnTheCpu) {
   const std::string prompt = "11,22,33,44,55,66,77,88,99";
   const CliResult logits = run_cli({"logits", "--model", dir(), "--backend", "cpu", "--tokens", prompt, "--out",
@@ -265,6 +324,23 @@ TEST_F(Synth, GeneratesFiniteDeterministicOutputOnTheCpu) {
     EXPECT_EQ(a.out, b.out) << "temperature " << temperature;
     EXPECT_TRUE(std::regex_search(a.out, std::regex(R"(^(\d+ ){5}\d+\n$)"))) << a.out;
   }
+
+  // --synth on a model command: the same model made in memory gives the same logits, on one rank or two.
+  std::vector<std::string> synth = {"logits", "--backend", "cpu", "--tokens", prompt, "--synth-seed", "7", "--synth"};
+  synth.insert(synth.end(), kSmall.begin() + 1, kSmall.end());  // v4-flash and its shrinking options
+  for (const char* tp : {"1", "2"}) {
+    std::vector<std::string> args = synth;
+    args.insert(args.end(), {"--tp", tp, "--out", tmp_->file("synth.f32")});
+    const CliResult r = run_cli(args);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::vector<float> m = read_f32(tmp_->file("synth.f32"));
+    ASSERT_EQ(m.size(), l.size());
+    if (std::string(tp) == "1") {
+      EXPECT_EQ(std::memcmp(m.data(), l.data(), l.size() * 4), 0) << "--synth differs from the written checkpoint";
+    } else {
+      for (size_t i = 0; i < l.size(); ++i) ASSERT_NEAR(m[i], l[i], 1e-3f * (1 + std::fabs(l[i]))) << "--tp 2, " << i;
+    }
+  }
 }
 
 TEST_F(Synth, BadInputGivesClearErrors) {
@@ -283,6 +359,10 @@ TEST_F(Synth, BadInputGivesClearErrors) {
       {{"synth", "--preset", "v4-flash", "--experts", "4", "--out", t.file("a")}, "num_experts_per_tok 6 exceeds"},
       {{"bench", "--synth", "v4-flash", "--model", dir()}, "not both"},
       {{"bench", "--model", dir(), "--layers", "2"}, "only applies with --synth"},
+      {{"logits", "--synth", "v4-flash", "--model", dir(), "--tokens", "1", "--out", t.file("l")}, "not both"},
+      {{"logits", "--model", dir(), "--experts", "8", "--tokens", "1", "--out", t.file("l")}, "only applies with --synth"},
+      {{"logits", "--synth", "v4-nano", "--tokens", "1", "--out", t.file("l")}, "unknown preset 'v4-nano'"},
+      {{"generate", "--synth", "v4-flash", "--layers", "1", "-p", "hi"}, "give --tokenizer DIR"},
       {{"bench", "--model", dir(), "--batches", "0"}, "--batches: 0 is below 1"},
       {{"bench", "--model", dir(), "--backend", "tpu"}, "unknown backend 'tpu'"},
   };
@@ -363,20 +443,31 @@ TEST_F(Synth, BenchWritesMarkdownAndJson) {
   EXPECT_GT(j["decode"][3]["floor"]["cache_bytes"].get<double>(), j["decode"][2]["floor"]["cache_bytes"].get<double>());
 }
 
-TEST(SynthBench, SynthesisesIntoATemporaryDirectory) {
+TEST(SynthBench, SynthesisesInMemoryOrIntoADirectory) {
   TempDir t;
   std::vector<std::string> args = {"bench", "--synth", "v4-flash", "--layers", "3", "--backend", "cpu", "--prefill", "4",
                                    "--contexts", "0", "--batches", "2", "--reps", "1", "--decode-steps", "1", "--json",
                                    t.file("b.json")};
   for (size_t i = 4; i < kSmall.size(); ++i) args.push_back(kSmall[i]);  // the small dims after --layers 4
-  const CliResult r = run_cli(args, 900);
+  CliResult r = run_cli(args, 900);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto j = nlohmann::json::parse(read_text(t.file("b.json")));
+  auto j = nlohmann::json::parse(read_text(t.file("b.json")));
   EXPECT_EQ(j["synth"]["layers"], 3);
+  EXPECT_EQ(j["synth"]["in_memory"], true);
   EXPECT_GT(j["synth"]["bytes"].get<double>(), 0);
+  EXPECT_EQ(j["synth"]["host_bytes"], j["synth"]["bytes"]);  // the cpu backend reads every tensor on the host
+  EXPECT_EQ(j["model"]["dir"], "synth v4-flash (in memory)");
   EXPECT_EQ(j["decode"].size(), 1u);
-  const std::string dir = j["model"]["dir"];
-  EXPECT_FALSE(std::filesystem::exists(dir)) << dir;  // removed after the run
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(t.path()), std::filesystem::directory_iterator()), 1)
+      << "only the JSON was written";
+
+  args.insert(args.end(), {"--synth-dir", t.file("kept")});
+  r = run_cli(args, 900);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  j = nlohmann::json::parse(read_text(t.file("b.json")));
+  EXPECT_EQ(j["synth"]["in_memory"], false);
+  EXPECT_EQ(j["model"]["dir"], t.file("kept"));
+  EXPECT_TRUE(std::filesystem::exists(t.file("kept/model.safetensors.index.json")));
 }
 
 }  // namespace

@@ -1,11 +1,8 @@
 // dsv4 bench: prefill and batched decode throughput of a model on a backend, against the HBM floor
-// (bench/e2e/bench_e2e.h); optionally on a checkpoint synthesised for the run (synth.h).
-#include <stdlib.h>
-#include <unistd.h>
+// (bench/e2e/bench_e2e.h); optionally on a checkpoint synthesised for the run (loader/synth.h).
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 
 #include "args.h"
@@ -15,7 +12,7 @@
 #include "e2e/bench_plot.h"
 #include "engine/backend.h"
 #include "model_options.h"
-#include "synth.h"
+#include "loader/synth.h"
 
 namespace dsv4::cli {
 
@@ -29,11 +26,14 @@ that size is expected to select, the KV cache the step reads) over the measured 
 Markdown on stdout, progress on stderr.
 
   --model DIR          checkpoint directory (default: the tiny model shipped in models/tiny)
-  --synth PRESET       benchmark a random checkpoint of v4-flash / v4-pro shapes, written to a temporary
-                       directory first (no MTP module: decode does not run it) and removed afterwards
+  --synth PRESET       benchmark a random checkpoint of v4-flash / v4-pro shapes made in memory, no file: on
+                       cuda each GPU makes its own shard of the matrices in place (a full V4-Flash needs
+                       ~0.3 GB of host memory); on cpu the host holds all of it
     --layers N         its first N layers (default: all)
-    --synth-dir DIR    write it there instead (kept)
+    --no-mtp           without the MTP module (decode does not run it; loaded by default, as served)
+    --synth-dir DIR    write it there as files instead (kept) and benchmark those
     --experts N, --vocab N, --dim N, --inter N, --set F=V,...   smaller dims, as for dsv4 synth
+    --synth-seed N     seed of the weights (default 0)
   --backend NAME       auto (default: cuda when available), cpu or cuda
   --numerics MODE      auto (default: fast on cuda, reference on cpu) | fast | reference | exact
   --tp N, --ep N       split the model over N ranks (GPUs 0..N−1 on cuda), as for dsv4 generate; the decode
@@ -46,7 +46,7 @@ Markdown on stdout, progress on stderr.
   --step N             prefill tokens per forward step (default 512)
   --logits             decode steps download every sequence's logits (as a host sampler needs them) instead
                        of the greedy next tokens chosen on the backend (as generate --temperature 0 runs)
-  --seed N             seed of the random tokens (and of the synthesised weights)
+  --seed N             seed of the random tokens
   --json FILE          also write the results as JSON
   --plot FILE.svg      also draw them: every decode row's ms per step against its floor, grouped by context
                        (log scale, the percentage of the floor above each bar), and prefill tokens/s
@@ -59,27 +59,6 @@ std::vector<int64_t> list(const Args& args, const char* name, std::vector<int64_
   return out;
 }
 
-// A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/dsv4-bench-XXXXXX";
-    DSV4_CHECK(::mkdtemp(pattern.data()) != nullptr, pattern, ": cannot create a temporary directory");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
@@ -88,12 +67,12 @@ int cmd_bench(int argc, char** argv) {
     return 0;
   }
   const Args args(argc, argv, 2,
-                  {"--model", "--synth", "--layers", "--synth-dir", "--experts", "--vocab", "--dim", "--inter", "--set",
+                  {"--model", "--synth", "--layers", "--synth-dir", "--synth-seed", "--experts", "--vocab", "--dim", "--inter", "--set",
                    "--backend", "--numerics", "--prefill", "--contexts", "--batches", "--reps", "--decode-steps",
                    "--step", "--seed", "--json", "--plot", "--tp", "--ep"},
-                  {"--logits"});
-  DSV4_CHECK(!(args.has("--model") && args.has("--synth")), "give --model DIR or --synth PRESET, not both");
-  for (const char* synth_only : {"--layers", "--synth-dir", "--experts", "--vocab", "--dim", "--inter", "--set"})
+                  {"--logits", "--no-mtp"});
+  for (const char* synth_only :
+       {"--layers", "--synth-dir", "--synth-seed", "--no-mtp", "--experts", "--vocab", "--dim", "--inter", "--set"})
     DSV4_CHECK(!args.has(synth_only) || args.has("--synth"), synth_only, " only applies with --synth PRESET");
   const int64_t seed = args.get_int("--seed", 0);
   DSV4_CHECK(seed >= 0, "--seed must not be negative");
@@ -118,36 +97,33 @@ int cmd_bench(int argc, char** argv) {
     DSV4_CHECK(probe.good(), args.get(output), ": cannot write");
   }
 
-  std::unique_ptr<TempDir> tmp;
-  nlohmann::json synth_info;
+  SynthResult synth;
   if (args.has("--synth")) {
-    SynthOptions s;
-    s.preset = args.get("--synth");
-    s.layers = args.get_int("--layers", 0);
-    DSV4_CHECK(!args.has("--layers") || s.layers >= 1, "--layers must be at least 1");
-    s.mtp = false;
-    s.seed = o.seed;
-    for (const std::string& name : synth_override_options())
-      if (args.has("--" + name)) add_synth_override(name, args.get("--" + name), &s);
+    SynthOptions s = synth_options(args);
+    s.mtp = !args.has("--no-mtp");
     if (args.has("--synth-dir")) {
       o.model_dir = args.get("--synth-dir");
+      synth = synth_checkpoint(s, o.model_dir);
+      char line[512];
+      std::snprintf(line, sizeof line, "synthesised %s (%lld layers) in %s: %.2f GiB in %.1f s (%.2f GB/s)",
+                    s.preset.c_str(), (long long)synth.config.n_layers, o.model_dir.c_str(),
+                    double(synth.bytes) / (1 << 30), synth.seconds,
+                    double(synth.bytes) / std::max(synth.seconds, 1e-9) / 1e9);
+      o.log(line);
     } else {
-      tmp = std::make_unique<TempDir>();
-      o.model_dir = tmp->path();
+      o.model_dir = cat("synth ", s.preset, " (in memory)");
+      const SynthPlace place = resolve_backend_name(o.backend) == "cuda" ? SynthPlace::kDevice : SynthPlace::kHost;
+      o.load = [s, place, &synth] { return synth_model(s, place, &synth); };
     }
-    const SynthResult r = synth_checkpoint(s, o.model_dir);
-    synth_info = {{"preset", s.preset}, {"layers", r.config.n_layers}, {"bytes", r.bytes}, {"seconds", r.seconds}};
-    char line[512];
-    std::snprintf(line, sizeof line, "synthesised %s (%lld layers) in %s: %.2f GiB in %.1f s (%.2f GB/s)",
-                  s.preset.c_str(), (long long)r.config.n_layers, o.model_dir.c_str(), double(r.bytes) / (1 << 30),
-                  r.seconds, double(r.bytes) / std::max(r.seconds, 1e-9) / 1e9);
-    o.log(line);
   } else {
     o.model_dir = model_dir(args);
   }
 
   BenchReport report = run_bench(o);
-  report.synth = synth_info;
+  if (args.has("--synth"))
+    report.synth = {{"preset", args.get("--synth")}, {"layers", synth.config.n_layers}, {"bytes", synth.bytes},
+                    {"host_bytes", synth.host_bytes}, {"seconds", synth.seconds},
+                    {"in_memory", !args.has("--synth-dir")}};
   const std::string md = bench_markdown(report);
   std::fwrite(md.data(), 1, md.size(), stdout);
   const auto write = [&](const char* output, const std::string& text) {

@@ -49,10 +49,10 @@ int cmd_chat(int argc, char** argv) {
                                  model_options()}),
                   {"--think"});
   const int64_t max_tokens = args.get_int("--max-tokens", 256);
-  const int64_t model_context = load_config(model_dir(args)).max_position_embeddings;
+  const int64_t model_context = model_config(args).max_position_embeddings;
   const int64_t context = args.get_int("--context", model_context > 0 ? std::min<int64_t>(model_context, 4096) : 4096);
   DSV4_CHECK(max_tokens >= 1 && context > max_tokens, "need --max-tokens >= 1 and --context > --max-tokens");
-  const Tokenizer tokenizer = Tokenizer::from_file(model_dir(args));
+  const Tokenizer tokenizer = Tokenizer::from_file(tokenizer_dir(args));
   LoadedModel m = load(args, context);
   const SamplingParams sampling = sampling_params(args, 0.7f);
   ChatOptions options;

@@ -50,7 +50,7 @@ int cmd_generate(int argc, char** argv) {
   std::optional<Tokenizer> tokenizer;
   std::vector<int32_t> prompt;
   if (text_mode) {
-    tokenizer = Tokenizer::from_file(model_dir(args));
+    tokenizer = Tokenizer::from_file(tokenizer_dir(args));
     prompt = tokenizer->encode(args.has("-p") ? args.get("-p") : args.get("--prompt"), /*add_bos=*/true);
   } else {
     prompt = args.get_ids("--prompt-ids");

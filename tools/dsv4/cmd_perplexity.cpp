@@ -105,7 +105,7 @@ int cmd_perplexity(int argc, char** argv) {
   DSV4_CHECK(ctx >= 3, "--ctx must be at least 3");
   DSV4_CHECK(max_windows >= 0, "--chunks must not be negative");
 
-  const Tokenizer tokenizer = Tokenizer::from_file(model_dir(args));
+  const Tokenizer tokenizer = Tokenizer::from_file(tokenizer_dir(args));
   std::FILE* f = std::fopen(file.c_str(), "rb");
   DSV4_CHECK(f != nullptr, file, ": cannot open");
   std::string text;

@@ -84,8 +84,9 @@ int cmd_serve(int argc, char** argv) {
                                   "--allowed-origins"},
                                  model_options()}),
                   {});
-  const std::string dir = model_dir(args);
-  const int64_t model_context = load_config(dir).max_position_embeddings;
+  const bool synth = args.has("--synth");
+  const std::string dir = synth ? "" : model_dir(args);
+  const int64_t model_context = model_config(args).max_position_embeddings;
   SchedulerOptions sched;
   sched.max_context =
       args.get_int("--max-context", model_context > 0 ? std::min<int64_t>(model_context, 4096) : 4096);
@@ -109,11 +110,12 @@ int cmd_serve(int argc, char** argv) {
     rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
   }
   server::ServiceOptions service_options;
-  service_options.model_name =
-      args.get("--served-model-name", std::filesystem::path(dir).lexically_normal().filename().string());
+  service_options.model_name = args.get(
+      "--served-model-name",
+      synth ? "synth-" + args.get("--synth") : std::filesystem::path(dir).lexically_normal().filename().string());
   if (service_options.model_name.empty())  // a directory given with a trailing slash
     service_options.model_name = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
-  service_options.defaults = generation_defaults(dir);
+  if (!synth) service_options.defaults = generation_defaults(dir);
 
   // Signals go to one thread that stops the server; every other thread (engine, HTTP) is created after this
   // and inherits the mask. A client that vanishes must not kill the process with SIGPIPE.
@@ -124,7 +126,7 @@ int cmd_serve(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  const Tokenizer tokenizer = Tokenizer::from_file(dir);
+  const Tokenizer tokenizer = Tokenizer::from_file(tokenizer_dir(args));
   LoadedModel m = load(args, sched.max_context);
   server::Metrics metrics(service_options.model_name, sched.max_context);
   Scheduler scheduler(*m.forward, sched);

@@ -6,7 +6,7 @@
 #include "args.h"
 #include "commands.h"
 #include "core/error.h"
-#include "synth.h"
+#include "loader/synth.h"
 
 namespace dsv4::cli {
 

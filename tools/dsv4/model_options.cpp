@@ -8,16 +8,46 @@
 #include "core/error.h"
 #include "engine/backend.h"
 #include "loader/checkpoint.h"
+#include "loader/hf_config.h"
+#include "loader/synth.h"
 #include "loader/weight_map.h"
 
 namespace dsv4::cli {
 
 std::string model_dir(const Args& args) {
+  DSV4_CHECK(!args.has("--synth"), "internal error: --synth has no model directory");
   if (args.has("--model")) return args.get("--model");
   const std::string shipped = DSV4_DEFAULT_MODEL;
   DSV4_CHECK(std::filesystem::exists(shipped + "/config.json"), "no --model given and the shipped model is missing at ",
              shipped);
   return shipped;
+}
+
+std::string tokenizer_dir(const Args& args) {
+  if (args.has("--tokenizer")) return args.get("--tokenizer");
+  DSV4_CHECK(!args.has("--synth"), "--synth makes weights only: give --tokenizer DIR (a directory holding "
+             "tokenizer.json), or token ids where the command takes them");
+  return model_dir(args);
+}
+
+SynthOptions synth_options(const Args& args) {
+  DSV4_CHECK(!args.has("--model"), "give --model DIR or --synth PRESET, not both");
+  SynthOptions s;
+  s.preset = args.get("--synth");
+  s.layers = args.get_int("--layers", 0);
+  DSV4_CHECK(!args.has("--layers") || s.layers >= 1, "--layers must be at least 1");
+  const int64_t seed = args.get_int("--synth-seed", 0);
+  DSV4_CHECK(seed >= 0, "--synth-seed must not be negative");
+  s.seed = uint64_t(seed);
+  for (const std::string& name : synth_override_options())
+    if (args.has("--" + name)) add_synth_override(name, args.get("--" + name), &s);
+  synth_config_json(s);  // a bad preset or override fails here
+  return s;
+}
+
+ModelConfig model_config(const Args& args) {
+  if (args.has("--synth")) return parse_config_json(synth_config_json(synth_options(args)).dump(), "synth config");
+  return load_config(model_dir(args));
 }
 
 Parallelism parallelism_option(const Args& args) {
@@ -30,13 +60,22 @@ Parallelism parallelism_option(const Args& args) {
 
 LoadedModel load(const Args& args, int64_t max_context) {
   LoadedModel m;
-  m.dir = model_dir(args);
+  for (const char* synth_only : {"--layers", "--synth-seed", "--experts", "--vocab", "--dim", "--inter", "--set"})
+    DSV4_CHECK(!args.has(synth_only) || args.has("--synth"), synth_only, " only applies with --synth PRESET");
   m.parallelism = parallelism_option(args);
-  m.weights = load_model(m.dir);
+  m.backend = resolve_backend_name(args.get("--backend", "auto"));
+  if (args.has("--synth")) {
+    const SynthOptions s = synth_options(args);
+    m.dir = cat("synth ", s.preset, " (in memory)");
+    m.weights = synth_model(s, m.backend == "cuda" ? SynthPlace::kDevice : SynthPlace::kHost);
+  } else {
+    m.dir = model_dir(args);
+    m.weights = load_model(m.dir);
+  }
   check_parallelism(*m.weights, m.parallelism);  // before the weights are read in
   // Large checkpoints: read them in once with a progress bar instead of stalling inside the first step.
   const Checkpoint& ckpt = *m.weights->storage;
-  if (ckpt.total_bytes() > (size_t(1) << 30)) {
+  if (!args.has("--synth") && ckpt.total_bytes() > (size_t(1) << 30)) {
     const bool tty = isatty(fileno(stderr));
     ckpt.prefetch([&](size_t done, size_t total) {
       if (!tty) return;
@@ -52,7 +91,6 @@ LoadedModel load(const Args& args, int64_t max_context) {
              c.max_position_embeddings);
   const int64_t step = args.get_int("--step", 64);
   DSV4_CHECK(step >= 1, "--step must be at least 1");
-  m.backend = resolve_backend_name(args.get("--backend", "auto"));
   m.numerics = parse_numerics(args.get("--numerics", "auto"), m.backend);
   m.ranks = make_ranks(m.backend, *m.weights, m.parallelism);
   m.forward = std::make_unique<DeepseekV4>(*m.weights, m.ranks.shards, m.numerics, max_context, std::min(step, max_context));

@@ -7,6 +7,7 @@
 
 #include "args.h"
 #include "engine/backend.h"
+#include "loader/synth.h"
 #include "model/deepseek_v4.h"
 #include "model/parallel.h"
 #include "model/weights.h"
@@ -16,6 +17,11 @@ namespace dsv4::cli {
 constexpr const char* kModelOptionsHelp =
     R"(  --model DIR          checkpoint directory (config.json + safetensors [+ tokenizer.json]);
                        default: the tiny model shipped in models/tiny
+  --synth PRESET       instead of --model: random weights of v4-flash / v4-pro shapes in the official formats,
+                       made in memory (on cuda, each GPU makes its shard in place: no file, ~0.3 GB of host
+                       memory for V4-Flash); --layers N keeps the first N layers; --experts N, --vocab N,
+                       --dim N, --inter N, --set F=V,... shrink it as for dsv4 synth; --synth-seed N (default 0)
+  --tokenizer DIR      the directory whose tokenizer.json to use (default: the model's)
   --backend NAME       auto (default: cuda when a GPU is visible, else cpu) | cpu | cuda
   --numerics MODE      auto (default: fast on cuda, reference on cpu) | fast (DeepSeek's GPU numerics: bf16
                        activations, FP8 act-quant GEMMs) | reference (the fp32 oracle with the official FP8/FP4
@@ -26,13 +32,16 @@ constexpr const char* kModelOptionsHelp =
                        by heads and experts whole. On cuda, rank r runs on GPU r; on cpu, ranks are threads.
 )";
 
-inline std::set<std::string> model_options() { return {"--model", "--backend", "--numerics", "--step", "--tp", "--ep"}; }
+inline std::set<std::string> model_options() {
+  return {"--model", "--synth", "--layers", "--synth-seed", "--experts", "--vocab", "--dim", "--inter", "--set",
+          "--tokenizer", "--backend", "--numerics", "--step", "--tp", "--ep"};
+}
 
 // --tp and --ep (kModelOptionsHelp).
 Parallelism parallelism_option(const Args& args);
 
 struct LoadedModel {
-  std::string dir;
+  std::string dir;  // or "synth PRESET (in memory)"
   std::string backend;  // resolved: "cpu" | "cuda"
   Numerics numerics = Numerics::kReference;
   Parallelism parallelism;
@@ -42,6 +51,12 @@ struct LoadedModel {
 };
 
 std::string model_dir(const Args& args);
+// --synth PRESET and the options that shape it (kModelOptionsHelp); a bad preset or override fails here.
+SynthOptions synth_options(const Args& args);
+// The model's config.json, or --synth's, without loading weights.
+ModelConfig model_config(const Args& args);
+// Where tokenizer.json is: --tokenizer, else the model directory (a clear error with --synth, which has none).
+std::string tokenizer_dir(const Args& args);
 // max_context: tokens the sequence may reach (checked against the model's max_position_embeddings).
 LoadedModel load(const Args& args, int64_t max_context);
 

@@ -29,6 +29,10 @@ struct DeviceWeight {
   // The MoE expert kernels' MMA tile order instead of compact rows (moe/weight_mma.cuh; CudaOps::tile_for_mma):
   // data and the FP4 scales are permuted in place, so no other op may read the matrix (linear refuses it).
   bool mma_tiles = false;
+  // kFP4, found at upload: the range of the E8M0 scale bytes, and the largest max − min over the four scales of
+  // a row's 128-column block (255 when cols is not a multiple of 128): what the MoE kernels' paths require
+  // (moe/moe.cu), without reading the checkpoint's scales again.
+  uint8_t scale_lo = 0, scale_hi = 0, scale_span = 255;
 
   __host__ __device__ int64_t row_bytes() const {
     switch (format) {

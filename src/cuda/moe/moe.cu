@@ -64,62 +64,23 @@ using cuda::moe::MatView;
 // Workspace slots of the moe family (CudaOps::workspace): the step's buffers, and the expert tables.
 
 // How the kernels read a matrix. tensor_cores: FP8 with 16-byte aligned rows, or FP4 whose scales all lie in
-// the window where e2m1 · scale is exact in fp16 (fp4_fits: fp4_scales_fit over the host copies).
+// the window where e2m1 · scale is exact in fp16 (fp4_fits: fp4_scales_fit).
 MatFormat format_of(const DeviceWeight& d, bool fp4_fits) {
   const bool aligned = d.row_bytes() % 16 == 0;
   const bool tensor_cores = (d.format == WFormat::kFP8 && aligned) || (d.format == WFormat::kFP4 && fp4_fits);
   return {d.format, d.row_bytes(), d.scale_cols, aligned, tensor_cores};
 }
 
-// Whether every E8M0 scale of an FP4 matrix lies in [kFp4ScaleMin, kFp4ScaleMax] (F32 scales: their
-// exponent byte; the upload accepts only powers of two).
-bool fp4_scales_fit(const Weight& w) {
-  if (w.dtype != DType::kI8) return false;
-  const int64_t srows = w.rows, scols = w.cols / 32;
-  uint8_t lo = 255, hi = 0;
-  for (int64_t r = 0; r < srows; ++r) {
-    if (w.scale_dtype == DType::kF32) {
-      for (int64_t c = 0; c < scols; ++c) {
-        uint32_t bits;
-        std::memcpy(&bits, w.scale + 4 * (r * w.scale_stride + c), 4);
-        const uint8_t e = uint8_t(bits >> 23);
-        lo = std::min(lo, e);
-        hi = std::max(hi, e);
-      }
-    } else {
-      const uint8_t* row = w.scale + r * w.scale_stride;
-      for (int64_t c = 0; c < scols; ++c) {
-        lo = std::min(lo, row[c]);
-        hi = std::max(hi, row[c]);
-      }
-    }
-  }
-  return lo >= cuda::moe::kFp4ScaleMin && hi <= cuda::moe::kFp4ScaleMax;
+// Whether every E8M0 scale of an FP4 matrix lies in [kFp4ScaleMin, kFp4ScaleMax].
+bool fp4_scales_fit(const DeviceWeight& d) {
+  return d.format == WFormat::kFP4 && d.scale_lo >= cuda::moe::kFp4ScaleMin && d.scale_hi <= cuda::moe::kFp4ScaleMax;
 }
 
 // Whether an FP4 matrix's E8M0 scales suit the grouped FP8 path (experts_grouped.cu): in every row's 128-column
 // block (four scales) max − min ≤ kGroupedScaleSpan, and every byte in [2, 254] (2^(max − 128) a normal float).
-bool fp4_spans_fit(const Weight& w) {
-  if (w.dtype != DType::kI8 || w.cols % 128 != 0) return false;
-  const int64_t scols = w.cols / 32;
-  for (int64_t r = 0; r < w.rows; ++r)
-    for (int64_t c0 = 0; c0 < scols; c0 += 4) {
-      int lo = 255, hi = 0;
-      for (int64_t c = c0; c < c0 + 4; ++c) {
-        int e;
-        if (w.scale_dtype == DType::kF32) {
-          uint32_t bits;
-          std::memcpy(&bits, w.scale + 4 * (r * w.scale_stride + c), 4);
-          e = int(bits >> 23);
-        } else {
-          e = w.scale[r * w.scale_stride + c];
-        }
-        lo = std::min(lo, e);
-        hi = std::max(hi, e);
-      }
-      if (lo < 2 || hi > 254 || hi - lo > cuda::moe::kGroupedScaleSpan) return false;
-    }
-  return true;
+bool fp4_spans_fit(const DeviceWeight& d) {
+  return d.format == WFormat::kFP4 && d.scale_lo >= 2 && d.scale_hi <= 254 &&
+         d.scale_span <= cuda::moe::kGroupedScaleSpan;
 }
 
 const void* scale_of(const DeviceWeight& d) {
@@ -204,13 +165,13 @@ LayerTables build_layer(CudaOps& ops, const MoeWeights& w, int64_t D, int64_t I,
     DSV4_CHECK(same_layout(a, w1) && same_layout(b, w1) && same_layout(c, w2), "moe: expert ", e,
                " differs in shape or format from expert 0 (one kernel serves all routed experts of a layer)");
     host.push_back({a.data, b.data, c.data, scale_of(a), scale_of(b), scale_of(c)});
-    if (a.format == WFormat::kFP4) up_fits = up_fits && fp4_scales_fit(w.experts[e].w1) && fp4_scales_fit(w.experts[e].w3);
-    if (c.format == WFormat::kFP4) down_fits = down_fits && fp4_scales_fit(w.experts[e].w2);
+    if (a.format == WFormat::kFP4) up_fits = up_fits && fp4_scales_fit(a) && fp4_scales_fit(b);
+    if (c.format == WFormat::kFP4) down_fits = down_fits && fp4_scales_fit(c);
   }
   t.routed_up = format_of(w1, up_fits);
   t.routed_down = format_of(w2, down_fits);
-  t.shared_up = format_of(t.shared_w1, fp4_scales_fit(w.shared.w1) && fp4_scales_fit(w.shared.w3));
-  t.shared_down = format_of(t.shared_w2, fp4_scales_fit(w.shared.w2));
+  t.shared_up = format_of(t.shared_w1, fp4_scales_fit(t.shared_w1) && fp4_scales_fit(t.shared_w3));
+  t.shared_down = format_of(t.shared_w2, fp4_scales_fit(t.shared_w2));
   std::vector<const Weight*> up, down;
   for (const auto& e : w.experts) {
     up.push_back(&e.w1);
@@ -222,11 +183,11 @@ LayerTables build_layer(CudaOps& ops, const MoeWeights& w, int64_t D, int64_t I,
   tile_family(ops, t.shared_up, {&w.shared.w1, &w.shared.w3}, "the shared expert's w1 / w3");
   tile_family(ops, t.shared_down, {&w.shared.w2}, "the shared expert's w2");
   // The grouped FP8 path reads tiled FP8 as it is, tiled FP4 where its scales fit (fp4_spans_fit).
-  const auto grouped = [](const MatFormat& f, const std::vector<const Weight*>& ws) {
+  const auto grouped = [&](const MatFormat& f, const std::vector<const Weight*>& ws) {
     if (!f.tiled || (f.format != WFormat::kFP8 && f.format != WFormat::kFP4)) return false;
     if (f.format == WFormat::kFP8) return true;
     for (const Weight* x : ws)
-      if (!fp4_spans_fit(*x)) return false;
+      if (!fp4_spans_fit(ops.dev(*x))) return false;
     return true;
   };
   t.routed_up.grouped = grouped(t.routed_up, up);

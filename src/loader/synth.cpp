@@ -1,4 +1,4 @@
-#include "synth.h"
+#include "loader/synth.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -12,14 +12,19 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <tuple>
 
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/random.h"
+#include "loader/checkpoint.h"
 #include "loader/hf_config.h"
 #include "loader/quantize.h"
 #include "loader/safetensors.h"
+#include "loader/synth_fill.h"
+#include "loader/weight_map.h"
 
 namespace dsv4 {
 
@@ -27,10 +32,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-// ---- counter-based random numbers: word i of a stream is a pure function of (key, i)
-
-inline uint64_t random_word(uint64_t key, uint64_t i) { return splitmix64_mix(key + (i + 1) * kSplitMixGamma); }
 
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 0xCBF29CE484222325ull;
@@ -52,10 +53,10 @@ double normal_quantile(double u) {
   return 0.5 * (lo + hi);
 }
 
-// 16 random bits → a standard normal sample: one lookup in a table of the 65536 mid-quantiles (tails to ±4.3σ).
+// 16 random bits → a standard normal sample: the 65536 mid-quantiles (tails to ±4.3σ).
 const std::vector<float>& normal_table() {
   static const std::vector<float> table = [] {
-    std::vector<float> t(65536);
+    std::vector<float> t(kSynthTableEntries);
     for (size_t i = 0; i < 32768; ++i) {
       t[i] = float(normal_quantile((double(i) + 0.5) / 65536.0));
       t[65535 - i] = -t[i];
@@ -65,43 +66,72 @@ const std::vector<float>& normal_table() {
   return table;
 }
 
-// 16 random bits → one stored byte of a quantised matrix whose code values are N(0, sigma) rounded by the
-// format's own conversion: an e4m3 code (FP8), or two e2m1 codes packed low nibble first (FP4).
-std::vector<uint8_t> code_table(WeightFormat format, double sigma) {
-  std::vector<uint8_t> t(65536);
-  if (format == WeightFormat::kFp8Block) {
-    const std::vector<float>& z = normal_table();
-    for (size_t i = 0; i < t.size(); ++i) t[i] = f32_to_e4m3(float(sigma * z[i]));
-  } else {
-    std::array<uint8_t, 256> nibble{};
-    for (size_t i = 0; i < 256; ++i) nibble[i] = f32_to_e2m1(float(sigma * normal_quantile((double(i) + 0.5) / 256.0)));
-    for (size_t i = 0; i < t.size(); ++i) t[i] = uint8_t(nibble[i & 255] | (nibble[i >> 8] << 4));
+// The value tables of synth_fill.h: 16 random bits → one stored entry.
+enum class Values : uint8_t { kNormal, kUniform, kCodes, kConstant };
+
+std::vector<uint8_t> value_table(Values kind, DType dtype, WeightFormat format, double a, double b) {
+  const std::vector<float>& z = normal_table();
+  std::vector<uint8_t> t;
+  const auto put = [&](size_t i, const void* v, size_t n) { std::memcpy(t.data() + i * n, v, n); };
+  switch (kind) {
+    case Values::kConstant:  // every byte = a (E8M0 scales)
+      t.assign(kSynthTableEntries, uint8_t(a));
+      break;
+    case Values::kCodes:  // N(0, b) rounded by the format's conversion: an e4m3 code, or two e2m1 codes packed
+      t.resize(kSynthTableEntries);
+      if (format == WeightFormat::kFp8Block) {
+        for (size_t i = 0; i < t.size(); ++i) t[i] = f32_to_e4m3(float(b * z[i]));
+      } else {  // low nibble first
+        std::array<uint8_t, 256> nibble{};
+        for (size_t i = 0; i < 256; ++i) nibble[i] = f32_to_e2m1(float(b * normal_quantile((double(i) + 0.5) / 256.0)));
+        for (size_t i = 0; i < t.size(); ++i) t[i] = uint8_t(nibble[i & 255] | (nibble[i >> 8] << 4));
+      }
+      break;
+    case Values::kNormal:  // mean a, std b; or uniform on [a, b)
+    case Values::kUniform:
+      t.resize(size_t(kSynthTableEntries) * dtype_size(dtype));
+      for (size_t i = 0; i < size_t(kSynthTableEntries); ++i) {
+        const float fa = float(a), fb = float(b);
+        const float v = kind == Values::kNormal ? fa + fb * z[i] : fa + (fb - fa) * (float(i) + 0.5f) / 65536.0f;
+        if (dtype == DType::kBF16) {
+          const uint16_t h = f32_to_bf16(v);
+          put(i, &h, 2);
+        } else {
+          DSV4_ASSERT(dtype == DType::kF32);
+          put(i, &v, 4);
+        }
+      }
+      break;
   }
   return t;
 }
 
 // ---- the tensors of a config and how each is filled
 
-enum class Fill : uint8_t {
-  kNormal,       // mean a, std b (BF16 / F32)
-  kUniform,      // [a, b) (F32)
-  kCodes,        // one byte per 16 random bits through `codes`
-  kConstant,     // every byte = `byte` (E8M0 scales)
-  kExpertTable,  // tid2eid: rows of k distinct experts in [0, experts)
+// The value tables the plans point into, made once per distinct distribution.
+class Tables {
+ public:
+  const void* get(Values kind, DType dtype, WeightFormat format, double a, double b) {
+    auto& slot = tables_[{int(kind), int(dtype), int(format), a, b}];
+    if (!slot) slot = std::make_unique<std::vector<uint8_t>>(value_table(kind, dtype, format, a, b));
+    return slot->data();
+  }
+
+ private:
+  std::map<std::tuple<int, int, int, double, double>, std::unique_ptr<std::vector<uint8_t>>> tables_;
 };
 
 struct TensorPlan {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
-  Fill fill = Fill::kNormal;
-  float a = 0, b = 0;
-  const std::vector<uint8_t>* codes = nullptr;
-  uint8_t byte = 0;
-  int64_t experts = 0;
+  SynthFill fill;                // bytes as synth_fill.h makes them, or
+  int64_t expert_table = 0;      // > 0: tid2eid, rows of k distinct experts in [0, expert_table)
+  // May be made on the device (SynthPlace::kDevice): a matrix's elements and the FP4 scales, which the CUDA
+  // backend keeps as stored; FP8 block scales stay on the host, which converts them to F32.
+  bool device_made = false;
   size_t nbytes = 0;
   size_t offset = 0;  // in the shard's data section
-  uint64_t key = 0;
 };
 
 struct Shard {
@@ -114,7 +144,8 @@ struct Shard {
 
 class Planner {
  public:
-  Planner(const ModelConfig& c, uint64_t seed) : c_(c), seed_(splitmix64_mix(seed ^ 0xD5E4ull)) {}
+  Planner(const ModelConfig& c, uint64_t seed, Tables* tables)
+      : c_(c), seed_(splitmix64_mix(seed ^ 0xD5E4ull)), tables_(*tables) {}
 
   std::vector<Shard> plan(bool mtp) {
     begin_shard();
@@ -142,30 +173,33 @@ class Planner {
  private:
   void begin_shard() { shards_.emplace_back(); }
 
-  TensorPlan& add(const std::string& name, DType dtype, std::vector<int64_t> shape, Fill fill) {
+  TensorPlan& add(const std::string& name, DType dtype, std::vector<int64_t> shape) {
     TensorPlan t;
     t.name = name;
     t.dtype = dtype;
     t.shape = std::move(shape);
-    t.fill = fill;
     size_t numel = 1;
     for (int64_t d : t.shape) numel *= size_t(d);
     t.nbytes = numel * dtype_size(dtype);
-    t.key = splitmix64_mix(seed_ ^ fnv1a(name));
+    t.fill.key = splitmix64_mix(seed_ ^ fnv1a(name));
     shards_.back().tensors.push_back(std::move(t));
     return shards_.back().tensors.back();
+  }
+  TensorPlan& add(const std::string& name, DType dtype, std::vector<int64_t> shape, Values kind, double a, double b,
+                  WeightFormat format = WeightFormat::kKeep) {
+    TensorPlan& t = add(name, dtype, std::move(shape));
+    t.fill.table = tables_.get(kind, dtype, format, a, b);
+    t.fill.entry_bytes = kind == Values::kCodes || kind == Values::kConstant ? 1 : int(dtype_size(dtype));
+    return t;
   }
 
   void normal(const std::string& name, std::vector<int64_t> shape, float mean, float std,
               DType dtype = DType::kBF16) {
-    TensorPlan& t = add(name, dtype, std::move(shape), Fill::kNormal);
-    t.a = mean;
-    t.b = std;
+    const bool matrix = shape.size() == 2 && dtype == DType::kBF16;
+    add(name, dtype, std::move(shape), Values::kNormal, mean, std).device_made = matrix;
   }
   void uniform(const std::string& name, std::vector<int64_t> shape, float lo, float hi) {
-    TensorPlan& t = add(name, DType::kF32, std::move(shape), Fill::kUniform);
-    t.a = lo;
-    t.b = hi;
+    add(name, DType::kF32, std::move(shape), Values::kUniform, lo, hi);
   }
   void norm(const std::string& name, int64_t n) { normal(name, {n}, 1.0f, 0.1f); }  // gains ≈ 1, as trained ones
 
@@ -183,19 +217,13 @@ class Planner {
     const bool fp8 = format == WeightFormat::kFp8Block;
     const int e = int(std::ceil(std::log2(std * (fp8 ? 4.0 : 2.5) / (fp8 ? 448.0 : 6.0))));
     const std::string base = name.substr(0, name.size() - std::string(".weight").size());
-    TensorPlan& w = add(name, fp8 ? DType::kF8E4M3 : DType::kI8, {rows, fp8 ? cols : cols / 2}, Fill::kCodes);
-    w.codes = &codes(format, std::ldexp(std, -e));
-    TensorPlan& s = add(base + ".scale", DType::kF8E8M0,
-                        fp8 ? std::vector<int64_t>{(rows + 127) / 128, (cols + 127) / 128}
-                            : std::vector<int64_t>{rows, cols / 32},
-                        Fill::kConstant);
-    s.byte = uint8_t(e + 127);
-  }
-
-  const std::vector<uint8_t>& codes(WeightFormat format, double sigma) {
-    auto& slot = code_tables_[{int(format), sigma}];
-    if (!slot) slot = std::make_unique<std::vector<uint8_t>>(code_table(format, sigma));
-    return *slot;
+    add(name, fp8 ? DType::kF8E4M3 : DType::kI8, {rows, fp8 ? cols : cols / 2}, Values::kCodes, 0.0,
+        std::ldexp(std, -e), format)
+        .device_made = true;
+    add(base + ".scale", DType::kF8E8M0,
+        fp8 ? std::vector<int64_t>{(rows + 127) / 128, (cols + 127) / 128} : std::vector<int64_t>{rows, cols / 32},
+        Values::kConstant, double(e + 127), 0.0)
+        .device_made = !fp8;
   }
 
   // mHC site: mixing logits m = fn·v·rinv are ≈ N(0, 1) (fn std 1/sqrt(n·D), v RMS-normalised), scaled by
@@ -245,8 +273,7 @@ class Planner {
     }
     matrix(p + "ffn.gate.weight", c.n_routed_experts, D);
     if (hash) {
-      TensorPlan& t = add(p + "ffn.gate.tid2eid", DType::kI64, {c.vocab_size, c.n_experts_per_tok}, Fill::kExpertTable);
-      t.experts = c.n_routed_experts;
+      add(p + "ffn.gate.tid2eid", DType::kI64, {c.vocab_size, c.n_experts_per_tok}).expert_table = c.n_routed_experts;
     } else {
       normal(p + "ffn.gate.bias", {c.n_routed_experts}, 0.0f, 0.05f, DType::kF32);  // small: selection only
     }
@@ -260,9 +287,8 @@ class Planner {
 
   const ModelConfig& c_;
   uint64_t seed_;
+  Tables& tables_;
   std::vector<Shard> shards_;
-  // By (format, sigma); the plans point into them, so they live as long as the planner.
-  std::map<std::pair<int, double>, std::unique_ptr<std::vector<uint8_t>>> code_tables_;
 };
 
 // Data offsets and the safetensors header of a shard. Tensors whose size is a multiple of 8 go first so every
@@ -281,40 +307,11 @@ void layout(Shard& s) {
   s.bytes = s.header_bytes + offset;
 }
 
-inline float draw(const TensorPlan& t, const float* normal, uint64_t bits16) {
-  if (t.fill == Fill::kUniform) return t.a + (t.b - t.a) * (float(bits16) + 0.5f) / 65536.0f;
-  return t.a + t.b * normal[bits16];
-}
-
-// Bytes [begin, end) of tensor t (begin a multiple of 8) into dst = the tensor's first byte + begin. Every fill
-// but the expert table (fill_expert_table) is word-wise: bytes 8w .. 8w+7 come from random words of index ~w.
+// Bytes [begin, end) of tensor t (begin a multiple of 8) into dst = the tensor's first byte + begin.
 void fill_range(const TensorPlan& t, size_t begin, size_t end, uint8_t* dst) {
-  const float* normal = normal_table().data();
-  uint8_t word[8];
   for (size_t off = begin; off < end; off += 8) {
-    const uint64_t w = off / 8;
-    if (t.fill == Fill::kCodes) {
-      const uint64_t r0 = random_word(t.key, 2 * w), r1 = random_word(t.key, 2 * w + 1);
-      for (int i = 0; i < 4; ++i) {
-        word[i] = (*t.codes)[(r0 >> (16 * i)) & 0xFFFF];
-        word[4 + i] = (*t.codes)[(r1 >> (16 * i)) & 0xFFFF];
-      }
-    } else if (t.fill == Fill::kConstant) {
-      std::memset(word, t.byte, 8);
-    } else if (t.dtype == DType::kBF16) {
-      const uint64_t r = random_word(t.key, w);
-      for (int i = 0; i < 4; ++i) {
-        const uint16_t h = f32_to_bf16(draw(t, normal, (r >> (16 * i)) & 0xFFFF));
-        std::memcpy(word + 2 * i, &h, 2);
-      }
-    } else {  // F32
-      const uint64_t r = random_word(t.key, w);
-      for (int i = 0; i < 2; ++i) {
-        const float v = draw(t, normal, (r >> (16 * i)) & 0xFFFF);
-        std::memcpy(word + 4 * i, &v, 4);
-      }
-    }
-    std::memcpy(dst + (off - begin), word, std::min<size_t>(8, end - off));
+    const uint64_t word = synth_word(t.fill, off / 8);
+    std::memcpy(dst + (off - begin), &word, std::min<size_t>(8, end - off));
   }
 }
 
@@ -322,16 +319,43 @@ void fill_range(const TensorPlan& t, size_t begin, size_t end, uint8_t* dst) {
 void fill_expert_table(const TensorPlan& t, uint8_t* dst) {
   const int64_t rows = t.shape[0], k = t.shape[1];
   for (int64_t r = 0; r < rows; ++r) {
-    SplitMix64 draws{random_word(t.key, uint64_t(r))};
+    SplitMix64 draws{synth_random_word(t.fill.key, uint64_t(r))};
     int64_t row[64];
     for (int64_t j = 0; j < k; ++j) {
       bool distinct;
       do {
-        row[j] = int64_t((draws.next() >> 11) % uint64_t(t.experts));
+        row[j] = int64_t((draws.next() >> 11) % uint64_t(t.expert_table));
         distinct = std::find(row, row + j, row[j]) == row + j;
       } while (!distinct);
     }
     std::memcpy(dst + size_t(r * k) * 8, row, size_t(k) * 8);
+  }
+}
+
+// Fills each tensor at data + its offset, in parallel chunks of ≤ 4 MiB (the result does not depend on the
+// thread count). `skip` leaves a tensor untouched.
+void fill_tensors(const std::vector<TensorPlan>& tensors, uint8_t* data,
+                  const std::function<bool(const TensorPlan&)>& skip = {}) {
+  struct Chunk { const TensorPlan* t; size_t begin, end; };
+  constexpr size_t kChunk = size_t(4) << 20;
+  std::vector<Chunk> chunks;
+  for (const TensorPlan& t : tensors) {
+    if (skip && skip(t)) continue;
+    if (t.expert_table > 0) {
+      chunks.push_back({&t, 0, t.nbytes});
+      continue;
+    }
+    for (size_t b = 0; b < t.nbytes; b += kChunk) chunks.push_back({&t, b, std::min(t.nbytes, b + kChunk)});
+  }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& ch = chunks[i];
+    uint8_t* dst = data + ch.t->offset + ch.begin;
+    if (ch.t->expert_table > 0) {
+      fill_expert_table(*ch.t, dst);
+    } else {
+      fill_range(*ch.t, ch.begin, ch.end, dst);
+    }
   }
 }
 
@@ -353,28 +377,7 @@ void write_shard(const Shard& s, const std::string& path) {
   const uint64_t len = s.header.size();
   std::memcpy(base, &len, 8);
   std::memcpy(base + 8, s.header.data(), s.header.size());
-  uint8_t* data = base + s.header_bytes;
-
-  struct Chunk { const TensorPlan* t; size_t begin, end; };
-  constexpr size_t kChunk = size_t(4) << 20;
-  std::vector<Chunk> chunks;
-  for (const TensorPlan& t : s.tensors) {
-    if (t.fill == Fill::kExpertTable) {
-      chunks.push_back({&t, 0, t.nbytes});
-      continue;
-    }
-    for (size_t b = 0; b < t.nbytes; b += kChunk) chunks.push_back({&t, b, std::min(t.nbytes, b + kChunk)});
-  }
-#pragma omp parallel for schedule(dynamic, 1)
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const Chunk& ch = chunks[i];
-    uint8_t* dst = data + ch.t->offset + ch.begin;
-    if (ch.t->fill == Fill::kExpertTable) {
-      fill_expert_table(*ch.t, dst);
-    } else {
-      fill_range(*ch.t, ch.begin, ch.end, dst);
-    }
-  }
+  fill_tensors(s.tensors, base + s.header_bytes);
   DSV4_CHECK(::munmap(map, s.bytes) == 0, path, ": munmap failed (", std::strerror(errno), ")");
 }
 
@@ -562,7 +565,8 @@ SynthResult synth_checkpoint(const SynthOptions& o, const std::string& out_dir,
   const json config = synth_config_json(o);
   SynthResult result;
   result.config = parse_config_json(config.dump(), "synth config");
-  Planner planner(result.config, o.seed);  // owns the code tables the plans point to
+  Tables tables;  // the plans point into them
+  Planner planner(result.config, o.seed, &tables);
   std::vector<Shard> shards = planner.plan(o.mtp);
   json weight_map = json::object();
   size_t total = 0, data_bytes = 0;
@@ -602,6 +606,88 @@ SynthResult synth_checkpoint(const SynthOptions& o, const std::string& out_dir,
   write_json(fs::path(out_dir) / "model.safetensors.index.json",
              {{"metadata", {{"total_size", data_bytes}}}, {"weight_map", weight_map}});
   return result;
+}
+
+namespace {
+
+// An in-memory checkpoint's storage: the value tables and one anonymous mapping holding every tensor.
+struct SynthMemory {
+  Tables tables;
+  uint8_t* base = nullptr;
+  size_t size = 0;
+  ~SynthMemory() {
+    if (base) ::munmap(base, size);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<const ModelWeights> synth_model(const SynthOptions& o, SynthPlace place, SynthResult* result_out) {
+  const json config = synth_config_json(o);
+  SynthResult result;
+  result.config = parse_config_json(config.dump(), "synth config");
+  auto memory = std::make_shared<SynthMemory>();
+  Planner planner(result.config, o.seed, &memory->tables);
+  std::vector<TensorPlan> tensors;
+  for (Shard& s : planner.plan(o.mtp))
+    for (TensorPlan& t : s.tensors) tensors.push_back(std::move(t));
+
+  // Layout: the tensors made here back to back, 8-byte aligned and then read-only; after them the deferred
+  // matrices, each on pages of its own that are never mapped in (PROT_NONE: a host read faults loudly instead
+  // of seeing zeros), so their address range costs no memory.
+  const auto deferred = [&](const TensorPlan& t) { return place == SynthPlace::kDevice && t.device_made; };
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  const auto round_up = [](size_t n, size_t m) { return (n + m - 1) / m * m; };
+  size_t cursor = 0;
+  for (TensorPlan& t : tensors)
+    if (!deferred(t)) {
+      t.offset = cursor;
+      cursor = round_up(cursor + t.nbytes, 8);
+    }
+  const size_t host_bytes = round_up(cursor, page);
+  cursor = host_bytes;
+  for (TensorPlan& t : tensors)
+    if (deferred(t)) {
+      t.offset = cursor;
+      cursor += round_up(t.nbytes, page);
+    }
+  memory->size = std::max(cursor, page);
+  void* map = ::mmap(nullptr, memory->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  DSV4_CHECK(map != MAP_FAILED, "synth ", o.preset, ": cannot reserve ", human_bytes(double(memory->size)),
+             " of address space (", std::strerror(errno), ")");
+  memory->base = static_cast<uint8_t*>(map);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  fill_tensors(tensors, memory->base, deferred);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  DSV4_CHECK(::mprotect(memory->base, host_bytes, PROT_READ) == 0 &&
+                 (memory->size == host_bytes ||
+                  ::mprotect(memory->base + host_bytes, memory->size - host_bytes, PROT_NONE) == 0),
+             "synth: mprotect failed (", std::strerror(errno), ")");
+
+  const std::string label = cat("synth ", o.preset, " (in memory)");
+  std::vector<TensorInfo> infos;
+  std::vector<GeneratedTensor> generated;
+  for (const TensorPlan& t : tensors) {
+    TensorInfo info;
+    info.name = t.name;
+    info.file = label;
+    info.dtype = t.dtype;
+    info.shape = t.shape;
+    info.data = memory->base + t.offset;
+    info.nbytes = t.nbytes;
+    infos.push_back(std::move(info));
+    if (deferred(t)) {
+      generated.push_back({memory->base + t.offset, t.nbytes, t.fill});
+    } else {
+      result.host_bytes += t.nbytes;
+    }
+    result.bytes += t.nbytes;
+  }
+  result.tensors = tensors.size();
+  if (result_out) *result_out = result;
+  auto ckpt = Checkpoint::in_memory(label, std::move(infos), std::move(generated), memory);
+  return load_model(std::move(ckpt), result.config);
 }
 
 }  // namespace dsv4

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/weights.h"
 
 namespace dsv4 {
 
@@ -36,8 +37,9 @@ struct SynthOptions {
 struct SynthResult {
   ModelConfig config;
   size_t tensors = 0;
-  size_t bytes = 0;     // of all shards
-  double seconds = 0;   // generating and writing the shards
+  size_t bytes = 0;       // of all shards (synth_model: of all tensors)
+  size_t host_bytes = 0;  // synth_model: of the tensors made on the host
+  double seconds = 0;     // generating and writing the shards (synth_model: making the host tensors)
 };
 
 std::vector<std::string> synth_presets();
@@ -58,5 +60,16 @@ nlohmann::json synth_config_json(const SynthOptions& options);
 // progress(done_bytes, total_bytes) is called from the writing thread as shards complete.
 SynthResult synth_checkpoint(const SynthOptions& options, const std::string& out_dir,
                              const std::function<void(size_t, size_t)>& progress = {});
+
+// Where synth_model makes the tensors: all on the host (for the CPU backend), or on the host only the small
+// ones, each matrix's elements left as a GeneratedTensor (loader/synth_fill.h) that the CUDA backend makes in
+// GPU memory at upload — only the rank's slice of it — so a full-size model needs neither a file nor its size in
+// host memory (V4-Flash: ~0.3 GB on the host of 149 GB).
+enum class SynthPlace { kHost, kDevice };
+
+// The checkpoint synth_checkpoint would write, byte for byte, held in memory and loaded (loader/weight_map.h).
+// `result` (optional): its size and the seconds spent making the host tensors.
+std::unique_ptr<const ModelWeights> synth_model(const SynthOptions& options, SynthPlace place,
+                                                SynthResult* result = nullptr);
 
 }  // namespace dsv4
