@@ -39,9 +39,15 @@ double time_calls(int ranks, size_t count, bool graphs, const std::vector<cudaSt
       for (int i = 0; i < n; ++i) call(r, x[size_t(r)], count, s);
     };
     if (graphs) {  // kCallsPerGraph calls recorded once, replayed
-      cudaGraph_t g;
+      cudaGraph_t g = nullptr;
       DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      calls(kCallsPerGraph);
+      try {
+        calls(kCallsPerGraph);
+      } catch (...) {  // end the capture: a stream left capturing fails every later call on it
+        cudaStreamEndCapture(s, &g);
+        if (g) cudaGraphDestroy(g);
+        throw;
+      }
       DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &g));
       DSV4_CUDA_CHECK(cudaGraphInstantiate(&execs[size_t(r)], g, 0));
       DSV4_CUDA_CHECK(cudaGraphDestroy(g));

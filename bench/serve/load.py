@@ -7,22 +7,23 @@ Every request streams a completion of exactly --output-len tokens (ignore_eos) f
 --input-len tokens (ids drawn from the vocabulary, so the length is exact without a tokenizer); at most
 --concurrency requests are in flight at once.
 
-    build/venv/bin/python bench/serve/load.py --base-url http://127.0.0.1:8000 --concurrency 8 \
+    python3 bench/serve/load.py --base-url http://127.0.0.1:8000 --concurrency 8 \
         --num-prompts 64 --input-len 128 --output-len 64
 
-The venv comes from tools/setup (the `openai` package). Sends traffic only to --base-url.
+Python 3's standard library only (no client package), so it runs as is on the GPU machine. Sends traffic only
+to --base-url.
 """
 
 import argparse
 import asyncio
+import json
 import random
 import re
 import statistics
 import sys
 import time
+import urllib.parse
 import urllib.request
-
-import openai
 
 
 def percentile(values, q):
@@ -46,18 +47,62 @@ def engine_counters(base_url):
     return [float(v.group(2)) for v in values] if all(values) else None
 
 
-async def one_request(client, model, prompt, output_len, results):
+async def events(base_url, path, body):
+    """POSTs JSON over HTTP/1.1 and yields the server-sent events of the response (chunked or not) as objects,
+    until `data: [DONE]`. A status other than 200 raises RuntimeError with the start of the body."""
+    url = urllib.parse.urlsplit(base_url)
+    reader, writer = await asyncio.open_connection(url.hostname, url.port or 80)
+    try:
+        data = json.dumps(body).encode()
+        writer.write(f"POST {url.path.rstrip('/')}{path} HTTP/1.1\r\nHost: {url.netloc}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+                     .encode() + data)
+        await writer.drain()
+        status = (await reader.readline()).split()
+        headers = {}
+        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+
+        async def pieces():
+            if headers.get("transfer-encoding", "").lower() != "chunked":
+                while piece := await reader.read(65536):
+                    yield piece
+                return
+            while size := int((await reader.readline()).split(b";")[0], 16):
+                yield await reader.readexactly(size)
+                await reader.readline()  # the CRLF after the chunk
+
+        if len(status) < 2 or status[1] != b"200":
+            text = b"".join([p async for p in pieces()]).decode(errors="replace")
+            raise RuntimeError(f"HTTP {b' '.join(status[1:]).decode()}: {text[:200]}")
+        buffer = b""
+        async for piece in pieces():
+            buffer += piece.replace(b"\r\n", b"\n")
+            while b"\n\n" in buffer:
+                event, buffer = buffer.split(b"\n\n", 1)
+                for line in event.split(b"\n"):
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        return
+                    yield json.loads(payload)
+    finally:
+        writer.close()
+
+
+async def one_request(base_url, model, prompt, output_len, results):
     start = time.perf_counter()
     times = []  # arrival of each chunk that carried text
     tokens = 0
-    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=output_len, temperature=0,
-                                             stream=True, stream_options={"include_usage": True},
-                                             extra_body={"ignore_eos": True})
-    async for chunk in stream:
-        if chunk.choices and chunk.choices[0].text:
+    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": True}
+    async for chunk in events(base_url, "/v1/completions", body):
+        if chunk.get("choices") and chunk["choices"][0].get("text"):
             times.append(time.perf_counter())
-        if chunk.usage:
-            tokens = chunk.usage.completion_tokens
+        if chunk.get("usage"):
+            tokens = chunk["usage"]["completion_tokens"]
     end = time.perf_counter()
     if not times:
         raise RuntimeError("a request produced no text")
@@ -71,17 +116,19 @@ async def one_request(client, model, prompt, output_len, results):
 
 
 async def run(args):
-    client = openai.AsyncOpenAI(base_url=args.base_url.rstrip("/") + "/v1", api_key="unused", max_retries=0,
-                                timeout=3600)
-    models = await client.models.list()
-    model = args.model or models.data[0].id
+    base_url = args.base_url.rstrip("/")
+    if args.model:
+        model = args.model
+    else:
+        with urllib.request.urlopen(base_url + "/v1/models", timeout=60) as r:
+            model = json.load(r)["data"][0]["id"]
     vocab = args.vocab
     rng = random.Random(args.seed)
     # Token 0 is BOS in DeepSeek vocabularies; the rest avoids the special ids at the bottom of the range.
     prompts = [[0] + [rng.randrange(16, vocab) for _ in range(args.input_len - 1)] for _ in range(args.num_prompts)]
 
     # Warm-up: the first request pays one-time costs that are not the server's steady state.
-    await one_request(client, model, prompts[0][: min(16, args.input_len)], 2, [])
+    await one_request(base_url, model, prompts[0][: min(16, args.input_len)], 2, [])
 
     results = []
     limit = asyncio.Semaphore(args.concurrency)
@@ -91,16 +138,15 @@ async def run(args):
     async def limited(p):
         async with limit:
             try:
-                await one_request(client, model, p, args.output_len, results)
-            except (openai.OpenAIError, RuntimeError) as e:
+                await one_request(base_url, model, p, args.output_len, results)
+            except (OSError, RuntimeError, ValueError, asyncio.IncompleteReadError) as e:
                 failures.append(repr(e))
 
-    before = engine_counters(args.base_url)
+    before = engine_counters(base_url)
     start = time.perf_counter()
     await asyncio.gather(*(limited(p) for p in prompts))
     duration = time.perf_counter() - start
-    after = engine_counters(args.base_url)
-    await client.close()
+    after = engine_counters(base_url)
     engine = [b - a for a, b in zip(before, after)] if before and after else None
     return model, results, failures, duration, engine
 

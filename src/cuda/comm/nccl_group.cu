@@ -46,6 +46,9 @@ struct NcclGroup::Api {
 NcclGroup::NcclGroup(const std::vector<int>& devices) : api_(std::make_unique<Api>()) {
   // NVLink SHARP (multicast) stays off: the GPU machines forbid it (docs/design/parallel.md).
   setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+  // Every connection made here rather than at a collective's first use (NCCL ≥ 2.22 connects lazily), which a
+  // CUDA graph capture cannot contain.
+  setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
   api_->check(api_->get_version(&version_), "version");
   std::vector<ncclComm_t> comms(devices.size());
   api_->check(api_->comm_init_all(comms.data(), int(devices.size()), devices.data()), "communicator setup");
