@@ -17,7 +17,7 @@ namespace dsv4 {
 using cuda::DeviceWeight;
 using cuda::WFormat;
 
-CudaOps::CudaOps(const ModelConfig& config, int device, std::shared_ptr<cuda::RankGroup> group, int rank)
+CudaOps::CudaOps(const ModelConfig& config, int device, std::shared_ptr<cuda::NcclGroup> group, int rank)
     : config_(config), device_(device), group_(std::move(group)), rank_(rank) {
   int count = 0;
   DSV4_CUDA_CHECK(cudaGetDeviceCount(&count));

@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cuda/comm/rank_group.h"
+#include "cuda/comm/nccl_group.h"
 #include "cuda/common/device_weight.h"
 #include "cuda/moe/moe_tables.h"
 #include "loader/synth_fill.h"
@@ -59,7 +59,7 @@ struct CacheLayout {
 class CudaOps final : public Ops {
  public:
   // group: the GPU ranks this backend's shard belongs to (model/parallel.h), nullptr when alone.
-  explicit CudaOps(const ModelConfig& config, int device = 0, std::shared_ptr<cuda::RankGroup> group = nullptr,
+  explicit CudaOps(const ModelConfig& config, int device = 0, std::shared_ptr<cuda::NcclGroup> group = nullptr,
                    int rank = 0);
   ~CudaOps() override;
   CudaOps(const CudaOps&) = delete;
@@ -193,7 +193,7 @@ class CudaOps final : public Ops {
 
   ModelConfig config_;
   int device_ = 0;
-  std::shared_ptr<cuda::RankGroup> group_;
+  std::shared_ptr<cuda::NcclGroup> group_;
   int rank_ = 0;
   cudaDeviceProp props_{};
   // NOTE: the stream is reachable only through this guard. Converting it to a cudaStream_t — which every kernel

@@ -82,7 +82,7 @@ Ranks make_ranks(const std::string& requested, const ModelWeights& model, const 
     }
     std::vector<int> devices(static_cast<size_t>(n));
     for (int k = 0; k < n; ++k) devices[size_t(k)] = k;
-    auto group = std::make_shared<cuda::RankGroup>(devices);
+    auto group = std::make_shared<cuda::NcclGroup>(devices);
     for (int k = 0; k < n; ++k) {
       auto ops = std::make_unique<CudaOps>(r.weights[size_t(k)]->config, k, group, k);
       ops->upload_model(*r.weights[size_t(k)]);

@@ -1,13 +1,13 @@
-// The comm family (src/cuda/comm): the GPU ranks' all-reduce — the peer-to-peer one-shot kernel for messages up
-// to kPeerMaxBytes, NCCL above — against the CPU sum in rank order, on every visible GPU (at least 2; skipped, visibly,
-// otherwise). Odd sizes, the 8 KB block slices' edges, both staging halves (repeated calls), calls replayed
-// from a CUDA graph, and a rank that never arrives: the others end once the group is aborted.
+// The comm family (src/cuda/comm): the GPU ranks' all-reduce (NCCL) against the CPU sum in rank order, on every
+// visible GPU (at least 2; skipped, visibly, otherwise; at most 8). Odd sizes, a V4 row and batches of rows,
+// repeated calls on their own results, calls replayed from a CUDA graph, and a rank that never arrives: the
+// other ends once the group is aborted.
 #include <thread>
 
 #include "gpu.h"
 
 #if DSV4_HAVE_CUDA
-#include "cuda/comm/rank_group.h"
+#include "cuda/comm/nccl_group.h"
 #include "cuda/common/check.h"
 #endif
 
@@ -18,7 +18,7 @@ namespace {
 int visible_gpus() {
   int n = 0;
   DSV4_CUDA_CHECK(cudaGetDeviceCount(&n));
-  return std::min(n, cuda::kPeerMaxRanks);
+  return std::min(n, 8);
 }
 
 // One thread a rank, each on its own device and stream, running fn(rank, stream).
@@ -43,15 +43,13 @@ TEST(CudaComm, AllReduceEqualsTheSumInRankOrder) {
   const int ranks = visible_gpus();
   std::vector<int> devices(static_cast<size_t>(ranks));
   for (int r = 0; r < ranks; ++r) devices[size_t(r)] = r;
-  cuda::RankGroup group(devices);
-  EXPECT_TRUE(group.peer_to_peer()) << "NVLink GPUs reach each other's memory";
+  cuda::NcclGroup group(devices);
   std::vector<cudaStream_t> streams(static_cast<size_t>(ranks));
   for (int r = 0; r < ranks; ++r) {
     DSV4_CUDA_CHECK(cudaSetDevice(r));
     DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[size_t(r)], cudaStreamNonBlocking));
   }
-  // 1 float; around a V4 row (4096: one 2048-float block slice and a tail); the largest peer message (two rows)
-  // and one past it; batch 8 and 64 rows of V4 (NCCL).
+  // 1 float; around one and two V4 rows (a batch-1 and batch-2 decode message); batch 8 and 64 rows of V4.
   for (size_t count : {size_t(1), size_t(4095), size_t(4096), size_t(8191), size_t(8192), size_t(8193),
                        size_t(8 * 4096 + 5), size_t(64 * 4096)}) {
     for (int graph = 0; graph < 2; ++graph) {
@@ -62,7 +60,7 @@ TEST(CudaComm, AllReduceEqualsTheSumInRankOrder) {
         DSV4_CUDA_CHECK(cudaSetDevice(r));
         DSV4_CUDA_CHECK(cudaMalloc(&dx[size_t(r)], count * sizeof(float)));
       }
-      // Three calls, each on the last one's result: both staging halves, and a half reused.
+      // Three calls, each on the last one's result.
       std::vector<float> want(x[0].size());
       std::vector<std::vector<float>> sums = x;
       for (int call = 0; call < 3; ++call) {
@@ -97,8 +95,8 @@ TEST(CudaComm, AllReduceEqualsTheSumInRankOrder) {
         DSV4_CUDA_CHECK(cudaSetDevice(r));
         DSV4_CUDA_CHECK(cudaMemcpy(got.data(), dx[size_t(r)], count * sizeof(float), cudaMemcpyDeviceToHost));
         DSV4_CUDA_CHECK(cudaFree(dx[size_t(r)]));
-        // The peer kernel adds in rank order; NCCL in its own, exact for two ranks.
-        if (cuda::PeerAllReduce::fits(count) || ranks == 2) {
+        // NCCL adds in its own order: exact for two ranks.
+        if (ranks == 2) {
           for (size_t i = 0; i < count; ++i)
             ASSERT_EQ(got[i], want[i]) << "rank " << r << " element " << i << " of " << count << " graph " << graph;
         } else {
@@ -117,8 +115,7 @@ TEST(CudaComm, AllReduceEqualsTheSumInRankOrder) {
 TEST(CudaComm, AnAbortedGroupReleasesAWaitingRank) {
   DSV4_REQUIRE_GPUS(2);
 #if DSV4_HAVE_CUDA
-  cuda::RankGroup group({0, 1});
-  ASSERT_TRUE(group.peer_to_peer());
+  cuda::NcclGroup group({0, 1});
   DSV4_CUDA_CHECK(cudaSetDevice(0));
   cudaStream_t s;
   DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
