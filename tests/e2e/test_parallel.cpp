@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <string>
 
 #include "harness/compare.h"
 #include "harness/files.h"
@@ -93,6 +94,45 @@ TEST(ShardedMtp, DraftLogitsMatchOneRank) {
   ASSERT_FALSE(one.empty());
   for (const Split& split : kSplits)
     EXPECT_TRUE(compare(run_logits("cpu", f, len, "exact", 64, true, split), one, {1e-4, 0.0}, name_of(split)));
+}
+
+// Four ranks (issue #28 runs V4-Flash at --tp 4 on 4 GPUs): a V4-Flash-layout synth shaped to split four ways
+// (8 heads in 4 output groups, 8 experts, FP8 shared-expert rows of 128 per rank) on 4 CPU ranks, exact
+// numerics, prefill and then token by token, against one rank (1e-4, as above), and greedy continuations equal.
+TEST(ShardedFourRanks, TpAndEpOverFourRanksMatchOneRank) {
+  TempDir tmp;
+  const std::vector<std::string> synth = {
+      "--synth", "v4-flash", "--layers", "4", "--experts", "8", "--vocab", "1000", "--dim", "256", "--inter", "512",
+      "--set", "num_attention_heads=8,q_lora_rank=64,o_groups=4,o_lora_rank=128,index_n_heads=4,index_topk=16,"
+               "num_experts_per_tok=2",
+      "--backend", "cpu", "--numerics", "exact"};
+  const auto logits = [&](const Split& split, const std::string& step) {
+    std::vector<std::string> args = {"logits", "--tokens", "3,14,159,265,358,979,323,846,264,338,327,950", "--step",
+                                     step, "--out", tmp.file("l.f32")};
+    args.insert(args.end(), synth.begin(), synth.end());
+    args.insert(args.end(), split.begin(), split.end());
+    const CliResult r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 0) << name_of(split) << ": " << r.err;
+    return read_f32(tmp.file("l.f32"));
+  };
+  const auto greedy = [&](const Split& split) {
+    std::vector<std::string> args = {"generate", "--prompt-ids", "7,77,777", "--max-tokens", "8", "--ignore-eos",
+                                     "--temperature", "0"};
+    args.insert(args.end(), synth.begin(), synth.end());
+    args.insert(args.end(), split.begin(), split.end());
+    const CliResult r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 0) << name_of(split) << ": " << r.err;
+    return r.out;
+  };
+  for (const std::string step : {"64", "1"}) {
+    const std::vector<float> one = logits({}, step);
+    ASSERT_EQ(one.size(), 12u * 1000u);
+    for (const Split& split : std::vector<Split>{{"--tp", "4"}, {"--ep", "4"}, {"--tp", "4", "--ep", "4"}})
+      EXPECT_TRUE(compare(logits(split, step), one, {1e-4, 0.0}, name_of(split) + ", step " + step));
+  }
+  const std::string want = greedy({});
+  EXPECT_FALSE(want.empty());
+  for (const Split& split : std::vector<Split>{{"--tp", "4"}, {"--ep", "4"}}) EXPECT_EQ(greedy(split), want) << name_of(split);
 }
 
 // A split the model cannot take is refused with the reason, before any weight is read.
