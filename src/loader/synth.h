@@ -62,9 +62,9 @@ SynthResult synth_checkpoint(const SynthOptions& options, const std::string& out
                              const std::function<void(size_t, size_t)>& progress = {});
 
 // Where synth_model makes the tensors: all on the host (for the CPU backend), or on the host only the small
-// ones, each matrix's elements left as a GeneratedTensor (loader/synth_fill.h) that the CUDA backend makes in
-// GPU memory at upload — only the rank's slice of it — so a full-size model needs neither a file nor its size in
-// host memory (V4-Flash: ~0.3 GB on the host of 149 GB).
+// ones, each matrix's elements and the FP4 scales left as GeneratedTensors (loader/synth_fill.h) that the CUDA
+// backend makes in GPU memory at upload — only the rank's slice — so a full-size model needs neither a file nor
+// its size in host memory (V4-Flash: 0.15 GiB on the host of 148.6 GiB).
 enum class SynthPlace { kHost, kDevice };
 
 // The checkpoint synth_checkpoint would write, byte for byte, held in memory and loaded (loader/weight_map.h).

@@ -28,7 +28,7 @@ Markdown on stdout, progress on stderr.
   --model DIR          checkpoint directory (default: the tiny model shipped in models/tiny)
   --synth PRESET       benchmark a random checkpoint of v4-flash / v4-pro shapes made in memory, no file: on
                        cuda each GPU makes its own shard of the matrices in place (a full V4-Flash needs
-                       ~0.3 GB of host memory); on cpu the host holds all of it
+                       0.15 GiB of host memory); on cpu the host holds all of it
     --layers N         its first N layers (default: all)
     --no-mtp           without the MTP module (decode does not run it; loaded by default, as served)
     --synth-dir DIR    write it there as files instead (kept) and benchmark those

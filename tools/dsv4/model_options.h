@@ -18,7 +18,7 @@ constexpr const char* kModelOptionsHelp =
     R"(  --model DIR          checkpoint directory (config.json + safetensors [+ tokenizer.json]);
                        default: the tiny model shipped in models/tiny
   --synth PRESET       instead of --model: random weights of v4-flash / v4-pro shapes in the official formats,
-                       made in memory (on cuda, each GPU makes its shard in place: no file, ~0.3 GB of host
+                       made in memory (on cuda, each GPU makes its shard in place: no file, 0.15 GiB of host
                        memory for V4-Flash); --layers N keeps the first N layers; --experts N, --vocab N,
                        --dim N, --inter N, --set F=V,... shrink it as for dsv4 synth; --synth-seed N (default 0)
   --tokenizer DIR      the directory whose tokenizer.json to use (default: the model's)
