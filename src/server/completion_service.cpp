@@ -474,8 +474,14 @@ Usage CompletionJob::usage() const {
   return usage;
 }
 
-Json CompletionJob::wait() {
-  while (!all_finished()) drain(std::chrono::seconds(1));
+std::optional<Json> CompletionJob::wait(const std::function<bool()>& abandoned) {
+  while (!all_finished()) {
+    drain(std::chrono::milliseconds(100));
+    if (!all_finished() && abandoned && abandoned()) {
+      cancel();
+      return std::nullopt;
+    }
+  }
   if (!error_.empty()) throw ApiError(500, "generation failed: " + error_, "server_error");
   if (request_.endpoint == Endpoint::kMessages) {  // one choice
     const Choice& c = *choices_[0];
