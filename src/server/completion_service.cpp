@@ -106,15 +106,21 @@ Json CompletionService::tokenize(const std::string& body) const {
   const TokenizeRequest r = parse_tokenize(body);
   check_model(r.model, options_.model_name);
   const int64_t context = scheduler_.options().max_context;
-  const std::string text = r.chat ? chat::encode_chat(r.chat->messages, r.chat->tools, r.chat->chat_options) : r.prompt;
+  const char* param = r.chat ? "messages" : "prompt";
+  std::string text;
+  try {  // a conversation the chat encoding refuses (a tool message without its call's id, ...) is the client's
+    text = r.chat ? chat::encode_chat(r.chat->messages, r.chat->tools, r.chat->chat_options) : r.prompt;
+  } catch (const Error& e) {
+    throw invalid_request(e.what(), param);
+  }
   if (fewest_tokens(text) > context)
-    throw invalid_request("the text is longer than " + std::to_string(context) + " tokens could hold",
-                          r.chat ? "messages" : "prompt", "context_length_exceeded");
+    throw invalid_request("the text is longer than " + std::to_string(context) + " tokens could hold", param,
+                          "context_length_exceeded");
   std::vector<int32_t> ids;
   try {
     ids = tokenizer_.encode(text, /*add_bos=*/!r.chat && r.add_special_tokens && tokenizer_.bos_id().has_value());
   } catch (const Error& e) {
-    throw invalid_request(e.what(), r.chat ? "messages" : "prompt");
+    throw invalid_request(e.what(), param);
   }
   return Json{{"count", ids.size()}, {"max_model_len", context}, {"tokens", ids}, {"token_strs", nullptr}};
 }

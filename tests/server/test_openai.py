@@ -210,6 +210,9 @@ class TestApi(ServerCase):
         for path, body, status in (("/tokenize", {"prompt": "x"}, 400), ("/tokenize", {"model": MODEL}, 400),
                                    ("/tokenize", {"model": MODEL, "prompt": 5}, 400),
                                    ("/tokenize", {"model": "gpt-4", "prompt": "x"}, 404),
+                                   # A conversation the chat encoding refuses (this was a 500).
+                                   ("/tokenize", {"model": MODEL, "messages": [{"role": "tool", "content": "x"}]},
+                                    400),
                                    ("/detokenize", {"model": MODEL, "tokens": [1, -2]}, 400),
                                    ("/detokenize", {"model": MODEL, "tokens": [10 ** 9]}, 400),
                                    ("/detokenize", {"model": MODEL, "tokens": "1 2"}, 400)):
