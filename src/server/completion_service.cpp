@@ -100,10 +100,20 @@ void check_model(const std::string& asked, const std::string& served) {
                    "invalid_request_error", "model", "model_not_found");
 }
 
+// A field of an unexpected JSON type that a check missed: still the client's request, not a server error.
+template <typename Parse>
+auto parse_or_400(Parse parse) {
+  try {
+    return parse();
+  } catch (const nlohmann::json::exception& e) {
+    throw invalid_request(std::string("the request has a field of the wrong type: ") + e.what());
+  }
+}
+
 }  // namespace
 
 Json CompletionService::tokenize(const std::string& body) const {
-  const TokenizeRequest r = parse_tokenize(body);
+  const TokenizeRequest r = parse_or_400([&] { return parse_tokenize(body); });
   check_model(r.model, options_.model_name);
   const int64_t context = scheduler_.options().max_context;
   const char* param = r.chat ? "messages" : "prompt";
@@ -126,7 +136,7 @@ Json CompletionService::tokenize(const std::string& body) const {
 }
 
 Json CompletionService::detokenize(const std::string& body) const {
-  const DetokenizeRequest r = parse_detokenize(body);
+  const DetokenizeRequest r = parse_or_400([&] { return parse_detokenize(body); });
   check_model(r.model, options_.model_name);
   for (const int32_t id : r.tokens)
     if (id >= tokenizer_.vocab_size())
@@ -152,14 +162,10 @@ std::string CompletionService::metrics() const {
 }
 
 std::unique_ptr<CompletionJob> CompletionService::start(Endpoint endpoint, const std::string& body) {
-  CompletionRequest request;
-  try {
-    request = endpoint == Endpoint::kMessages ? parse_messages(body, options_.defaults)
-                                              : parse_request(endpoint, body, options_.defaults);
-  } catch (const nlohmann::json::exception& e) {
-    // A field of an unexpected JSON type that a check missed: still the client's request, not a server error.
-    throw invalid_request(std::string("the request has a field of the wrong type: ") + e.what());
-  }
+  CompletionRequest request = parse_or_400([&] {
+    return endpoint == Endpoint::kMessages ? parse_messages(body, options_.defaults)
+                                           : parse_request(endpoint, body, options_.defaults);
+  });
   check_model(request.model, options_.model_name);
   const int64_t slots = scheduler_.options().max_seqs;
   if (request.n * int64_t(std::max<size_t>(request.prompts.size(), 1)) > slots)

@@ -213,6 +213,8 @@ class TestApi(ServerCase):
                                    # A conversation the chat encoding refuses (this was a 500).
                                    ("/tokenize", {"model": MODEL, "messages": [{"role": "tool", "content": "x"}]},
                                     400),
+                                   ("/tokenize", {"model": MODEL, "messages": [{"role": "user",
+                                                                                "content": [{"type": {}}]}]}, 400),
                                    ("/detokenize", {"model": MODEL, "tokens": [1, -2]}, 400),
                                    ("/detokenize", {"model": MODEL, "tokens": [10 ** 9]}, 400),
                                    ("/detokenize", {"model": MODEL, "tokens": "1 2"}, 400)):
