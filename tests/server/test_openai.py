@@ -528,25 +528,8 @@ class TestRobustness(ServerCase):
         self.assertIn("error", r.json())
         # Not UTF-8 inside a JSON body: a 400 whose message quotes the byte, not a 500.
         self.assert_error(self.post("/v1/completions", b'{"model": "tiny", "prompt": "\xff\xfe"}'), 400)
-        # A bounded random fuzz of request lines and headers (seeded: reproducible): no 5xx, never down.
-        rng = random.Random(24)
-        special = [b"%", b"%0", b"%ff", b"%u", b"?", b"&", b"=", b"#", b" ", b"\t", b"\r", b"\n", b"/", b"..", b"+", b";"]
-        headers = [b"Host: a\r\n", b"Content-Length: 0\r\n", b"Content-Length: -5\r\n", b"Range: bytes=0-\r\n",
-                   b"Accept-Encoding: gzip\r\n", b"Content-Type: multipart/form-data; boundary=\r\n",
-                   b"Expect: 100-continue\r\n", b"Transfer-Encoding: chunked\r\n"]
-        statuses = {}
-        for i in range(1500):
-            path = b"".join(rng.choice(special) if rng.random() < 0.6 else bytes([rng.randrange(256)])
-                            for _ in range(rng.randint(1, 30)))
-            method = rng.choice([b"GET", b"POST", b"OPTIONS", b"PUT", b"DELETE", b"G\x00T", b""])
-            version = rng.choice([b" HTTP/1.1", b" HTTP/1.0", b"", b" HTTP/9"])
-            head = b"".join(rng.choice(headers) for _ in range(rng.randint(0, 3)))
-            status = self.raw(method + b" /" + path + version + b"\r\n" + head + b"\r\n", timeout=0.5)
-            statuses[status] = statuses.get(status, 0) + 1
-            self.assertFalse(status is not None and status >= 500, f"case {i}: {status}")
-            if i % 250 == 249:
-                self.assertEqual(self.server.http.get("/health").status_code, 200, f"down after case {i}")
-        self.assertEqual(self.server.proc.poll(), None, "the server exited")
+        # The random fuzz of request lines, headers and bodies is test_fuzz.py.
+        self.assertEqual(self.server.http.get("/health").status_code, 200)
 
     def test_methods_content_types_and_status_counts(self):
         # A known path's other methods: 405 naming the allowed one, in the error shape.
