@@ -107,7 +107,7 @@ using Clock = std::chrono::steady_clock;
 //  * the socket of the request being handled, so a handler waiting for generation can tell that its client left.
 // Otherwise it behaves as httplib's SocketStream: reads are buffered (here across requests of the connection, so
 // pipelined bytes are kept), a body read waits at most the read timeout for its next bytes, a write at most the
-// write timeout for room in the socket.
+// write timeout for room in the socket. docs/design/server-transport.md has the measurements.
 class Connection final : public httplib::Stream {
  public:
   static constexpr size_t kMaxHeaderBytes = 64 << 10;  // request line and headers of one request

@@ -25,7 +25,8 @@ struct HttpOptions {
   int max_threads = 1024;  // when all are busy more are started, up to this many (idle ones leave again)
   size_t max_body_bytes = size_t(64) << 20;  // larger request bodies are refused with 413
   // A request's line and headers must arrive within this many seconds of its first byte (of the connection's
-  // opening, for its first request), and within 64 KiB: otherwise 408 (431) and the connection closes.
+  // opening, for its first request), and within 64 KiB: otherwise the connection closes, with 408 (431) once the
+  // request line is in.
   int header_timeout_s = 10;
   // A connection with no request in progress closes after this many seconds (its Keep-Alive header says so).
   int idle_timeout_s = 75;

@@ -49,8 +49,8 @@ every forward step decodes one token for each running request and reads prompt c
                        1024 (default: max(64, 2 × (max-seqs + 8)))
   --max-body-mb N      largest request body in MiB; larger ones get 413 (default 64)
   --header-timeout S   seconds a request's line and headers may take to arrive, from its first byte (from the
-                       connection's opening for its first request); a late one gets 408 and the connection
-                       closes (default 10). They must also fit in 64 KiB (431)
+                       connection's opening for its first request), within 64 KiB; otherwise the connection
+                       closes, with 408 (431) once the request line is in (default 10)
   --idle-timeout S     seconds a connection may stay open with no request in progress (default 75)
   --api-key KEY        require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on the /v1/ routes (default:
                        $DSV4_API_KEY; none if unset); /health, /metrics and /dashboard stay open
