@@ -354,7 +354,8 @@ std::string text_content(const OrderedJson& content, const std::string& where) {
   std::string out;
   for (size_t k = 0; k < content.size(); ++k) {
     const OrderedJson& part = content[k];
-    DSV4_CHECK(part.is_object() && part.value("type", "") == "text" && part.contains("text") &&
+    // (value("type", "") would throw a JSON type error for a "type" that is not a string.)
+    DSV4_CHECK(part.is_object() && part.contains("type") && part["type"] == "text" && part.contains("text") &&
                    part["text"].is_string(),
                where, ".content[", k, "]: only {\"type\": \"text\", \"text\": ...} parts are supported");
     if (k > 0) out += "\n\n";

@@ -216,8 +216,13 @@ CompletionRequest parse_messages(const std::string& text, const SamplingParams& 
   const Json* messages = field(body, "messages");
   if (!messages) throw invalid_request("missing required field 'messages'", "messages", "missing_required_parameter");
   if (!messages->is_array() || messages->empty()) throw wrong_type("messages", "a non-empty array");
+  const size_t system_messages = r.messages.size();
   for (size_t i = 0; i < messages->size(); ++i)
     append_message((*messages)[i], "messages[" + std::to_string(i) + "]", r.messages);
+  // User messages whose content is an empty array add nothing: with only those there is no conversation (and
+  // nothing to take the prefill's place below).
+  if (r.messages.size() == system_messages)
+    throw invalid_request("'messages' hold no content: every message is an empty array of blocks", "messages");
   // A final assistant message is a prefill: the answer continues it.
   if (r.messages.back().role == chat::Role::kAssistant) r.messages.back().prefix = true;
   const bool strict_tools = parse_tools(body, r);

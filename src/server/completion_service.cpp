@@ -100,27 +100,43 @@ void check_model(const std::string& asked, const std::string& served) {
                    "invalid_request_error", "model", "model_not_found");
 }
 
+// A field of an unexpected JSON type that a check missed: still the client's request, not a server error.
+template <typename Parse>
+auto parse_or_400(Parse parse) {
+  try {
+    return parse();
+  } catch (const nlohmann::json::exception& e) {
+    throw invalid_request(std::string("the request has a field of the wrong type: ") + e.what());
+  }
+}
+
 }  // namespace
 
 Json CompletionService::tokenize(const std::string& body) const {
-  const TokenizeRequest r = parse_tokenize(body);
+  const TokenizeRequest r = parse_or_400([&] { return parse_tokenize(body); });
   check_model(r.model, options_.model_name);
   const int64_t context = scheduler_.options().max_context;
-  const std::string text = r.chat ? chat::encode_chat(r.chat->messages, r.chat->tools, r.chat->chat_options) : r.prompt;
+  const char* param = r.chat ? "messages" : "prompt";
+  std::string text;
+  try {  // a conversation the chat encoding refuses (a tool message without its call's id, ...) is the client's
+    text = r.chat ? chat::encode_chat(r.chat->messages, r.chat->tools, r.chat->chat_options) : r.prompt;
+  } catch (const Error& e) {
+    throw invalid_request(e.what(), param);
+  }
   if (fewest_tokens(text) > context)
-    throw invalid_request("the text is longer than " + std::to_string(context) + " tokens could hold",
-                          r.chat ? "messages" : "prompt", "context_length_exceeded");
+    throw invalid_request("the text is longer than " + std::to_string(context) + " tokens could hold", param,
+                          "context_length_exceeded");
   std::vector<int32_t> ids;
   try {
     ids = tokenizer_.encode(text, /*add_bos=*/!r.chat && r.add_special_tokens && tokenizer_.bos_id().has_value());
   } catch (const Error& e) {
-    throw invalid_request(e.what(), r.chat ? "messages" : "prompt");
+    throw invalid_request(e.what(), param);
   }
   return Json{{"count", ids.size()}, {"max_model_len", context}, {"tokens", ids}, {"token_strs", nullptr}};
 }
 
 Json CompletionService::detokenize(const std::string& body) const {
-  const DetokenizeRequest r = parse_detokenize(body);
+  const DetokenizeRequest r = parse_or_400([&] { return parse_detokenize(body); });
   check_model(r.model, options_.model_name);
   for (const int32_t id : r.tokens)
     if (id >= tokenizer_.vocab_size())
@@ -146,14 +162,10 @@ std::string CompletionService::metrics() const {
 }
 
 std::unique_ptr<CompletionJob> CompletionService::start(Endpoint endpoint, const std::string& body) {
-  CompletionRequest request;
-  try {
-    request = endpoint == Endpoint::kMessages ? parse_messages(body, options_.defaults)
-                                              : parse_request(endpoint, body, options_.defaults);
-  } catch (const nlohmann::json::exception& e) {
-    // A field of an unexpected JSON type that a check missed: still the client's request, not a server error.
-    throw invalid_request(std::string("the request has a field of the wrong type: ") + e.what());
-  }
+  CompletionRequest request = parse_or_400([&] {
+    return endpoint == Endpoint::kMessages ? parse_messages(body, options_.defaults)
+                                           : parse_request(endpoint, body, options_.defaults);
+  });
   check_model(request.model, options_.model_name);
   const int64_t slots = scheduler_.options().max_seqs;
   if (request.n * int64_t(std::max<size_t>(request.prompts.size(), 1)) > slots)
@@ -474,8 +486,14 @@ Usage CompletionJob::usage() const {
   return usage;
 }
 
-Json CompletionJob::wait() {
-  while (!all_finished()) drain(std::chrono::seconds(1));
+std::optional<Json> CompletionJob::wait(const std::function<bool()>& abandoned) {
+  while (!all_finished()) {
+    drain(std::chrono::milliseconds(100));
+    if (!all_finished() && abandoned && abandoned()) {
+      cancel();
+      return std::nullopt;
+    }
+  }
   if (!error_.empty()) throw ApiError(500, "generation failed: " + error_, "server_error");
   if (request_.endpoint == Endpoint::kMessages) {  // one choice
     const Choice& c = *choices_[0];

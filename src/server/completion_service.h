@@ -7,8 +7,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,8 +86,9 @@ class CompletionJob {
   std::vector<SseEvent> poll(std::chrono::milliseconds wait);
   bool done() const { return done_sent_; }
   // Non-streaming: waits for every choice and returns the response body. Throws ApiError (500) when the
-  // engine failed.
-  Json wait();
+  // engine failed. `abandoned` is asked between waits (a few times a second) whether anyone still wants the
+  // answer: when it says no, the choices are cancelled (their slots freed) and the result is empty.
+  std::optional<Json> wait(const std::function<bool()>& abandoned);
   // The client went away: stop generating (frees the slots).
   void cancel();
 

@@ -2,11 +2,17 @@
 
 #include <httplib.h>
 #include <malloc.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -90,12 +96,166 @@ void release_large_body(size_t size) {
   if (size >= (size_t(1) << 20)) malloc_trim(0);
 }
 
+using Clock = std::chrono::steady_clock;
+
+// One client connection as httplib's request parser reads and writes it. dsv4 runs its own connection loop
+// (Listener::process_and_close_socket) on this stream instead of httplib's, for what httplib 0.11.4 cannot do:
+//  * a deadline for a request's line and headers as a whole: httplib's read timeout restarts with every byte, so a
+//    client sending one every few seconds held its thread for ever; and a bound on their size (httplib grows a
+//    line until it ends, and takes any number of header lines);
+//  * an idle wait in one poll() that also ends when the server stops (httplib's wakes every 10 ms);
+//  * the socket of the request being handled, so a handler waiting for generation can tell that its client left.
+// Otherwise it behaves as httplib's SocketStream: reads are buffered (here across requests of the connection, so
+// pipelined bytes are kept), a body read waits at most the read timeout for its next bytes, a write at most the
+// write timeout for room in the socket. docs/design/server-transport.md has the measurements.
+class Connection final : public httplib::Stream {
+ public:
+  static constexpr size_t kMaxHeaderBytes = 64 << 10;  // request line and headers of one request
+
+  Connection(int sock, int stop_fd, std::chrono::milliseconds read_timeout, std::chrono::milliseconds write_timeout)
+      : sock_(sock), stop_fd_(stop_fd), read_timeout_(read_timeout), write_timeout_(write_timeout) {}
+
+  // Waits until the next request's first byte is here (or already read ahead). False when `until` passes, the
+  // server stops or the socket fails; a client that closed is seen by the read that follows.
+  bool await_request(Clock::time_point until) const { return begin_ < end_ || wait(POLLIN, until, true); }
+  // A request starts: its line and headers must be read by `deadline`, within kMaxHeaderBytes.
+  void begin_headers(Clock::time_point deadline) {
+    in_headers_ = true;
+    header_bytes_ = 0;
+    header_deadline_ = deadline;
+  }
+  void end_headers() { in_headers_ = false; }  // parsed: reads wait the read timeout again
+  bool timed_out() const { return timed_out_; }  // a started request's headers missed their deadline
+  bool too_large() const { return too_large_; }  // ... or passed kMaxHeaderBytes
+  bool broken() const { return broken_; }  // a read or write failed, or ended: the connection cannot go on
+
+  // Whether the client closed or reset the connection (a half-close included: it will send nothing more). Bytes it
+  // sent ahead (a pipelined request) are not a close.
+  bool client_gone() const {
+    pollfd p{sock_, POLLIN | POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & (POLLERR | POLLHUP | POLLRDHUP)) return true;
+    char byte;
+    const ssize_t n = ::recv(sock_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  }
+
+  bool is_readable() const override { return begin_ < end_ || wait(POLLIN, Clock::now() + read_timeout_, false); }
+  bool is_writable() const override { return wait(POLLOUT, Clock::now() + write_timeout_, false) && !client_gone(); }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (in_headers_) {
+      if (header_bytes_ >= kMaxHeaderBytes) {
+        too_large_ = broken_ = true;
+        return -1;
+      }
+      size = std::min(size, kMaxHeaderBytes - header_bytes_);
+    }
+    if (begin_ == end_) {
+      // Headers: until their deadline, and the server's stop ends a wait between requests. A body: the read timeout.
+      const Clock::time_point until = in_headers_ ? header_deadline_ : Clock::now() + read_timeout_;
+      ssize_t n = -1;
+      while (n < 0) {
+        if (!wait(POLLIN, until, in_headers_)) {
+          timed_out_ = in_headers_ && header_bytes_ > 0 && Clock::now() >= until;
+          broken_ = true;
+          return -1;
+        }
+        n = ::recv(sock_, buffer_.data(), buffer_.size(), MSG_DONTWAIT);
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) break;
+      }
+      if (n <= 0) {
+        broken_ = true;
+        return n;
+      }
+      begin_ = 0;
+      end_ = size_t(n);
+    }
+    const size_t n = std::min(size, end_ - begin_);
+    std::memcpy(ptr, buffer_.data() + begin_, n);
+    begin_ += n;
+    if (in_headers_) header_bytes_ += n;
+    return ssize_t(n);
+  }
+
+  // Writes all of it (httplib writes a response's head and a body in one call each), or fails.
+  ssize_t write(const char* ptr, size_t size) override {
+    size_t sent = 0;
+    while (sent < size) {
+      if (!wait(POLLOUT, Clock::now() + write_timeout_, false)) {
+        broken_ = true;
+        return -1;
+      }
+      const ssize_t n = ::send(sock_, ptr + sent, size - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n >= 0) sent += size_t(n);
+      else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        broken_ = true;
+        return -1;
+      }
+    }
+    return ssize_t(size);
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { address(true, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { address(false, ip, port); }
+  socket_t socket() const override { return sock_; }
+
+ private:
+  // Polls the socket for `events` until `until`: true when ready (or failed: the next call says how); false on
+  // timeout, and when `stoppable` and the server stops.
+  bool wait(short events, Clock::time_point until, bool stoppable) const {
+    for (;;) {
+      const int64_t left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
+      if (left <= 0) return false;
+      pollfd fds[2] = {{sock_, events, 0}, {stop_fd_, POLLIN, 0}};
+      const int n = ::poll(fds, stoppable ? 2 : 1, int(std::min<int64_t>(left, INT_MAX)));
+      if (n < 0 && errno != EINTR) return false;
+      if (n <= 0) continue;
+      return fds[1].revents == 0;
+    }
+  }
+
+  void address(bool peer, std::string& ip, int& port) const {
+    sockaddr_storage addr{};
+    socklen_t length = sizeof(addr);
+    sockaddr* a = reinterpret_cast<sockaddr*>(&addr);
+    if ((peer ? ::getpeername(sock_, a, &length) : ::getsockname(sock_, a, &length)) != 0) return;
+    char host[NI_MAXHOST], service[NI_MAXSERV];
+    if (::getnameinfo(a, length, host, sizeof(host), service, sizeof(service), NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+      return;
+    ip = host;
+    port = std::atoi(service);
+  }
+
+  const int sock_, stop_fd_;
+  const std::chrono::milliseconds read_timeout_, write_timeout_;
+  std::array<char, 16384> buffer_;
+  size_t begin_ = 0, end_ = 0;  // the bytes of buffer_ read from the socket and not yet taken
+  bool in_headers_ = false;
+  size_t header_bytes_ = 0;
+  Clock::time_point header_deadline_;
+  bool timed_out_ = false, too_large_ = false, broken_ = false;
+};
+
+// The connection this thread serves (its handlers run on it), null outside Listener::process_and_close_socket.
+thread_local Connection* t_connection = nullptr;
+
+bool client_gone() { return t_connection && t_connection->client_gone(); }
+
 // A completion request: a JSON response, or an SSE stream whose provider runs on this connection's thread
 // after the handler returns, pulling events from the job as the engine produces them.
 void complete(CompletionService& service, Endpoint endpoint, const std::string& body, httplib::Response& res) {
   std::shared_ptr<CompletionJob> job = service.start(endpoint, body);
   if (!job->stream()) {
-    res.set_content(json_text(job->wait()), kJson);
+    // The client may leave while the engine works: then the choices are cancelled, and nobody reads the
+    // answer; 499 (nginx's "client closed request") counts it in the metrics.
+    if (const std::optional<Json> answer = job->wait(client_gone)) {
+      res.set_content(json_text(*answer), kJson);
+    } else {
+      send_error(res, ApiError(499, "the client closed the connection", "invalid_request_error"),
+                 endpoint == Endpoint::kMessages);
+      res.set_header("Connection", "close");
+    }
     return;
   }
   res.set_header("Cache-Control", "no-cache");
@@ -186,8 +346,57 @@ class ElasticPool final : public httplib::TaskQueue {
 
 }  // namespace
 
+// httplib's server with dsv4's connection loop (see Connection): the first request's line and headers must arrive
+// within the header timeout of the connection's opening, each later one's within it of its first byte, which
+// must come within the idle timeout (httplib's keep-alive timeout) of the previous response.
+class Listener final : public httplib::Server {
+ public:
+  explicit Listener(const HttpOptions& options)
+      : header_timeout_(std::chrono::seconds(options.header_timeout_s)), stop_fd_(::eventfd(0, EFD_CLOEXEC)) {
+    DSV4_CHECK(stop_fd_ >= 0, "eventfd: ", std::strerror(errno));
+    set_keep_alive_timeout(options.idle_timeout_s);
+  }
+  ~Listener() override { ::close(stop_fd_); }
+
+  // Ends the waits of every connection between requests (before httplib's stop(), which waits for the threads).
+  void stop_connections() {
+    const uint64_t one = 1;
+    [[maybe_unused]] const ssize_t n = ::write(stop_fd_, &one, sizeof(one));
+  }
+
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    using std::chrono::milliseconds, std::chrono::seconds;
+    const auto timeout = [](time_t s, time_t us) { return milliseconds(s * 1000 + us / 1000); };
+    Connection connection(sock, stop_fd_, timeout(read_timeout_sec_, read_timeout_usec_),
+                          timeout(write_timeout_sec_, write_timeout_usec_));
+    struct Current {  // the handlers' view of the connection, for as long as this thread serves it
+      explicit Current(Connection* c) { t_connection = c; }
+      ~Current() { t_connection = nullptr; }
+    } current(&connection);
+    bool ok = false;
+    Clock::time_point deadline = Clock::now() + header_timeout_;
+    for (size_t left = keep_alive_max_count_; left > 0 && svr_sock_ != INVALID_SOCKET; --left) {
+      if (left < keep_alive_max_count_) {
+        if (!connection.await_request(Clock::now() + seconds(keep_alive_timeout_sec_))) break;
+        deadline = Clock::now() + header_timeout_;
+      }
+      connection.begin_headers(deadline);
+      bool closed = false;
+      ok = process_request(connection, left == 1, closed, [&](httplib::Request&) { connection.end_headers(); });
+      if (!ok || closed || connection.broken()) break;
+    }
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+    return ok;
+  }
+
+  const std::chrono::seconds header_timeout_;
+  const int stop_fd_;  // an eventfd, readable once the server stops
+};
+
 HttpServer::HttpServer(CompletionService& service, const Dashboard& dashboard, const HttpOptions& options)
-    : service_(service), dashboard_(dashboard), options_(options), http_(std::make_unique<httplib::Server>()) {
+    : service_(service), dashboard_(dashboard), options_(options), http_(std::make_unique<Listener>(options)) {
   // glibc gives threads up to 8 malloc arenas per core, and each keeps what its threads' requests left in it:
   // with connection threads coming and going, large bodies spread over ever more arenas. A few are enough for
   // JSON parsing, and they bound what stays resident.
@@ -321,13 +530,23 @@ HttpServer::HttpServer(CompletionService& service, const Dashboard& dashboard, c
     std::fprintf(stderr, "dsv4 serve: internal error: %s\n", what.c_str());
     send_error(res, ApiError(500, "internal server error: " + what, "server_error"), anthropic_path(req.path));
   });
-  // Unknown paths, wrong methods and other transport-level failures, in the same error shape.
-  http.set_error_handler([limit = options.max_body_bytes](const httplib::Request& req, httplib::Response& res) {
+  // Unknown paths, wrong methods and other transport-level failures, in the same error shape. httplib answers
+  // headers it could not read with 400; the connection knows when they were late or too large.
+  http.set_error_handler([limit = options.max_body_bytes, header_timeout = options.header_timeout_s](
+                             const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;  // a handler already wrote an error
+    if (t_connection && (t_connection->timed_out() || t_connection->too_large())) {
+      res.status = t_connection->timed_out() ? 408 : 431;
+      res.set_header("Connection", "close");
+    }
     const std::string message =
         res.status == 404   ? "no route for " + req.method + " " + req.path
         : res.status == 413 ? "the request body is larger than this server's limit of " + std::to_string(limit) +
                                   " bytes (dsv4 serve --max-body-mb)"
+        : res.status == 408 ? "the request's headers did not arrive within " + std::to_string(header_timeout) +
+                                  " s (dsv4 serve --header-timeout)"
+        : res.status == 431 ? "the request line and headers are larger than " +
+                                  std::to_string(Connection::kMaxHeaderBytes) + " bytes"
                             : "HTTP error " + std::to_string(res.status);
     send_error(res, ApiError(res.status, message, "invalid_request_error", "", res.status == 404 ? "not_found" : ""),
                anthropic_path(req.path));
@@ -348,6 +567,9 @@ int HttpServer::bind() {
 
 void HttpServer::serve() { http_->listen_after_bind(); }
 
-void HttpServer::stop() { http_->stop(); }
+void HttpServer::stop() {
+  http_->stop_connections();
+  http_->stop();
+}
 
 }  // namespace dsv4::server

@@ -305,6 +305,8 @@ TEST(ChatEncode, MalformedMessagesThrow) {
   EXPECT_THROW(parse_role("robot"), Error);
   EXPECT_THROW(message_from_json(OrderedJson::parse(R"({"role": "robot", "content": "x"})")), Error);
   EXPECT_THROW(message_from_json(OrderedJson::parse(R"({"content": "x"})")), Error);
+  // A part's "type" of another JSON type is the same Error (it was a JSON type_error: a 500 on /tokenize).
+  EXPECT_THROW(message_from_json(OrderedJson::parse(R"({"role": "user", "content": [{"type": {}}]})")), Error);
   EXPECT_THROW(encode_chat({user("q"), assistant("", "", {{"c", "f", "[1, 2]"}})}, {}, chat_mode()), Error);
   EXPECT_THROW(encode_chat({user("q"), assistant("", "", {{"c", "", "{}"}})}, {}, chat_mode()), Error);
   Message user_with_calls = user("q");

@@ -186,6 +186,7 @@ class TestMessages(ServerCase):
             ("{not json", 400, "invalid_request_error"),
             ({"model": MODEL, "messages": user("Hi")}, 400, "invalid_request_error"),  # no max_tokens
             ({**ok, "messages": []}, 400, "invalid_request_error"),
+            ({**ok, "messages": [{"role": "user", "content": []}]}, 400, "invalid_request_error"),  # was a crash
             ({**ok, "messages": [{"role": "system", "content": "x"}]}, 400, "invalid_request_error"),
             ({**ok, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
              "invalid_request_error"),

@@ -441,6 +441,9 @@ TEST(AnthropicApi, MessagesRenderTheSamePromptAsTheirOpenAiSpelling) {
   EXPECT_EQ(param_of("{" + to + R"(, "messages": [{"role": "system", "content": "x"}]})"), "messages[0]");
   EXPECT_EQ(param_of("{" + to + R"(, "messages": [{"role": "user", "content": [{"type": "image"}]}]})"),
             "messages[0].content[0]");
+  // Empty block arrays add no message: with nothing else there is no conversation (this ended the process).
+  EXPECT_EQ(param_of("{" + to + R"(, "messages": [{"role": "user", "content": []}]})"), "messages");
+  EXPECT_EQ(param_of("{" + to + R"(, "system": "s", "messages": [{"role": "user", "content": []}]})"), "messages");
   EXPECT_EQ(param_of("{" + hi + R"(, "max_tokens": 3, "tool_choice": {"type": "any"}})"), "tool_choice");
   EXPECT_EQ(param_of("{" + hi + R"(, "max_tokens": 3, "tools": [{"name": "f"}]})"), "tools[0]");
   EXPECT_EQ(param_of("{" + hi + R"(, "max_tokens": 3, "tools": [{"type": "bash_20250124", "name": "bash"}]})"),

@@ -7,10 +7,10 @@ dsv4_test(test_dashboard ${CMAKE_CURRENT_LIST_DIR}/test_dashboard.cpp)
 target_link_libraries(test_dashboard PRIVATE dsv4_server)
 
 # test_openai.py, test_anthropic.py and test_structured.py (constrained decoding): the running `dsv4 serve` driven
-# by the official openai and anthropic Python clients. tools/setup installs the clients into a virtual environment
-# under build/ (Debian's Python is externally managed, and a venv keeps the pinned versions away from the system).
-# One CTest entry per test class, so they run in parallel. test_dashboard.py loads the dashboard in headless
-# Chromium and leaves its screenshot in build/artifacts/.
+# by the official openai and anthropic Python clients; test_fuzz.py: random and structured bytes at its listener.
+# tools/setup installs the clients into a virtual environment under build/ (Debian's Python is externally managed,
+# and a venv keeps the pinned versions away from the system). One CTest entry per test class, so they run in
+# parallel. test_dashboard.py loads the dashboard in headless Chromium and leaves its screenshot in build/artifacts/.
 set(DSV4_PYTHON "${PROJECT_SOURCE_DIR}/build/venv/bin/python" CACHE FILEPATH
     "Python with the openai and anthropic packages, for the server tests (tools/setup makes build/venv)")
 if(EXISTS "${DSV4_PYTHON}")
@@ -18,12 +18,15 @@ if(EXISTS "${DSV4_PYTHON}")
                   PYTHONDONTWRITEBYTECODE=1)
   foreach(test openai.TestApi openai.TestConcurrency openai.TestRobustness openai.TestAccess openai.TestSlowClients
                openai.TestOverload anthropic.TestMessages anthropic.TestMessagesAccess dashboard.TestDashboard
-               structured.TestStructuredOutput)
+               structured.TestStructuredOutput fuzz.TestHttpFuzz)
     add_test(NAME server_${test}
              COMMAND "${DSV4_PYTHON}" -m unittest -v test_${test}
              WORKING_DIRECTORY "${CMAKE_CURRENT_LIST_DIR}")
     set_tests_properties(server_${test} PROPERTIES ENVIRONMENT "${environment}" TIMEOUT 1200)
   endforeach()
+  # The listener fuzz (100,000 requests; DSV4_FUZZ_REQUESTS in the environment changes the count): `ctest -L fuzz`
+  # runs it alone, `ctest -LE fuzz` the others.
+  set_tests_properties(server_fuzz.TestHttpFuzz PROPERTIES LABELS fuzz)
 else()
   message(WARNING "dsv4: ${DSV4_PYTHON} not found, the client tests of the server are not registered "
                   "(run tools/setup)")

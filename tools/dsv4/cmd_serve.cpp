@@ -48,6 +48,10 @@ every forward step decodes one token for each running request and reads prompt c
   --http-threads N     connection threads kept; a stream holds one, and when all are busy more start, up to
                        1024 (default: max(64, 2 × (max-seqs + 8)))
   --max-body-mb N      largest request body in MiB; larger ones get 413 (default 64)
+  --header-timeout S   seconds a request's line and headers may take to arrive, from its first byte (from the
+                       connection's opening for its first request), within 64 KiB; otherwise the connection
+                       closes, with 408 (431) once the request line is in (default 10)
+  --idle-timeout S     seconds a connection may stay open with no request in progress (default 75)
   --api-key KEY        require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on the /v1/ routes (default:
                        $DSV4_API_KEY; none if unset); /health, /metrics and /dashboard stay open
   --allowed-origins L  comma-separated origins browsers may call from (CORS), or '*' (default: none)
@@ -80,8 +84,8 @@ int cmd_serve(int argc, char** argv) {
   }
   const Args args(argc, argv, 2,
                   Args::options({{"--host", "--port", "--max-seqs", "--max-context", "--max-waiting",
-                                  "--served-model-name", "--http-threads", "--max-body-mb", "--api-key",
-                                  "--allowed-origins"},
+                                  "--served-model-name", "--http-threads", "--max-body-mb", "--header-timeout",
+                                  "--idle-timeout", "--api-key", "--allowed-origins"},
                                  model_options()}),
                   {});
   const bool synth = args.has("--synth");
@@ -101,6 +105,12 @@ int cmd_serve(int argc, char** argv) {
   const int64_t max_body_mb = args.get_int("--max-body-mb", 64);
   DSV4_CHECK(max_body_mb >= 1 && max_body_mb <= 4096, "--max-body-mb must be between 1 and 4096");
   http_options.max_body_bytes = size_t(max_body_mb) << 20;
+  http_options.header_timeout_s = int(args.get_int("--header-timeout", http_options.header_timeout_s));
+  http_options.idle_timeout_s = int(args.get_int("--idle-timeout", http_options.idle_timeout_s));
+  DSV4_CHECK(http_options.header_timeout_s >= 1 && http_options.header_timeout_s <= 3600,
+             "--header-timeout must be between 1 and 3600 seconds");
+  DSV4_CHECK(http_options.idle_timeout_s >= 1 && http_options.idle_timeout_s <= 3600,
+             "--idle-timeout must be between 1 and 3600 seconds");
   const char* key_from_env = std::getenv("DSV4_API_KEY");
   http_options.api_key = args.get("--api-key", key_from_env ? key_from_env : "");
   for (std::string rest = args.get("--allowed-origins", ""); !rest.empty();) {
