@@ -9,8 +9,8 @@
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/loader/synth_fill.h"
-#include "loader/checkpoint.h"
 #include "cuda/sampling/sampling.h"
+#include "loader/checkpoint.h"
 
 namespace dsv4 {
 
