@@ -458,6 +458,17 @@ std::string human_bytes(double b) {
   return buf;
 }
 
+// MemAvailable from /proc/meminfo in bytes; 0 when unknown.
+double available_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024.0;
+  return 0;
+}
+
 // The files synth writes; a directory holding any of them (or other safetensors) already has a checkpoint.
 bool is_checkpoint_file(const fs::path& p) {
   const std::string name = p.filename().string();
@@ -651,6 +662,13 @@ std::unique_ptr<const ModelWeights> synth_model(const SynthOptions& o, SynthPlac
       t.offset = cursor;
       cursor += round_up(t.nbytes, page);
     }
+  // What the host will make must fit its memory: a clear error here rather than the OOM killer mid-fill.
+  const double avail = available_memory();
+  DSV4_CHECK(avail <= 0 || double(host_bytes) <= 0.9 * avail, "synth ", o.preset, ": the ",
+             place == SynthPlace::kHost ? "cpu backend holds every tensor in host memory, " : "host part takes ",
+             human_bytes(double(host_bytes)), ", and this machine has ", human_bytes(avail),
+             " available; use --layers N or smaller dims (--experts, --dim, ...), or a GPU (the cuda backend makes "
+             "the matrices in GPU memory)");
   memory->size = std::max(cursor, page);
   void* map = ::mmap(nullptr, memory->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   DSV4_CHECK(map != MAP_FAILED, "synth ", o.preset, ": cannot reserve ", human_bytes(double(memory->size)),

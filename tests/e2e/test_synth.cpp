@@ -363,6 +363,9 @@ TEST_F(Synth, BadInputGivesClearErrors) {
       {{"logits", "--model", dir(), "--experts", "8", "--tokens", "1", "--out", t.file("l")}, "only applies with --synth"},
       {{"logits", "--synth", "v4-nano", "--tokens", "1", "--out", t.file("l")}, "unknown preset 'v4-nano'"},
       {{"generate", "--synth", "v4-flash", "--layers", "1", "-p", "hi"}, "give --tokenizer DIR"},
+      // The full V4-Pro (805 GiB) on the cpu backend: refused before any memory is touched.
+      {{"logits", "--synth", "v4-pro", "--backend", "cpu", "--tokens", "1", "--out", t.file("l")},
+       "holds every tensor in host memory"},
       {{"bench", "--model", dir(), "--batches", "0"}, "--batches: 0 is below 1"},
       {{"bench", "--model", dir(), "--backend", "tpu"}, "unknown backend 'tpu'"},
   };
