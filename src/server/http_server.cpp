@@ -112,8 +112,14 @@ class Connection final : public httplib::Stream {
  public:
   static constexpr size_t kMaxHeaderBytes = 64 << 10;  // request line and headers of one request
 
-  Connection(int sock, int stop_fd, std::chrono::milliseconds read_timeout, std::chrono::milliseconds write_timeout)
-      : sock_(sock), stop_fd_(stop_fd), read_timeout_(read_timeout), write_timeout_(write_timeout) {}
+  // A body's bytes must keep up this rate after its first body_timeout: each byte received moves the deadline
+  // by 1 / kMinBodyRate s (Apache's mod_reqtimeout rule), so a slow link finishes and a trickle is cut.
+  static constexpr double kMinBodyRate = 500;  // bytes per second
+
+  Connection(int sock, int stop_fd, std::chrono::milliseconds read_timeout, std::chrono::milliseconds write_timeout,
+             std::chrono::seconds body_timeout)
+      : sock_(sock), stop_fd_(stop_fd), read_timeout_(read_timeout), write_timeout_(write_timeout),
+        body_timeout_(body_timeout) {}
 
   // Waits until the next request's first byte is here (or already read ahead). False when `until` passes, the
   // server stops or the socket fails; a client that closed is seen by the read that follows.
@@ -124,7 +130,11 @@ class Connection final : public httplib::Stream {
     header_bytes_ = 0;
     header_deadline_ = deadline;
   }
-  void end_headers() { in_headers_ = false; }  // parsed: reads wait the read timeout again
+  // Parsed: reads wait the read timeout again, within the body's deadline.
+  void end_headers() {
+    in_headers_ = false;
+    body_deadline_ = Clock::now() + body_timeout_;
+  }
   bool timed_out() const { return timed_out_; }  // a started request's headers missed their deadline
   bool too_large() const { return too_large_; }  // ... or passed kMaxHeaderBytes
   bool broken() const { return broken_; }  // a read or write failed, or ended: the connection cannot go on
@@ -152,8 +162,10 @@ class Connection final : public httplib::Stream {
       size = std::min(size, kMaxHeaderBytes - header_bytes_);
     }
     if (begin_ == end_) {
-      // Headers: until their deadline, and the server's stop ends a wait between requests. A body: the read timeout.
-      const Clock::time_point until = in_headers_ ? header_deadline_ : Clock::now() + read_timeout_;
+      // Headers: until their deadline, and the server's stop ends a wait between requests. A body: the read
+      // timeout, within the body's deadline.
+      const Clock::time_point until =
+          in_headers_ ? header_deadline_ : std::min(Clock::now() + read_timeout_, body_deadline_);
       ssize_t n = -1;
       while (n < 0) {
         if (!wait(POLLIN, until, in_headers_)) {
@@ -175,6 +187,7 @@ class Connection final : public httplib::Stream {
     std::memcpy(ptr, buffer_.data() + begin_, n);
     begin_ += n;
     if (in_headers_) header_bytes_ += n;
+    else body_deadline_ += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(double(n) / kMinBodyRate));
     return ssize_t(n);
   }
 
@@ -229,11 +242,13 @@ class Connection final : public httplib::Stream {
 
   const int sock_, stop_fd_;
   const std::chrono::milliseconds read_timeout_, write_timeout_;
+  const std::chrono::seconds body_timeout_;
   std::array<char, 16384> buffer_;
   size_t begin_ = 0, end_ = 0;  // the bytes of buffer_ read from the socket and not yet taken
   bool in_headers_ = false;
   size_t header_bytes_ = 0;
   Clock::time_point header_deadline_;
+  Clock::time_point body_deadline_;  // end_headers' time + body_timeout_, moved on by each body byte read
   bool timed_out_ = false, too_large_ = false, broken_ = false;
 };
 
@@ -352,7 +367,9 @@ class ElasticPool final : public httplib::TaskQueue {
 class Listener final : public httplib::Server {
  public:
   explicit Listener(const HttpOptions& options)
-      : header_timeout_(std::chrono::seconds(options.header_timeout_s)), stop_fd_(::eventfd(0, EFD_CLOEXEC)) {
+      : header_timeout_(std::chrono::seconds(options.header_timeout_s)),
+        body_timeout_(std::chrono::seconds(options.body_timeout_s)),
+        stop_fd_(::eventfd(0, EFD_CLOEXEC)) {
     DSV4_CHECK(stop_fd_ >= 0, "eventfd: ", std::strerror(errno));
     set_keep_alive_timeout(options.idle_timeout_s);
   }
@@ -369,7 +386,7 @@ class Listener final : public httplib::Server {
     using std::chrono::milliseconds, std::chrono::seconds;
     const auto timeout = [](time_t s, time_t us) { return milliseconds(s * 1000 + us / 1000); };
     Connection connection(sock, stop_fd_, timeout(read_timeout_sec_, read_timeout_usec_),
-                          timeout(write_timeout_sec_, write_timeout_usec_));
+                          timeout(write_timeout_sec_, write_timeout_usec_), body_timeout_);
     struct Current {  // the handlers' view of the connection, for as long as this thread serves it
       explicit Current(Connection* c) { t_connection = c; }
       ~Current() { t_connection = nullptr; }
@@ -391,7 +408,7 @@ class Listener final : public httplib::Server {
     return ok;
   }
 
-  const std::chrono::seconds header_timeout_;
+  const std::chrono::seconds header_timeout_, body_timeout_;
   const int stop_fd_;  // an eventfd, readable once the server stops
 };
 

@@ -28,6 +28,9 @@ struct HttpOptions {
   // opening, for its first request), and within 64 KiB: otherwise the connection closes, with 408 (431) once the
   // request line is in.
   int header_timeout_s = 10;
+  // A request's body must arrive within this many seconds of its headers, plus one second for every 500 bytes
+  // received (a minimum rate, as Apache's mod_reqtimeout): a client trickling its body is cut, a slow link is not.
+  int body_timeout_s = 20;
   // A connection with no request in progress closes after this many seconds (its Keep-Alive header says so).
   int idle_timeout_s = 75;
   // Non-empty: the /v1/ routes require `Authorization: Bearer <api_key>` or `x-api-key: <api_key>` (401

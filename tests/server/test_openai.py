@@ -751,11 +751,12 @@ class TestAccess(unittest.TestCase):
 
 class TestSlowClients(ServerCase):
     """Slow clients hold connection threads; the pool grows past --http-threads, so /health and /metrics still
-    answer while they hold them, and --header-timeout cuts a request whose headers do not come. --idle-timeout
-    closes a connection that waits between requests."""
-    header_timeout, idle_timeout = 3, 2
+    answer while they hold them, and --header-timeout cuts a request whose headers do not come. --body-timeout
+    cuts a body that trickles (but not one that arrives at the minimum rate), and --idle-timeout closes a
+    connection that waits between requests."""
+    header_timeout, body_timeout, idle_timeout = 3, 3, 2
     server_args = ("--http-threads", "4", "--header-timeout", str(header_timeout),
-                   "--idle-timeout", str(idle_timeout))
+                   "--body-timeout", str(body_timeout), "--idle-timeout", str(idle_timeout))
 
     def connect(self, timeout=30):
         host, port = self.server.url.removeprefix("http://").split(":")
@@ -849,6 +850,43 @@ class TestSlowClients(ServerCase):
         self.assertGreaterEqual(seconds, self.header_timeout - 0.5)
         self.assertLess(seconds, self.header_timeout + 5)
         self.assertEqual(reply, b"")  # no request began: closed without a response
+
+    def test_a_trickled_body_is_cut_and_a_slow_one_is_not(self):
+        body = json.dumps({"model": MODEL, "prompt": "Mr. Darcy " * 400}).encode()  # 4 KB
+        head = (b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body))
+        # A byte a second (each read waits 5 s, so without the body timeout this holds the thread for over an
+        # hour): cut at the body timeout, plus 1/500 s for each byte that came.
+        with self.connect() as sock:
+            sock.sendall(head)
+            start = time.monotonic()
+            sock.settimeout(0.1)
+            closed = None
+            for b in body:
+                try:
+                    sock.sendall(bytes([b]))
+                    if sock.recv(4096) == b"":
+                        closed = time.monotonic() - start
+                        break
+                except TimeoutError:
+                    time.sleep(0.9)
+                except (BrokenPipeError, ConnectionResetError):
+                    closed = time.monotonic() - start
+                    break
+                if time.monotonic() - start > 30:
+                    break
+        self.assertIsNotNone(closed, "a body trickled at a byte a second was not cut within 30 s")
+        self.assertGreaterEqual(closed, self.body_timeout - 0.5)
+        self.assertLess(closed, self.body_timeout + 5)
+        # 4 KB at 1 KB/s takes 4 s, past the body timeout, but above the 500 bytes/s minimum: answered.
+        with self.connect() as sock, sock.makefile("rb") as reader:
+            sock.sendall(head)
+            for i in range(0, len(body), 250):
+                sock.sendall(body[i:i + 250])
+                time.sleep(0.25)
+            status, _, answer = read_response(reader)
+        self.assertEqual(status, 200, answer[:200])
+        self.assertGreater(len(json.loads(answer)["tokens"]), 100)
 
     def test_idle_connection_is_closed_at_the_idle_timeout(self):
         request = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"

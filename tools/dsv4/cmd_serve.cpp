@@ -51,6 +51,8 @@ every forward step decodes one token for each running request and reads prompt c
   --header-timeout S   seconds a request's line and headers may take to arrive, from its first byte (from the
                        connection's opening for its first request), within 64 KiB; otherwise the connection
                        closes, with 408 (431) once the request line is in (default 10)
+  --body-timeout S     seconds a request's body may take after its headers, plus one for every 500 bytes
+                       received (a minimum rate: a trickled body is cut, a slow link is not; default 20)
   --idle-timeout S     seconds a connection may stay open with no request in progress (default 75)
   --api-key KEY        require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on the /v1/ routes (default:
                        $DSV4_API_KEY; none if unset); /health, /metrics and /dashboard stay open
@@ -84,7 +86,7 @@ int cmd_serve(int argc, char** argv) {
   }
   const Args args(argc, argv, 2,
                   Args::options({{"--host", "--port", "--max-seqs", "--max-context", "--max-waiting",
-                                  "--served-model-name", "--http-threads", "--max-body-mb", "--header-timeout",
+                                  "--served-model-name", "--http-threads", "--max-body-mb", "--header-timeout", "--body-timeout",
                                   "--idle-timeout", "--api-key", "--allowed-origins"},
                                  model_options()}),
                   {});
@@ -107,10 +109,13 @@ int cmd_serve(int argc, char** argv) {
   http_options.max_body_bytes = size_t(max_body_mb) << 20;
   http_options.header_timeout_s = int(args.get_int("--header-timeout", http_options.header_timeout_s));
   http_options.idle_timeout_s = int(args.get_int("--idle-timeout", http_options.idle_timeout_s));
+  http_options.body_timeout_s = int(args.get_int("--body-timeout", http_options.body_timeout_s));
   DSV4_CHECK(http_options.header_timeout_s >= 1 && http_options.header_timeout_s <= 3600,
              "--header-timeout must be between 1 and 3600 seconds");
   DSV4_CHECK(http_options.idle_timeout_s >= 1 && http_options.idle_timeout_s <= 3600,
              "--idle-timeout must be between 1 and 3600 seconds");
+  DSV4_CHECK(http_options.body_timeout_s >= 1 && http_options.body_timeout_s <= 3600,
+             "--body-timeout must be between 1 and 3600 seconds");
   const char* key_from_env = std::getenv("DSV4_API_KEY");
   http_options.api_key = args.get("--api-key", key_from_env ? key_from_env : "");
   for (std::string rest = args.get("--allowed-origins", ""); !rest.empty();) {
