@@ -4,6 +4,7 @@
 // dsv4 synth writes.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -130,11 +131,22 @@ TEST(CudaSynthFill, EveryRankOfADeviceMadeModelUploadsTheHostModelsBytes) {
               << "matrix " << i << " [" << dw->rows << ", " << dw->cols << "] row " << r;
         if (up.format != cuda::WFormat::kFP4) continue;
         const auto scales = fetch(up.scale_e8m0, size_t(dw->rows * up.scale_cols));
-        for (int64_t r = 0; r < dw->rows; ++r)
+        uint8_t lo = 255, hi = 0;
+        for (int64_t r = 0; r < dw->rows; ++r) {
           ASSERT_EQ(std::memcmp(scales.data() + r * up.scale_cols, hw->scale + r * hw->scale_stride,
                                 size_t(up.scale_cols)),
                     0)
               << "FP4 scales of matrix " << i << " row " << r;
+          for (int64_t c = 0; c < up.scale_cols; ++c) {
+            lo = std::min(lo, hw->scale[r * hw->scale_stride + c]);
+            hi = std::max(hi, hw->scale[r * hw->scale_stride + c]);
+          }
+        }
+        // The range the MoE kernels pick their path by (moe.cu), taken at upload without reading the host scales:
+        // the stored scales' range (synth's FP4 scales are one constant a matrix, so every block spans 0).
+        EXPECT_EQ(up.scale_lo, lo) << "matrix " << i;
+        EXPECT_EQ(up.scale_hi, hi) << "matrix " << i;
+        EXPECT_EQ(up.scale_span, dw->cols % 128 == 0 ? hi - lo : 255) << "matrix " << i;
       }
     }
   }

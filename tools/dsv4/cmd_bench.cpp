@@ -67,13 +67,11 @@ int cmd_bench(int argc, char** argv) {
     return 0;
   }
   const Args args(argc, argv, 2,
-                  {"--model", "--synth", "--layers", "--synth-dir", "--synth-seed", "--experts", "--vocab", "--dim", "--inter", "--set",
-                   "--backend", "--numerics", "--prefill", "--contexts", "--batches", "--reps", "--decode-steps",
+                  {"--model", "--synth", "--layers", "--synth-dir", "--synth-seed", "--experts", "--vocab", "--dim",
+                   "--inter", "--set", "--backend", "--numerics", "--prefill", "--contexts", "--batches", "--reps", "--decode-steps",
                    "--step", "--seed", "--json", "--plot", "--tp", "--ep"},
                   {"--logits", "--no-mtp"});
-  for (const char* synth_only :
-       {"--layers", "--synth-dir", "--synth-seed", "--no-mtp", "--experts", "--vocab", "--dim", "--inter", "--set"})
-    DSV4_CHECK(!args.has(synth_only) || args.has("--synth"), synth_only, " only applies with --synth PRESET");
+  check_synth_only(args, {"--synth-dir", "--no-mtp"});
   const int64_t seed = args.get_int("--seed", 0);
   DSV4_CHECK(seed >= 0, "--seed must not be negative");
 

@@ -30,6 +30,14 @@ std::string tokenizer_dir(const Args& args) {
   return model_dir(args);
 }
 
+void check_synth_only(const Args& args, std::initializer_list<const char*> extra) {
+  std::vector<std::string> names = {"--layers", "--synth-seed"};
+  for (const std::string& name : synth_override_options()) names.push_back("--" + name);
+  names.insert(names.end(), extra.begin(), extra.end());
+  for (const std::string& name : names)
+    DSV4_CHECK(!args.has(name) || args.has("--synth"), name, " only applies with --synth PRESET");
+}
+
 SynthOptions synth_options(const Args& args) {
   DSV4_CHECK(!args.has("--model"), "give --model DIR or --synth PRESET, not both");
   SynthOptions s;
@@ -60,8 +68,7 @@ Parallelism parallelism_option(const Args& args) {
 
 LoadedModel load(const Args& args, int64_t max_context) {
   LoadedModel m;
-  for (const char* synth_only : {"--layers", "--synth-seed", "--experts", "--vocab", "--dim", "--inter", "--set"})
-    DSV4_CHECK(!args.has(synth_only) || args.has("--synth"), synth_only, " only applies with --synth PRESET");
+  check_synth_only(args);
   m.parallelism = parallelism_option(args);
   m.backend = resolve_backend_name(args.get("--backend", "auto"));
   if (args.has("--synth")) {

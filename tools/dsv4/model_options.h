@@ -2,6 +2,7 @@
 // --numerics, --step; and the loading of model + backend + forward pass from them.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -51,6 +52,8 @@ struct LoadedModel {
 };
 
 std::string model_dir(const Args& args);
+// Throws when an option that shapes --synth (or one of `extra`, the command's own) is given without it.
+void check_synth_only(const Args& args, std::initializer_list<const char*> extra = {});
 // --synth PRESET and the options that shape it (kModelOptionsHelp); a bad preset or override fails here.
 SynthOptions synth_options(const Args& args);
 // The model's config.json, or --synth's, without loading weights.

@@ -38,7 +38,8 @@ void synth_fill(const SynthFillParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.row_bytes == 0) return;
   const int64_t work = p.rows * (p.row_bytes / 8 + 2);
   const int threads = 256;
-  const int blocks = int(std::min<int64_t>((work + threads - 1) / threads, 132 * 32));
+  constexpr int64_t kMaxBlocks = 4096;  // a grid-stride loop: any grid covers the work; this one fills the GPU
+  const int blocks = int(std::min<int64_t>((work + threads - 1) / threads, kMaxBlocks));
   synth_fill_kernel<<<blocks, threads, 0, stream>>>(p);
   DSV4_LAUNCH_CHECK();
 }

@@ -3,7 +3,7 @@
 // halves (below) of each token, column 2m + h, so one MMA takes both halves of up to four tokens.
 //
 // Exactness (the CPU computes in fp32): every weight is exact in fp16 (e4m3 always; e2m1 × its power-of-two
-// block scale within the window checked on the host, moe.cu's fp4_scales_fit), and each activation row is
+// block scale within the window found at upload, moe.cu's fp4_scales_fit), and each activation row is
 // scaled by a power of two t into [2^14, 2^15) and split into two fp16 halves, hi = fp16(x·t) and
 // lo = fp16(x·t − hi): 22 significant bits, and below hi's range lo keeps an absolute 2^-24 of 2^15, so
 // hi + lo is within 2^-23 of x·t relative to the row's largest element. Products of fp16 are exact in the fp32
