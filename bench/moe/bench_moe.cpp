@@ -8,11 +8,17 @@
 // the kernels; flushed likewise), the same call back to back without the flush (L2 warm where it fits) and
 // the host time per call.
 //
-// Each n runs on the item kernels and, where fast numerics allow it, on the grouped FP8 GEMM path
-// (experts_grouped.cu), each forced (moe_grouped.h), for the crossover; the grouped rows also give the FLOP
+// Each n runs on the item kernels (the shared expert on them too: "items"; or alone on the grouped GEMMs:
+// "items + shared grouped") and on the grouped FP8 GEMM path (experts_grouped.cu), each forced (moe_grouped.h),
+// for the crossovers; the grouped rows also give the FLOP
 // floor: 2 × (n·k + n) pairs × 3 × D × I at the dense FP8 peak of an H100 SXM (990 TFLOP/s).
 //
-//   bench_moe [iterations=50] [n ...=1 8 64]
+// --inter N gives the experts width N instead (a rank's slice under tensor parallelism: 1024 at --tp 2, 512
+// at --tp 4), shared expert included. --ep R runs the layer as rank r (--rank, default 0) of R expert-parallel
+// ranks: routed experts [r·E/R, (r+1)·E/R), and the shared expert on rank 0 only (model/parallel.h); the byte
+// count takes only those.
+//
+//   bench_moe [--inter N] [--ep R [--rank r]] [iterations=50] [n ...=1 8 64]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,6 +30,7 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "common/event_timing.h"
@@ -103,8 +110,9 @@ size_t weight_bytes(const Weight& w) {
   return b;
 }
 
-// The experts the step selects (host replica of the router: same formula, fp32), for the byte count.
-size_t distinct_experts(const MoeWeights& w, const std::vector<float>& x, int64_t n, int64_t D, int64_t E, int64_t k) {
+// The experts in [e0, e1) the step selects (host replica of the router: same formula, fp32), for the byte count.
+size_t distinct_experts(const MoeWeights& w, const std::vector<float>& x, int64_t n, int64_t D, int64_t E, int64_t k,
+                        int64_t e0, int64_t e1) {
   std::set<int> chosen;
   std::vector<float> biased(static_cast<size_t>(E));
   std::vector<int> order(static_cast<size_t>(E));
@@ -121,7 +129,8 @@ size_t distinct_experts(const MoeWeights& w, const std::vector<float>& x, int64_
     for (int e = 0; e < int(E); ++e) order[size_t(e)] = e;
     std::partial_sort(order.begin(), order.begin() + k, order.end(),
                       [&](int a, int b) { return biased[size_t(a)] > biased[size_t(b)]; });
-    for (int64_t j = 0; j < k; ++j) chosen.insert(order[size_t(j)]);
+    for (int64_t j = 0; j < k; ++j)
+      if (order[size_t(j)] >= e0 && order[size_t(j)] < e1) chosen.insert(order[size_t(j)]);
   }
   return chosen.size();
 }
@@ -134,31 +143,48 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int iterations = argc > 1 ? std::max(1, std::atoi(argv[1])) : 50;
+  int64_t inter = 2048, ranks = 1, rank = 0;
+  int first = 1;
+  for (; first + 1 < argc && std::strncmp(argv[first], "--", 2) == 0; first += 2) {
+    const std::string name = argv[first];
+    const int64_t v = std::atoll(argv[first + 1]);
+    if (name == "--inter") inter = v;
+    else if (name == "--ep") ranks = v;
+    else if (name == "--rank") rank = v;
+    else ranks = 0;  // refused below
+    if (inter < 128 || inter % 128 != 0 || ranks < 1 || 256 % ranks != 0 || rank < 0 || rank >= ranks) {
+      std::fprintf(stderr, "bench_moe: bad option %s %s (--inter: a multiple of 128; --ep: divides 256; --rank: "
+                   "below --ep)\n", argv[first], argv[first + 1]);
+      return 1;
+    }
+  }
+  const int iterations = argc > first ? std::max(1, std::atoi(argv[first])) : 50;
   std::vector<int64_t> steps;
-  for (int i = 2; i < argc; ++i) steps.push_back(std::max(1, std::atoi(argv[i])));
+  for (int i = first + 1; i < argc; ++i) steps.push_back(std::max(1, std::atoi(argv[i])));
   if (steps.empty()) steps = {1, 8, 64};
   try {
     ModelConfig c;
     c.dim = 4096;
-    c.moe_inter_dim = 2048;
+    c.moe_inter_dim = inter;
     c.n_routed_experts = 256;
     c.n_experts_per_tok = 6;
     c.swiglu_limit = 10.0;
     c.routed_scaling_factor = 1.5;
     const int64_t D = c.dim, I = c.moe_inter_dim, E = c.n_routed_experts, k = c.n_experts_per_tok;
+    const int64_t e0 = rank * E / ranks, e1 = (rank + 1) * E / ranks;  // this rank's experts
 
-    std::fprintf(stderr, "building %lld FP4 experts...\n", (long long)E);
+    std::fprintf(stderr, "building %lld FP4 experts...\n", (long long)(e1 - e0));
     Storage st;
     MoeWeights w;
     w.gate = st.bf16(E, D);
     w.experts.resize(size_t(E));
-    for (auto& e : w.experts) {
+    for (int64_t i = e0; i < e1; ++i) {
+      ExpertWeights& e = w.experts[size_t(i)];
       e.w1 = st.fp4(I, D);
       e.w3 = st.fp4(I, D);
       e.w2 = st.fp4(D, I);
     }
-    w.shared = {st.fp8(I, D), st.fp8(I, D), st.fp8(D, I)};
+    if (rank == 0) w.shared = {st.fp8(I, D), st.fp8(I, D), st.fp8(D, I)};
     std::mt19937_64 rng(7);
     std::uniform_real_distribution<float> bias_dist(-0.05f, 0.05f), x_dist(-1.0f, 1.0f);
     w.gate_bias.resize(size_t(E));
@@ -168,14 +194,17 @@ int main(int argc, char** argv) {
     ops.set_numerics(Numerics::kFast);  // the CUDA default of dsv4; the grouped path needs it
     std::fprintf(stderr, "uploading...\n");
     ops.upload(w.gate);
-    for (const auto& e : w.experts) {
+    for (int64_t i = e0; i < e1; ++i) {
+      const ExpertWeights& e = w.experts[size_t(i)];
       ops.upload(e.w1);
       ops.upload(e.w3);
       ops.upload(e.w2);
     }
-    ops.upload(w.shared.w1);
-    ops.upload(w.shared.w3);
-    ops.upload(w.shared.w2);
+    if (rank == 0) {
+      ops.upload(w.shared.w1);
+      ops.upload(w.shared.w3);
+      ops.upload(w.shared.w2);
+    }
     ops.upload(w.gate_bias);
     cudaStream_t s = ops.stream();
 
@@ -186,19 +215,24 @@ int main(int argc, char** argv) {
     DSV4_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
     bench::EventTimer timer;
 
-    size_t shared_bytes = weight_bytes(w.shared.w1) + weight_bytes(w.shared.w3) + weight_bytes(w.shared.w2);
-    const size_t expert_bytes = weight_bytes(w.experts[0].w1) * 2 + weight_bytes(w.experts[0].w2);
+    const size_t shared_bytes =
+        rank == 0 ? weight_bytes(w.shared.w1) + weight_bytes(w.shared.w3) + weight_bytes(w.shared.w2) : 0;
+    const size_t expert_bytes = weight_bytes(w.experts[size_t(e0)].w1) * 2 + weight_bytes(w.experts[size_t(e0)].w2);
     const size_t gate_bytes = weight_bytes(w.gate);
 
-    std::printf("## V4-Flash MoE decode on %s (%d SMs), copy bandwidth %.0f GB/s (2 GiB D2D, read + write)\n\n",
-                ops.props().name, ops.props().multiProcessorCount, copy_gbs);
+    std::printf("## V4-Flash MoE decode (experts of width %lld, %lld of %lld on this rank%s) on %s (%d SMs), copy "
+                "bandwidth %.0f GB/s (2 GiB D2D, read + write)\n\n",
+                (long long)I, (long long)(e1 - e0), (long long)E, rank == 0 ? " and the shared one" : "", ops.props().name, ops.props().multiProcessorCount,
+                copy_gbs);
     std::printf("| n | path | µs (median of %d) | distinct experts | MB read | GB/s | %% of copy | µs in a graph | %% of copy "
                 "in a graph | µs back to back | host µs | TFLOP/s | FLOP floor µs (990 TFLOP/s) | × floor |\n", iterations);
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int64_t n : steps)
-    for (int path = 0; path < 2; ++path) {
-      cuda::moe::set_grouped_min_tokens(path == 0 ? (int64_t(1) << 40) : 1);
-      static std::vector<float> x;  // the same step on both paths
+    for (int path = 0; path < 3; ++path) {
+      constexpr int64_t kNever = int64_t(1) << 40;
+      cuda::moe::set_grouped_min_tokens(path == 2 ? 1 : kNever);
+      cuda::moe::set_shared_grouped_min_tokens(path == 1 ? 1 : kNever);
+      static std::vector<float> x;  // the same step on every path
       if (path == 0) {
         x.resize(size_t(n * D));
         for (float& v : x) v = x_dist(rng);
@@ -222,14 +256,14 @@ int main(int argc, char** argv) {
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iterations;
       const double chain_ms = timer.stop_ms(s);
       static size_t experts = 0;
-      if (path == 0) experts = distinct_experts(w, x, n, D, E, k);
+      if (path == 0) experts = distinct_experts(w, x, n, D, E, k, e0, e1);
       const double bytes = double(experts * expert_bytes + shared_bytes + gate_bytes);
       const double gbs = bytes / (us * 1e-6) / 1e9;
       const double graph_gbs = bytes / (graph_us * 1e-6) / 1e9;
       const double flop = 2.0 * double(n * k + n) * 3.0 * double(D) * double(I);
       const double floor_us = flop / 990e12 * 1e6;
       std::printf("| %lld | %s | %.1f | %zu | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
-                  (long long)n, path == 0 ? "items" : "grouped", us, experts, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs,
+                  (long long)n, path == 0 ? "items" : path == 1 ? "items + shared grouped" : "grouped", us, experts, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs,
                   graph_us, 100.0 * graph_gbs / copy_gbs, chain_ms * 1e3 / iterations, host_us, flop / (us * 1e-6) / 1e12,
                   floor_us, us / floor_us);
       std::fflush(stdout);

@@ -71,8 +71,6 @@ Ranks make_ranks(const std::string& requested, const ModelWeights& model, const 
     const size_t gpus = devices_found.size();
     DSV4_CHECK(gpus >= size_t(n), parallelism_name(parallelism), " runs one rank per GPU and needs ", n, " GPUs; ",
                gpus, " usable", why.empty() ? "" : cat(" (", why, ")"));
-    DSV4_CHECK(!parallelism.experts_whole(), "--ep on the cuda backend is not implemented yet (whole experts per GPU); "
-               "use --tp ", n, ", which splits every expert");
     // Each shard's matrices must fit its GPU (with a tenth spare for the caches and workspaces): said before
     // any weight is read.
     for (int k = 0; k < n; ++k) {

@@ -167,9 +167,9 @@ struct Formats {
   Fmt gate, routed, shared;
 };
 
-// A layer's MoeWeights over host storage owned here.
+// A layer's MoeWeights over host storage owned here (shared by copies: a rank's view, expert_range).
 struct HostMoe {
-  std::vector<std::unique_ptr<HostMatrix>> storage;
+  std::vector<std::shared_ptr<HostMatrix>> storage;
   MoeWeights w;
   ModelConfig config;
 
@@ -184,7 +184,7 @@ struct HostMoe {
     uint64_t next_seed = seed;
     // Activations are U(−1, 1); weights of rms ≈ 2/sqrt(cols) give dots of rms ≈ 1.2 (clamps engage at 1).
     const auto matrix = [&](Fmt fmt, int64_t rows, int64_t cols) {
-      storage.push_back(std::make_unique<HostMatrix>(fmt, rows, cols, 2.0 / std::sqrt(double(cols)), ++next_seed));
+      storage.push_back(std::make_shared<HostMatrix>(fmt, rows, cols, 2.0 / std::sqrt(double(cols)), ++next_seed));
       return storage.back()->w;
     };
     w.gate = matrix(f.gate, s.E, s.D);
@@ -211,16 +211,26 @@ struct HostMoe {
     }
   }
 
+  // An expert-parallel rank's layer (model/parallel.h): the routed experts [begin, end) and the shared expert
+  // where `shared`; the others empty.
+  HostMoe expert_range(int64_t begin, int64_t end, bool shared) const {
+    HostMoe rank = *this;
+    for (int64_t e = 0; e < int64_t(rank.w.experts.size()); ++e)
+      if (e < begin || e >= end) rank.w.experts[size_t(e)] = ExpertWeights{};
+    if (!shared) rank.w.shared = ExpertWeights{};
+    return rank;
+  }
+
   void upload_to(CudaOps& ops) const {
     ops.upload(w.gate);
-    for (const auto& e : w.experts) {
+    const auto upload = [&](const ExpertWeights& e) {
+      if (e.w1.empty()) return;  // another rank's
       ops.upload(e.w1);
       ops.upload(e.w3);
       ops.upload(e.w2);
-    }
-    ops.upload(w.shared.w1);
-    ops.upload(w.shared.w3);
-    ops.upload(w.shared.w2);
+    };
+    for (const auto& e : w.experts) upload(e);
+    upload(w.shared);
     if (!w.gate_bias.empty()) ops.upload(w.gate_bias);
     if (!w.tid2eid.empty()) ops.upload(w.tid2eid);
   }
@@ -368,6 +378,12 @@ struct GroupedFrom {
   ~GroupedFrom() { cuda::moe::set_grouped_min_tokens(0); }
 };
 
+// The same for the shared expert alone on the grouped path (the routed ones on the item kernels).
+struct SharedGroupedFrom {
+  explicit SharedGroupedFrom(int64_t n) { cuda::moe::set_shared_grouped_min_tokens(n); }
+  ~SharedGroupedFrom() { cuda::moe::set_shared_grouped_min_tokens(0); }
+};
+
 #endif  // DSV4_HAVE_CUDA
 
 // The grouped FP8 GEMM path (experts_grouped.cu) in fast numerics, forced from one token on: D 384 (3 K blocks
@@ -405,7 +421,7 @@ TEST(CudaMoe, FastAcrossTheCrossover) {
   const HostMoe m(shape, f, false, 1000, rng());
   CudaOps ops(m.config);
   m.upload_to(ops);
-  const int64_t from = cuda::moe::grouped_min_tokens();
+  const int64_t from = cuda::moe::grouped_min_tokens(shape.I);
   for (int64_t n : {from - 1, from, from + 37, 3 * from + 1})
     if (n > 0) check_step_fast(m, ops, n, rng, describe(shape, f, false) + (n < from ? " items" : " grouped"));
 #endif
@@ -604,6 +620,46 @@ TEST(CudaMoe, TileOrderPlacesEveryChunk) {
             }
     }
   }
+#endif
+}
+
+// Expert parallelism (moe_kernels.h): each rank's layer holds a contiguous range of the routed experts and rank 0
+// the shared expert; its output is the CPU's moe over the same experts (CpuOps::moe skips empty ones), by every
+// path — the decode kernels (n = 1), the item kernels (with the shared expert on them or, fast numerics, alone on
+// the grouped path), the grouped path — in reference and fast numerics, both routings. Top-2 of 9 experts over 3
+// ranks: at one token at least one rank has no pair at all and must still write its rows over the poison (zeros,
+// or rank 0's shared expert); ranks 1 and 2 have no shared expert.
+TEST(CudaMoe, ExpertRangesOfRanks) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  SCOPED_TRACE(seed());
+  std::mt19937_64 rng(seed());
+  const Shape shape{384, 256, 9, 2, 1.0f, 1.5};
+  const std::vector<std::vector<int64_t>> splits = {{0, 3, 6, 9}, {0, 5, 9}};  // range bounds
+  // FP4 / FP8 experts take the decode kernels at one token; BF16 ones the item kernels at every size.
+  for (const Formats& f : {Formats{Fmt::kBF16, Fmt::kFP4, Fmt::kFP8}, Formats{Fmt::kBF16, Fmt::kFP8, Fmt::kFP4},
+                           Formats{Fmt::kF32, Fmt::kBF16, Fmt::kF32}})
+    for (bool hash : {false, true}) {
+      const HostMoe m(shape, f, hash, 1000, rng());
+      for (const std::vector<int64_t>& bounds : splits)
+        for (size_t r = 0; r + 1 < bounds.size(); ++r) {
+          const HostMoe rank = m.expert_range(bounds[r], bounds[r + 1], r == 0);
+          CudaOps ops(rank.config);
+          rank.upload_to(ops);
+          const std::string what = cat(describe(shape, f, hash), " experts ", bounds[r], "..", bounds[r + 1] - 1,
+                                       r == 0 ? " + shared" : "");
+          for (int64_t n : {1, 2, 7, 33}) {
+            check_step(rank, ops, n, rng, what);
+            check_step_fast(rank, ops, n, rng, what + " fast");
+          }
+          {
+            const SharedGroupedFrom shared(1);
+            for (int64_t n : {1, 2, 7}) check_step_fast(rank, ops, n, rng, what + " fast, shared grouped");
+          }
+          const GroupedFrom forced(1);
+          for (int64_t n : {1, 33, 130}) check_step_fast(rank, ops, n, rng, what + " fast grouped");
+        }
+    }
 #endif
 }
 

@@ -1,8 +1,7 @@
 // The model split over ranks (model/parallel.h) computes what one rank computes: every fixture's logits with
 // --tp 2, --ep 2 and --tp 2 --ep 2 against the fixture and against one rank, prefill and token by token, and
 // greedy continuations identical. On cpu the ranks are in-process threads summing over host memory; on cuda
-// one GPU each, joined by NCCL (skipped, visibly, with fewer than 2 GPUs), where only --tp runs so far (the
-// cuda backend refuses --ep: its MoE kernels serve every expert of a layer).
+// one GPU each, joined by NCCL (skipped, visibly, with fewer than 2 GPUs).
 //
 // Tolerances: exact numerics as test_golden (1e-3 against the fixtures: fp32 end to end). Against one rank
 // 1e-4: only the order of the sums changes (each rank's partial output projection and MoE, then their sum;
@@ -24,7 +23,6 @@ namespace fs = std::filesystem;
 using Split = std::vector<std::string>;
 
 const std::vector<Split> kSplits = {{"--tp", "2"}, {"--ep", "2"}, {"--tp", "2", "--ep", "2"}};
-const std::vector<Split> kCudaSplits = {{"--tp", "2"}};
 
 std::string name_of(const Split& s) {
   std::string n;
@@ -40,7 +38,6 @@ class Sharded : public ::testing::TestWithParam<std::tuple<std::string, std::str
   }
   const std::string& dir() const { return std::get<0>(GetParam()); }
   const std::string& backend() const { return std::get<1>(GetParam()); }
-  const std::vector<Split>& splits() const { return backend() == "cuda" ? kCudaSplits : kSplits; }
   Fixture f_;
 };
 
@@ -51,7 +48,7 @@ TEST_P(Sharded, ExactLogitsMatchOneRankAndTheFixture) {
     // Token by token for the shorter prompts (cost grows with length), as test_golden.
     for (int step : len <= 129 ? std::vector<int>{64, 1} : std::vector<int>{64}) {
       const std::vector<float> one = run_logits(backend(), f_, len, "exact", step);
-      for (const Split& split : splits()) {
+      for (const Split& split : kSplits) {
         const std::string what = name_of(split) + ", " + kind + ", step " + std::to_string(step);
         const std::vector<float> got = run_logits(backend(), f_, len, "exact", step, false, split);
         EXPECT_TRUE(compare(got, want, {1e-3, 0.0}, what + " against the fixture"));
@@ -66,7 +63,7 @@ TEST_P(Sharded, GreedyContinuationIsIdentical) {
   const std::vector<int32_t> prompt(f_.prompt.begin(), f_.prompt.begin() + long(plen));
   const std::vector<int32_t> one = run_greedy(backend(), f_, prompt, 24, "exact");
   ASSERT_EQ(one.size(), 24u);
-  for (const Split& split : splits())
+  for (const Split& split : kSplits)
     EXPECT_EQ(run_greedy(backend(), f_, prompt, 24, "exact", split), one) << name_of(split);
 }
 

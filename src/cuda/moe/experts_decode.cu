@@ -75,7 +75,8 @@ __device__ MatView routed_w2_l2(const ExpertParams& p, int e) {
   return {w2, s2, p.routed_down.row_bytes, p.routed_down.scale_cols, p.routed_down.tiled};
 }
 
-// A decode task of expert_down: K slice `slice` of `slices` of chunk c's 16-row tiles (c = 0: the shared expert).
+// A decode task of expert_down: K slice `slice` of `slices` of chunk c's 16-row tiles (c = 0: the shared expert,
+// where the rank holds it; then sh_slices = 0).
 struct DownTask {
   Chunk chunk;
   MatView w2;
@@ -87,7 +88,7 @@ struct DownTask {
 __device__ DownTask down_task_at(const ExpertParams& p, int task, int sh_slices) {
   DownTask d;
   const bool shared = task < sh_slices;
-  d.c = shared ? 0 : task - sh_slices + 1;
+  d.c = shared ? 0 : task - sh_slices + shared_chunks(p.n, p.has_shared);
   d.chunk = shared ? shared_chunk(p, 0) : chunk_at_l2(p.plan, d.c);
   d.w2 = shared ? p.shared_w2 : routed_w2_l2(p, d.chunk.expert);
   d.out = __ldcg(p.plan.pair_out + d.chunk.pair0);
@@ -107,10 +108,11 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_decode_kernel(E
   const int64_t stride = decode_stride(p.I);
   uint4* xs = reinterpret_cast<uint4*>(smem_decode) + int64_t(warp) * p.staged_rows * stride;  // this warp's rows
   float* y_s = reinterpret_cast<float*>(reinterpret_cast<uint4*>(smem_decode) + kExpertWarps * p.staged_rows * stride);
-  const int sh_slices = shared_slices(p.shared_down, p.routed_down);
+  const int sh_slices = p.has_shared ? shared_slices(p.shared_down, p.routed_down) : 0;
   // Route's plan before the wait, through L2: route ended before expert_up's wait returned, and expert_up lets
-  // this grid launch only after its wait. (h is expert_up's own output: after the wait.)
-  const int tasks = sh_slices + __ldcg(p.plan.counters) - 1;  // one shared chunk (n ≤ kChunk), first
+  // this grid launch only after its wait. (h is expert_up's own output: after the wait.) No task at all on a
+  // rank without a pair (moe_kernels.h): the tiles below then write zeros.
+  const int tasks = sh_slices + __ldcg(p.plan.counters) - shared_chunks(p.n, p.has_shared);  // the shared chunk first
   if (int(threadIdx.x) < p.k) order_s[threadIdx.x] = __ldcg(p.plan.combine_order + threadIdx.x);
   DownTask first;
   if (warp < tasks) first = down_task_at(p, warp, sh_slices);
@@ -141,16 +143,20 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_decode_kernel(E
     __syncthreads();  // every task's rows are in y_s (and order_s, from the first tile on)
     // out[row] = 0 + Σ over the token's choices in (expert, j) order + the shared expert: combine_rows' order.
     // Fast numerics: each expert's output (the shared one's after its slices) is a bf16 value, the sum is
-    // rounded once (combine_rows); FP8 and FP4, the only formats here, give bf16 outputs.
+    // rounded once (combine_rows); FP8 and FP4, the only formats here, give bf16 outputs. Another rank's
+    // experts (order −1) and an absent shared expert add nothing.
     for (int r = int(threadIdx.x); r < rows_valid; r += kExpertThreads) {
       const float* yt = y_s + r;
       float sum = 0.0f;
       for (int64_t j = 0; j < p.k; ++j)
-        sum += round_bf16_if(p.fast, yt[int64_t(order_s[j]) * kMaxSharedSlices * kMmaRows]);
-      const float* ys = yt + p.k * kMaxSharedSlices * kMmaRows;
-      float shared_sum = ys[0];
-      for (int s = 1; s < sh_slices; ++s) shared_sum += ys[s * kMmaRows];
-      p.out[row0 + r] = round_bf16_if(p.fast, sum + round_bf16_if(p.fast, shared_sum));
+        if (order_s[j] >= 0) sum += round_bf16_if(p.fast, yt[int64_t(order_s[j]) * kMaxSharedSlices * kMmaRows]);
+      if (p.has_shared) {
+        const float* ys = yt + p.k * kMaxSharedSlices * kMmaRows;
+        float shared_sum = ys[0];
+        for (int s = 1; s < sh_slices; ++s) shared_sum += ys[s * kMmaRows];
+        sum += round_bf16_if(p.fast, shared_sum);
+      }
+      p.out[row0 + r] = round_bf16_if(p.fast, sum);
     }
     __syncthreads();  // y_s is rewritten for the next tile
   }
@@ -205,15 +211,18 @@ __global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(E
   uint4* xs_shared = xs_routed + decode_stride(p.D);
   const int sh_wanted = kRoutedUpSlices * shared_slices(p.shared_up, p.routed_up);
   const int sh_slices = sh_wanted < kMaxSharedSlices ? sh_wanted : kMaxSharedSlices;
-  const int shared_tasks = 2 * sh_slices;
+  const int shared_tasks = p.has_shared ? 2 * sh_slices : 0;
+  const int first_routed = shared_chunks(p.n, p.has_shared);  // chunk 0 is the shared expert's where it is held
   const int64_t tiles = (p.I + kMmaRows - 1) / kMmaRows;
   const bool shared_fp4 = p.shared_up.format == WFormat::kFP4, routed_fp4 = p.routed_up.format == WFormat::kFP4;
   const auto token = [](int) { return 0; };
   // The token's row (x was written before route ran: it is read before the wait, as the item kernel does).
   if (routed_fp4) stage_rows_mma<WFormat::kFP4>(p.x, p.D, 1, 1, token, p.fast, xs_routed, &shift_s[0], block_max);
   else stage_rows_mma<WFormat::kFP8>(p.x, p.D, 1, 1, token, p.fast, xs_routed, &shift_s[0], block_max);
-  if (shared_fp4) stage_rows_mma<WFormat::kFP4>(p.x, p.D, 1, 1, token, p.fast, xs_shared, &shift_s[1], block_max);
-  else stage_rows_mma<WFormat::kFP8>(p.x, p.D, 1, 1, token, p.fast, xs_shared, &shift_s[1], block_max);
+  if (p.has_shared) {
+    if (shared_fp4) stage_rows_mma<WFormat::kFP4>(p.x, p.D, 1, 1, token, p.fast, xs_shared, &shift_s[1], block_max);
+    else stage_rows_mma<WFormat::kFP8>(p.x, p.D, 1, 1, token, p.fast, xs_shared, &shift_s[1], block_max);
+  }
   bool waited = false;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t row0 = tile * kMmaRows;
@@ -233,17 +242,18 @@ __global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(E
       // the barrier would otherwise wait two more L2 round trips.
       const int lane = int(threadIdx.x % 32);
       if (warp == 0 && lane < p.plan.counters[0]) {
-        const int pair0 = lane == 0 ? shared_chunk(p, 0).pair0 : p.plan.chunk_pair[lane];
+        const bool shared = lane < first_routed;
+        const int pair0 = shared ? shared_chunk(p, 0).pair0 : p.plan.chunk_pair[lane];
         pair_s[lane] = pair0;
-        weight_s[lane] = lane == 0 ? 1.0f : p.plan.pair_weight[pair0];
+        weight_s[lane] = shared ? 1.0f : p.plan.pair_weight[pair0];
       }
     }
-    const int chunks = p.plan.counters[0];  // the shared chunk, then one per chosen expert
+    const int chunks = p.plan.counters[0];  // the shared chunk (where held), then one per chosen local expert
     // Routed task j is task shared_tasks + j of the tile: warps continue round-robin after the shared ones.
     const int first = ((warp - shared_tasks) % kUpDecodeWarps + kUpDecodeWarps) % kUpDecodeWarps;
     const MatFormat& f = p.routed_up;
-    for (int task = first; task < 2 * kRoutedUpSlices * (chunks - 1); task += kUpDecodeWarps) {
-      const int c = 1 + task / (2 * kRoutedUpSlices), matrix = task / kRoutedUpSlices % 2, slice = task % kRoutedUpSlices;
+    for (int task = first; task < 2 * kRoutedUpSlices * (chunks - first_routed); task += kUpDecodeWarps) {
+      const int c = first_routed + task / (2 * kRoutedUpSlices), matrix = task / kRoutedUpSlices % 2, slice = task % kRoutedUpSlices;
       const ExpertPtrs e = p.experts[chunk_at(p.plan, c).expert];
       const MatView w = matrix == 0 ? MatView{e.w1, e.s1, f.row_bytes, f.scale_cols, f.tiled}
                                     : MatView{e.w3, e.s3, f.row_bytes, f.scale_cols, f.tiled};
@@ -255,13 +265,14 @@ __global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(E
     for (int i = int(threadIdx.x); i < chunks * kMmaRows; i += kUpDecodeThreads) {
       const int c = i / kMmaRows, r = i % kMmaRows;
       if (r >= rows_valid) continue;
-      const int slices = c == 0 ? sh_slices : kRoutedUpSlices;
+      const bool shared = c < first_routed;
+      const int slices = shared ? sh_slices : kRoutedUpSlices;
       float g = y_s[c][0][0][r], u = y_s[c][1][0][r];
       for (int s = 1; s < slices; ++s) {
         g += y_s[c][0][s][r];
         u += y_s[c][1][s][r];
       }
-      const WFormat f = c == 0 ? p.shared_up.format : p.routed_up.format;
+      const WFormat f = shared ? p.shared_up.format : p.routed_up.format;
       p.plan.h[int64_t(pair_s[c]) * p.I + row0 + r] = hidden(p, f, g, u, weight_s[c]);
     }
     __syncthreads();  // y_s is rewritten for the next tile
@@ -276,13 +287,14 @@ __global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(E
 
 // One token whose w1 and w3 all go through the tensor cores, with its chunks (k routed + the shared) in y_s.
 bool expert_up_decode_fits(const ExpertParams& p) {
-  return p.n == 1 && p.k <= kMaxTopK && p.routed_up.tensor_cores && p.shared_up.tensor_cores;
+  return p.n == 1 && p.shared_items == p.has_shared && p.k <= kMaxTopK && p.routed_up.tensor_cores &&
+         p.shared_up.tensor_cores;
 }
 
 // One token: each warp stages one activation row (8 KiB at V4 sizes), 66 KiB a block, two blocks per SM. At two
 // tokens the rows double and one block fits an SM: measured slower than the item kernel (bench_moe n = 2).
 bool expert_down_decode_fits(const ExpertParams& p) {
-  return p.n == 1 && p.routed_down.tensor_cores && p.shared_down.tensor_cores;
+  return p.n == 1 && p.shared_items == p.has_shared && p.routed_down.tensor_cores && p.shared_down.tensor_cores;
 }
 
 void launch_expert_up_decode(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream) {

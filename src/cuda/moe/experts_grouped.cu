@@ -35,7 +35,9 @@
 
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <atomic>
+#include <limits>
 
 namespace dsv4::cuda::moe {
 
@@ -53,9 +55,13 @@ constexpr int kGUpRows = kGWarps * 16;    // up: each warp 16 rows of w1 and of 
 constexpr int kGDownRows = kGWarps * 32;  // down: each warp 32 rows of w2
 constexpr size_t kGSmemBytes = 2 * (size_t(kGroupedTokens) * kGRowStride + kGStageBlocks * kGroupedTokens * 4);
 
-// The crossover against the item kernels (docs/design/moe.md, "The grouped path"): from this many tokens on.
-constexpr int64_t kGroupedMinTokensDefault = 128;
+// The crossovers against the item kernels (docs/design/moe.md, "The grouped path" and "The shared expert alone"):
+// the grouped path from 192 tokens at I = 2048, in proportion to I below (a tensor-parallel rank's slice); the
+// shared expert alone from 32 tokens where I ≥ 1024.
+constexpr int64_t kGroupedMinTokensAt2048 = 192;
+constexpr int64_t kSharedGroupedMinTokens = 32, kSharedGroupedMinInter = 1024;
 std::atomic<int64_t> g_min_tokens{0};  // 0: the default (set_grouped_min_tokens)
+std::atomic<int64_t> g_shared_min_tokens{0};
 
 // ---- fragment order
 
@@ -121,8 +127,8 @@ __global__ void __launch_bounds__(1024) grouped_tiles_kernel(ExpertParams p, Gro
     count[e] = 0;
   }
   __syncthreads();
-  const int shared_chunks = (n + kChunk - 1) / kChunk, chunks = p.plan.counters[0];
-  for (int c = shared_chunks + int(threadIdx.x); c < chunks; c += blockDim.x) {
+  const int chunks = g.routed ? p.plan.counters[0] : 0;
+  for (int c = shared_chunks(n, p.shared_items) + int(threadIdx.x); c < chunks; c += blockDim.x) {
     const int e = p.plan.chunk_expert[c];
     atomicMin(&first[e], p.plan.chunk_pair[c]);
     atomicAdd(&count[e], p.plan.chunk_count[c]);
@@ -141,7 +147,7 @@ __global__ void __launch_bounds__(1024) grouped_tiles_kernel(ExpertParams p, Gro
   }
   const int total = __shfl_sync(0xFFFFFFFFu, before, 31);
   before -= mine;
-  const int shared_tiles = (n + kGroupedTokens - 1) / kGroupedTokens;
+  const int shared_tiles = p.has_shared ? (n + kGroupedTokens - 1) / kGroupedTokens : 0;
   for (int t = lane; t < shared_tiles; t += 32) {
     g.tile_expert[t] = -1;
     g.tile_pair0[t] = P + t * kGroupedTokens;
@@ -445,7 +451,7 @@ __global__ void __launch_bounds__(kGThreads, 1) grouped_gemm_kernel(ExpertParams
 }
 
 // out[t] = Σ over t's choices in (expert, j) order of y + the shared expert's y, in fp32, rounded to bf16 once
-// (combine_rows' order). Four columns per thread.
+// (combine_rows' order; another rank's experts and an absent shared expert add nothing). Four columns per thread.
 __global__ void __launch_bounds__(256) grouped_combine_kernel(ExpertParams p) {
   const int64_t quads = p.D / 4, total = p.n * quads;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
@@ -453,7 +459,8 @@ __global__ void __launch_bounds__(256) grouped_combine_kernel(ExpertParams p) {
     const float* yt = p.plan.y + t * (p.k + 1) * p.D + d;
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int64_t j = 0; j <= p.k; ++j) {
-      const int64_t slot = j < p.k ? p.plan.combine_order[t * p.k + j] : p.k;
+      const int64_t slot = j < p.k ? p.plan.combine_order[t * p.k + j] : p.has_shared ? p.k : -1;
+      if (slot < 0) continue;
       const float4 v = *reinterpret_cast<const float4*>(yt + slot * p.D);
       sum.x += v.x;
       sum.y += v.y;
@@ -467,15 +474,58 @@ __global__ void __launch_bounds__(256) grouped_combine_kernel(ExpertParams p) {
 
 int quant_grid(int64_t warps) { return int(std::min<int64_t>((warps + 7) / 8, 132 * 16)); }
 
+// Rows [0, end0) of src [rows, K] in format fp4_0's fragment order into out0, their scales into scale (rows
+// [begin1, rows) also into out1 where the caller sets it).
+QuantParams quant_rows(const float* src, int64_t rows, int64_t K, uint8_t* out0, int64_t end0, bool fp4_0,
+                       float* scale) {
+  return {.src = src, .rows = rows, .K = K, .out0 = out0, .end0 = end0, .fp4_0 = fp4_0, .scale = scale};
+}
+
+void launch_quant(const QuantParams& q, cudaStream_t stream) {
+  grouped_quant_kernel<<<quant_grid(q.rows * (q.K / kGBlockK)), 256, 0, stream>>>(q);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
+// The launches between the plan and the combine: x's quantisation (qx), the tiles, up, h's quantisation (qh),
+// down; at most max_tiles tiles.
+void launch_gemms(const ExpertParams& p, const GroupedBuffers& g, const QuantParams& qx, const QuantParams& qh,
+                  int64_t max_tiles, cudaStream_t stream) {
+  launch_quant(qx, stream);
+  grouped_tiles_kernel<<<1, 1024, 0, stream>>>(p, g);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+  for (const void* k : {reinterpret_cast<const void*>(grouped_gemm_kernel<true>),
+                        reinterpret_cast<const void*>(grouped_gemm_kernel<false>)})
+    allow_dynamic_smem(k, int(kGSmemBytes));
+  const int64_t up_blocks = max_tiles * ((p.I + kGUpRows - 1) / kGUpRows);
+  const int64_t down_blocks = max_tiles * ((p.D + kGDownRows - 1) / kGDownRows);
+  DSV4_CHECK(up_blocks < (int64_t(1) << 31) && down_blocks < (int64_t(1) << 31), "moe: too many grouped tiles");
+  grouped_gemm_kernel<true><<<unsigned(up_blocks), kGThreads, kGSmemBytes, stream>>>(p, g);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+  launch_quant(qh, stream);
+  grouped_gemm_kernel<false><<<unsigned(down_blocks), kGThreads, kGSmemBytes, stream>>>(p, g);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
 
-int64_t grouped_min_tokens() {
+int64_t grouped_min_tokens(int64_t I) {
   const int64_t v = g_min_tokens.load(std::memory_order_relaxed);
-  return v > 0 ? v : kGroupedMinTokensDefault;
+  if (v > 0) return v;
+  return std::max<int64_t>(kSharedGroupedMinTokens, kGroupedMinTokensAt2048 * std::min<int64_t>(I, 2048) / 2048);
 }
 
 void set_grouped_min_tokens(int64_t n) {
   g_min_tokens.store(n > 0 ? n : 0, std::memory_order_relaxed);
+}
+
+int64_t shared_grouped_min_tokens(int64_t I) {
+  const int64_t v = g_shared_min_tokens.load(std::memory_order_relaxed);
+  if (v > 0) return v;
+  return I >= kSharedGroupedMinInter ? kSharedGroupedMinTokens : std::numeric_limits<int64_t>::max();
+}
+
+void set_shared_grouped_min_tokens(int64_t n) {
+  g_shared_min_tokens.store(n > 0 ? n : 0, std::memory_order_relaxed);
 }
 
 bool grouped_fits(const ExpertParams& p) {
@@ -485,49 +535,38 @@ bool grouped_fits(const ExpertParams& p) {
 
 void launch_experts_grouped(const ExpertParams& p, const GroupedBuffers& g, cudaStream_t stream) {
   DSV4_CHECK(grouped_fits(p), "moe: the grouped expert path does not fit this layer");
+  DSV4_CHECK(p.shared_items == p.has_shared, "moe: the grouped path computes the shared expert itself");
   const int64_t P = p.n * p.k;
-  QuantParams qx;
-  qx.src = p.x;
-  qx.rows = p.n;
-  qx.K = p.D;
-  qx.out0 = g.xq_routed;
-  qx.end0 = p.n;
-  qx.fp4_0 = p.routed_up.format == WFormat::kFP4;
-  qx.out1 = g.xq_shared;
+  // x in both fragment orders; every pair's h: the routed ones' rows, then the shared expert's.
+  QuantParams qx = quant_rows(p.x, p.n, p.D, g.xq_routed, p.n, p.routed_up.format == WFormat::kFP4, g.xs);
+  qx.out1 = p.has_shared ? g.xq_shared : nullptr;
   qx.begin1 = 0;
   qx.fp4_1 = p.shared_up.format == WFormat::kFP4;
-  qx.scale = g.xs;
-  grouped_quant_kernel<<<quant_grid(p.n * (p.D / kGBlockK)), 256, 0, stream>>>(qx);
-  DSV4_CUDA_CHECK(cudaGetLastError());
-  grouped_tiles_kernel<<<1, 1024, 0, stream>>>(p, g);
-  DSV4_CUDA_CHECK(cudaGetLastError());
-
-  for (const void* k : {reinterpret_cast<const void*>(grouped_gemm_kernel<true>),
-                        reinterpret_cast<const void*>(grouped_gemm_kernel<false>)})
-    allow_dynamic_smem(k, int(kGSmemBytes));
-  const int64_t up_blocks = g.max_tiles * ((p.I + kGUpRows - 1) / kGUpRows);
-  const int64_t down_blocks = g.max_tiles * ((p.D + kGDownRows - 1) / kGDownRows);
-  DSV4_CHECK(up_blocks < (int64_t(1) << 31) && down_blocks < (int64_t(1) << 31), "moe: too many grouped tiles");
-  grouped_gemm_kernel<true><<<unsigned(up_blocks), kGThreads, kGSmemBytes, stream>>>(p, g);
-  DSV4_CUDA_CHECK(cudaGetLastError());
-
-  QuantParams qh;
-  qh.src = p.plan.h;
-  qh.rows = P + p.n;
-  qh.K = p.I;
-  qh.out0 = g.hq;
-  qh.end0 = P;
-  qh.fp4_0 = p.routed_down.format == WFormat::kFP4;
+  QuantParams qh = quant_rows(p.plan.h, p.has_shared ? P + p.n : P, p.I, g.hq, P,
+                              p.routed_down.format == WFormat::kFP4, g.hs);
   qh.out1 = g.hq;
   qh.begin1 = P;
   qh.fp4_1 = p.shared_down.format == WFormat::kFP4;
-  qh.scale = g.hs;
-  grouped_quant_kernel<<<quant_grid((P + p.n) * (p.I / kGBlockK)), 256, 0, stream>>>(qh);
-  DSV4_CUDA_CHECK(cudaGetLastError());
-  grouped_gemm_kernel<false><<<unsigned(down_blocks), kGThreads, kGSmemBytes, stream>>>(p, g);
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  launch_gemms(p, g, qx, qh, g.max_tiles, stream);
   grouped_combine_kernel<<<quant_grid(p.n * p.D / 4 / 32), 256, 0, stream>>>(p);
   DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
+bool shared_grouped_fits(const ExpertParams& p) {
+  return p.fast && p.has_shared && p.shared_up.grouped && p.shared_down.grouped && p.D % kGBlockK == 0 &&
+         p.I % kGBlockK == 0;
+}
+
+void launch_shared_grouped(const ExpertParams& p, const GroupedBuffers& g, cudaStream_t stream) {
+  DSV4_CHECK(shared_grouped_fits(p) && !p.shared_items, "moe: the shared expert cannot take the grouped path here");
+  const int64_t P = p.n * p.k;
+  // x in the shared expert's fragment order; the shared pairs' h rows P .. P + n − 1, at the same rows of hq, hs.
+  const QuantParams qx = quant_rows(p.x, p.n, p.D, g.xq_shared, p.n, p.shared_up.format == WFormat::kFP4, g.xs);
+  const QuantParams qh = quant_rows(p.plan.h + P * p.I, p.n, p.I, g.hq + P * p.I, p.n,
+                                    p.shared_down.format == WFormat::kFP4, g.hs + P * (p.I / kGBlockK));
+  GroupedBuffers shared = g;
+  shared.routed = false;
+  launch_gemms(p, shared, qx, qh, (p.n + kGroupedTokens - 1) / kGroupedTokens, stream);
 }
 
 }  // namespace dsv4::cuda::moe

@@ -40,14 +40,14 @@ __device__ __forceinline__ void run_item(int c, int64_t b, const Chunk& chunk, i
   __syncthreads();
 }
 
-// Items c·row_blocks + b. The shared expert's chunks (the plan's first ceil(n / kChunk), known without it) go
+// Items c·row_blocks + b. The shared expert's chunks (the plan's first shared_chunks(), known without it) go
 // round-robin over the blocks; the routed chunks' items are split into equal contiguous ranges, so a block
 // keeps its staged rows over consecutive items and its schedule needs no counter. after(b) follows every
 // item and must contain a barrier if it uses shared memory.
 template <class Stage, class Run, class After>
 __device__ __forceinline__ void shared_items(const ExpertParams& p, int& staged, Stage& stage, Run& run, After& after) {
   const int row_blocks = int(p.row_blocks);  // item counts fit in 32 bits (launch_expert_* check)
-  const int items = int((p.n + kChunk - 1) / kChunk) * row_blocks;
+  const int items = shared_chunks(p.n, p.shared_items) * row_blocks;
   for (int item = int(blockIdx.x); item < items; item += int(gridDim.x)) {
     const int c = item / row_blocks, b = item - c * row_blocks;
     run_item(c, b, shared_chunk(p, c), staged, stage, run);
@@ -58,7 +58,7 @@ __device__ __forceinline__ void shared_items(const ExpertParams& p, int& staged,
 template <class Stage, class Run, class After>
 __device__ __forceinline__ void routed_items(const ExpertParams& p, int& staged, Stage& stage, Run& run, After& after) {
   const int row_blocks = int(p.row_blocks);
-  const int first = int((p.n + kChunk - 1) / kChunk);
+  const int first = shared_chunks(p.n, p.shared_items);
   const int items = (p.plan.counters[0] - first) * row_blocks;
   const int begin = int(int64_t(items) * blockIdx.x / gridDim.x), end = int(int64_t(items) * (blockIdx.x + 1) / gridDim.x);
   int loaded = -1;
@@ -283,7 +283,8 @@ __device__ void down_item_fma_any_rows(const ExpertParams& p, const MatView (&ma
 
 // out[t, rows of block b] = Σ over t's choices in (expert, j) order of y[t·(k+1) + j] + y[t·(k+1) + k], the
 // CPU's accumulation order (0 + first + second …, shared expert last), in fp32; fast numerics round the sum to
-// bf16 once. y comes from other blocks: read at L2.
+// bf16 once. Another rank's experts (combine_order −1) and an absent shared expert add nothing. y comes from
+// other blocks: read at L2.
 __device__ void combine_rows(const ExpertParams& p, int64_t block) {
   const int64_t d0 = block * kDownRowsPerItem;
   const int64_t rows = std::min<int64_t>(kDownRowsPerItem, p.D - d0);
@@ -291,8 +292,11 @@ __device__ void combine_rows(const ExpertParams& p, int64_t block) {
     const int64_t t = i / rows, d = d0 + i % rows;
     const float* yt = p.plan.y + t * (p.k + 1) * p.D + d;
     float sum = 0.0f;
-    for (int64_t j = 0; j < p.k; ++j) sum += __ldcg(yt + int64_t(p.plan.combine_order[t * p.k + j]) * p.D);
-    sum += __ldcg(yt + p.k * p.D);
+    for (int64_t j = 0; j < p.k; ++j) {
+      const int slot = p.plan.combine_order[t * p.k + j];
+      if (slot >= 0) sum += __ldcg(yt + int64_t(slot) * p.D);
+    }
+    if (p.has_shared) sum += __ldcg(yt + p.k * p.D);
     p.out[t * p.D + d] = round_bf16_if(p.fast, sum);
   }
 }
@@ -305,6 +309,10 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_kernel(ExpertPa
   __shared__ bool last_arrival;
   pdl_wait_predecessor();
   pdl_trigger();
+  if (p.plan.counters[0] == 0) {  // no item on this rank (moe_kernels.h): nothing arrives, every block combines
+    for (int64_t b = blockIdx.x; b < p.row_blocks; b += gridDim.x) combine_rows(p, b);  // zeros, or the shared y
+    return;
+  }
   const auto format_of = [&](const Chunk& chunk) -> const MatFormat& {
     return chunk.expert < 0 ? p.shared_down : p.routed_down;
   };

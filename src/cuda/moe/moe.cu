@@ -1,10 +1,12 @@
 // moe family (CUDA): CudaOps::moe, the same function as CpuOps::moe (src/cpu/moe.cpp, spec §9) in four
 // launches on the stream and no host round-trip: router_logits → route → expert_up → expert_down
-// (moe_kernels.h). The per-expert pointer table of a layer is built on its first call and kept on the
+// (moe_kernels.h); in fast numerics from shared_grouped_min_tokens(I) tokens the shared expert runs between route
+// and expert_up on the grouped path's GEMMs. The per-expert pointer table of a layer is built on its first call and kept on the
 // device (the backend's Tables, moe_tables.h); the step's plan, SwiGLU outputs and per-pair down projections
 // live in one workspace. Fast numerics round inside the expert kernels, where CpuOps::moe does.
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -37,9 +39,13 @@ struct Tables {
 
   struct Layer {
     Identity identity;
-    DeviceWeight gate, shared_w1, shared_w3, shared_w2;
+    DeviceWeight gate, shared_w1, shared_w3, shared_w2;  // the shared ones empty where has_shared is false
     MatFormat routed_up, routed_down, shared_up, shared_down;
     size_t first_entry = 0;  // this layer's E entries in the device table
+    // The rank's experts under expert parallelism (model/parallel.h: the others are empty weights here);
+    // [0, E) and true on one rank.
+    int expert_begin = 0, expert_end = 0;
+    bool has_shared = true;
   };
 
   std::unordered_map<const MoeWeights*, Layer> layers;
@@ -122,6 +128,22 @@ Identity identify(const MoeWeights& w) {
   return {w.gate.data, w.shared.w1.data, w.experts.front().w1.data, w.experts.back().w2.data, w.experts.size()};
 }
 
+// The routed experts this rank holds: one contiguous range [*begin, *end) of non-empty experts (a shard's,
+// model/parallel.h, or all of them).
+void local_experts(const MoeWeights& w, int* begin, int* end) {
+  const int E = int(w.experts.size());
+  int b = 0;
+  while (b < E && w.experts[size_t(b)].w1.empty()) ++b;
+  int e = b;
+  while (e < E && !w.experts[size_t(e)].w1.empty()) ++e;
+  DSV4_CHECK(b < e, "moe: a layer without any routed expert on this rank");
+  for (int i = e; i < E; ++i)
+    DSV4_CHECK(w.experts[size_t(i)].w1.empty(), "moe: this rank's routed experts are not one contiguous range (",
+               b, " .. ", e - 1, ", then ", i, ")");
+  *begin = b;
+  *end = e;
+}
+
 // A family's matrices go to the MMA tile order when the tensor cores read them and they are whole tiles. A
 // matrix already tiled (it serves another layer too) must be read that way here as well.
 void tile_family(CudaOps& ops, MatFormat& format, const std::vector<const Weight*>& weights, const char* what) {
@@ -140,48 +162,59 @@ LayerTables build_layer(CudaOps& ops, const MoeWeights& w, int64_t D, int64_t I,
   t.identity = identify(w);
   t.first_entry = first_entry;
   t.gate = ops.dev(w.gate);
-  t.shared_w1 = ops.dev(w.shared.w1);
-  t.shared_w3 = ops.dev(w.shared.w3);
-  t.shared_w2 = ops.dev(w.shared.w2);
-  const auto check_shape = [&](const DeviceWeight& d, int64_t rows, int64_t cols, const char* what) {
+  local_experts(w, &t.expert_begin, &t.expert_end);
+  t.has_shared = !w.shared.w1.empty();
+  if (t.has_shared) {
+    t.shared_w1 = ops.dev(w.shared.w1);
+    t.shared_w3 = ops.dev(w.shared.w3);
+    t.shared_w2 = ops.dev(w.shared.w2);
+  }
+  const auto check_shape = [&](const DeviceWeight& d, int64_t rows, int64_t cols, const std::string& what) {
     DSV4_CHECK(d.rows == rows && d.cols == cols, "moe: ", what, " is [", d.rows, ", ", d.cols, "], expected [", rows,
                ", ", cols, "]");
     DSV4_CHECK(d.format != WFormat::kFP4 || cols % 32 == 0, "moe: FP4 ", what, " with ", cols,
                " columns (must be a multiple of 32)");
   };
-  check_shape(t.shared_w1, I, D, "shared expert w1");
-  check_shape(t.shared_w3, I, D, "shared expert w3");
-  check_shape(t.shared_w2, D, I, "shared expert w2");
-  DSV4_CHECK(same_layout(t.shared_w1, t.shared_w3), "moe: shared expert w1 and w3 differ in format");
-  const DeviceWeight& w1 = ops.dev(w.experts.front().w1);
-  const DeviceWeight& w2 = ops.dev(w.experts.front().w2);
-  check_shape(w1, I, D, "expert 0 w1");
-  check_shape(w2, D, I, "expert 0 w2");
-  bool up_fits = true, down_fits = true;  // FP4 scales in the tensor-core window, over all routed experts
+  if (t.has_shared) {
+    check_shape(t.shared_w1, I, D, "shared expert w1");
+    check_shape(t.shared_w3, I, D, "shared expert w3");
+    check_shape(t.shared_w2, D, I, "shared expert w2");
+    DSV4_CHECK(same_layout(t.shared_w1, t.shared_w3), "moe: shared expert w1 and w3 differ in format");
+  }
+  const size_t e0 = size_t(t.expert_begin);
+  const DeviceWeight& w1 = ops.dev(w.experts[e0].w1);
+  const DeviceWeight& w2 = ops.dev(w.experts[e0].w2);
+  check_shape(w1, I, D, cat("expert ", e0, " w1"));
+  check_shape(w2, D, I, cat("expert ", e0, " w2"));
+  bool up_fits = true, down_fits = true;  // FP4 scales in the tensor-core window, over the rank's routed experts
+  std::vector<const Weight*> up, down;
   for (size_t e = 0; e < w.experts.size(); ++e) {
+    if (int(e) < t.expert_begin || int(e) >= t.expert_end) {  // another rank's: never in this rank's plan
+      host.push_back({});
+      continue;
+    }
     const DeviceWeight& a = ops.dev(w.experts[e].w1);
     const DeviceWeight& b = ops.dev(w.experts[e].w3);
     const DeviceWeight& c = ops.dev(w.experts[e].w2);
     DSV4_CHECK(same_layout(a, w1) && same_layout(b, w1) && same_layout(c, w2), "moe: expert ", e,
-               " differs in shape or format from expert 0 (one kernel serves all routed experts of a layer)");
+               " differs in shape or format from expert ", e0, " (one kernel serves all routed experts of a layer)");
     host.push_back({a.data, b.data, c.data, scale_of(a), scale_of(b), scale_of(c)});
     if (a.format == WFormat::kFP4) up_fits = up_fits && fp4_scales_fit(a) && fp4_scales_fit(b);
     if (c.format == WFormat::kFP4) down_fits = down_fits && fp4_scales_fit(c);
+    up.push_back(&w.experts[e].w1);
+    up.push_back(&w.experts[e].w3);
+    down.push_back(&w.experts[e].w2);
   }
   t.routed_up = format_of(w1, up_fits);
   t.routed_down = format_of(w2, down_fits);
-  t.shared_up = format_of(t.shared_w1, fp4_scales_fit(t.shared_w1) && fp4_scales_fit(t.shared_w3));
-  t.shared_down = format_of(t.shared_w2, fp4_scales_fit(t.shared_w2));
-  std::vector<const Weight*> up, down;
-  for (const auto& e : w.experts) {
-    up.push_back(&e.w1);
-    up.push_back(&e.w3);
-    down.push_back(&e.w2);
-  }
   tile_family(ops, t.routed_up, up, "a routed expert's w1 / w3");
   tile_family(ops, t.routed_down, down, "a routed expert's w2");
-  tile_family(ops, t.shared_up, {&w.shared.w1, &w.shared.w3}, "the shared expert's w1 / w3");
-  tile_family(ops, t.shared_down, {&w.shared.w2}, "the shared expert's w2");
+  if (t.has_shared) {
+    t.shared_up = format_of(t.shared_w1, fp4_scales_fit(t.shared_w1) && fp4_scales_fit(t.shared_w3));
+    t.shared_down = format_of(t.shared_w2, fp4_scales_fit(t.shared_w2));
+    tile_family(ops, t.shared_up, {&w.shared.w1, &w.shared.w3}, "the shared expert's w1 / w3");
+    tile_family(ops, t.shared_down, {&w.shared.w2}, "the shared expert's w2");
+  }
   // The grouped FP8 path reads tiled FP8 as it is, tiled FP4 where its scales fit (fp4_spans_fit).
   const auto grouped = [&](const MatFormat& f, const std::vector<const Weight*>& ws) {
     if (!f.tiled || (f.format != WFormat::kFP8 && f.format != WFormat::kFP4)) return false;
@@ -192,6 +225,13 @@ LayerTables build_layer(CudaOps& ops, const MoeWeights& w, int64_t D, int64_t I,
   };
   t.routed_up.grouped = grouped(t.routed_up, up);
   t.routed_down.grouped = grouped(t.routed_down, down);
+  if (!t.has_shared) {
+    // No shared chunk runs: the kernels' choices (tensor cores, decode kernels, the grouped path, staging
+    // sizes) then follow the routed formats alone.
+    t.shared_up = t.routed_up;
+    t.shared_down = t.routed_down;
+    return t;
+  }
   t.shared_up.grouped = grouped(t.shared_up, {&w.shared.w1, &w.shared.w3});
   t.shared_down.grouped = grouped(t.shared_down, {&w.shared.w2});
   t.shared_w1 = ops.dev(w.shared.w1);  // again: tiling updated their flags
@@ -340,16 +380,22 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
              "], expected [", E, ", ", D, "]");
 
   const int64_t down_blocks = cuda::ceil_div(D, cuda::moe::kDownRowsPerItem);
-  // Fast numerics at n ≥ grouped_min_tokens(): the grouped FP8 GEMMs where every expert matrix suits them.
-  const bool grouped = fast() && n >= cuda::moe::grouped_min_tokens() && layer.routed_up.grouped &&
+  // Fast numerics at n ≥ grouped_min_tokens(I): the grouped FP8 GEMMs where every expert matrix suits them.
+  const bool grouped = fast() && n >= cuda::moe::grouped_min_tokens(I) && layer.routed_up.grouped &&
                        layer.routed_down.grouped && layer.shared_up.grouped && layer.shared_down.grouped &&
                        D % 128 == 0 && I % 128 == 0 && E <= cuda::moe::kMaxExperts;
+  // Below that, the shared expert alone on the grouped GEMMs where the item kernels would read it once per
+  // kChunk tokens (moe_kernels.h).
+  const bool shared_grouped = fast() && !grouped && layer.has_shared && layer.shared_up.grouped &&
+                              layer.shared_down.grouped && n >= cuda::moe::shared_grouped_min_tokens(I) &&
+                              D % 128 == 0 && I % 128 == 0;
   Carve carve;
   carve_plan(carve, n, E, k, D, I, down_blocks);  // sizes only
-  if (grouped) carve_grouped(carve, n, E, k, D, I);
+  if (grouped || shared_grouped) carve_grouped(carve, n, E, k, D, I);
   carve.set_base(workspace(cuda::kWsMoeStep, carve.used()));
   const cuda::moe::Plan plan = carve_plan(carve, n, E, k, D, I, down_blocks);
-  const cuda::moe::GroupedBuffers gbuf = grouped ? carve_grouped(carve, n, E, k, D, I) : cuda::moe::GroupedBuffers{};
+  const cuda::moe::GroupedBuffers gbuf =
+      grouped || shared_grouped ? carve_grouped(carve, n, E, k, D, I) : cuda::moe::GroupedBuffers{};
 
   const bool pdl = props_.major >= 9;
   cuda::moe::RouterLogitsParams logits;
@@ -372,6 +418,9 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
   route.k = k;
   route.routed_scaling_factor = float(config_.routed_scaling_factor);
   route.down_row_blocks = down_blocks;
+  route.expert_begin = layer.expert_begin;
+  route.expert_end = layer.expert_end;
+  route.shared_items = layer.has_shared && !shared_grouped;
   cuda::moe::launch_route(route, pdl, stream_);
 
   cuda::moe::ExpertParams ep;
@@ -390,6 +439,8 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
   ep.I = I;
   ep.k = k;
   ep.E = E;
+  ep.has_shared = layer.has_shared;
+  ep.shared_items = layer.has_shared && !shared_grouped;
   ep.swiglu_limit = float(config_.swiglu_limit);
   ep.fast = fast();
   ep.staged_rows = cuda::moe::rows_for(int(std::min<int64_t>(cuda::moe::kChunk, n)));
@@ -399,6 +450,7 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
     cuda::moe::launch_experts_grouped(ep, gbuf, stream_);
     return;
   }
+  if (shared_grouped) cuda::moe::launch_shared_grouped(ep, gbuf, stream_);
   cuda::moe::launch_expert_up(ep, props_.multiProcessorCount, pdl, stream_);
   ep.row_blocks = down_blocks;
   cuda::moe::launch_expert_down(ep, props_.multiProcessorCount, pdl, stream_);

@@ -1,4 +1,4 @@
-// moe family (CUDA), host-only: the token count from which CudaOps::moe takes the grouped FP8 GEMM path in fast
+// moe family (CUDA), host-only: the token counts from which CudaOps::moe takes the grouped FP8 GEMM path in fast
 // numerics (experts_grouped.cu; the crossover against the item kernels is measured in docs/design/moe.md).
 // Tests and benchmarks move it to force either path.
 #pragma once
@@ -7,7 +7,13 @@
 
 namespace dsv4::cuda::moe {
 
-int64_t grouped_min_tokens();
+// For experts of width I (the item kernels' per-item work shrinks with it, the grouped GEMMs' less).
+int64_t grouped_min_tokens(int64_t I);
 void set_grouped_min_tokens(int64_t n);  // n ≤ 0: the default again
+
+// Below grouped_min_tokens(I), the token count from which the shared expert alone takes the grouped path
+// (launch_shared_grouped, moe_kernels.h) while the routed ones stay on the item kernels.
+int64_t shared_grouped_min_tokens(int64_t I);
+void set_shared_grouped_min_tokens(int64_t n);  // n ≤ 0: the default again
 
 }  // namespace dsv4::cuda::moe

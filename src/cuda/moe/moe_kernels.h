@@ -11,6 +11,17 @@
 // Every launch reads each selected expert's weights once per chunk; the number of chunks lives on the
 // device, so nothing waits for the host between the steps. expert_up's shared-expert items overlap route.
 //
+// Expert parallelism (model/parallel.h): a rank holds the routed experts [expert_begin, expert_end) of a layer and
+// the shared expert only where has_shared. route chooses over all E experts as before, and the plan keeps only
+// the local pairs: a pair of another rank's expert gets no position and no chunk, and its combine_order entry is
+// −1, last in the token's order. The combines skip −1, and the shared expert's slot without it. A rank that
+// gets no pair at all still writes its out rows (zeros): its share of the all-reduce that sums the ranks.
+//
+// The shared expert runs as the plan's first chunks (shared_items) or, in fast numerics from
+// shared_grouped_min_tokens(I) tokens on the item kernels' path, between route and expert_up on the grouped path's
+// GEMMs (launch_shared_grouped), which write its h and y rows: item kernels read an expert's weights once per
+// chunk of kChunk tokens, so a 64-token step read the shared expert 16 times.
+//
 // NOTE: every kernel here lets its successor launch (pdl_trigger, launch.cuh) right after its wait for the
 // predecessor, whatever its grid size, and route before its wait: each kernel's early part (weight prefetch,
 // the shared expert's items, the plan read through L2) runs while its predecessor drains.
@@ -61,12 +72,13 @@ struct Plan {
   float* scores = nullptr;         // [n, E] router logits, then sqrt(softplus) scores in place
   int32_t* topk_expert = nullptr;  // [n, k]
   float* topk_weight = nullptr;    // [n, k] normalised × routed_scaling_factor
-  int32_t* combine_order = nullptr;  // [n, k] choices j sorted by (expert, j): the CPU's accumulation order
+  int32_t* combine_order = nullptr;  // [n, k] local choices j sorted by (expert, j): the CPU's accumulation
+                                     // order; then −1 for the choices of other ranks' experts
   // Pairs sorted by expert (then by p); the n shared-expert pairs (token t, weight 1) follow at P + t.
   int32_t* pair_token = nullptr;   // [P + n]
   int32_t* pair_out = nullptr;     // [P + n] row of y: t·(k+1) + j, j = k for the shared expert
   float* pair_weight = nullptr;    // [P + n]
-  // Chunks of ≤ kChunk consecutive pairs of one expert; the shared expert's ceil(n / kChunk) chunks first.
+  // Chunks of ≤ kChunk consecutive pairs of one expert; the shared expert's shared_chunks() chunks first.
   int32_t* chunk_pair = nullptr;    // [max_chunks] first pair
   int32_t* chunk_count = nullptr;   // [max_chunks] 1 .. kChunk
   int32_t* chunk_expert = nullptr;  // [max_chunks] routed expert, −1 = shared
@@ -92,6 +104,8 @@ struct RouteParams {
   int64_t n = 0, E = 0, k = 0;
   float routed_scaling_factor = 1.0f;
   int64_t down_row_blocks = 0;  // arrival counters to clear
+  int expert_begin = 0, expert_end = 0;  // the rank's routed experts (file comment); [0, E) on one rank
+  bool shared_items = true;              // the plan starts with the shared expert's chunks (file comment)
 };
 
 struct ExpertParams {
@@ -103,6 +117,8 @@ struct ExpertParams {
   MatFormat shared_up, shared_down;
   int64_t n = 0, D = 0, I = 0, k = 0;
   int64_t E = 0;              // routed experts (the grouped path's tile plan)
+  bool has_shared = true;     // the rank holds the shared expert: the combines add its y rows (file comment)
+  bool shared_items = true;   // ... and the expert kernels compute them (the plan's first chunks)
   float swiglu_limit = 0.0f;  // 0: no clamp
   // Fast numerics: round where CpuOps::moe does (fast-numerics.md §7 steps 15–16) — each GEMM's activations as
   // it stages them (act_quant for FP8 / FP4), its outputs and h to bf16 (experts.cuh), the combined sum once.
@@ -124,6 +140,12 @@ static_assert(2 * kChunk <= kMmaCols, "a pass's tokens fit the MMA's columns as 
 constexpr int kUpRowsPerItem = kUpRowsPerWarp * kExpertWarps;
 constexpr int kDownRowsPerItem = kDownRowsPerWarp * kExpertWarps;
 
+// The shared expert's chunks at the head of the plan: ceil(n / kChunk), or none (file comment).
+__host__ __device__ inline int shared_chunks(int64_t n, bool shared_items) {
+  return shared_items ? int((n + kChunk - 1) / kChunk) : 0;
+}
+
+
 // Activation rows a pass of `count` pairs stages and multiplies: the kernels are instantiated for 1, 2 and 4.
 __host__ __device__ constexpr int rows_for(int count) { return count <= 1 ? 1 : count == 2 ? 2 : kChunk; }
 
@@ -138,7 +160,7 @@ void launch_route(const RouteParams& p, bool pdl, cudaStream_t stream);
 void launch_expert_up(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream);
 void launch_expert_down(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream);
 
-// ---- The grouped path (experts_grouped.cu): fast numerics at n ≥ grouped_min_tokens() (moe_grouped.h), when
+// ---- The grouped path (experts_grouped.cu): fast numerics at n ≥ grouped_min_tokens(I) (moe_grouped.h), when
 // every expert matrix is `grouped`. Per expert a real GEMM over its tokens: e4m3 weights (FP4 e2m1 widened,
 // its scales folded as below) × act_quant'ed e4m3 activations on mma.sync m16n8k32, fp32 accumulation, the
 // weight and activation scales applied per 128-column K block in fp32. Launches, after route:
@@ -159,6 +181,7 @@ struct GroupedBuffers {
   int32_t* tile_count = nullptr;   // [max_tiles] 1 .. kGroupedTokens
   int32_t* tiles = nullptr;        // [1] tiles of this step
   int64_t max_tiles = 0;
+  bool routed = true;  // grouped_tiles: the routed experts' tiles too; false: the shared expert's alone
 };
 
 // Upper bound of the tiles of a step of n tokens (ceil(n / N) shared, Σ ceil(count_e / N) ≤ P / N + min(E, P)).
@@ -168,5 +191,10 @@ inline int64_t grouped_max_tiles(int64_t n, int64_t k, int64_t E) {
 }
 bool grouped_fits(const ExpertParams& p);
 void launch_experts_grouped(const ExpertParams& p, const GroupedBuffers& g, cudaStream_t stream);
+
+// The shared expert alone on the grouped path, after route (it reads pair_token and pair_out) and before the item
+// kernels, which then skip it (shared_items false; file comment): x's quantisation, its tiles, up, h's, down.
+bool shared_grouped_fits(const ExpertParams& p);
+void launch_shared_grouped(const ExpertParams& p, const GroupedBuffers& g, cudaStream_t stream);
 
 }  // namespace dsv4::cuda::moe

@@ -139,6 +139,11 @@ __device__ RoutePrefetch prefetch_route(const RouteParams& p) {
   return r;
 }
 
+// Expert e if this rank holds it (moe_kernels.h, expert parallelism), else −1: not a pair of this rank's plan.
+__device__ __forceinline__ int local_expert(const RouteParams& p, int e) {
+  return e >= p.expert_begin && e < p.expert_end ? e : -1;
+}
+
 struct Choice {
   int expert = -1;     // lane j < k: choice j
   float score = 0.0f;  // its sqrt-softplus score
@@ -205,15 +210,16 @@ __device__ Choice choose_experts(const RouteParams& p, const RoutePrefetch& pre,
   return c;
 }
 
-// Step 2 of route_kernel for P ≤ 32 pairs (decode-sized steps), by one warp with a pair per lane: the same
-// plan as the general path — pairs ordered by (expert, pair), kChunk-pair chunks per expert in that order —
+// Step 2 of route_kernel for P ≤ 32 pairs (decode-sized steps), by one warp with a pair per lane (a lane whose
+// expert is another rank's holds none): the same plan as the general path — pairs ordered by (expert, pair), kChunk-pair chunks per expert in that order —
 // from shuffles, without the shared-memory counters, scans and barriers (a large share of the kernel's time
 // at n = 1). The pairs' experts and weights come from shared memory (step 1's copy of topk_expert / topk_weight).
 __device__ void group_few_pairs(const RouteParams& p, int P, const int* few_expert, const float* few_weight) {
   const Plan& plan = p.plan;
   const int lane = int(threadIdx.x % 32), k = int(p.k);
-  const int shared_chunks = int((p.n + kChunk - 1) / kChunk);
-  const int e = lane < P ? few_expert[lane] : INT_MAX;
+  const int n_shared = shared_chunks(p.n, p.shared_items);
+  const bool local = lane < P && local_expert(p, few_expert[lane]) >= 0;
+  const int e = local ? few_expert[lane] : INT_MAX;
   int pos = 0, first = 0;  // this pair's place among all pairs; the pairs of smaller experts
   for (int q = 0; q < P; ++q) {
     const int eq = __shfl_sync(0xFFFFFFFFu, e, q);
@@ -222,13 +228,13 @@ __device__ void group_few_pairs(const RouteParams& p, int P, const int* few_expe
   }
   const int count = __popc(__match_any_sync(0xFFFFFFFFu, e));  // pairs of this expert
   const int in_expert = pos - first;
-  const bool starts = lane < P && in_expert % kChunk == 0;
-  int chunk = shared_chunks;  // chunks before this one: the shared expert's, then routed ones starting earlier
+  const bool starts = local && in_expert % kChunk == 0;
+  int chunk = n_shared;  // chunks before this one: the shared expert's, then routed ones starting earlier
   for (int q = 0; q < P; ++q) {
     const int pq = __shfl_sync(0xFFFFFFFFu, pos, q);
     chunk += __shfl_sync(0xFFFFFFFFu, int(starts), q) && pq < pos;
   }
-  if (lane < P) {
+  if (local) {
     const int t = lane / k, j = lane % k;
     plan.pair_token[pos] = t;
     plan.pair_out[pos] = t * (k + 1) + j;
@@ -240,7 +246,7 @@ __device__ void group_few_pairs(const RouteParams& p, int P, const int* few_expe
     }
   }
   const int routed_chunks = __popc(__ballot_sync(0xFFFFFFFFu, starts));
-  for (int c = lane; c < shared_chunks; c += 32) {
+  for (int c = lane; c < n_shared; c += 32) {
     plan.chunk_pair[c] = P + c * kChunk;
     plan.chunk_count[c] = int(std::min<int64_t>(kChunk, p.n - int64_t(c) * kChunk));
     plan.chunk_expert[c] = -1;
@@ -250,7 +256,7 @@ __device__ void group_few_pairs(const RouteParams& p, int P, const int* few_expe
     plan.pair_out[P + t] = t * (k + 1) + k;
     plan.pair_weight[P + t] = 1.0f;
   }
-  if (lane == 0) plan.counters[0] = shared_chunks + routed_chunks;
+  if (lane == 0) plan.counters[0] = n_shared + routed_chunks;
   for (int64_t b = lane; b < p.down_row_blocks; b += 32) plan.counters[1 + b] = 0;
 }
 
@@ -270,17 +276,20 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
   const int k = int(p.k);
 
   // 1. Per token: scores, choices, weights = score / Σ chosen scores × routed_scaling_factor (the CPU's
-  //    order: the sum runs over j = 0 .. k−1), and the combine order.
+  //    order: the sum runs over j = 0 .. k−1), and the combine order (this rank's choices; then −1s).
   for (int64_t t = warp; t < p.n; t += kRouteWarps) {
     const Choice choice = choose_experts(p, pre, t);
     const int chosen = choice.expert;
     const float score = lane < k ? choice.score : 0.0f;
     float sum = 0.0f;
     for (int j = 0; j < k; ++j) sum += __shfl_sync(0xFFFFFFFFu, score, j);
-    int rank = 0;  // position of (chosen, lane) among the token's (expert, j) in ascending order
+    // Position of (key, lane) among the token's (key, j) in ascending order; key = the expert, another rank's
+    // last.
+    const int key = lane < k && local_expert(p, chosen) >= 0 ? chosen : INT_MAX;
+    int rank = 0;
     for (int j = 0; j < k; ++j) {
-      const int other = __shfl_sync(0xFFFFFFFFu, chosen, j);
-      if (other < chosen || (other == chosen && j < lane)) ++rank;
+      const int other = __shfl_sync(0xFFFFFFFFu, key, j);
+      if (other < key || (other == key && j < lane)) ++rank;
     }
     if (lane < k) {
       const float weight = score / sum;
@@ -290,7 +299,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
         few_expert[t * k + lane] = chosen;
         few_weight[t * k + lane] = weight * p.routed_scaling_factor;
       }
-      plan.combine_order[t * k + rank] = lane;
+      plan.combine_order[t * k + rank] = key == INT_MAX ? -1 : lane;
     }
   }
   const int P = int(p.n) * k;
@@ -309,7 +318,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
   const int lo = min(P, warp * per_warp), hi = min(P, lo + per_warp);
   for (int base = lo; base < hi; base += 32) {
     const int pair = base + lane;
-    const int e = pair < hi ? plan.topk_expert[pair] : -1;
+    const int e = pair < hi ? local_expert(p, plan.topk_expert[pair]) : -1;
     const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
     if (e >= 0 && lane == __ffs(peers) - 1) warp_counts[warp][e] += __popc(peers);
     __syncwarp();
@@ -327,17 +336,17 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
   const int offset = block_exclusive_scan(count, warp_totals, &total_pairs);
   const int chunks = (count + kChunk - 1) / kChunk;
   const int chunk_begin = block_exclusive_scan(chunks, warp_totals, &total_chunks);
-  const int shared_chunks = int((p.n + kChunk - 1) / kChunk);
+  const int n_shared = shared_chunks(p.n, p.shared_items);
   if (e < p.E) {
     expert_offset[e] = offset;
     for (int c = 0; c < chunks; ++c) {
-      const int idx = shared_chunks + chunk_begin + c;
+      const int idx = n_shared + chunk_begin + c;
       plan.chunk_pair[idx] = offset + c * kChunk;
       plan.chunk_count[idx] = min(kChunk, count - c * kChunk);
       plan.chunk_expert[idx] = e;
     }
   }
-  for (int c = int(threadIdx.x); c < shared_chunks; c += kRouteThreads) {
+  for (int c = int(threadIdx.x); c < n_shared; c += kRouteThreads) {
     plan.chunk_pair[c] = P + c * kChunk;
     plan.chunk_count[c] = int(std::min<int64_t>(kChunk, p.n - int64_t(c) * kChunk));
     plan.chunk_expert[c] = -1;
@@ -350,7 +359,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
   __syncthreads();
   for (int base = lo; base < hi; base += 32) {
     const int pair = base + lane;
-    const int ex = pair < hi ? plan.topk_expert[pair] : -1;
+    const int ex = pair < hi ? local_expert(p, plan.topk_expert[pair]) : -1;
     const unsigned peers = __match_any_sync(0xFFFFFFFFu, ex);
     if (ex >= 0) {
       const int pos = expert_offset[ex] + warp_counts[warp][ex] + __popc(peers & ((1u << lane) - 1u));
@@ -365,7 +374,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
   }
 
   // 3. Counters for the expert kernels (written every step, so nothing persists between steps).
-  if (threadIdx.x == 0) plan.counters[0] = shared_chunks + total_chunks;
+  if (threadIdx.x == 0) plan.counters[0] = n_shared + total_chunks;
   for (int64_t b = threadIdx.x; b < p.down_row_blocks; b += kRouteThreads) plan.counters[1 + b] = 0;
 }
 
@@ -390,6 +399,8 @@ void launch_route(const RouteParams& p, bool pdl, cudaStream_t stream) {
   DSV4_CHECK(p.n * p.k < (int64_t(1) << 30), "moe route: ", p.n, " tokens × ", p.k, " choices is too many");
   DSV4_CHECK((p.tid2eid != nullptr) == (p.tokens != nullptr), "moe route: hash routing needs both tid2eid and tokens");
   DSV4_CHECK(p.tid2eid != nullptr || p.gate_bias != nullptr, "moe route: scored routing needs gate.bias");
+  DSV4_CHECK(0 <= p.expert_begin && p.expert_begin < p.expert_end && p.expert_end <= p.E, "moe route: local experts [",
+             p.expert_begin, ", ", p.expert_end, ") of ", p.E);
   launch_pdl(route_kernel, dim3(1), dim3(kRouteThreads), 0, stream, pdl, p);
 }
 
