@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <string>
+#include <utility>
 
 #include "harness/compare.h"
 #include "harness/files.h"
@@ -93,26 +94,23 @@ TEST(ShardedMtp, DraftLogitsMatchOneRank) {
     EXPECT_TRUE(compare(run_logits("cpu", f, len, "exact", 64, true, split), one, {1e-4, 0.0}, name_of(split)));
 }
 
-// Four ranks (issue #28 runs V4-Flash at --tp 4 on 4 GPUs): a V4-Flash-layout synth shaped to split four ways
-// (8 heads in 4 output groups, 8 experts, FP8 shared-expert rows of 128 per rank) on 4 CPU ranks, exact
-// numerics, prefill and then token by token, against one rank (1e-4, as above), and greedy continuations equal.
-TEST(ShardedFourRanks, TpAndEpOverFourRanksMatchOneRank) {
+// `dsv4 logits` and greedy `dsv4 generate` on a synthesised model (its --synth arguments, cpu backend, exact
+// numerics), one rank or a split.
+struct SynthRuns {
+  explicit SynthRuns(std::vector<std::string> args) : synth(std::move(args)) {}
+
+  std::vector<std::string> synth;
   TempDir tmp;
-  const std::vector<std::string> synth = {
-      "--synth", "v4-flash", "--layers", "4", "--experts", "8", "--vocab", "1000", "--dim", "256", "--inter", "512",
-      "--set", "num_attention_heads=8,q_lora_rank=64,o_groups=4,o_lora_rank=128,index_n_heads=4,index_topk=16,"
-               "num_experts_per_tok=2",
-      "--backend", "cpu", "--numerics", "exact"};
-  const auto logits = [&](const Split& split, const std::string& step) {
-    std::vector<std::string> args = {"logits", "--tokens", "3,14,159,265,358,979,323,846,264,338,327,950", "--step",
-                                     step, "--out", tmp.file("l.f32")};
+
+  std::vector<float> logits(const Split& split, const std::string& tokens, const std::string& step) {
+    std::vector<std::string> args = {"logits", "--tokens", tokens, "--step", step, "--out", tmp.file("l.f32")};
     args.insert(args.end(), synth.begin(), synth.end());
     args.insert(args.end(), split.begin(), split.end());
     const CliResult r = run_cli(args);
     EXPECT_EQ(r.exit_code, 0) << name_of(split) << ": " << r.err;
     return read_f32(tmp.file("l.f32"));
-  };
-  const auto greedy = [&](const Split& split) {
+  }
+  std::string greedy(const Split& split) {
     std::vector<std::string> args = {"generate", "--prompt-ids", "7,77,777", "--max-tokens", "8", "--ignore-eos",
                                      "--temperature", "0"};
     args.insert(args.end(), synth.begin(), synth.end());
@@ -120,16 +118,59 @@ TEST(ShardedFourRanks, TpAndEpOverFourRanksMatchOneRank) {
     const CliResult r = run_cli(args);
     EXPECT_EQ(r.exit_code, 0) << name_of(split) << ": " << r.err;
     return r.out;
-  };
+  }
+};
+
+// Four ranks (issue #28 runs V4-Flash at --tp 4 on 4 GPUs): a V4-Flash-layout synth shaped to split four ways
+// (8 heads in 4 output groups, 8 experts, FP8 shared-expert rows of 128 per rank) on 4 CPU ranks, exact
+// numerics, prefill and then token by token, against one rank (1e-4, as above), and greedy continuations equal.
+TEST(ShardedFourRanks, TpAndEpOverFourRanksMatchOneRank) {
+  SynthRuns run{{"--synth", "v4-flash", "--layers", "4", "--experts", "8", "--vocab", "1000", "--dim", "256",
+                 "--inter", "512", "--set",
+                 "num_attention_heads=8,q_lora_rank=64,o_groups=4,o_lora_rank=128,index_n_heads=4,index_topk=16,"
+                 "num_experts_per_tok=2",
+                 "--backend", "cpu", "--numerics", "exact"}};
+  const std::string tokens = "3,14,159,265,358,979,323,846,264,338,327,950";
   for (const std::string step : {"64", "1"}) {
-    const std::vector<float> one = logits({}, step);
+    const std::vector<float> one = run.logits({}, tokens, step);
     ASSERT_EQ(one.size(), 12u * 1000u);
     for (const Split& split : std::vector<Split>{{"--tp", "4"}, {"--ep", "4"}, {"--tp", "4", "--ep", "4"}})
-      EXPECT_TRUE(compare(logits(split, step), one, {1e-4, 0.0}, name_of(split) + ", step " + step));
+      EXPECT_TRUE(compare(run.logits(split, tokens, step), one, {1e-4, 0.0}, name_of(split) + ", step " + step));
   }
-  const std::string want = greedy({});
+  const std::string want = run.greedy({});
   EXPECT_FALSE(want.empty());
-  for (const Split& split : std::vector<Split>{{"--tp", "4"}, {"--ep", "4"}}) EXPECT_EQ(greedy(split), want) << name_of(split);
+  for (const Split& split : std::vector<Split>{{"--tp", "4"}, {"--ep", "4"}})
+    EXPECT_EQ(run.greedy(split), want) << name_of(split);
+}
+
+// Eight ranks (issue #27 runs V4-Pro over 8 GPUs): a synth with V4-Pro's layout and counts — 128 heads in 16
+// output groups, 384 experts (top-6, the first 3 layers hash-routed), two HCA layers and then CSA / HCA — and tiny
+// dimensions, on 8 CPU ranks, exact numerics, against one rank (1e-4, as above). 140 tokens in chunks of 64
+// reach the compressors (35 CSA entries for a top-16 indexer, one HCA entry); 12 tokens one by one take the
+// decode path; greedy continuations equal.
+TEST(ShardedEightRanks, V4ProShapeOverEightRanksMatchesOneRank) {
+  SynthRuns run{{"--synth", "v4-pro", "--layers", "4", "--vocab", "1000", "--dim", "256", "--inter", "256", "--set",
+                 "head_dim=64,qk_rope_head_dim=32,q_lora_rank=64,o_lora_rank=64,index_n_heads=8,index_head_dim=32,"
+                 "index_topk=16",
+                 "--backend", "cpu", "--numerics", "exact"}};
+  const auto ids = [](int count) {
+    std::string s;
+    for (int i = 0; i < count; ++i) {
+      if (i) s += ',';
+      s += std::to_string((i * 37 + 11) % 1000);
+    }
+    return s;
+  };
+  const std::vector<Split> splits = {{"--tp", "8"}, {"--ep", "8"}, {"--tp", "8", "--ep", "8"}};
+  for (const auto& [count, step] : {std::pair{140, "64"}, std::pair{12, "1"}}) {
+    const std::vector<float> one = run.logits({}, ids(count), step);
+    ASSERT_EQ(one.size(), size_t(count) * 1000u);
+    for (const Split& split : splits)
+      EXPECT_TRUE(compare(run.logits(split, ids(count), step), one, {1e-4, 0.0}, name_of(split) + ", step " + step));
+  }
+  const std::string want = run.greedy({});
+  EXPECT_FALSE(want.empty());
+  for (const Split& split : splits) EXPECT_EQ(run.greedy(split), want) << name_of(split);
 }
 
 // A split the model cannot take is refused with the reason, before any weight is read.
