@@ -148,15 +148,21 @@ int main(int argc, char** argv) {
   for (; first + 1 < argc && std::strncmp(argv[first], "--", 2) == 0; first += 2) {
     const std::string name = argv[first];
     const int64_t v = std::atoll(argv[first + 1]);
-    if (name == "--inter") inter = v;
-    else if (name == "--ep") ranks = v;
-    else if (name == "--rank") rank = v;
-    else ranks = 0;  // refused below
-    if (inter < 128 || inter % 128 != 0 || ranks < 1 || 256 % ranks != 0 || rank < 0 || rank >= ranks) {
-      std::fprintf(stderr, "bench_moe: bad option %s %s (--inter: a multiple of 128; --ep: divides 256; --rank: "
-                   "below --ep)\n", argv[first], argv[first + 1]);
+    if (name == "--inter") {
+      inter = v;
+    } else if (name == "--ep") {
+      ranks = v;
+    } else if (name == "--rank") {
+      rank = v;
+    } else {
+      std::fprintf(stderr, "bench_moe: unknown option %s\n", argv[first]);
       return 1;
     }
+  }
+  if (inter < 128 || inter % 128 != 0 || ranks < 1 || 256 % ranks != 0 || rank < 0 || rank >= ranks) {
+    std::fprintf(stderr, "bench_moe: --inter %lld must be a multiple of 128, --ep %lld divide 256, --rank %lld lie "
+                 "below --ep\n", (long long)inter, (long long)ranks, (long long)rank);
+    return 1;
   }
   const int iterations = argc > first ? std::max(1, std::atoi(argv[first])) : 50;
   std::vector<int64_t> steps;
