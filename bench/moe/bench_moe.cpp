@@ -228,8 +228,8 @@ int main(int argc, char** argv) {
 
     std::printf("## V4-Flash MoE decode (experts of width %lld, %lld of %lld on this rank%s) on %s (%d SMs), copy "
                 "bandwidth %.0f GB/s (2 GiB D2D, read + write)\n\n",
-                (long long)I, (long long)(e1 - e0), (long long)E, rank == 0 ? " and the shared one" : "", ops.props().name, ops.props().multiProcessorCount,
-                copy_gbs);
+                (long long)I, (long long)(e1 - e0), (long long)E, rank == 0 ? " and the shared one" : "",
+                ops.props().name, ops.props().multiProcessorCount, copy_gbs);
     std::printf("| n | path | µs (median of %d) | distinct experts | MB read | GB/s | %% of copy | µs in a graph | %% of copy "
                 "in a graph | µs back to back | host µs | TFLOP/s | FLOP floor µs (990 TFLOP/s) | × floor |\n", iterations);
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");

@@ -253,7 +253,8 @@ __global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(E
     const int first = ((warp - shared_tasks) % kUpDecodeWarps + kUpDecodeWarps) % kUpDecodeWarps;
     const MatFormat& f = p.routed_up;
     for (int task = first; task < 2 * kRoutedUpSlices * (chunks - first_routed); task += kUpDecodeWarps) {
-      const int c = first_routed + task / (2 * kRoutedUpSlices), matrix = task / kRoutedUpSlices % 2, slice = task % kRoutedUpSlices;
+      const int c = first_routed + task / (2 * kRoutedUpSlices);
+      const int matrix = task / kRoutedUpSlices % 2, slice = task % kRoutedUpSlices;
       const ExpertPtrs e = p.experts[chunk_at(p.plan, c).expert];
       const MatView w = matrix == 0 ? MatView{e.w1, e.s1, f.row_bytes, f.scale_cols, f.tiled}
                                     : MatView{e.w3, e.s3, f.row_bytes, f.scale_cols, f.tiled};

@@ -1,9 +1,9 @@
 // moe family (CUDA): CudaOps::moe, the same function as CpuOps::moe (src/cpu/moe.cpp, spec §9) in four
 // launches on the stream and no host round-trip: router_logits → route → expert_up → expert_down
-// (moe_kernels.h); in fast numerics from shared_grouped_min_tokens(I) tokens the shared expert runs between route
-// and expert_up on the grouped path's GEMMs. The per-expert pointer table of a layer is built on its first call and kept on the
-// device (the backend's Tables, moe_tables.h); the step's plan, SwiGLU outputs and per-pair down projections
-// live in one workspace. Fast numerics round inside the expert kernels, where CpuOps::moe does.
+// (moe_kernels.h); in fast numerics from shared_grouped_min_tokens(I) tokens the shared expert runs between
+// route and expert_up on the grouped path's GEMMs. The per-expert pointer table of a layer is built on its first
+// call and kept on the device (the backend's Tables, moe_tables.h); the step's plan, SwiGLU outputs and per-pair
+// down projections live in one workspace. Fast numerics round inside the expert kernels, where CpuOps::moe does.
 #include <algorithm>
 #include <cstring>
 #include <string>

@@ -211,8 +211,8 @@ __device__ Choice choose_experts(const RouteParams& p, const RoutePrefetch& pre,
 }
 
 // Step 2 of route_kernel for P ≤ 32 pairs (decode-sized steps), by one warp with a pair per lane (a lane whose
-// expert is another rank's holds none): the same plan as the general path — pairs ordered by (expert, pair), kChunk-pair chunks per expert in that order —
-// from shuffles, without the shared-memory counters, scans and barriers (a large share of the kernel's time
+// expert is another rank's holds none): the same plan as the general path — pairs ordered by (expert, pair),
+// kChunk-pair chunks per expert in that order — from shuffles, without the shared-memory counters, scans and barriers (a large share of the kernel's time
 // at n = 1). The pairs' experts and weights come from shared memory (step 1's copy of topk_expert / topk_weight).
 __device__ void group_few_pairs(const RouteParams& p, int P, const int* few_expert, const float* few_weight) {
   const Plan& plan = p.plan;
