@@ -1,6 +1,6 @@
 // moe family (CUDA), host-only: the token counts from which CudaOps::moe takes the grouped FP8 GEMM path in fast
 // numerics (experts_grouped.cu; the crossover against the item kernels is measured in docs/design/moe.md).
-// Tests and benchmarks move it to force either path.
+// Tests and benchmarks move them to force a path.
 #pragma once
 
 #include <cstdint>
