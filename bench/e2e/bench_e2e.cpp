@@ -24,6 +24,16 @@
 
 namespace dsv4 {
 
+std::string decode_output(const BenchOptions& o) {
+  if (o.download_logits) return "logits of every sequence downloaded";
+  if (o.temperature > 0.0f) {
+    std::ostringstream t;
+    t << "the next tokens drawn at temperature " << o.temperature << " on the backend (ids downloaded)";
+    return t.str();
+  }
+  return "the greedy next tokens chosen on the backend (ids downloaded)";
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -352,7 +362,8 @@ BenchReport run_bench(const BenchOptions& o) {
   // ---- decode: a master sequence is prefilled to each context in turn (contexts ascending, so each prefill
   // extends the last); every repetition forks it into `batch` sequences and times decode_steps steps of one
   // new token per sequence (random ids, so that the routing spreads as real text does), each step ending with
-  // the greedy next tokens chosen on the backend, or all logits downloaded (--logits).
+  // the greedy next tokens chosen on the backend, tokens drawn there (--temperature), or all logits downloaded
+  // (--logits).
   auto master = model.new_sequence(std::max<int64_t>(contexts.back(), 1));
   model.reset(*master);
   std::vector<std::unique_ptr<SequenceState>> pool;
@@ -364,6 +375,7 @@ BenchReport run_bench(const BenchOptions& o) {
     for (int64_t b : o.batches) {
       std::vector<StepInput> batch(static_cast<size_t>(b));
       std::vector<int32_t> tokens(static_cast<size_t>(b)), next(static_cast<size_t>(b));
+      std::vector<RowDraw> draws(static_cast<size_t>(b));
       const auto run = [&](int64_t steps) {
         for (int64_t i = 0; i < b; ++i) model.copy_sequence(*master, *pool[size_t(i)]);
         sync(ranks, *master);
@@ -371,11 +383,12 @@ BenchReport run_bench(const BenchOptions& o) {
         for (int64_t s = 0; s < steps; ++s) {
           for (int64_t i = 0; i < b; ++i) {
             tokens[size_t(i)] = int32_t(rng() % uint64_t(c.vocab_size));
+            draws[size_t(i)] = {.temperature = o.temperature, .seed = uint64_t(i), .step = uint64_t(s)};
             batch[size_t(i)] = o.download_logits
                                    ? StepInput{pool[size_t(i)].get(), &tokens[size_t(i)], 1,
                                                logits.data() + i * c.vocab_size, false}
                                    : StepInput{pool[size_t(i)].get(), &tokens[size_t(i)], 1, nullptr, false,
-                                               &next[size_t(i)]};
+                                               &next[size_t(i)], &draws[size_t(i)]};
           }
           model.step(batch);
         }
@@ -439,9 +452,7 @@ std::string bench_markdown(const BenchReport& r) {
   }
   out << "* " << r.options.reps << " repetitions (mean ± sd); decode: " << r.options.decode_steps
       << " steps per repetition, one new token per sequence per step, "
-      << (r.options.download_logits ? "logits of every sequence downloaded"
-                                    : "the greedy next tokens chosen on the backend (ids downloaded)")
-      << "\n\n";
+      << decode_output(r.options) << "\n\n";
 
   out << "| prefill tokens | step | ms | tokens/s |\n|---:|---:|---:|---:|\n";
   for (const PrefillRow& p : r.prefill)
@@ -487,7 +498,7 @@ nlohmann::json bench_json(const BenchReport& r) {
                  {"peak_bytes", r.memory_peak}};
   j["load_seconds"] = r.load_seconds;
   j["options"] = {{"reps", r.options.reps}, {"decode_steps", r.options.decode_steps}, {"step", r.step_tokens},
-                  {"seed", r.options.seed}, {"decode_output", r.options.download_logits ? "logits" : "greedy ids"}};
+                  {"seed", r.options.seed}, {"decode_output", decode_output(r.options)}};
   if (!r.synth.is_null()) j["synth"] = r.synth;
   j["prefill"] = json::array();
   for (const PrefillRow& p : r.prefill)

@@ -32,9 +32,13 @@ struct BenchOptions {
   // Decode output: every sequence's logits downloaded (as a host sampler needs them), or, by default, its greedy
   // next token chosen on the backend with only the ids downloaded (as `dsv4 generate --temperature 0` runs).
   bool download_logits = false;
+  float temperature = 0.0f;  // > 0: every sequence's next token is drawn at this temperature on the backend
   uint64_t seed = 0;
   std::function<void(const std::string&)> log;  // progress lines (may be empty)
 };
+
+// How decode steps end, in words: "the greedy next tokens chosen on the backend (ids downloaded)", ...
+std::string decode_output(const BenchOptions& o);
 
 struct Stat {  // over repetitions; sd is the sample standard deviation (0 for one repetition)
   double mean = 0, sd = 0, min = 0, max = 0;

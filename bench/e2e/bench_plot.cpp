@@ -230,7 +230,7 @@ std::string bench_svg(const BenchReport& r) {
   svg.text(kLeft, 84,
            std::to_string(r.options.reps) + " repetitions · " + std::to_string(r.options.decode_steps) +
                " decode steps each, one token per sequence a step, " +
-               (r.options.download_logits ? "every logit downloaded" : "greedy ids downloaded"),
+               decode_output(r.options),
            "subtitle");
   double y = 84;
   if (!r.decode.empty()) y = decode_panel(svg, r, y + 40, width);

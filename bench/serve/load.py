@@ -5,7 +5,7 @@ request and token throughput. Prints a markdown table.
 
 Every request streams a completion of exactly --output-len tokens (ignore_eos) from a random prompt of
 --input-len tokens (ids drawn from the vocabulary, so the length is exact without a tokenizer); at most
---concurrency requests are in flight at once.
+--concurrency requests are in flight at once. Greedy by default; --temperature T samples.
 
     python3 bench/serve/load.py --base-url http://127.0.0.1:8000 --concurrency 8 \
         --num-prompts 64 --input-len 128 --output-len 64
@@ -92,12 +92,14 @@ async def events(base_url, path, body):
         writer.close()
 
 
-async def one_request(base_url, model, prompt, output_len, results):
+async def one_request(base_url, model, prompt, output_len, results, temperature=0.0, seed=None):
     start = time.perf_counter()
     times = []  # arrival of each chunk that carried text
     tokens = 0
-    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0, "stream": True,
+    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": temperature, "stream": True,
             "stream_options": {"include_usage": True}, "ignore_eos": True}
+    if seed is not None:
+        body["seed"] = seed
     async for chunk in events(base_url, "/v1/completions", body):
         if chunk.get("choices") and chunk["choices"][0].get("text"):
             times.append(time.perf_counter())
@@ -138,7 +140,8 @@ async def run(args):
     async def limited(p):
         async with limit:
             try:
-                await one_request(base_url, model, p, args.output_len, results)
+                await one_request(base_url, model, p, args.output_len, results, args.temperature,
+                                  rng.randrange(2 ** 31) if args.temperature > 0 else None)
             except (OSError, RuntimeError, ValueError, asyncio.IncompleteReadError) as e:
                 failures.append(repr(e))
 
@@ -192,6 +195,8 @@ def main():
     parser.add_argument("--output-len", type=int, default=64, help="generated tokens per request")
     parser.add_argument("--vocab", type=int, default=4096, help="prompt ids are drawn below this (4096: tiny)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy; above, every request samples (seeded from --seed)")
     args = parser.parse_args()
     if min(args.concurrency, args.num_prompts, args.input_len, args.output_len) < 1:
         sys.exit("load.py: --concurrency, --num-prompts, --input-len and --output-len must be at least 1")

@@ -27,6 +27,14 @@ void CpuOps::greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int
     if (values) values[r] = logits[r * vocab + tokens[r]];
   }
 }
+void CpuOps::sample_tokens(const float* logits, int64_t vocab, std::span<const RowDraw> draws, int32_t* tokens) {
+  for (size_t r = 0; r < draws.size(); ++r) tokens[r] = sample_row(logits + int64_t(r) * vocab, vocab, draws[r]);
+}
+void CpuOps::token_logprobs(const float* logits, int64_t vocab, std::span<const int64_t> rows, const int32_t* tokens,
+                            int64_t top, std::span<TokenLogprobs> out) {
+  for (size_t i = 0; i < rows.size(); ++i)
+    out[i] = dsv4::token_logprobs(logits + rows[i] * vocab, vocab, tokens[rows[i]], top);
+}
 void CpuOps::copy(const float* src, size_t count, float* dst) { std::copy(src, src + count, dst); }
 void CpuOps::all_reduce(float* x, size_t count) {
   if (group_) group_->all_reduce(rank_, x, count);

@@ -52,6 +52,9 @@ class CpuOps final : public Ops {
   void add(const float* a, const float* b, size_t count, float* out) override;
   void scale(float* x, size_t count, float factor) override;
   void greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, float* values) override;
+  void sample_tokens(const float* logits, int64_t vocab, std::span<const RowDraw> draws, int32_t* tokens) override;
+  void token_logprobs(const float* logits, int64_t vocab, std::span<const int64_t> rows, const int32_t* tokens,
+                      int64_t top, std::span<TokenLogprobs> out) override;
   void ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) override;
 
   void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) override;

@@ -1,9 +1,11 @@
 // CudaOps: device, stream, memory and weight upload. The op families live in their own folders.
 #include <algorithm>
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cpu/cpu_ops.h"  // rope_inv_freq: host-side constants shared with the CPU reference
 #include "cuda/common/check.h"
@@ -120,6 +122,90 @@ void CudaOps::greedy_tokens(const float* logits, int64_t rows, int64_t vocab, in
   p.partials = static_cast<int2*>(workspace(cuda::kWsGreedyPartials, size_t(rows * slices) * sizeof(int2)));
   p.arrivals = static_cast<unsigned*>(workspace(cuda::kWsGreedyArrivals, size_t(rows) * sizeof(unsigned), /*zeroed=*/true));
   cuda::greedy_tokens(p, stream_, pdl());
+}
+
+void CudaOps::sample_tokens(const float* logits, int64_t vocab, std::span<const RowDraw> draws, int32_t* tokens) {
+  const int64_t rows = int64_t(draws.size());
+  if (rows == 0) return;
+  // One upload: [rows] DrawRow, then every row's edits, then every row's mask (each block keeps the next's
+  // alignment: DrawRow is 8-byte, LogitEdit 4-byte aligned).
+  const int64_t words = (vocab + 31) / 32;
+  int64_t edits = 0, masks = 0;
+  for (const RowDraw& d : draws) edits += int64_t(d.edits.size()), masks += d.allowed ? 1 : 0;
+  const size_t draw_bytes = size_t(rows) * sizeof(cuda::DrawRow), edit_bytes = size_t(edits) * sizeof(LogitEdit);
+  const size_t bytes = draw_bytes + edit_bytes + size_t(masks * words) * sizeof(uint32_t);
+  sample_staging_.resize(bytes);
+  auto* draw_h = reinterpret_cast<cuda::DrawRow*>(sample_staging_.data());
+  auto* edit_h = reinterpret_cast<LogitEdit*>(sample_staging_.data() + draw_bytes);
+  auto* mask_h = reinterpret_cast<uint32_t*>(sample_staging_.data() + draw_bytes + edit_bytes);
+  int64_t edit = 0, mask = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const RowDraw& d = draws[size_t(r)];
+    cuda::DrawRow& row = draw_h[r];
+    row = {d.temperature, d.top_p, d.min_p, d.repetition_penalty, d.top_k, d.seed, d.step};
+    if (d.allowed) {
+      std::copy_n(d.allowed, words, mask_h + mask * words);
+      row.mask = mask++ * words;
+    }
+    row.edit_begin = edit;
+    std::copy(d.edits.begin(), d.edits.end(), edit_h + edit);
+    row.edit_end = edit += int64_t(d.edits.size());
+  }
+  auto* inputs = static_cast<uint8_t*>(workspace(cuda::kWsSampleInputs, bytes));
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(inputs, sample_staging_.data(), bytes, cudaMemcpyHostToDevice, stream_));
+  cuda::SampleParams p;
+  p.logits = logits;
+  p.rows = rows;
+  p.vocab = vocab;
+  p.draws = reinterpret_cast<const cuda::DrawRow*>(inputs);
+  p.edits = reinterpret_cast<const LogitEdit*>(inputs + draw_bytes);
+  p.masks = reinterpret_cast<const uint32_t*>(inputs + draw_bytes + edit_bytes);
+  if (edits > 0) p.work = static_cast<float*>(workspace(cuda::kWsSampleWork, size_t(rows * vocab) * sizeof(float)));
+  p.tokens = tokens;
+  cuda::sample_tokens(p, stream_);
+}
+
+void CudaOps::token_logprobs(const float* logits, int64_t vocab, std::span<const int64_t> rows, const int32_t* tokens,
+                             int64_t top, std::span<TokenLogprobs> out) {
+  const int64_t n = int64_t(rows.size());
+  if (n == 0) return;
+  // One buffer: rows in; the normalisers, chosen logits and top (id, logit) pairs out.
+  const size_t rows_bytes = size_t(n) * 8, z_bytes = size_t(n) * 8, chosen_bytes = size_t(n) * 4;
+  const size_t out_bytes = z_bytes + chosen_bytes + size_t(n * top) * sizeof(int2);
+  auto* buffer = static_cast<uint8_t*>(workspace(cuda::kWsLogprobs, rows_bytes + out_bytes));
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(buffer, rows.data(), rows_bytes, cudaMemcpyHostToDevice, stream_));
+  cuda::LogprobParams p;
+  p.logits = logits;
+  p.vocab = vocab;
+  p.rows = reinterpret_cast<const int64_t*>(buffer);
+  p.count = n;
+  p.tokens = tokens;
+  p.top = top;
+  p.log_z = reinterpret_cast<double*>(buffer + rows_bytes);
+  p.chosen = reinterpret_cast<float*>(buffer + rows_bytes + z_bytes);
+  p.best = reinterpret_cast<int2*>(buffer + rows_bytes + z_bytes + chosen_bytes);
+  cuda::token_logprobs(p, stream_);
+  sample_staging_.resize(out_bytes);
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(sample_staging_.data(), buffer + rows_bytes, out_bytes, cudaMemcpyDeviceToHost, stream_));
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const auto* log_z = reinterpret_cast<const double*>(sample_staging_.data());
+  const auto* chosen = reinterpret_cast<const float*>(sample_staging_.data() + z_bytes);
+  const auto* best = reinterpret_cast<const int2*>(sample_staging_.data() + z_bytes + chosen_bytes);
+  // As the CPU's token_logprobs: logit − log Z in double, the top ones most likely first, lower id first on ties.
+  for (int64_t i = 0; i < n; ++i) {
+    const auto logprob = [&](float l) { return float(double(l) - log_z[i]); };
+    std::vector<std::pair<int32_t, float>> ranked;
+    for (int64_t j = 0; j < top; ++j) {
+      const int2 b = best[i * top + j];
+      ranked.emplace_back(b.x, std::bit_cast<float>(b.y));
+    }
+    std::sort(ranked.begin(), ranked.end(),
+              [](const auto& a, const auto& b) { return a.second > b.second || (a.second == b.second && a.first < b.first); });
+    TokenLogprobs& o = out[size_t(i)];
+    o.logprob = logprob(chosen[i]);
+    o.top.clear();
+    for (const auto& [id, l] : ranked) o.top.emplace_back(id, logprob(l));
+  }
 }
 
 void CudaOps::copy(const float* src, size_t count, float* dst) {

@@ -43,6 +43,9 @@ enum WorkspaceSlot : int {
   kWsGreedyPartials,        // greedy_tokens: each slice's winner
   kWsGreedyArrivals,        // greedy_tokens: per-row arrival counters (zeroed: every call leaves them zero)
   kWsIndexerHist,           // indexer_topk: per-row top-bits histograms (zeroed: every call leaves them zero)
+  kWsSampleInputs,          // sample_tokens: the rows' draws, edits and masks, one upload
+  kWsSampleWork,            // sample_tokens: the edited copies of rows with edits
+  kWsLogprobs,              // token_logprobs: the rows in, the normalisers, chosen and top logits out
 };
 
 // The storage of a cache from CudaOps::alloc_cache (layouts in attention/kv_cache.cuh).
@@ -115,6 +118,9 @@ class CudaOps final : public Ops {
   void add(const float* a, const float* b, size_t count, float* out) override;
   void scale(float* x, size_t count, float factor) override;
   void greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, float* values) override;
+  void sample_tokens(const float* logits, int64_t vocab, std::span<const RowDraw> draws, int32_t* tokens) override;
+  void token_logprobs(const float* logits, int64_t vocab, std::span<const int64_t> rows, const int32_t* tokens,
+                      int64_t top, std::span<TokenLogprobs> out) override;
   void ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) override;
 
   void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) override;
@@ -233,6 +239,7 @@ class CudaOps final : public Ops {
   std::vector<std::pair<void*, size_t>> workspaces_;
   int32_t* pinned_i32_ = nullptr;  // page-locked host staging of download_i32, grown on first use
   size_t pinned_i32_count_ = 0;
+  std::vector<uint8_t> sample_staging_;  // sample_tokens / token_logprobs: host side of their uploads and downloads
   float* inv_freq_plain_ = nullptr;
   float* inv_freq_compressed_ = nullptr;
   Numerics numerics_ = Numerics::kReference;

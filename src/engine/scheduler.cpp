@@ -27,18 +27,22 @@ struct Scheduler::Active {
   size_t slot = 0;
   int64_t prefilled = 0;           // prompt tokens consumed so far
   std::vector<int32_t> generated;  // the last one is the input of the next decode step
-  std::vector<float> logits;       // [V] the row the next token is sampled from
-  bool has_logits = false;         // this step produced that row (or, plain greedy, the token itself)
-  int32_t greedy_token = -1;       // plain greedy decode: the next token, chosen on the backend (−1: none)
+  bool choosing = false;           // this step chooses the next token (a decode, or the prompt's last chunk)
+  int32_t token = -1;              // the token it chose, on the backend
+  TokenLogprobs logprobs;          // with request.logprobs: that token's
   std::vector<uint32_t> mask;      // [ceil(V / 32)] with a grammar: the tokens it allows in this step's row
   int64_t allowed = 0;             // how many
 
   Active(RequestId id_, GenerationRequest r, EventSink s, int64_t vocab)
-      : id(id_), request(std::move(r)), sink(std::move(s)), sampler(request.sampling, vocab), logits(size_t(vocab)),
+      : id(id_), request(std::move(r)), sink(std::move(s)), sampler(request.sampling, vocab),
         mask(request.constraint ? size_t((vocab + 31) / 32) : 0) {}
   bool decoding() const { return prefilled == int64_t(request.prompt.size()); }
-  // The logits row must reach the host: the backend's greedy choice would skip the sampler's inputs.
-  bool needs_logits() const { return !sampler.plain_greedy() || request.logprobs || request.constraint; }
+  // The StepInput fields that choose the next token on the backend (the draw is valid until the next call).
+  void choose(StepInput& in) {
+    in.next_token = &token;
+    in.draw = &sampler.next(request.prompt, generated, request.constraint ? mask.data() : nullptr);
+    if (request.logprobs) in.logprobs = &logprobs, in.top_logprobs = *request.logprobs;
+  }
 };
 
 Scheduler::Scheduler(DeepseekV4& model, const SchedulerOptions& options) : model_(model), options_(options) {
@@ -77,7 +81,7 @@ std::optional<Scheduler::RequestId> Scheduler::submit(GenerationRequest request,
              request.max_tokens, " to generate)");
   for (int32_t t : request.prompt)
     DSV4_CHECK(t >= 0 && t < c.vocab_size, "token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")");
-  validate(request.sampling);
+  validate(request.sampling, c.vocab_size);
   if (request.logprobs)
     DSV4_CHECK(*request.logprobs >= 0 && *request.logprobs <= c.vocab_size, "logprobs must be between 0 and the ",
                "vocabulary size ", c.vocab_size, ", got ", *request.logprobs);
@@ -188,30 +192,34 @@ int64_t Scheduler::step(std::vector<Active*>& members) {
   // Decodes first (one row each), then prompt chunks in admission order with the rows left.
   for (auto& a : running_) {
     if (!a->decoding()) continue;
-    batch.push_back(a->needs_logits()
-                        ? StepInput{slots_[a->slot].get(), &a->generated.back(), 1, a->logits.data(), false}
-                        : StepInput{slots_[a->slot].get(), &a->generated.back(), 1, nullptr, false, &a->greedy_token});
+    batch.push_back({slots_[a->slot].get(), &a->generated.back(), 1});
     members.push_back(a.get());
     --budget;
   }
   for (auto& a : running_) {
     if (a->decoding() || budget == 0) continue;
     const int64_t n = std::min(budget, int64_t(a->request.prompt.size()) - a->prefilled);
-    const bool last_chunk = a->prefilled + n == int64_t(a->request.prompt.size());
-    batch.push_back({slots_[a->slot].get(), a->request.prompt.data() + a->prefilled, n,
-                     last_chunk ? a->logits.data() : nullptr, false});
+    batch.push_back({slots_[a->slot].get(), a->request.prompt.data() + a->prefilled, n});
     members.push_back(a.get());
     budget -= n;
   }
-  for (size_t i = 0; i < members.size(); ++i) members[i]->has_logits = batch[i].logits || batch[i].next_token;
+  // A decode, or the prompt's last chunk, chooses the request's next token.
+  for (size_t i = 0; i < members.size(); ++i)
+    members[i]->choosing =
+        members[i]->decoding() || members[i]->prefilled + batch[i].n == int64_t(members[i]->request.prompt.size());
   // The grammars' masks depend only on the tokens so far: they are made before the step (on a GPU backend this
   // is where they can overlap the forward pass). Rows are independent.
   std::vector<Active*> constrained;
   for (Active* a : members)
-    if (a->has_logits && a->request.constraint) constrained.push_back(a);
+    if (a->choosing && a->request.constraint) constrained.push_back(a);
 #pragma omp parallel for schedule(dynamic, 1) if (constrained.size() > 1)
   for (size_t i = 0; i < constrained.size(); ++i)
     constrained[i]->allowed = constrained[i]->request.constraint->allowed(constrained[i]->mask);
+  // A grammar that allows nothing (past its nesting limit) ends its request after the step: no token is drawn.
+  for (size_t i = 0; i < members.size(); ++i) {
+    Active& a = *members[i];
+    if (a.choosing && !(a.request.constraint && a.allowed == 0)) a.choose(batch[i]);
+  }
   try {
     model_.step(batch);
   } catch (const std::exception& e) {
@@ -229,23 +237,19 @@ int64_t Scheduler::step(std::vector<Active*>& members) {
     if (!members[i]->decoding()) members[i]->prefilled += batch[i].n;
   std::erase_if(running_, [&](auto& ap) {
     Active& a = *ap;
-    if (!a.has_logits) return false;
-    a.has_logits = false;
+    if (!a.choosing) return false;
+    a.choosing = false;
     grammar::TokenConstraint* constraint = a.request.constraint.get();
-    if (constraint && a.allowed == 0) {  // only past the grammar's nesting limit
+    if (constraint && a.allowed == 0) {
       retire(a, FinishReason::kError, "the grammar allows no token here (nested deeper than it supports)");
       return true;
     }
-    const int32_t token = a.greedy_token >= 0 ? a.greedy_token
-                                              : a.sampler.sample(a.logits.data(), a.request.prompt, a.generated,
-                                                                 constraint ? a.mask.data() : nullptr);
-    a.greedy_token = -1;
+    const int32_t token = a.token;
     if (constraint) DSV4_ASSERT(constraint->accept(token));
     a.generated.push_back(token);
     GenerationEvent event;
     event.token = token;
-    if (a.request.logprobs)
-      event.logprobs = token_logprobs(a.logits.data(), int64_t(a.logits.size()), token, *a.request.logprobs);
+    if (a.request.logprobs) event.logprobs = std::move(a.logprobs);
     a.sink(event);
     std::optional<FinishReason> done;
     if (a.request.stop_at_eos && token == eos) done = FinishReason::kEos;

@@ -36,12 +36,12 @@ struct GenerationRequest {
   int64_t max_tokens = 16;      // ≥ 1; prompt + max_tokens ≤ the slots' context (checked by submit)
   SamplingParams sampling;
   bool stop_at_eos = true;
-  // Set: each token's event carries its log-probability and this many most likely alternatives (≤ the vocab).
-  // The logits row then crosses to the host every step, greedy included; unset costs nothing.
+  // Set: each token's event carries its log-probability and this many most likely alternatives (≤ the vocab),
+  // computed on the backend (only they cross to the host).
   std::optional<int64_t> logprobs;
-  // Set: constrained decoding. Every token is drawn from those the grammar allows next (its mask is made before
-  // the step that computes the logits, then applied to them), so the logits row crosses to the host every step,
-  // greedy included. The end-of-sentence token comes only where the answer may end.
+  // Set: constrained decoding. Every token is drawn from those the grammar allows next (its mask is made on the
+  // host before the step that computes the logits, then applied to them where the draw is made). The
+  // end-of-sentence token comes only where the answer may end.
   std::shared_ptr<grammar::TokenConstraint> constraint;
 };
 

@@ -88,6 +88,7 @@ class DeepseekV4::Rank {
     std::vector<float> logits;
     std::vector<int32_t> tokens;  // ids within this rank's columns
     std::vector<float> values;    // the logit of each, when several ranks share the vocabulary
+    std::vector<TokenLogprobs> logprobs;  // one rank: those of the inputs that asked, in batch order
   };
   const Results& results() const { return results_; }
   int64_t vocab0() const { return vocab0_; }
@@ -133,6 +134,9 @@ class DeepseekV4::Rank {
   std::vector<std::pair<int64_t, int64_t>> head_runs_;  // head(): the rows that need logits, as (first, count) runs of y
   int64_t vocab0_;   // this rank's first vocabulary column (its head rows, model/parallel.h)
   Results results_;
+  std::vector<RowDraw> draws_;          // collect(): each logits row's draw (greedy where none was asked)
+  std::vector<int64_t> logprob_rows_;   // collect(): the rows whose log-probabilities were asked
+  std::vector<int64_t> logprob_tops_;   // collect(): how many of the most likely each asked for
   std::vector<Span> mtp_span_;  // mtp_step()'s one sequence
 };
 
@@ -257,8 +261,9 @@ void DeepseekV4::copy_sequence(const SequenceState& src, SequenceState& dst) {
   dsv4::copy_sequence(shards_, src, dst);
 }
 
-void DeepseekV4::step(const int32_t* tokens, int64_t n, float* logits, bool all_rows, int32_t* next_token) {
-  const StepInput input{state_.get(), tokens, n, logits, all_rows, next_token};
+void DeepseekV4::step(const int32_t* tokens, int64_t n, float* logits, bool all_rows, int32_t* next_token,
+                      const RowDraw* draw) {
+  const StepInput input{state_.get(), tokens, n, logits, all_rows, next_token, draw};
   step(std::span<const StepInput>(&input, 1));
 }
 
@@ -296,11 +301,14 @@ void DeepseekV4::mtp_step(const int32_t* next_tokens, int64_t n, float* logits) 
   deliver(batch);
 }
 
-// Rows in head() order; each rank holds its columns of them. A greedy id is the best over the ranks' own:
-// the largest logit, and among equal ones the lowest id (the first rank's), as argmax() in sampler.h.
+// Rows in head() order; each rank holds its columns of them. One rank chose the tokens (and log-probabilities)
+// itself. Several: a greedy id is the best over the ranks' own (the largest logit, and among equal ones the
+// lowest id: the first rank's, as argmax() in sampler.h); a draw or log-probabilities take the whole row,
+// gathered here from the ranks' columns.
 void DeepseekV4::deliver(std::span<const StepInput> batch) {
   const int64_t V = model_.config.vocab_size;
   int64_t row = 0;
+  size_t logprobs = 0;  // the next of rank 0's log-probability results
   for (const StepInput& in : batch) {
     if (!in.logits && !in.next_token) continue;
     const int64_t count = in.logits && in.all_rows ? in.n : 1;
@@ -313,14 +321,26 @@ void DeepseekV4::deliver(std::span<const StepInput> batch) {
     }
     if (in.next_token) {
       const size_t last = size_t(row + count - 1);
-      int32_t best = -1;
-      float best_value = 0.0f;
-      for (const auto& rank : ranks_) {
-        const Rank::Results& res = rank->results();
-        const float value = res.values.empty() ? 0.0f : res.values[last];
-        if (best < 0 || value > best_value) best = int32_t(rank->vocab0()) + res.tokens[last], best_value = value;
+      if (ranks_.size() == 1) {
+        *in.next_token = ranks_[0]->results().tokens[last];
+        if (in.logprobs) *in.logprobs = ranks_[0]->results().logprobs[logprobs++];
+      } else if ((in.draw && !in.draw->greedy()) || in.logprobs) {
+        row_.resize(size_t(V));
+        for (const auto& rank : ranks_)
+          std::copy_n(rank->results().logits.data() + int64_t(last) * rank->vocab_share(), rank->vocab_share(),
+                      row_.data() + rank->vocab0());
+        *in.next_token = in.draw ? sample_row(row_.data(), V, *in.draw) : argmax(row_.data(), V);
+        if (in.logprobs) *in.logprobs = token_logprobs(row_.data(), V, *in.next_token, in.top_logprobs);
+      } else {
+        int32_t best = -1;
+        float best_value = 0.0f;
+        for (const auto& rank : ranks_) {
+          const Rank::Results& res = rank->results();
+          if (best < 0 || res.values[last] > best_value)
+            best = int32_t(rank->vocab0()) + res.tokens[last], best_value = res.values[last];
+        }
+        *in.next_token = best;
       }
-      *in.next_token = best;
     }
     row += count;
   }
@@ -554,16 +574,44 @@ int64_t DeepseekV4::Rank::head(const HcHeadWeights& hc, const std::vector<float>
   return rows;
 }
 
-// This rank's results to the host, in head()'s row order: the greedy ids (chosen on the backend, with their
-// logits when ranks share the vocabulary) if any input asked for one, the logits rows if any asked for logits.
+// This rank's results to the host, in head()'s row order: the tokens chosen on the backend, if any input asked for
+// one (greedy ids with their logits when ranks share the vocabulary), their log-probabilities, and the logits
+// rows if any input asked for logits or, with several ranks, for a draw or log-probabilities (deliver()).
 void DeepseekV4::Rank::collect(std::span<const StepInput> batch, int64_t rows) {
   if (rows == 0) return;
   const int64_t V = model_.head.rows;  // this rank's columns
-  const bool want_tokens = std::any_of(batch.begin(), batch.end(), [](const StepInput& in) { return in.next_token != nullptr; });
-  const bool want_logits = std::any_of(batch.begin(), batch.end(), [](const StepInput& in) { return in.logits != nullptr; });
+  draws_.assign(size_t(rows), RowDraw{});
+  logprob_rows_.clear();
+  logprob_tops_.clear();
+  bool want_tokens = false, want_logits = false, drawn = false;
+  int64_t top = 0, row = 0;
+  for (const StepInput& in : batch) {
+    if (!in.logits && !in.next_token) continue;
+    const int64_t count = in.logits && in.all_rows ? in.n : 1, last = row + count - 1;
+    row += count;
+    want_logits |= in.logits != nullptr;
+    if (!in.next_token) continue;
+    want_tokens = true;
+    const bool draw = in.draw && !in.draw->greedy();
+    if (several_) {
+      want_logits |= draw || in.logprobs;
+      continue;
+    }
+    if (in.draw) draws_[size_t(last)] = *in.draw;
+    drawn |= draw;
+    if (in.logprobs) {
+      logprob_rows_.push_back(last);
+      logprob_tops_.push_back(in.top_logprobs);
+      top = std::max(top, in.top_logprobs);
+    }
+  }
   if (want_tokens) {
     results_.tokens.resize(size_t(rows));
-    ops_.greedy_tokens(act_.logits, rows, V, act_.greedy, several_ ? act_.greedy_values : nullptr);
+    if (drawn) ops_.sample_tokens(act_.logits, V, draws_, act_.greedy);
+    else ops_.greedy_tokens(act_.logits, rows, V, act_.greedy, several_ ? act_.greedy_values : nullptr);
+    results_.logprobs.resize(logprob_rows_.size());
+    if (!logprob_rows_.empty()) ops_.token_logprobs(act_.logits, V, logprob_rows_, act_.greedy, top, results_.logprobs);
+    for (size_t i = 0; i < logprob_rows_.size(); ++i) results_.logprobs[i].top.resize(size_t(logprob_tops_[i]));
     ops_.download_i32(results_.tokens.data(), act_.greedy, size_t(rows));
     if (several_) {
       results_.values.resize(size_t(rows));

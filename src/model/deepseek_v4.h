@@ -48,9 +48,13 @@ struct StepInput {
   int64_t n = 0;
   float* logits = nullptr;  // host: [n, V] when all_rows, else the last token's [V]; nullptr = none wanted
   bool all_rows = false;
-  // host: the greedy next token (argmax of the last token's logits, chosen on the backend: only the id crosses
-  // to the host when no input of the step asks for logits); nullptr = none wanted.
+  // host: the next token, chosen on the backend from the last token's logits under `draw` (sampler.h; the
+  // greedy argmax without one): only the id crosses to the host. nullptr = none wanted.
   int32_t* next_token = nullptr;
+  const RowDraw* draw = nullptr;
+  // host, with next_token: that token's raw log-probability and the `top_logprobs` most likely; nullptr = none.
+  TokenLogprobs* logprobs = nullptr;
+  int64_t top_logprobs = 0;
 };
 
 // The model over one or several ranks (model/parallel.h). Every rank runs the same forward pass on its shard,
@@ -87,7 +91,9 @@ class DeepseekV4 {
   // The default sequence: consumes n ≤ max_step tokens at positions position() .. position()+n−1 and writes
   // logits to host memory: all n rows ([n, V]) when all_rows, otherwise only the last row ([V]).
   // The final residual streams of these tokens stay in the arena for mtp_step().
-  void step(const int32_t* tokens, int64_t n, float* logits, bool all_rows, int32_t* next_token = nullptr);
+  // next_token / draw as StepInput's.
+  void step(const int32_t* tokens, int64_t n, float* logits, bool all_rows, int32_t* next_token = nullptr,
+            const RowDraw* draw = nullptr);
 
   // MTP draft logits [n, V] for the tokens of the last single-sequence step(): row i from the main model's
   // final streams at that step's token i and next_tokens[i] (the true or sampled token that follows it).
@@ -112,6 +118,7 @@ class DeepseekV4 {
   std::unique_ptr<Workers> workers_;
   std::unique_ptr<SequenceState> state_;
   std::vector<Span> spans_;  // the current step's sequences
+  std::vector<float> row_;   // deliver(): a row gathered from the ranks' columns
 };
 
 }  // namespace dsv4

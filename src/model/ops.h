@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "model/weights.h"
+#include "sampler/sampler.h"
 
 namespace dsv4 {
 
@@ -153,6 +154,15 @@ class Ops {
   // as argmax() in sampler.h; values[r] = that maximum unless values is nullptr (ranks that share the
   // vocabulary compare theirs). tokens and values are backend memory.
   virtual void greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, float* values) = 0;
+  // tokens[r] = sample_row(logits row r, vocab, draws[r]) (sampler.h): the same token on every backend, with only
+  // the ids crossing to the host. logits [rows = draws.size(), vocab] and tokens: backend memory; the draws and
+  // what they point to (masks, edits): host. The logits are not modified.
+  virtual void sample_tokens(const float* logits, int64_t vocab, std::span<const RowDraw> draws, int32_t* tokens) = 0;
+  // out[i] = token_logprobs(logits row rows[i], vocab, tokens[rows[i]], top) (sampler.h): the raw
+  // log-probability of the chosen token and the `top` most likely, computed where the logits are so that only
+  // those cross to the host. logits, tokens: backend memory; rows, out: host.
+  virtual void token_logprobs(const float* logits, int64_t vocab, std::span<const int64_t> rows, const int32_t* tokens,
+                              int64_t top, std::span<TokenLogprobs> out) = 0;
 
   // Writes rows x[i] to ring[(pos0 + i) % slots] (the sliding-window KV ring, a cache).
   virtual void ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) = 0;

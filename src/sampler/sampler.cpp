@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "sampler/draw.h"
 
 namespace dsv4 {
 
@@ -20,6 +21,17 @@ void validate(const SamplingParams& p) {
              "presence_penalty must be in [-2, 2], got ", p.presence_penalty);
   DSV4_CHECK(std::isfinite(p.frequency_penalty) && std::fabs(p.frequency_penalty) <= 2.0f,
              "frequency_penalty must be in [-2, 2], got ", p.frequency_penalty);
+  for (const auto& [id, bias] : p.logit_bias) {
+    DSV4_CHECK(id >= 0, "logit_bias: token id ", id, " is negative");
+    DSV4_CHECK(std::isfinite(bias) && std::fabs(bias) <= 100.0f, "logit_bias: the bias of token ", id,
+               " must be in [-100, 100], got ", bias);
+  }
+}
+
+void validate(const SamplingParams& p, int64_t vocab) {
+  validate(p);
+  for (const auto& [id, bias] : p.logit_bias)
+    DSV4_CHECK(id < vocab, "logit_bias: token id ", id, " is outside the vocabulary [0, ", vocab, ")");
 }
 
 int32_t argmax(const float* logits, int64_t vocab) {
@@ -57,82 +69,100 @@ int64_t apply_mask(float* logits, int64_t vocab, const uint32_t* allowed, int32_
   return kept;
 }
 
-bool Sampler::plain_greedy() const {
-  return params_.temperature == 0.0f && params_.repetition_penalty == 1.0f && params_.presence_penalty == 0.0f &&
-         params_.frequency_penalty == 0.0f;
-}
-
 Sampler::Sampler(const SamplingParams& params, int64_t vocab)
-    : params_(params), vocab_(vocab), rng_(params.seed), work_(size_t(vocab)), order_(size_t(vocab)),
-      counts_(size_t(vocab), 0), seen_(size_t(vocab), 0), prob_(size_t(vocab)) {
-  validate(params);
+    : params_(params), vocab_(vocab),
+      penalised_(params.repetition_penalty != 1.0f || params.presence_penalty != 0.0f ||
+                 params.frequency_penalty != 0.0f) {
+  validate(params, vocab);
+  if (penalised_) counts_.assign(size_t(vocab), 0), seen_.assign(size_t(vocab), 0);
+  edit_of_.assign(size_t(vocab), -1);
+  draw_ = {params.temperature, params.top_k, params.top_p, params.min_p, params.repetition_penalty, params.seed};
 }
 
-int32_t Sampler::sample(const float* logits, std::span<const int32_t> prompt, std::span<const int32_t> generated,
-                        const uint32_t* allowed) {
-  const SamplingParams& p = params_;
-  std::copy(logits, logits + vocab_, work_.begin());
-  // The candidates: every token, or the ones a grammar allows (listed in order_; the others' logits become -inf).
-  const int64_t n = allowed ? apply_mask(work_.data(), vocab_, allowed, order_.data()) : vocab_;
-
-  // Penalties: repetition over prompt + output (each token once), presence / frequency over the output.
-  if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
-    std::fill(counts_.begin(), counts_.end(), 0);
-    for (int32_t t : generated) ++counts_[size_t(t)];
-    std::fill(seen_.begin(), seen_.end(), 0);
-    for (int32_t t : prompt) seen_[size_t(t)] = 1;
-    for (int32_t t : generated) seen_[size_t(t)] = 1;
-    for (int64_t i = 0; i < vocab_; ++i) {
-      float& l = work_[size_t(i)];
-      if (seen_[size_t(i)] && p.repetition_penalty != 1.0f) l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
-      const int32_t c = counts_[size_t(i)];
-      if (c > 0) l -= p.presence_penalty + p.frequency_penalty * float(c);
-    }
-  }
-  if (p.temperature == 0.0f) return argmax(work_.data(), vocab_);
-
-  // Candidates sorted by logit (ties: lower id first), truncated by top-k.
-  if (!allowed) std::iota(order_.begin(), order_.end(), 0);
-  const int64_t k = p.top_k > 0 ? std::min(p.top_k, n) : n;
-  const auto by_logit = [&](int32_t a, int32_t b) {
-    return work_[size_t(a)] > work_[size_t(b)] || (work_[size_t(a)] == work_[size_t(b)] && a < b);
+const RowDraw& Sampler::next(std::span<const int32_t> prompt, std::span<const int32_t> generated,
+                             const uint32_t* allowed) {
+  DSV4_ASSERT(prompt.size() >= prompt_seen_ && generated.size() >= generated_seen_);
+  const auto see = [&](int32_t t) {
+    if (!seen_[size_t(t)]) seen_[size_t(t)] = 1, touched_.push_back(t);
   };
-  std::partial_sort(order_.begin(), order_.begin() + k, order_.begin() + n, by_logit);
-
-  // Softmax at the temperature over the k candidates (double for the normalisation).
-  std::vector<double>& prob = prob_;
-  prob.resize(size_t(k));
-  const double top = work_[size_t(order_[0])];
-  double total = 0.0;
-  for (int64_t i = 0; i < k; ++i)
-    total += prob[size_t(i)] = std::exp((double(work_[size_t(order_[size_t(i)])]) - top) / p.temperature);
-  for (double& q : prob) q /= total;
-  // Tokens of probability 0 (logits of -inf: masked) are never drawn, whatever the rounding of the draw below.
-  int64_t keep = k;
-  while (keep > 1 && prob[size_t(keep - 1)] == 0.0) --keep;
-
-  // top-p keeps the smallest prefix whose mass reaches top_p; min-p drops tokens below min_p · p(top).
-  if (p.top_p < 1.0f) {
-    double mass = 0.0;
-    for (int64_t i = 0; i < keep; ++i) {
-      mass += prob[size_t(i)];
-      if (mass >= double(p.top_p)) {
-        keep = i + 1;
-        break;
-      }
+  if (penalised_) {
+    for (; prompt_seen_ < prompt.size(); ++prompt_seen_) see(prompt[prompt_seen_]);
+    for (; generated_seen_ < generated.size(); ++generated_seen_) {
+      see(generated[generated_seen_]);
+      ++counts_[size_t(generated[generated_seen_])];
     }
   }
-  if (p.min_p > 0.0f)
-    while (keep > 1 && prob[size_t(keep - 1)] < double(p.min_p) * prob[0]) --keep;
-
-  double kept = 0.0;
-  for (int64_t i = 0; i < keep; ++i) kept += prob[size_t(i)];
-  double u = std::uniform_real_distribution<double>(0.0, kept)(rng_);
-  for (int64_t i = 0; i < keep; ++i) {
-    u -= prob[size_t(i)];
-    if (u < 0.0) return order_[size_t(i)];
+  // One edit per token: the bias, then the penalties of the tokens seen.
+  edits_.clear();
+  const auto edit = [&](int32_t t) -> LogitEdit& {
+    int32_t& at = edit_of_[size_t(t)];
+    if (at < 0) at = int32_t(edits_.size()), edits_.push_back({t});
+    return edits_[size_t(at)];
+  };
+  for (const auto& [t, bias] : params_.logit_bias) edit(t).bias += bias;
+  for (int32_t t : touched_) {
+    LogitEdit& e = edit(t);
+    e.repeated = params_.repetition_penalty != 1.0f;
+    const int32_t c = counts_[size_t(t)];
+    if (c > 0) e.subtract = params_.presence_penalty + params_.frequency_penalty * float(c);
   }
-  return order_[size_t(keep - 1)];
+  for (const LogitEdit& e : edits_) edit_of_[size_t(e.id)] = -1;
+  draw_.step = generated.size();
+  draw_.allowed = allowed;
+  draw_.edits = edits_;
+  return draw_;
+}
+
+int32_t sample_row(const float* logits, int64_t vocab, const RowDraw& d) {
+  std::vector<float> l(logits, logits + vocab);
+  for (const LogitEdit& e : d.edits) {
+    float& x = l[size_t(e.id)];
+    x = x + e.bias;
+    if (e.repeated) x = x > 0.0f ? x / d.repetition_penalty : x * d.repetition_penalty;
+    x = x - e.subtract;
+  }
+  if (d.allowed) apply_mask(l.data(), vocab, d.allowed);
+  const int32_t top = argmax(l.data(), vocab);
+  if (d.temperature == 0.0f) return top;
+
+  // Weights in integer units; the tokens of weight 0 can never be drawn and rank after every other.
+  std::vector<uint64_t> units(static_cast<size_t>(vocab));
+  std::vector<float> w(static_cast<size_t>(vocab));
+  std::vector<int32_t> order;
+  for (int64_t i = 0; i < vocab; ++i) {
+    w[size_t(i)] = draw::weight(l[size_t(i)], l[size_t(top)], d.temperature);
+    units[size_t(i)] = draw::units(w[size_t(i)]);
+    if (units[size_t(i)] > 0) order.push_back(int32_t(i));
+  }
+  // The top-k candidates in rank order.
+  const auto by_rank = [&](int32_t a, int32_t b) { return l[size_t(a)] > l[size_t(b)] || (l[size_t(a)] == l[size_t(b)] && a < b); };
+  const size_t k = d.top_k > 0 ? std::min(size_t(d.top_k), order.size()) : order.size();
+  std::partial_sort(order.begin(), order.begin() + ptrdiff_t(k), order.end(), by_rank);
+  order.resize(k);
+  // The nucleus: a prefix of them, cut where the mass ranked before a token reaches top_p of theirs.
+  if (d.top_p < 1.0f) {
+    uint64_t Z = 0;
+    for (int32_t t : order) Z += units[size_t(t)];
+    const uint64_t threshold = draw::nucleus_threshold(d.top_p, Z);
+    uint64_t before = 0;
+    size_t keep = 0;
+    while (keep < order.size() && before < threshold) before += units[size_t(order[keep++])];
+    order.resize(keep);
+  }
+  // min-p, then the draw over the kept tokens in id order.
+  std::vector<uint8_t> kept(static_cast<size_t>(vocab), 0);
+  uint64_t total = 0;
+  for (int32_t t : order)
+    if (w[size_t(t)] >= d.min_p) kept[size_t(t)] = 1, total += units[size_t(t)];
+  const uint64_t target = draw::target(d.seed, d.step, total);
+  uint64_t run = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (!kept[size_t(i)]) continue;
+    run += units[size_t(i)];
+    if (run > target) return int32_t(i);
+  }
+  DSV4_ASSERT(false && "the draw is past the kept mass");
+  return top;
 }
 
 TokenLogprobs token_logprobs(const float* logits, int64_t vocab, int32_t token, int64_t top) {

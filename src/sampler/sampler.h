@@ -1,11 +1,9 @@
-// Token selection from a row of logits, as OpenAI-style servers define it: a grammar's mask, penalties, then
-// temperature, then top-k, top-p and min-p filtering, then a draw from the remaining distribution (seeded,
-// reproducible).
-// Temperature 0 is greedy: the lowest id among the exact maxima after penalties.
+// Token selection from a row of logits, as OpenAI-style servers define it: logit bias and penalties, a grammar's
+// mask, then temperature, top-k, top-p and min-p filtering, then a seeded draw from what remains (RowDraw).
+// Temperature 0 is greedy: the lowest id among the exact maxima after the edits.
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <span>
 #include <string>
 #include <utility>
@@ -22,33 +20,75 @@ struct SamplingParams {
   float presence_penalty = 0.0f;    // subtracted once from every token already generated
   float frequency_penalty = 0.0f;   // subtracted per occurrence in the generated tokens
   uint64_t seed = 0;
+  std::vector<std::pair<int32_t, float>> logit_bias{};  // (token id, added to its logit before the penalties)
 };
 
-// Throws Error naming the parameter when a value is out of range.
+// Throws Error naming the parameter when a value is out of range; the second also checks logit_bias's ids
+// against the vocabulary.
 void validate(const SamplingParams& p);
+void validate(const SamplingParams& p, int64_t vocab);
 
+// One token's logit before the draw: l ← l + bias; if `repeated`, l ← l / rp when l > 0, else l · rp; then
+// l ← l − subtract (presence + frequency · occurrences). Each a single rounded float operation, on both backends.
+struct LogitEdit {
+  int32_t id = 0;
+  bool repeated = false;
+  float bias = 0.0f;
+  float subtract = 0.0f;
+};
+
+// One row's draw, as the backends make it (sample_row here, cuda::sample_rows on the GPU, the same token):
+//   1. the edits, then the grammar's mask (the others' logits become -inf);
+//   2. temperature 0: the lowest id among the maxima. Otherwise every token gets a weight w = e^((l − max) / T)
+//      in integer units (draw.h);
+//   3. the candidates are the top_k first in rank order (logit descending, id ascending), of those the nucleus
+//      (the tokens whose candidates ranked before them weigh less than top_p of the candidates' weight), of
+//      those the ones with w ≥ min_p;
+//   4. Philox of (seed, step) picks a point of the kept weight; walking the kept tokens in id order, the token
+//      whose interval holds it is drawn.
+struct RowDraw {
+  float temperature = 0.0f;
+  int64_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  uint64_t seed = 0;
+  uint64_t step = 0;                  // which draw of the sequence: the tokens generated before it
+  const uint32_t* allowed = nullptr;  // a grammar's mask, [ceil(vocab / 32)] words (bit id % 32 of word id / 32)
+  std::span<const LogitEdit> edits{};  // one per token id at most
+  bool greedy() const { return temperature == 0.0f && edits.empty() && !allowed; }
+};
+
+// The token row `logits` [vocab] gives under `d` (not modified).
+int32_t sample_row(const float* logits, int64_t vocab, const RowDraw& d);
+
+// A request's draws: the sampling parameters with the penalties' token history, one RowDraw per step.
 class Sampler {
  public:
   Sampler(const SamplingParams& params, int64_t vocab);
 
-  // logits [vocab] (not modified); prompt / generated: token history for the penalties. allowed: a bit set of
-  // the tokens that may be drawn ([ceil(vocab / 32)] words, bit id % 32 of word id / 32; a grammar's mask, at
-  // least one bit set); the others count as logits of -inf. Null: all of them.
+  // The draw of the token after `generated` (prompt and generated only grow from call to call). The RowDraw
+  // points into this sampler and `allowed`: valid until the next call.
+  const RowDraw& next(std::span<const int32_t> prompt, std::span<const int32_t> generated,
+                      const uint32_t* allowed = nullptr);
+  // next() and sample_row(), on the host.
   int32_t sample(const float* logits, std::span<const int32_t> prompt, std::span<const int32_t> generated,
-                 const uint32_t* allowed = nullptr);
-  // Temperature 0 without penalties: sample() is argmax(logits), which the backend can choose itself
-  // (StepInput::next_token) so that the logits never cross to the host.
-  bool plain_greedy() const;
+                 const uint32_t* allowed = nullptr) {
+    return sample_row(logits, vocab_, next(prompt, generated, allowed));
+  }
 
  private:
   SamplingParams params_;
   int64_t vocab_;
-  std::mt19937_64 rng_;
-  std::vector<float> work_;      // [vocab] penalised logits
-  std::vector<int32_t> order_;   // [vocab] candidate ids
-  std::vector<int32_t> counts_;  // [vocab] occurrences in the generated tokens
-  std::vector<uint8_t> seen_;    // [vocab] token occurs in prompt or output
-  std::vector<double> prob_;     // [≤ vocab] candidate probabilities
+  bool penalised_;
+  // The token history, taken in as it grows: occurrences in the output, and whether a token was seen at all.
+  size_t prompt_seen_ = 0, generated_seen_ = 0;
+  std::vector<int32_t> counts_;    // [vocab]
+  std::vector<uint8_t> seen_;      // [vocab]
+  std::vector<int32_t> touched_;   // ids seen, in first-seen order
+  std::vector<LogitEdit> edits_;   // this step's, one per id of touched_ or logit_bias
+  std::vector<int32_t> edit_of_;   // [vocab] index into edits_ while building it, −1 otherwise
+  RowDraw draw_;
 };
 
 int32_t argmax(const float* logits, int64_t vocab);

@@ -1,6 +1,7 @@
 #include "server/openai_api.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <random>
 
@@ -116,7 +117,6 @@ void refuse_unsupported(const Json& body, Endpoint endpoint) {
   const auto refuse = [](const std::string& name) {
     throw invalid_request("'" + name + "' is not supported by this server", name, "unsupported_parameter");
   };
-  if (const Json* f = field(body, "logit_bias"); f && !f->empty()) refuse("logit_bias");
   if (endpoint == Endpoint::kCompletions) {
     if (const Json* f = field(body, "response_format");
         f && !(f->is_object() && f->contains("type") && (*f)["type"] == "text"))
@@ -152,6 +152,19 @@ void parse_sampling(const Json& body, CompletionRequest& r) {
   if (auto v = get_number(body, "frequency_penalty", -2, 2)) s.frequency_penalty = *v;
   if (auto v = get_number(body, "repetition_penalty", 0, 100, /*lo_open=*/true)) s.repetition_penalty = *v;
   if (auto v = get_int(body, "seed", INT64_MIN, INT64_MAX)) s.seed = uint64_t(*v), r.seed_given = true;
+  // logit_bias: {"token id": bias in [-100, 100]}; the ids are checked against the vocabulary on submission.
+  if (const Json* f = field(body, "logit_bias")) {
+    if (!f->is_object()) throw invalid_request("'logit_bias' must be an object of token ids to biases", "logit_bias");
+    for (const auto& [key, value] : f->items()) {
+      int32_t id = -1;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc() || end != key.data() + key.size() || id < 0)
+        throw invalid_request("'logit_bias' keys must be token ids, got '" + key + "'", "logit_bias");
+      if (!value.is_number())
+        throw invalid_request("'logit_bias' values must be numbers (token " + key + ")", "logit_bias");
+      s.logit_bias.emplace_back(id, value.get<float>());
+    }
+  }
   try {
     validate(s);
   } catch (const Error& e) {

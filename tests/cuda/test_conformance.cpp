@@ -107,6 +107,20 @@ class TeeOps final : public Ops {
     for (int64_t r = 0; r < rows; ++r) differing += got[size_t(r)] != tokens[r];
     record(s, call, double(differing), differing > 0);
   }
+  void sample_tokens(const float* logits, int64_t vocab, std::span<const RowDraw> draws, int32_t* tokens) override {
+    cpu_.sample_tokens(logits, vocab, draws, tokens);
+    gpu_.sample_tokens(g(logits), vocab, draws, g(tokens));
+    OpStats& s = stats_["sample_tokens"];
+    const int64_t call = s.calls++;
+    const std::vector<int32_t> got = to_host(gpu_, g(tokens), draws.size());
+    int64_t differing = 0;
+    for (size_t r = 0; r < draws.size(); ++r) differing += got[r] != tokens[r];
+    record(s, call, double(differing), differing > 0);
+  }
+  void token_logprobs(const float* logits, int64_t vocab, std::span<const int64_t> rows, const int32_t* tokens,
+                      int64_t top, std::span<TokenLogprobs> out) override {
+    cpu_.token_logprobs(logits, vocab, rows, tokens, top, out);
+  }
   void download(float* host, const float* src, size_t count) override {
     cpu_.download(host, src, count);
     check("download", 1e-4, {{src, count}});

@@ -1,17 +1,16 @@
-// GPU sampling (src/cuda/sampling): greedy must equal the CPU argmax exactly; the stochastic modes must never
-// pick a token the CPU sampler's filters drop, and over many seeded draws their frequencies must match the
-// exact filtered softmax (chi-square test).
+// GPU sampling (src/cuda/sampling, CudaOps::sample_tokens / token_logprobs): every draw must be the CPU
+// sampler's (sample_row: the same token from the same row, seed and step, whatever the filters, masks and
+// edits); greedy the CPU argmax; over many seeded draws the frequencies must match the exact filtered softmax
+// (chi-square test); the log-probabilities the CPU's.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <random>
 
 #include "cuda/gpu.h"
 #include "sampler/sampler.h"
-#if DSV4_HAVE_CUDA
-#include "cuda/common/check.h"
-#include "cuda/sampling/sampling.h"
-#endif
 
 namespace dsv4::test {
 namespace {
@@ -82,31 +81,34 @@ ChiSquare chi_square(const std::vector<int64_t>& counts, const std::vector<doubl
 double chi_square_bound(int64_t dof) { return double(dof) + 7.0 * std::sqrt(2.0 * double(dof)) + 10.0; }
 
 #if DSV4_HAVE_CUDA
-// N draws from one row of logits (ld 0: every row reads row 0), row r keyed by seed base + r.
-std::vector<int32_t> draw(CudaOps& ops, const std::vector<float>& logits, int64_t N, float T, int64_t top_k,
-                          float top_p, float min_p, uint64_t seed_base, uint64_t offset) {
-  std::vector<uint64_t> seeds(static_cast<size_t>(N));
-  for (int64_t r = 0; r < N; ++r) seeds[size_t(r)] = seed_base + uint64_t(r) * 0x9E3779B97F4A7C15ull;
-  auto* dseeds = reinterpret_cast<uint64_t*>(settled(ops.alloc_i32(size_t(2 * N))));
-  DSV4_CUDA_CHECK(cudaMemcpy(dseeds, seeds.data(), seeds.size() * 8, cudaMemcpyHostToDevice));
+// The tokens CudaOps::sample_tokens draws for rows `logits` [draws.size(), V] (outputs poisoned first).
+std::vector<int32_t> gpu_draws(CudaOps& ops, const std::vector<float>& logits, int64_t V,
+                               const std::vector<RowDraw>& draws) {
+  const size_t rows = draws.size();
+  int32_t* tokens = settled(ops.alloc_i32(rows));
+  poison(tokens, rows);
   settle();
-  int32_t* tokens = settled(ops.alloc_i32(size_t(N)));
-  poison(tokens, size_t(N));
-  settle();
-  cuda::SampleParams p;
-  p.logits = to_device(ops, logits);
-  p.rows = N;
-  p.vocab = int64_t(logits.size());
-  p.ld = 0;
-  p.temperature = T;
-  p.top_k = top_k;
-  p.top_p = top_p;
-  p.min_p = min_p;
-  p.seeds = dseeds;
-  p.offset = offset;
-  p.tokens = tokens;
-  cuda::sample_tokens(p, ops.stream());
-  return to_host(ops, tokens, size_t(N));
+  ops.sample_tokens(to_device(ops, logits), V, draws, tokens);
+  return to_host(ops, tokens, rows);
+}
+
+// N draws of one row: the steps 0 .. N−1 of one seed, in batches of rows that fit 256 MB.
+std::vector<int32_t> draws_of_a_row(CudaOps& ops, const std::vector<float>& row, int64_t N, RowDraw d) {
+  const int64_t V = int64_t(row.size()), batch = std::max<int64_t>(1, std::min<int64_t>(N, (int64_t(64) << 20) / V));
+  std::vector<int32_t> out;
+  for (int64_t first = 0; first < N; first += batch) {
+    const int64_t n = std::min(batch, N - first);
+    std::vector<float> logits;
+    std::vector<RowDraw> draws;
+    for (int64_t i = 0; i < n; ++i) {
+      logits.insert(logits.end(), row.begin(), row.end());
+      draws.push_back(d);
+      draws.back().step = uint64_t(first + i);
+    }
+    const auto got = gpu_draws(ops, logits, V, draws);
+    out.insert(out.end(), got.begin(), got.end());
+  }
+  return out;
 }
 
 std::vector<float> normal_logits(int64_t V, float sigma, std::mt19937_64& rng) {
@@ -117,33 +119,68 @@ std::vector<float> normal_logits(int64_t V, float sigma, std::mt19937_64& rng) {
 }
 #endif
 
-TEST(CudaSampling, GreedyEqualsCpuArgmax) {
+// Every draw equals the CPU's sample_row: rows of the V4 vocabulary and odd sizes, each with its own
+// temperature (0 too), top-k, top-p, min-p, seed and step, some under a grammar's mask, some with logit edits
+// (bias, repetition, presence / frequency), some with logits rounded to halves (exact ties at every filter's
+// boundary) or sharing one maximum at several ids.
+TEST(CudaSampling, EveryDrawIsTheCpuSamplers) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
   std::mt19937_64 rng(seed());
   SCOPED_TRACE(seed());
   CudaOps ops(ModelConfig{});
-  struct Case { int64_t rows, V, ld; };
-  for (const Case& c : {Case{5, 129280, 129280}, Case{3, 19, 23}, Case{2, 1, 1}, Case{4, 1000, 1003}}) {
-    auto logits = random_floats(size_t(c.rows * c.ld), rng, -20.0f, 20.0f);
-    // Row 0 gets several exact copies of a new maximum: the lowest of those ids must win.
-    const float top = 25.0f;
-    for (int64_t i = c.V - 1; i >= 0; i -= std::max<int64_t>(1, c.V / 5)) logits[size_t(i)] = top;
-    std::vector<int32_t> want(size_t(c.rows));
-    for (int64_t r = 0; r < c.rows; ++r) want[size_t(r)] = argmax(logits.data() + r * c.ld, c.V);
-    int32_t* tokens = settled(ops.alloc_i32(size_t(c.rows)));
-    poison(tokens, size_t(c.rows));
-    settle();
-    cuda::SampleParams p;
-    p.logits = to_device(ops, logits);
-    p.rows = c.rows;
-    p.vocab = c.V;
-    p.ld = c.ld;
-    p.temperature = 0.0f;
-    p.tokens = tokens;
-    cuda::sample_tokens(p, ops.stream());
-    EXPECT_EQ(to_host(ops, tokens, size_t(c.rows)), want) << "V=" << c.V << " ld=" << c.ld;
+  const float temperatures[] = {0.0f, 0.3f, 0.8f, 1.0f, 1.7f};
+  const float top_ps[] = {1.0f, 1.0f, 0.95f, 0.6f, 0.05f};
+  const float min_ps[] = {0.0f, 0.0f, 0.01f, 0.2f};
+  const float repetition[] = {1.0f, 1.3f, 0.8f};
+  int64_t draws_checked = 0;
+  for (const int64_t V : {int64_t(129280), int64_t(1), int64_t(19), int64_t(1000), int64_t(4099)}) {
+    const int64_t rows = V > 10000 ? 24 : 64, words = (V + 31) / 32;
+    std::vector<float> logits;
+    std::vector<RowDraw> draws(static_cast<size_t>(rows));
+    std::vector<std::vector<uint32_t>> masks(static_cast<size_t>(rows));
+    std::vector<std::vector<LogitEdit>> edits(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      auto row = normal_logits(V, r % 3 == 0 ? 1.0f : 4.0f, rng);
+      if (r % 5 == 1)
+        for (float& l : row) l = std::round(l * 2.0f) / 2.0f;
+      if (r % 7 == 2)
+        for (int64_t i = V - 1; i >= 0; i -= std::max<int64_t>(1, V / 4)) row[size_t(i)] = 30.0f;
+      logits.insert(logits.end(), row.begin(), row.end());
+      RowDraw& d = draws[size_t(r)];
+      d.temperature = temperatures[rng() % 5];
+      d.top_k = std::array<int64_t, 6>{0, 0, 1, 5, 40, V - 1}[rng() % 6];
+      d.top_p = top_ps[rng() % 5];
+      d.min_p = min_ps[rng() % 4];
+      d.repetition_penalty = repetition[rng() % 3];
+      d.seed = rng();
+      d.step = rng() % 5000;
+      if (r % 4 == 3) {  // a mask that keeps ~1/3 of the tokens, at least one
+        masks[size_t(r)].assign(size_t(words), 0);
+        for (int64_t i = 0; i < V; ++i)
+          if (rng() % 3 == 0 || i == V / 2) masks[size_t(r)][size_t(i >> 5)] |= 1u << (i & 31);
+        d.allowed = masks[size_t(r)].data();
+      }
+      if (r % 3 == 1) {  // edits on distinct ids
+        std::vector<int32_t> ids(static_cast<size_t>(V));
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        for (int64_t j = 0; j < std::min<int64_t>(V, 50); ++j)
+          edits[size_t(r)].push_back({ids[size_t(j)], rng() % 2 == 0, float(int(rng() % 41) - 20) * 0.25f,
+                                      float(rng() % 9) * 0.3f});
+        d.edits = edits[size_t(r)];
+      }
+    }
+    const auto got = gpu_draws(ops, logits, V, draws);
+    for (int64_t r = 0; r < rows; ++r) {
+      const RowDraw& d = draws[size_t(r)];
+      EXPECT_EQ(got[size_t(r)], sample_row(logits.data() + r * V, V, d))
+          << "V " << V << " row " << r << ": T " << d.temperature << " top_k " << d.top_k << " top_p " << d.top_p
+          << " min_p " << d.min_p << " mask " << (d.allowed != nullptr) << " edits " << d.edits.size();
+      ++draws_checked;
+    }
   }
+  std::printf("sampling: %lld GPU draws equal to the CPU's\n", static_cast<long long>(draws_checked));
 #endif
 }
 
@@ -212,13 +249,13 @@ TEST(CudaSampling, StochasticModesMatchTheFilteredSoftmax) {
            Case{"all filters", 50, 200000, 2.0f, false, 0.9f, 20, 0.9f, 0.02f},
            Case{"top-k through a tie", 64, 200000, 1.0f, true, 1.0f, 10, 1.0f, 0.0f},
            Case{"top-p through a tie", 64, 200000, 1.0f, true, 1.0f, 0, 0.5f, 0.0f},
-           Case{"V4 vocabulary, all filters", 129280, 20000, 3.0f, false, 0.8f, 50, 0.95f, 0.001f},
+           Case{"V4 vocabulary, all filters", 129280, 4000, 3.0f, false, 0.8f, 50, 0.95f, 0.001f},
        }) {
     auto logits = normal_logits(c.V, c.sigma, rng);
     if (c.integer_logits)
       for (float& l : logits) l = std::round(l);
     const std::vector<double> expected = kept_distribution(logits, c.T, c.top_k, c.top_p, c.min_p);
-    const auto tokens = draw(ops, logits, c.N, c.T, c.top_k, c.top_p, c.min_p, rng(), 7);
+    const auto tokens = draws_of_a_row(ops, logits, c.N, {c.T, c.top_k, c.top_p, c.min_p, 1.0f, rng()});
     std::vector<int64_t> counts(size_t(c.V), 0);
     int64_t filtered = 0, invalid = 0;
     for (int32_t t : tokens) {
@@ -242,21 +279,39 @@ TEST(CudaSampling, StochasticModesMatchTheFilteredSoftmax) {
 #endif
 }
 
-TEST(CudaSampling, DrawsAreReproducibleAndAdvanceWithTheOffset) {
+// The log-probabilities computed on the GPU (CudaOps::token_logprobs) are the CPU's token_logprobs: the chosen
+// token's and the top ones, in the same order (ties: lower id first), for rows of the V4 vocabulary and odd.
+TEST(CudaSampling, LogprobsAreTheCpus) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
   std::mt19937_64 rng(seed());
   SCOPED_TRACE(seed());
   CudaOps ops(ModelConfig{});
-  const auto logits = normal_logits(1000, 1.0f, rng);
-  const uint64_t base = rng();
-  const auto a = draw(ops, logits, 256, 1.0f, 0, 0.95f, 0.0f, base, 3);
-  const auto b = draw(ops, logits, 256, 1.0f, 0, 0.95f, 0.0f, base, 3);
-  const auto c = draw(ops, logits, 256, 1.0f, 0, 0.95f, 0.0f, base, 4);
-  EXPECT_EQ(a, b);
-  int64_t same = 0;
-  for (size_t i = 0; i < a.size(); ++i) same += a[i] == c[i];
-  EXPECT_LT(same, 64) << "a new offset must give fresh draws";
+  for (const auto& [V, top] : {std::pair<int64_t, int64_t>{129280, 20}, {1000, 5}, {7, 7}, {129280, 0}, {33, 1}}) {
+    const int64_t rows = 6;
+    std::vector<float> logits;
+    for (int64_t r = 0; r < rows; ++r) {
+      auto row = normal_logits(V, 3.0f, rng);
+      if (r % 2 == 1)
+        for (float& l : row) l = std::round(l);  // ties inside the top ones
+      logits.insert(logits.end(), row.begin(), row.end());
+    }
+    std::vector<int32_t> chosen(static_cast<size_t>(rows));
+    for (auto& t : chosen) t = int32_t(rng() % uint64_t(V));
+    const std::vector<int64_t> asked = {0, 2, 3, 5};
+    std::vector<TokenLogprobs> got(asked.size());
+    ops.token_logprobs(to_device(ops, logits), V, asked, to_device(ops, chosen), top, got);
+    for (size_t i = 0; i < asked.size(); ++i) {
+      const int64_t r = asked[i];
+      const TokenLogprobs want = token_logprobs(logits.data() + r * V, V, chosen[size_t(r)], top);
+      EXPECT_NEAR(got[i].logprob, want.logprob, 1e-5) << "V " << V << " row " << r;
+      ASSERT_EQ(got[i].top.size(), want.top.size()) << "V " << V << " row " << r;
+      for (size_t j = 0; j < want.top.size(); ++j) {
+        EXPECT_EQ(got[i].top[j].first, want.top[j].first) << "V " << V << " row " << r << " rank " << j;
+        EXPECT_NEAR(got[i].top[j].second, want.top[j].second, 1e-5) << "V " << V << " row " << r << " rank " << j;
+      }
+    }
+  }
 #endif
 }
 

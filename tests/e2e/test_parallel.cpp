@@ -68,6 +68,20 @@ TEST_P(Sharded, GreedyContinuationIsIdentical) {
     EXPECT_EQ(run_greedy(backend(), f_, prompt, 24, "exact", split), one) << name_of(split);
 }
 
+// A seeded draw over ranks that each hold part of the vocabulary (the row gathered from them on the host) is
+// the one rank's (drawn where the logits are). Top-k 20 keeps the candidates few, so that the ranks' sums in
+// another order (≤ 1e-6 in the logits) cannot move a boundary of the draw past its point.
+TEST_P(Sharded, SampledContinuationIsIdentical) {
+  const std::vector<int32_t> prompt(f_.prompt.begin(), f_.prompt.begin() + 16);
+  const std::vector<std::string> sampling = {"--temperature", "0.9", "--top-k", "20", "--top-p", "0.95",
+                                             "--presence-penalty", "0.5", "--seed", "7"};
+  const std::vector<int32_t> one = run_sampled(backend(), f_, prompt, 24, "exact", sampling);
+  ASSERT_EQ(one.size(), 24u);
+  EXPECT_NE(one, run_greedy(backend(), f_, prompt, 24, "exact")) << "the draw must not be the greedy path";
+  for (const Split& split : kSplits)
+    EXPECT_EQ(run_sampled(backend(), f_, prompt, 24, "exact", sampling, split), one) << name_of(split);
+}
+
 std::vector<std::string> fixture_dirs() {
   std::vector<std::string> dirs = golden_dirs();
   dirs.push_back(ref_small_dir());  // FP8 and FP4 weights: slices inside and across their scale blocks

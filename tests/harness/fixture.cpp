@@ -46,9 +46,16 @@ std::vector<float> run_logits(const std::string& backend, const Fixture& f, size
 
 std::vector<int32_t> run_greedy(const std::string& backend, const Fixture& f, const std::vector<int32_t>& prompt,
                                 size_t new_tokens, const std::string& numerics, const std::vector<std::string>& extra) {
+  return run_sampled(backend, f, prompt, new_tokens, numerics, {"--temperature", "0"}, extra);
+}
+
+std::vector<int32_t> run_sampled(const std::string& backend, const Fixture& f, const std::vector<int32_t>& prompt,
+                                 size_t new_tokens, const std::string& numerics, const std::vector<std::string>& sampling,
+                                 const std::vector<std::string>& extra) {
   std::vector<std::string> args = {"generate", "--model", f.dir, "--prompt-ids", join_ids(prompt, prompt.size()),
-                                   "--max-tokens", std::to_string(new_tokens), "--temperature", "0", "--ignore-eos",
+                                   "--max-tokens", std::to_string(new_tokens), "--ignore-eos",
                                    "--print-ids", "--numerics", numerics, "--backend", backend};
+  args.insert(args.end(), sampling.begin(), sampling.end());
   args.insert(args.end(), extra.begin(), extra.end());
   const CliResult r = run_cli(args);
   EXPECT_EQ(r.exit_code, 0) << r.err;

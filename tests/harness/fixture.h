@@ -27,5 +27,9 @@ std::vector<float> run_logits(const std::string& backend, const Fixture& f, size
 std::vector<int32_t> run_greedy(const std::string& backend, const Fixture& f, const std::vector<int32_t>& prompt,
                                 size_t new_tokens, const std::string& numerics,
                                 const std::vector<std::string>& extra = {});
+// The continuation under `sampling` (CLI options: --temperature, --top-k, --seed, ...).
+std::vector<int32_t> run_sampled(const std::string& backend, const Fixture& f, const std::vector<int32_t>& prompt,
+                                 size_t new_tokens, const std::string& numerics, const std::vector<std::string>& sampling,
+                                 const std::vector<std::string>& extra = {});
 
 }  // namespace dsv4::test

@@ -329,6 +329,28 @@ class TestApi(ServerCase):
                                                 extra_body={"ignore_eos": True})
         self.assertEqual(ignore.usage.completion_tokens, 40)
 
+    def test_logit_bias(self):
+        # +100 on a token makes it every greedy choice, −100 keeps one out; several entries apply together.
+        http = self.server.http
+        a, b = http.post("/tokenize", json={"model": MODEL, "prompt": " the cat",
+                                            "add_special_tokens": False}).json()["tokens"][:2]
+        text = lambda ids: http.post("/detokenize", json={"model": MODEL, "tokens": ids}).json()["prompt"]
+        forced = self.client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, temperature=0,
+                                                logit_bias={str(a): 100})
+        self.assertEqual(forced.choices[0].text, text([a] * 4))
+        swapped = self.client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, temperature=0.7,
+                                                 seed=3, logit_bias={str(a): -100, str(b): 100})
+        self.assertEqual(swapped.choices[0].text, text([b] * 4))
+        chat_forced = self.client.chat.completions.create(model=MODEL, messages=chat("Hi"), max_tokens=3,
+                                                          temperature=0, logit_bias={str(b): 100})
+        self.assertEqual(chat_forced.choices[0].message.content, text([b] * 3))
+        for bias in ({"x": 1}, {"-3": 1}, {str(a): 101}, {str(a): "1"}, {str(10 ** 8): 1}, [1]):
+            with self.subTest(bias=bias):
+                r = http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 1,
+                                                       "logit_bias": bias})
+                self.assertEqual(r.status_code, 400, r.text)
+                self.assertEqual(set(r.json()["error"]), {"message", "type", "param", "code"})
+
     def test_thinking_mode(self):
         plain = self.client.chat.completions.create(model=MODEL, messages=chat("Why?"), max_tokens=8, temperature=0)
         self.assertIsNone((plain.choices[0].message.model_extra or {}).get("reasoning_content"))

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <tuple>
 
 #include "engine/backend.h"
 #include "engine/generator.h"
@@ -136,8 +137,75 @@ TEST(Batch, CudaNextTokensAreTheArgmaxOfTheirRows) {
   check_next_tokens("cuda", {1e-5, 1e-5});
 }
 
-// generate() with plain greedy sampling takes the backend's token (no logits download); it must produce what
-// sampling each step's downloaded logits on the host produces.
+// Tokens drawn on the backend (StepInput::draw) are sample_row's on the same rows, and log-probabilities
+// computed there are token_logprobs': a step of decodes and a prompt's last chunk, each with its own draw (a
+// grammar's mask, logit edits), greedy beside them, and the logits rows downloaded too so that the host can
+// check. Exact on both backends: the host samples the very rows the backend drew from.
+void check_drawn_tokens(const std::string& backend) {
+  const auto weights = load_model(source_path("tests/data/golden/v4-flashlike"));
+  const int64_t V = weights->config.vocab_size;
+  auto ops = make_backend(backend, *weights);
+  DeepseekV4 model(*weights, *ops, Numerics::kReference, /*max_context=*/64, /*max_step=*/16);
+  std::mt19937_64 rng(5);
+  const auto random_tokens = [&](size_t n) {
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = int32_t(rng() % uint64_t(V));
+    return t;
+  };
+  std::vector<std::unique_ptr<SequenceState>> seqs;
+  const std::vector<int32_t> history = random_tokens(7);
+  for (int i = 0; i < 4; ++i) {
+    seqs.push_back(model.new_sequence(64));
+    const StepInput in{seqs.back().get(), history.data(), int64_t(history.size()), nullptr, false};
+    model.step(std::span<const StepInput>(&in, 1));
+  }
+  std::vector<uint32_t> mask(size_t((V + 31) / 32), 0);
+  for (int64_t i = 0; i < V; i += 3) mask[size_t(i >> 5)] |= 1u << (i & 31);
+  const std::vector<LogitEdit> edits = {{5, true, 2.0f, 0.5f}, {history[0], false, -3.0f, 0.0f}, {17, true, 0.0f, 1.5f}};
+  for (int round = 0; round < 3; ++round) {
+    RowDraw a{.temperature = 0.8f, .top_p = 0.9f, .seed = rng(), .step = uint64_t(round)};
+    RowDraw b{.temperature = 1.3f, .top_k = 30, .min_p = 0.02f, .repetition_penalty = 1.2f, .seed = rng(),
+              .step = uint64_t(round)};
+    b.allowed = mask.data();
+    b.edits = edits;
+    RowDraw c{.temperature = 0.6f, .top_p = 0.5f, .seed = rng()};
+    const std::vector<int32_t> ta = random_tokens(1), tb = random_tokens(1), tc = random_tokens(3), td = random_tokens(1);
+    std::vector<float> la(size_t(V), NAN), lb(size_t(V), NAN), lc(size_t(V), NAN);
+    int32_t na = -7, nb = -7, nc = -7, nd = -7;
+    TokenLogprobs pa, pc;
+    std::vector<StepInput> batch = {{seqs[0].get(), ta.data(), 1, la.data(), false, &na, &a, &pa, 5},
+                                    {seqs[1].get(), tb.data(), 1, lb.data(), false, &nb, &b},
+                                    {seqs[2].get(), tc.data(), 3, lc.data(), false, &nc, &c, &pc, 0},
+                                    {seqs[3].get(), td.data(), 1, nullptr, false, &nd}};
+    model.step(batch);
+    const std::string where = backend + " round " + std::to_string(round);
+    EXPECT_EQ(na, sample_row(la.data(), V, a)) << where;
+    EXPECT_EQ(nb, sample_row(lb.data(), V, b)) << where;
+    EXPECT_EQ(nc, sample_row(lc.data(), V, c)) << where;
+    EXPECT_EQ((mask[size_t(nb >> 5)] >> (nb & 31)) & 1u, 1u) << where << ": a token the mask forbids";
+    EXPECT_GE(nd, 0) << where;
+    for (const auto& [got, logits, token, top] :
+         {std::tuple{&pa, &la, na, 5}, std::tuple{&pc, &lc, nc, 0}}) {
+      const TokenLogprobs want = token_logprobs(logits->data(), V, token, top);
+      EXPECT_NEAR(got->logprob, want.logprob, 1e-5) << where;
+      ASSERT_EQ(got->top.size(), want.top.size()) << where;
+      for (size_t j = 0; j < want.top.size(); ++j) {
+        EXPECT_EQ(got->top[j].first, want.top[j].first) << where << " rank " << j;
+        EXPECT_NEAR(got->top[j].second, want.top[j].second, 1e-5) << where << " rank " << j;
+      }
+    }
+  }
+}
+
+TEST(Batch, DrawnTokensAreTheHostSamplers) { check_drawn_tokens("cpu"); }
+
+TEST(Batch, CudaDrawnTokensAreTheHostSamplers) {
+  DSV4_REQUIRE_GPU();
+  check_drawn_tokens("cuda");
+}
+
+// generate() takes the backend's token (no logits download); greedy, it must produce what the argmax of each
+// step's downloaded logits on the host produces.
 TEST(Batch, GreedyGenerateMatchesHostArgmax) {
   const auto weights = load_model(source_path("tests/data/golden/v4-flashlike"));
   const int64_t V = weights->config.vocab_size;
@@ -146,7 +214,6 @@ TEST(Batch, GreedyGenerateMatchesHostArgmax) {
   SamplingParams greedy;
   greedy.temperature = 0.0f;
   Sampler sampler(greedy, V);
-  ASSERT_TRUE(sampler.plain_greedy());
   DeepseekV4 model(*weights, *ops, Numerics::kReference, 64);
   std::vector<int32_t> got;
   generate(model, prompt, 12, sampler, /*stop_at_eos=*/false, [&](int32_t t) {

@@ -3,14 +3,15 @@
 // boundaries.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 #include <random>
 #include <set>
 
 #include "core/error.h"
+#include "sampler/draw.h"
 #include "sampler/sampler.h"
 
 namespace dsv4 {
@@ -24,10 +25,14 @@ std::vector<float> random_logits(int64_t vocab, uint32_t seed) {
   return v;
 }
 
+RowDraw row_draw(const SamplingParams& p, uint64_t step) {
+  return {p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, p.seed, step};
+}
+
+// The tokens of `draws` steps of one sequence on the same row.
 std::map<int32_t, int> histogram(const SamplingParams& p, const std::vector<float>& logits, int draws) {
-  Sampler s(p, int64_t(logits.size()));
   std::map<int32_t, int> h;
-  for (int i = 0; i < draws; ++i) ++h[s.sample(logits.data(), {}, {})];
+  for (int i = 0; i < draws; ++i) ++h[sample_row(logits.data(), int64_t(logits.size()), row_draw(p, uint64_t(i)))];
   return h;
 }
 
@@ -116,7 +121,9 @@ TEST(Sampler, PenaltiesChangeTheChoice) {
   EXPECT_EQ(Sampler(p, 8).sample(l.data(), prompt, {}), 5);  // 3 / 1.3 < 2.5: the prompt counts too
 }
 
-TEST(Sampler, SeedMakesSamplingReproducible) {
+// A draw is a function of the row, the seed and the step (the tokens generated before it): two samplers of one
+// seed agree token for token, another seed does not, and the steps of one sequence differ.
+TEST(Sampler, SeedAndStepMakeSamplingReproducible) {
   const std::vector<float> l = random_logits(1000, 4);
   SamplingParams p;
   p.seed = 42;
@@ -125,30 +132,79 @@ TEST(Sampler, SeedMakesSamplingReproducible) {
   Sampler c(p, 1000);
   std::vector<int32_t> sa, sb, sc;
   for (int i = 0; i < 64; ++i) {
-    sa.push_back(a.sample(l.data(), {}, {}));
-    sb.push_back(b.sample(l.data(), {}, {}));
-    sc.push_back(c.sample(l.data(), {}, {}));
+    sa.push_back(a.sample(l.data(), {}, sa));
+    sb.push_back(b.sample(l.data(), {}, sb));
+    sc.push_back(c.sample(l.data(), {}, sc));
   }
   EXPECT_EQ(sa, sb);
   EXPECT_NE(sa, sc);
+  EXPECT_GT(std::set<int32_t>(sa.begin(), sa.end()).size(), 16u);
+  EXPECT_EQ(sample_row(l.data(), 1000, row_draw(p, 5)), sc[5]);
+}
+
+// The weights' exponential (draw.h: single rounded operations, the same bits on the GPU) against libm: within
+// 3·10^-7 relative over its range, exactly 1 at 0, 0 below the cutoff; and weights are whole units of 2^-40.
+TEST(Draw, ExponentialAndUnits) {
+  double worst = 0.0;
+  for (int i = 0; i <= 100000; ++i) {
+    const float x = draw::kCutoff * float(i) / 100000.0f;
+    const double want = std::exp(double(x));
+    worst = std::max(worst, std::fabs(double(draw::exp_nonpositive(x)) - want) / want);
+  }
+  EXPECT_LT(worst, 3e-7);
+  EXPECT_EQ(draw::exp_nonpositive(0.0f), 1.0f);
+  EXPECT_EQ(draw::exp_nonpositive(-28.0f), 0.0f);
+  EXPECT_EQ(draw::exp_nonpositive(-INFINITY), 0.0f);
+  EXPECT_EQ(draw::units(1.0f), uint64_t(1) << 40);
+  EXPECT_GE(draw::units(draw::exp_nonpositive(draw::kCutoff)), 1u);
+  EXPECT_EQ(draw::weight(2.5f, 2.5f, 0.3f), 1.0f);
+}
+
+// logit_bias: +100 makes a token the greedy choice, −100 keeps it out; out-of-range ids and biases are refused.
+TEST(Sampler, LogitBiasShiftsTheLogits) {
+  const std::vector<float> l = random_logits(300, 9);
+  const int32_t best = argmax(l.data(), 300);
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.logit_bias = {{17, 100.0f}};
+  EXPECT_EQ(Sampler(p, 300).sample(l.data(), {}, {}), 17);
+  p.logit_bias = {{best, -100.0f}};
+  const int32_t second = Sampler(p, 300).sample(l.data(), {}, {});
+  EXPECT_NE(second, best);
+  std::vector<float> without = l;
+  without[size_t(best)] = -INFINITY;
+  EXPECT_EQ(second, argmax(without.data(), 300));
+  p.temperature = 1.0f;
+  Sampler s(p, 300);
+  std::vector<int32_t> generated;
+  for (int i = 0; i < 200; ++i) {
+    generated.push_back(s.sample(l.data(), {}, generated));
+    EXPECT_NE(generated.back(), best);
+  }
+  p.logit_bias = {{300, 1.0f}};
+  EXPECT_THROW(validate(p, 300), Error);
+  p.logit_bias = {{3, 101.0f}};
+  EXPECT_THROW(validate(p, 300), Error);
+  p.logit_bias = {{3, NAN}};
+  EXPECT_THROW(validate(p, 300), Error);
 }
 
 TEST(Sampler, RejectsOutOfRangeParameters) {
   SamplingParams p;
   p.top_p = 0.0f;
-  EXPECT_THROW(validate(p), Error);
+  EXPECT_THROW(validate(p, 1000), Error);
   p = {};
   p.temperature = -1.0f;
-  EXPECT_THROW(validate(p), Error);
+  EXPECT_THROW(validate(p, 1000), Error);
   p = {};
   p.min_p = 1.5f;
-  EXPECT_THROW(validate(p), Error);
+  EXPECT_THROW(validate(p, 1000), Error);
   p = {};
   p.repetition_penalty = 0.0f;
-  EXPECT_THROW(validate(p), Error);
+  EXPECT_THROW(validate(p, 1000), Error);
   p = {};
   p.top_k = -2;
-  EXPECT_THROW(validate(p), Error);
+  EXPECT_THROW(validate(p, 1000), Error);
 }
 
 TEST(TokenLogprobs, LogSoftmaxOfTheRawRowAndItsMostLikelyTokens) {
@@ -213,14 +269,22 @@ TEST(Sampler, AGrammarMaskKeepsOutEveryOtherToken) {
                                   SamplingParams{.temperature = 0.7f, .top_k = 500, .top_p = 0.99f, .seed = 2},
                                   SamplingParams{.temperature = 1.0f, .presence_penalty = 2.0f, .seed = 3}}) {
     Sampler s(p, vocab);
-    const std::vector<int32_t> history = {3, 64, 999};
-    for (int i = 0; i < 500; ++i) EXPECT_EQ(allowed.count(s.sample(l.data(), history, history, mask.data())), 1u);
+    const std::vector<int32_t> prompt = {3, 64, 999};
+    std::vector<int32_t> generated = prompt;
+    for (int i = 0; i < 500; ++i) {
+      generated.push_back(s.sample(l.data(), prompt, generated, mask.data()));
+      EXPECT_EQ(allowed.count(generated.back()), 1u);
+    }
   }
   // A single allowed token is always the one.
   std::vector<uint32_t> one(mask.size(), 0);
   one[15] = 1u << 7;  // id 487
   Sampler s({.temperature = 1.5f, .seed = 4}, vocab);
-  for (int i = 0; i < 50; ++i) EXPECT_EQ(s.sample(l.data(), {}, {}, one.data()), 487);
+  std::vector<int32_t> generated;
+  for (int i = 0; i < 50; ++i) {
+    generated.push_back(s.sample(l.data(), {}, generated, one.data()));
+    EXPECT_EQ(generated.back(), 487);
+  }
 }
 
 TEST(StopMatcher, HoldsBackPartialStopsAndCutsAtTheFirst) {

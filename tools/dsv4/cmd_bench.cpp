@@ -2,6 +2,7 @@
 // (bench/e2e/bench_e2e.h); optionally on a checkpoint synthesised for the run (loader/synth.h).
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -46,6 +47,8 @@ Markdown on stdout, progress on stderr.
   --step N             prefill tokens per forward step (default 512)
   --logits             decode steps download every sequence's logits (as a host sampler needs them) instead
                        of the greedy next tokens chosen on the backend (as generate --temperature 0 runs)
+  --temperature T      decode steps draw every sequence's next token at temperature T on the backend (as
+                       generate and serve sample) instead of the greedy one
   --seed N             seed of the random tokens
   --json FILE          also write the results as JSON
   --plot FILE.svg      also draw them: every decode row's ms per step against its floor, grouped by context
@@ -69,7 +72,7 @@ int cmd_bench(int argc, char** argv) {
   const Args args(argc, argv, 2,
                   {"--model", "--synth", "--layers", "--synth-dir", "--synth-seed", "--experts", "--vocab", "--dim",
                    "--inter", "--set", "--backend", "--numerics", "--prefill", "--contexts", "--batches", "--reps", "--decode-steps",
-                   "--step", "--seed", "--json", "--plot", "--tp", "--ep"},
+                   "--step", "--seed", "--json", "--plot", "--tp", "--ep", "--temperature"},
                   {"--logits", "--no-mtp"});
   check_synth_only(args, {"--synth-dir", "--no-mtp"});
   const int64_t seed = args.get_int("--seed", 0);
@@ -86,6 +89,9 @@ int cmd_bench(int argc, char** argv) {
   o.decode_steps = args.get_int("--decode-steps", o.decode_steps);
   o.step = args.get_int("--step", o.step);
   o.download_logits = args.has("--logits");
+  o.temperature = float(args.get_double("--temperature", 0.0));
+  DSV4_CHECK(std::isfinite(o.temperature) && o.temperature >= 0.0f, "--temperature must be >= 0");
+  DSV4_CHECK(!(o.download_logits && o.temperature > 0.0f), "--logits and --temperature exclude each other");
   o.seed = uint64_t(seed);
   o.log = [](const std::string& line) { std::fprintf(stderr, "bench: %s\n", line.c_str()); };
   // Fail on an unwritable --json or --plot before the (possibly long) run.

@@ -1,16 +1,16 @@
 // sampling (CUDA): one block per row of logits; each step is a block-wide pass over the row (L2-resident after
-// the first) with register accumulation and block reductions:
+// the first) with register accumulation and block reductions. The draw is sample_row's (sampler.h) step for
+// step, on integer weights (sampler/draw.h), so every sum is exact and the token is the CPU's:
+//   0. a row with edits (bias, penalties) is copied to the work buffer and edited there; a grammar's mask turns
+//      the tokens it forbids into -inf as they are read;
 //   1. max and argmax (lowest id among equal maxima): the greedy answer and the softmax shift;
 //   2. top-k: radix select (4 passes of 8 bits over an order-preserving key, warp-aggregated histogram
-//      counts) of the k-th token in the CPU sampler's rank order (logit descending, id ascending), ties on the
-//      boundary logit resolved by id; then Z_k, the softmax mass of the top-k;
-//   3. the draw, by rejection: candidates are the tokens ranked within the current bound that pass min-p
-//      (w = exp((l − max)/T) ≥ min_p; w = 1 for the top token); one Philox uniform picks a candidate j by
-//      inverse CDF over the candidates in a fixed thread-major order; j is kept when the mass of the top-k
-//      tokens ranked before it is below top_p · Z_k (the CPU's nucleus rule), otherwise every token from j on
-//      is outside the nucleus too, the bound moves to just before j and the draw repeats. Rejection from the
-//      proportional distribution over a superset is an exact draw from the kept set; the same pass that tests
-//      j also sums the candidates of the next round, so a round costs one pass.
+//      counts) of the k-th token in rank order (logit descending, id ascending), ties on the boundary logit
+//      resolved by id;
+//   3. top-p: the same radix select over the top-k tokens' weight instead of their count finds the token where
+//      the mass ranked up to it reaches top_p of theirs: the nucleus ends there;
+//   4. the draw: the kept tokens' weight per range of ids (256 ranges), one Philox point in it, then one block
+//      scan over the range that holds it, in id order.
 // The filters each keep a prefix of the rank order, as the CPU's sort-then-truncate does.
 #include "cuda/sampling/sampling.h"
 
@@ -20,6 +20,7 @@
 
 #include "cuda/common/check.h"
 #include "cuda/common/launch.cuh"
+#include "sampler/draw.h"
 
 namespace dsv4::cuda {
 
@@ -27,7 +28,7 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
-constexpr int kBuckets = 256;  // one radix digit of 8 bits
+constexpr int kBuckets = 256;  // one radix digit of 8 bits; also the draw's id ranges
 constexpr int kUnroll = 4;     // loads in flight per thread in a pass over the row
 constexpr unsigned kFull = 0xffffffffu;
 
@@ -36,15 +37,18 @@ __device__ __forceinline__ uint32_t rank_key(float logit) {
   const uint32_t u = __float_as_uint(logit);
   return ~((u & 0x80000000u) ? ~u : (u | 0x80000000u));
 }
-
-// Unnormalised softmax weight at temperature T (the top token has weight 1).
-__device__ __forceinline__ float weight(float logit, float max_logit, float T) { return expf((logit - max_logit) / T); }
+// The logit of a key (rank_key's inverse).
+__device__ __forceinline__ float key_logit(uint32_t key) {
+  const uint32_t v = ~key;
+  return __uint_as_float((v & 0x80000000u) ? (v & 0x7fffffffu) : ~v);
+}
 
 // Tokens ranked at or before the bound: key < bound.key, or key == bound.key and id ≤ bound.id.
 struct RankBound {
   uint32_t key;
   int64_t id;
 };
+constexpr RankBound kEveryToken{0xffffffffu, INT64_MAX};
 
 __device__ __forceinline__ bool within(const RankBound& b, uint32_t key, int64_t id) {
   return key < b.key || (key == b.key && id <= b.id);
@@ -69,22 +73,36 @@ __device__ __forceinline__ void for_each_in(const float* logits, int64_t begin, 
   }
 }
 
-// The whole row, by the sampling kernel's threads.
+// A row as the draw sees it: its logits (the edited copy when it has edits) under a grammar's mask.
+struct Row {
+  const float* logits;
+  const uint32_t* mask;  // nullptr: every token allowed
+  int64_t V;
+  __device__ __forceinline__ float value(float l, int64_t i) const {
+    return mask && !((__ldg(mask + (i >> 5)) >> (i & 31)) & 1u) ? -INFINITY : l;
+  }
+  __device__ __forceinline__ float at(int64_t i) const { return value(logits[i], i); }
+};
+
+// f(value, id) over the whole row, by the sampling kernel's threads.
 template <class F>
-__device__ __forceinline__ void for_each_token(const float* logits, int64_t V, F&& f) {
-  for_each_in<kThreads, kUnroll>(logits, 0, V, f);
+__device__ __forceinline__ void for_each_token(const Row& row, F&& f) {
+  for_each_in<kThreads, kUnroll>(row.logits, 0, row.V, [&](float l, int64_t i) { f(row.value(l, i), i); });
 }
 
 struct Shared {
   unsigned count[kBuckets];
+  unsigned long long mass[kBuckets];
   double warp_sum[kWarps];
+  unsigned long long warp_u64[kWarps];
   float warp_best[kWarps];
   int64_t warp_best_id[kWarps];
   unsigned warp_hits[kWarps];
   uint32_t prefix;
-  unsigned before, tied;
+  unsigned before, tied, gathered;
+  unsigned long long mass_before, target;
   int64_t found_id;
-  int owner;
+  int bucket;
 };
 
 // (value, id) ordering of the argmax: larger value, then lower id; id < 0 marks "nothing yet".
@@ -109,7 +127,7 @@ __device__ void block_argmax(float& v, int64_t& id, Shared& sm) {
   __syncthreads();
 }
 
-// Block-wide sum in a fixed order; every thread gets the total.
+// Block-wide sums; every thread gets the total. The double one adds in a fixed order.
 __device__ double block_sum(double v, Shared& sm) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(kFull, v, offset);
@@ -120,34 +138,57 @@ __device__ double block_sum(double v, Shared& sm) {
   __syncthreads();
   return total;
 }
-
-// Exclusive prefix sum over the threads in index order; `total` receives the block total.
-__device__ double block_exclusive_scan(double v, double& total, Shared& sm) {
+__device__ uint64_t block_sum(uint64_t v, Shared& sm) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  double inclusive = v;
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(kFull, v, offset);
+  if (lane == 0) sm.warp_u64[warp] = v;
+  __syncthreads();
+  uint64_t total = 0;
+  for (int w = 0; w < kWarps; ++w) total += sm.warp_u64[w];
+  __syncthreads();
+  return total;
+}
+
+// Exclusive prefix sum over the threads in index order.
+__device__ uint64_t block_exclusive_scan(uint64_t v, Shared& sm) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint64_t inclusive = v;
   for (int offset = 1; offset < 32; offset *= 2) {
-    const double up = __shfl_up_sync(kFull, inclusive, offset);
+    const uint64_t up = __shfl_up_sync(kFull, inclusive, offset);
     if (lane >= offset) inclusive += up;
   }
-  if (lane == 31) sm.warp_sum[warp] = inclusive;
+  if (lane == 31) sm.warp_u64[warp] = inclusive;
   __syncthreads();
-  double before_warp = 0.0;
-  total = 0.0;
-  for (int w = 0; w < kWarps; ++w) {
-    if (w < warp) before_warp += sm.warp_sum[w];
-    total += sm.warp_sum[w];
-  }
+  uint64_t before_warp = 0;
+  for (int w = 0; w < warp; ++w) before_warp += sm.warp_u64[w];
   __syncthreads();
   return before_warp + inclusive - v;
 }
 
+// hist[bucket] += add for each calling lane (bucket < kBuckets; kBuckets: nothing). The lanes of a warp mostly
+// share a bucket (neighbouring ids, or logits crowding into a few digits): those add once per distinct bucket.
+__device__ __forceinline__ void add_counts(unsigned* hist, unsigned bucket) {
+  const unsigned peers = __match_any_sync(__activemask(), bucket);
+  if (bucket < kBuckets && threadIdx.x % 32 == unsigned(__ffs(peers) - 1)) atomicAdd(&hist[bucket], unsigned(__popc(peers)));
+}
+__device__ __forceinline__ void add_mass(unsigned long long* hist, unsigned bucket, uint64_t add) {
+  const unsigned active = __activemask();
+  const unsigned peers = __match_any_sync(active, bucket);
+  if (peers == kFull) {  // the whole warp: one sum
+    for (int offset = 16; offset > 0; offset /= 2) add += __shfl_xor_sync(kFull, add, offset);
+    if (bucket < kBuckets && threadIdx.x % 32 == 0 && add) atomicAdd(&hist[bucket], (unsigned long long)add);
+  } else if (bucket < kBuckets && add) {
+    atomicAdd(&hist[bucket], (unsigned long long)add);
+  }
+}
+
 // Id of the need-th token (1-based, in id order) whose rank key is `key`.
-__device__ int64_t nth_with_key(const float* logits, int64_t V, uint32_t key, int64_t need, Shared& sm) {
+__device__ int64_t nth_with_key(const Row& row, uint32_t key, int64_t need, Shared& sm) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int64_t seen = 0;
-  for (int64_t base = 0; base < V; base += kThreads) {
+  for (int64_t base = 0; base < row.V; base += kThreads) {
     const int64_t i = base + threadIdx.x;
-    const bool hit = i < V && rank_key(logits[i]) == key;
+    const bool hit = i < row.V && rank_key(row.at(i)) == key;
     const unsigned hits = __ballot_sync(kFull, hit);
     if (lane == 0) sm.warp_hits[warp] = __popc(hits);
     __syncthreads();
@@ -166,19 +207,16 @@ __device__ int64_t nth_with_key(const float* logits, int64_t V, uint32_t key, in
 }
 
 // Rank bound of the k-th token in rank order (1 ≤ k < V).
-__device__ RankBound select_kth(const float* logits, int64_t V, int64_t k, Shared& sm) {
+__device__ RankBound select_kth(const Row& row, int64_t k, Shared& sm) {
   const int lane = threadIdx.x % 32;
   uint32_t prefix = 0, mask = 0;
   int64_t before = 0;  // tokens ranked before every token that matches `prefix`
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int b = threadIdx.x; b < kBuckets; b += kThreads) sm.count[b] = 0;
     __syncthreads();
-    for_each_token(logits, V, [&](float l, int64_t) {
+    for_each_token(row, [&](float l, int64_t) {
       const uint32_t key = rank_key(l);
-      const unsigned digit = (key & mask) == prefix ? (key >> shift) & 0xffu : kBuckets;  // kBuckets: no match
-      // Logits crowd into few digits (the top byte especially): one atomic per distinct digit per warp.
-      const unsigned peers = __match_any_sync(__activemask(), digit);
-      if (digit < kBuckets && lane == __ffs(peers) - 1) atomicAdd(&sm.count[digit], unsigned(__popc(peers)));
+      add_counts(sm.count, (key & mask) == prefix ? (key >> shift) & 0xffu : kBuckets);
     });
     __syncthreads();
     if (threadIdx.x < 32) {
@@ -209,112 +247,147 @@ __device__ RankBound select_kth(const float* logits, int64_t V, int64_t k, Share
   // `prefix` is the k-th token's exact key; `tied` tokens share it, ranked among themselves by id.
   const int64_t need = k - before, tied = sm.tied;
   if (need >= tied) return {prefix, INT64_MAX};
-  return {prefix, nth_with_key(logits, V, prefix, need, sm)};
+  return {prefix, nth_with_key(row, prefix, need, sm)};
 }
 
-// Philox4x32-10 (Salmon et al., SC'11): the first two output words for counter (c0, c1, c2, c3), key (k0, k1).
-__device__ __forceinline__ uint2 philox(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
-                                        uint32_t k1) {
-  for (int round = 0; round < 10; ++round) {
-    const uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-    const uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
+// The nucleus: rank bound of the first token (in rank order, among those within `top_k`) at which the weight
+// ranked up to and including it reaches `threshold` (≥ 1, ≤ the top-k's weight). The same radix select as
+// select_kth, with weights in place of counts.
+__device__ RankBound select_mass(const Row& row, const RankBound& top_k, float max_logit, float T, uint64_t threshold,
+                                 Shared& sm) {
+  uint32_t prefix = 0, mask = 0;
+  uint64_t before = 0;  // the weight ranked before every token that matches `prefix`
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < kBuckets; b += kThreads) sm.mass[b] = 0;
+    __syncthreads();
+    for_each_token(row, [&](float l, int64_t i) {
+      const uint32_t key = rank_key(l);
+      const bool in = within(top_k, key, i) && (key & mask) == prefix;
+      add_mass(sm.mass, in ? (key >> shift) & 0xffu : kBuckets, in ? draw::units(draw::weight(l, max_logit, T)) : 0);
+    });
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int b = 0;
+      while (b < kBuckets - 1 && before + sm.mass[b] < threshold) before += sm.mass[b++];
+      sm.prefix = prefix | (uint32_t(b) << shift);
+      sm.mass_before = before;
+    }
+    __syncthreads();
+    prefix = sm.prefix;
+    before = sm.mass_before;
+    mask |= 0xffu << shift;
   }
-  return make_uint2(c0, c1);
+  // Every token of the exact key weighs the same w: the m-th of them (by id) is the first to reach the threshold.
+  const uint64_t w = draw::units(draw::weight(key_logit(prefix), max_logit, T));
+  const int64_t m = w > 0 ? int64_t((threshold - before + w - 1) / w) : 1;
+  return {prefix, nth_with_key(row, prefix, m, sm)};
 }
 
 __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
   __shared__ Shared sm;
-  const int64_t row = blockIdx.x, V = p.vocab;
-  const float* logits = p.logits + row * p.ld;
+  const int64_t r = blockIdx.x, V = p.vocab;
+  const DrawRow d = p.draws[r];
+  const float* logits = p.logits + r * V;
+  if (d.edit_end > d.edit_begin) {
+    float* work = p.work + r * V;
+    for (int64_t i = threadIdx.x; i < V; i += kThreads) work[i] = logits[i];
+    __syncthreads();
+    for (int64_t e = d.edit_begin + threadIdx.x; e < d.edit_end; e += kThreads) {
+      const LogitEdit edit = p.edits[e];
+      float x = __fadd_rn(work[edit.id], edit.bias);
+      if (edit.repeated) x = x > 0.0f ? __fdiv_rn(x, d.repetition_penalty) : __fmul_rn(x, d.repetition_penalty);
+      work[edit.id] = __fsub_rn(x, edit.subtract);
+    }
+    __syncthreads();  // the block's own global writes are visible to it past the barrier
+    logits = work;
+  }
+  const Row row{logits, d.mask >= 0 ? p.masks + d.mask : nullptr, V};
 
   float max_logit = -INFINITY;
   int64_t best = -1;
-  for_each_token(logits, V, [&](float l, int64_t i) {
+  for_each_token(row, [&](float l, int64_t i) {
     if (better(l, i, max_logit, best)) max_logit = l, best = i;
   });
   block_argmax(max_logit, best, sm);
-  if (p.temperature == 0.0f) {
-    if (threadIdx.x == 0) p.tokens[row] = int32_t(best);
+  if (d.temperature == 0.0f) {
+    if (threadIdx.x == 0) p.tokens[r] = int32_t(best);
     return;
   }
-  const float T = p.temperature;
+  const float T = d.temperature;
+  const auto units = [&](float l) { return draw::units(draw::weight(l, max_logit, T)); };
 
-  const RankBound top_k = p.top_k > 0 && p.top_k < V ? select_kth(logits, V, p.top_k, sm)
-                                                     : RankBound{0xffffffffu, INT64_MAX};
-  double nucleus = INFINITY;  // top_p · Z_k: a token is in the nucleus when the top-k mass ranked before it is below
-  if (p.top_p < 1.0f) {
-    double z = 0.0;
-    for_each_token(logits, V, [&](float l, int64_t i) {
-      if (within(top_k, rank_key(l), i)) z += weight(l, max_logit, T);
+  RankBound bound = d.top_k > 0 && d.top_k < V ? select_kth(row, d.top_k, sm) : kEveryToken;
+  if (d.top_p < 1.0f) {
+    uint64_t z = 0;
+    for_each_token(row, [&](float l, int64_t i) {
+      if (within(bound, rank_key(l), i)) z += units(l);
     });
-    nucleus = double(p.top_p) * block_sum(z, sm);
+    bound = select_mass(row, bound, max_logit, T, draw::nucleus_threshold(d.top_p, block_sum(z, sm)), sm);
   }
-  const auto candidate = [&](const RankBound& bound, float l, int64_t i) {
-    return within(bound, rank_key(l), i) && (p.min_p == 0.0f || weight(l, max_logit, T) >= p.min_p);
+  const auto kept = [&](float l, int64_t i) -> uint64_t {
+    if (!within(bound, rank_key(l), i)) return 0;
+    const float w = draw::weight(l, max_logit, T);
+    return w >= d.min_p ? draw::units(w) : 0;
   };
 
-  // Each thread's candidate mass, summed in its own token order (the inverse CDF walks the same order).
-  RankBound bound = top_k;
-  float mine = 0.0f;
-  for_each_token(logits, V, [&](float l, int64_t i) {
-    if (candidate(bound, l, i)) mine += weight(l, max_logit, T);
-  });
-  const uint64_t seed = p.seeds[row];
-  for (uint32_t round = 0;; ++round) {
-    double total;
-    const double before_me = block_exclusive_scan(mine, total, sm);
-    const uint2 bits = philox(round, 0, uint32_t(p.offset), uint32_t(p.offset >> 32), uint32_t(seed),
-                              uint32_t(seed >> 32));
-    const double target = double((uint64_t(bits.x) << 21) ^ (bits.y >> 11)) * 0x1p-53 * total;  // in [0, total)
-    // The owner is the thread whose interval [before_me, before_me + mine) holds the target; rounding can leave
-    // the target past every interval: then the last thread with candidates.
-    if (threadIdx.x == 0) sm.owner = -1;
-    __syncthreads();
-    if (mine > 0.0f && target >= before_me && (target < before_me + mine || before_me + mine >= total))
-      atomicMax(&sm.owner, int(threadIdx.x));
-    __syncthreads();
-    if (int(threadIdx.x) == sm.owner) {
-      double run = before_me;
-      int64_t pick = -1;
-      for_each_token(logits, V, [&](float l, int64_t i) {
-        if (run > target || !candidate(bound, l, i)) return;
-        pick = i;
-        run += weight(l, max_logit, T);
-      });
-      sm.found_id = pick;
-    }
-    __syncthreads();
-    const int64_t j = sm.found_id;
-    const float lj = logits[j];
-    const uint32_t kj = rank_key(lj);
-    if (nucleus == INFINITY) {
-      if (threadIdx.x == 0) p.tokens[row] = int32_t(j);
-      return;
-    }
-    // One pass: the top-k mass ranked before j (the nucleus test) and the candidate mass before j (the next
-    // round's candidates, should j be rejected).
-    const RankBound before_j{kj, j - 1};
-    double ranked_before = 0.0;
-    mine = 0.0f;
-    for_each_token(logits, V, [&](float l, int64_t i) {
-      const uint32_t key = rank_key(l);
-      if (!within(before_j, key, i) || !within(top_k, key, i)) return;
-      const float w = weight(l, max_logit, T);
-      ranked_before += w;
-      if (p.min_p == 0.0f || w >= p.min_p) mine += w;
-    });
-    if (block_sum(ranked_before, sm) < nucleus) {
-      if (threadIdx.x == 0) p.tokens[row] = int32_t(j);
-      return;
-    }
-    bound = before_j;
+  // The kept weight per range of ids, the draw's point in it, and the range that holds the point.
+  const int64_t span = (V + kBuckets - 1) / kBuckets;
+  for (int b = threadIdx.x; b < kBuckets; b += kThreads) sm.mass[b] = 0;
+  __syncthreads();
+  for_each_token(row, [&](float l, int64_t i) { add_mass(sm.mass, unsigned(i / span), kept(l, i)); });
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint64_t total = 0;
+    for (int b = 0; b < kBuckets; ++b) total += sm.mass[b];
+    uint64_t target = draw::target(d.seed, d.step, total), before = 0;
+    int b = 0;
+    while (b < kBuckets - 1 && before + sm.mass[b] <= target) before += sm.mass[b++];
+    sm.bucket = b;
+    sm.target = target - before;
   }
+  __syncthreads();
+  // In the range, a block scan in id order: the token whose interval holds the point.
+  const int64_t begin = sm.bucket * span, end = min(V, begin + span);
+  const uint64_t target = sm.target;
+  uint64_t run = 0;
+  for (int64_t base = begin; base < end; base += kThreads) {
+    const int64_t i = base + threadIdx.x;
+    const uint64_t u = i < end ? kept(row.at(i), i) : 0;
+    const uint64_t before = run + block_exclusive_scan(u, sm);
+    if (u && before <= target && target < before + u) sm.found_id = i;
+    const uint64_t chunk = block_sum(u, sm);  // its barriers publish found_id
+    if (run + chunk > target) break;
+    run += chunk;
+  }
+  if (threadIdx.x == 0) p.tokens[r] = int32_t(sm.found_id);
+}
+
+// One block per listed row: log Z, the chosen logit, and the top ones (select_kth, then every token within it).
+__global__ void __launch_bounds__(kThreads) logprob_kernel(LogprobParams p) {
+  __shared__ Shared sm;
+  const int64_t row = p.rows[blockIdx.x], V = p.vocab;
+  const Row r{p.logits + row * V, nullptr, V};
+  float max_logit = -INFINITY;
+  int64_t best = -1;
+  for_each_token(r, [&](float l, int64_t i) {
+    if (better(l, i, max_logit, best)) max_logit = l, best = i;
+  });
+  block_argmax(max_logit, best, sm);
+  double z = 0.0;
+  for_each_token(r, [&](float l, int64_t) { z += exp(double(l) - double(max_logit)); });
+  z = block_sum(z, sm);
+  if (threadIdx.x == 0) {
+    p.log_z[blockIdx.x] = double(max_logit) + log(z);
+    p.chosen[blockIdx.x] = r.logits[p.tokens[row]];
+    sm.gathered = 0;
+  }
+  __syncthreads();
+  if (p.top == 0) return;
+  const RankBound bound = p.top < V ? select_kth(r, p.top, sm) : kEveryToken;
+  int2* out = p.best + blockIdx.x * p.top;
+  for_each_token(r, [&](float l, int64_t i) {
+    if (within(bound, rank_key(l), i)) out[atomicAdd(&sm.gathered, 1u)] = make_int2(int(i), __float_as_int(l));
+  });
 }
 
 constexpr int kGreedyThreads = 256;
@@ -404,18 +477,23 @@ void greedy_tokens(const GreedyParams& p, cudaStream_t stream, bool pdl) {
 
 void sample_tokens(const SampleParams& p, cudaStream_t stream) {
   DSV4_CHECK(p.rows >= 0 && p.rows <= int64_t(INT32_MAX), "sample_tokens: rows ", p.rows, " out of range");
-  DSV4_CHECK(p.vocab >= 1 && p.vocab <= int64_t(INT32_MAX), "sample_tokens: vocab ", p.vocab, " out of range");
-  DSV4_CHECK(p.ld == 0 || p.ld >= p.vocab, "sample_tokens: row stride ", p.ld, " shorter than the vocabulary ",
-             p.vocab);
-  DSV4_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0f, "sample_tokens: temperature must be >= 0, got ",
-             p.temperature);
-  DSV4_CHECK(p.top_k >= 0, "sample_tokens: top_k must be >= 0, got ", p.top_k);
-  DSV4_CHECK(p.top_p > 0.0f && p.top_p <= 1.0f, "sample_tokens: top_p must be in (0, 1], got ", p.top_p);
-  DSV4_CHECK(p.min_p >= 0.0f && p.min_p <= 1.0f, "sample_tokens: min_p must be in [0, 1], got ", p.min_p);
-  DSV4_CHECK(p.logits && p.tokens, "sample_tokens: logits and tokens are required");
-  DSV4_CHECK(p.temperature == 0.0f || p.seeds, "sample_tokens: per-row seeds are required unless greedy");
+  DSV4_CHECK(p.vocab >= 1 && p.vocab <= (int64_t(1) << 23), "sample_tokens: vocab ", p.vocab,
+             " out of range (the draw's weights sum in 64 bits up to 2^23 tokens)");
+  DSV4_CHECK(p.logits && p.tokens && p.draws, "sample_tokens: logits, draws and tokens are required");
   if (p.rows == 0) return;
   sample_kernel<<<unsigned(p.rows), kThreads, 0, stream>>>(p);
+  DSV4_LAUNCH_CHECK();
+}
+
+void token_logprobs(const LogprobParams& p, cudaStream_t stream) {
+  DSV4_CHECK(p.count >= 0 && p.count <= int64_t(INT32_MAX), "token_logprobs: count ", p.count, " out of range");
+  DSV4_CHECK(p.vocab >= 1 && p.vocab <= int64_t(INT32_MAX), "token_logprobs: vocab ", p.vocab, " out of range");
+  DSV4_CHECK(p.top >= 0 && p.top <= std::min(p.vocab, kMaxLogprobTop), "token_logprobs: top ", p.top,
+             " must be between 0 and ", std::min(p.vocab, kMaxLogprobTop));
+  DSV4_CHECK(p.logits && p.rows && p.tokens && p.log_z && p.chosen && (p.top == 0 || p.best),
+             "token_logprobs: a required buffer is missing");
+  if (p.count == 0) return;
+  logprob_kernel<<<unsigned(p.count), kThreads, 0, stream>>>(p);
   DSV4_LAUNCH_CHECK();
 }
 
