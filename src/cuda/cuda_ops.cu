@@ -48,7 +48,7 @@ CudaOps::~CudaOps() {
   for (auto& [nodes, exec] : graph_execs_) cudaGraphExecDestroy(exec);
   for (void* p : allocations_) cudaFree(p);
   for (auto& [p, bytes] : workspaces_) cudaFree(p);
-  if (pinned_i32_) cudaFreeHost(pinned_i32_);
+  for (auto& [p, bytes] : pinned_) cudaFreeHost(p);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -95,17 +95,24 @@ void CudaOps::download(float* host, const float* src, size_t count) {
 void CudaOps::download_i32(int32_t* host, const int32_t* src, size_t count) {
   if (count == 0) return;
   // Through page-locked staging: a pageable copy of a few ids costs a staging round of its own.
-  if (pinned_i32_count_ < count) {  // the first calls only, like the workspaces
-    DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (pinned_i32_) DSV4_CUDA_CHECK(cudaFreeHost(pinned_i32_));
-    pinned_i32_ = nullptr;
-    pinned_i32_count_ = 0;
-    DSV4_CUDA_CHECK(cudaMallocHost(&pinned_i32_, count * sizeof(int32_t)));
-    pinned_i32_count_ = count;
-  }
-  DSV4_CUDA_CHECK(cudaMemcpyAsync(pinned_i32_, src, count * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  auto* staging = static_cast<int32_t*>(pinned(kPinnedIds, count * sizeof(int32_t)));
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(staging, src, count * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  std::copy(pinned_i32_, pinned_i32_ + count, host);
+  std::copy(staging, staging + count, host);
+}
+
+void* CudaOps::pinned(PinnedSlot slot, size_t bytes) {
+  if (pinned_.size() <= size_t(slot)) pinned_.resize(size_t(slot) + 1, {nullptr, 0});
+  auto& [p, size] = pinned_[size_t(slot)];
+  if (size < bytes) {  // the first calls only, like the workspaces
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (p) DSV4_CUDA_CHECK(cudaFreeHost(p));
+    p = nullptr;
+    size = 0;
+    DSV4_CUDA_CHECK(cudaMallocHost(&p, bytes));
+    size = bytes;
+  }
+  return p;
 }
 
 void CudaOps::greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, float* values) {
@@ -124,6 +131,12 @@ void CudaOps::greedy_tokens(const float* logits, int64_t rows, int64_t vocab, in
   cuda::greedy_tokens(p, stream_, pdl());
 }
 
+void CudaOps::copy_rows(const float* src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
+  if (rows == 0) return;
+  DSV4_CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(ld_dst) * sizeof(float), src, size_t(cols) * sizeof(float),
+                                    size_t(cols) * sizeof(float), size_t(rows), cudaMemcpyDeviceToDevice, stream_));
+}
+
 void CudaOps::sample_tokens(const float* logits, int64_t vocab, std::span<const RowDraw> draws, int32_t* tokens) {
   const int64_t rows = int64_t(draws.size());
   if (rows == 0) return;
@@ -134,10 +147,11 @@ void CudaOps::sample_tokens(const float* logits, int64_t vocab, std::span<const 
   for (const RowDraw& d : draws) edits += int64_t(d.edits.size()), masks += d.allowed ? 1 : 0;
   const size_t draw_bytes = size_t(rows) * sizeof(cuda::DrawRow), edit_bytes = size_t(edits) * sizeof(LogitEdit);
   const size_t bytes = draw_bytes + edit_bytes + size_t(masks * words) * sizeof(uint32_t);
-  sample_staging_.resize(bytes);
-  auto* draw_h = reinterpret_cast<cuda::DrawRow*>(sample_staging_.data());
-  auto* edit_h = reinterpret_cast<LogitEdit*>(sample_staging_.data() + draw_bytes);
-  auto* mask_h = reinterpret_cast<uint32_t*>(sample_staging_.data() + draw_bytes + edit_bytes);
+  // The last call's copy from the staging is done: its tokens were downloaded (a synchronising copy) since.
+  auto* staging = static_cast<uint8_t*>(pinned(kPinnedDraws, bytes));
+  auto* draw_h = reinterpret_cast<cuda::DrawRow*>(staging);
+  auto* edit_h = reinterpret_cast<LogitEdit*>(staging + draw_bytes);
+  auto* mask_h = reinterpret_cast<uint32_t*>(staging + draw_bytes + edit_bytes);
   int64_t edit = 0, mask = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const RowDraw& d = draws[size_t(r)];
@@ -152,7 +166,7 @@ void CudaOps::sample_tokens(const float* logits, int64_t vocab, std::span<const 
     row.edit_end = edit += int64_t(d.edits.size());
   }
   auto* inputs = static_cast<uint8_t*>(workspace(cuda::kWsSampleInputs, bytes));
-  DSV4_CUDA_CHECK(cudaMemcpyAsync(inputs, sample_staging_.data(), bytes, cudaMemcpyHostToDevice, stream_));
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(inputs, staging, bytes, cudaMemcpyHostToDevice, stream_));
   cuda::SampleParams p;
   p.logits = logits;
   p.rows = rows;
@@ -185,12 +199,12 @@ void CudaOps::token_logprobs(const float* logits, int64_t vocab, std::span<const
   p.chosen = reinterpret_cast<float*>(buffer + rows_bytes + z_bytes);
   p.best = reinterpret_cast<int2*>(buffer + rows_bytes + z_bytes + chosen_bytes);
   cuda::token_logprobs(p, stream_);
-  sample_staging_.resize(out_bytes);
-  DSV4_CUDA_CHECK(cudaMemcpyAsync(sample_staging_.data(), buffer + rows_bytes, out_bytes, cudaMemcpyDeviceToHost, stream_));
+  logprob_staging_.resize(out_bytes);
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(logprob_staging_.data(), buffer + rows_bytes, out_bytes, cudaMemcpyDeviceToHost, stream_));
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  const auto* log_z = reinterpret_cast<const double*>(sample_staging_.data());
-  const auto* chosen = reinterpret_cast<const float*>(sample_staging_.data() + z_bytes);
-  const auto* best = reinterpret_cast<const int2*>(sample_staging_.data() + z_bytes + chosen_bytes);
+  const auto* log_z = reinterpret_cast<const double*>(logprob_staging_.data());
+  const auto* chosen = reinterpret_cast<const float*>(logprob_staging_.data() + z_bytes);
+  const auto* best = reinterpret_cast<const int2*>(logprob_staging_.data() + z_bytes + chosen_bytes);
   // As the CPU's token_logprobs: logit − log Z in double, the top ones most likely first, lower id first on ties.
   for (int64_t i = 0; i < n; ++i) {
     const auto logprob = [&](float l) { return float(double(l) - log_z[i]); };

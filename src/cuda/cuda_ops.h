@@ -118,6 +118,7 @@ class CudaOps final : public Ops {
   void add(const float* a, const float* b, size_t count, float* out) override;
   void scale(float* x, size_t count, float factor) override;
   void greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, float* values) override;
+  void copy_rows(const float* src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) override;
   void sample_tokens(const float* logits, int64_t vocab, std::span<const RowDraw> draws, int32_t* tokens) override;
   void token_logprobs(const float* logits, int64_t vocab, std::span<const int64_t> rows, const int32_t* tokens,
                       int64_t top, std::span<TokenLogprobs> out) override;
@@ -185,6 +186,10 @@ class CudaOps final : public Ops {
   // Device workspace `slot` of at least `bytes`, grown on first use (never inside a graph capture). A zeroed
   // slot is all zero bytes when (re)allocated; its users must leave it so.
   void* workspace(int slot, size_t bytes, bool zeroed = false);
+  // Page-locked host memory of at least `bytes` for slot (PinnedSlot): copies from it are asynchronous, where a
+  // pageable copy to the device first waits for the stream. Grown on first use (the stream drains first).
+  enum PinnedSlot { kPinnedIds, kPinnedDraws };
+  void* pinned(PinnedSlot slot, size_t bytes);
   // Device constants for RoPE: rope_dim/2 inverse frequencies, plain and compressed (YaRN).
   const float* inv_freq(RopeKind kind) const { return kind == RopeKind::kPlain ? inv_freq_plain_ : inv_freq_compressed_; }
 
@@ -237,9 +242,8 @@ class CudaOps final : public Ops {
   std::unordered_map<const void*, void*> synth_tables_;           // their value tables: host → device
   std::unordered_map<const void*, cuda::CacheLayout> caches_;     // compact caches by device address
   std::vector<std::pair<void*, size_t>> workspaces_;
-  int32_t* pinned_i32_ = nullptr;  // page-locked host staging of download_i32, grown on first use
-  size_t pinned_i32_count_ = 0;
-  std::vector<uint8_t> sample_staging_;  // sample_tokens / token_logprobs: host side of their uploads and downloads
+  std::vector<std::pair<void*, size_t>> pinned_;  // page-locked host staging by PinnedSlot, grown on first use
+  std::vector<uint8_t> logprob_staging_;          // token_logprobs: its results on the host
   float* inv_freq_plain_ = nullptr;
   float* inv_freq_compressed_ = nullptr;
   Numerics numerics_ = Numerics::kReference;

@@ -15,7 +15,7 @@ namespace dsv4 {
 
 namespace {
 
-Activations plan_activations(const ModelConfig& c, Ops& ops, int64_t n) {
+Activations plan_activations(const ModelConfig& c, Ops& ops, int64_t n, bool several) {
   const auto f = [&](int64_t count) { return ops.alloc(size_t(n * count)); };
   Activations a;
   a.max_step = n;
@@ -39,6 +39,7 @@ Activations plan_activations(const ModelConfig& c, Ops& ops, int64_t n) {
   a.y = f(c.dim);
   a.y_rows = f(c.dim);
   a.logits = f(c.vocab_size);
+  if (several) a.logits_full = f(c.vocab_size);
   a.mtp_e = f(c.dim);
   a.mtp_h = f(c.hc_mult * c.dim);
   return a;
@@ -69,7 +70,7 @@ class DeepseekV4::Rank {
         reduce_attention_(heads_split),
         several_(ranks > 1),
         numerics_(numerics),
-        act_(plan_activations(model_.config, ops_, max_step)),
+        act_(plan_activations(model_.config, ops_, max_step, ranks > 1)),
         vocab0_(vocab0) {
     ops_.set_numerics(numerics);
   }
@@ -88,7 +89,8 @@ class DeepseekV4::Rank {
     std::vector<float> logits;
     std::vector<int32_t> tokens;  // ids within this rank's columns
     std::vector<float> values;    // the logit of each, when several ranks share the vocabulary
-    std::vector<TokenLogprobs> logprobs;  // one rank: those of the inputs that asked, in batch order
+    std::vector<TokenLogprobs> logprobs;  // rank 0: those of the inputs that asked, in batch order
+    bool whole_rows = true;  // the tokens were chosen over whole rows (ids of the vocabulary, not of the columns)
   };
   const Results& results() const { return results_; }
   int64_t vocab0() const { return vocab0_; }
@@ -301,12 +303,13 @@ void DeepseekV4::mtp_step(const int32_t* next_tokens, int64_t n, float* logits) 
   deliver(batch);
 }
 
-// Rows in head() order; each rank holds its columns of them. One rank chose the tokens (and log-probabilities)
-// itself. Several: a greedy id is the best over the ranks' own (the largest logit, and among equal ones the
-// lowest id: the first rank's, as argmax() in sampler.h); a draw or log-probabilities take the whole row,
-// gathered here from the ranks' columns.
+// Rows in head() order; each rank holds its columns of them. The tokens (and log-probabilities) are rank 0's
+// when it chose them over whole rows (one rank, or several that gathered the rows for a draw); otherwise each
+// rank chose a greedy id among its columns and the best of those wins: the largest logit, and among equal ones
+// the lowest id (the first rank's), as argmax() in sampler.h.
 void DeepseekV4::deliver(std::span<const StepInput> batch) {
   const int64_t V = model_.config.vocab_size;
+  const Rank::Results& first = ranks_[0]->results();
   int64_t row = 0;
   size_t logprobs = 0;  // the next of rank 0's log-probability results
   for (const StepInput& in : batch) {
@@ -321,16 +324,9 @@ void DeepseekV4::deliver(std::span<const StepInput> batch) {
     }
     if (in.next_token) {
       const size_t last = size_t(row + count - 1);
-      if (ranks_.size() == 1) {
-        *in.next_token = ranks_[0]->results().tokens[last];
-        if (in.logprobs) *in.logprobs = ranks_[0]->results().logprobs[logprobs++];
-      } else if ((in.draw && !in.draw->greedy()) || in.logprobs) {
-        row_.resize(size_t(V));
-        for (const auto& rank : ranks_)
-          std::copy_n(rank->results().logits.data() + int64_t(last) * rank->vocab_share(), rank->vocab_share(),
-                      row_.data() + rank->vocab0());
-        *in.next_token = in.draw ? sample_row(row_.data(), V, *in.draw) : argmax(row_.data(), V);
-        if (in.logprobs) *in.logprobs = token_logprobs(row_.data(), V, *in.next_token, in.top_logprobs);
+      if (first.whole_rows) {
+        *in.next_token = first.tokens[last];
+        if (in.logprobs) *in.logprobs = first.logprobs[logprobs++];
       } else {
         int32_t best = -1;
         float best_value = 0.0f;
@@ -575,8 +571,10 @@ int64_t DeepseekV4::Rank::head(const HcHeadWeights& hc, const std::vector<float>
 }
 
 // This rank's results to the host, in head()'s row order: the tokens chosen on the backend, if any input asked for
-// one (greedy ids with their logits when ranks share the vocabulary), their log-probabilities, and the logits
-// rows if any input asked for logits or, with several ranks, for a draw or log-probabilities (deliver()).
+// one, their log-probabilities (rank 0), and the logits rows if any input asked for them. A draw or
+// log-probabilities need whole rows: with several ranks each one's columns are summed into zeroed rows of the
+// whole vocabulary (all_reduce: x + 0 + … is exact), and every rank draws the same tokens from them. Greedy alone,
+// each rank picks among its own columns and hands its best logit to deliver().
 void DeepseekV4::Rank::collect(std::span<const StepInput> batch, int64_t rows) {
   if (rows == 0) return;
   const int64_t V = model_.head.rows;  // this rank's columns
@@ -592,28 +590,35 @@ void DeepseekV4::Rank::collect(std::span<const StepInput> batch, int64_t rows) {
     want_logits |= in.logits != nullptr;
     if (!in.next_token) continue;
     want_tokens = true;
-    const bool draw = in.draw && !in.draw->greedy();
-    if (several_) {
-      want_logits |= draw || in.logprobs;
-      continue;
-    }
     if (in.draw) draws_[size_t(last)] = *in.draw;
-    drawn |= draw;
+    drawn |= in.draw && !in.draw->greedy();
     if (in.logprobs) {
       logprob_rows_.push_back(last);
       logprob_tops_.push_back(in.top_logprobs);
       top = std::max(top, in.top_logprobs);
     }
   }
+  results_.whole_rows = !several_ || drawn || !logprob_rows_.empty();
   if (want_tokens) {
     results_.tokens.resize(size_t(rows));
-    if (drawn) ops_.sample_tokens(act_.logits, V, draws_, act_.greedy);
+    const float* logits = act_.logits;
+    int64_t vocab = V;
+    if (several_ && results_.whole_rows) {
+      vocab = model_.config.vocab_size;
+      ops_.fill(act_.logits_full, size_t(rows * vocab), 0.0f);
+      ops_.copy_rows(act_.logits, rows, V, act_.logits_full + vocab0_, vocab);
+      ops_.all_reduce(act_.logits_full, size_t(rows * vocab));
+      logits = act_.logits_full;
+    }
+    if (results_.whole_rows && (drawn || several_)) ops_.sample_tokens(logits, vocab, draws_, act_.greedy);
     else ops_.greedy_tokens(act_.logits, rows, V, act_.greedy, several_ ? act_.greedy_values : nullptr);
-    results_.logprobs.resize(logprob_rows_.size());
-    if (!logprob_rows_.empty()) ops_.token_logprobs(act_.logits, V, logprob_rows_, act_.greedy, top, results_.logprobs);
-    for (size_t i = 0; i < logprob_rows_.size(); ++i) results_.logprobs[i].top.resize(size_t(logprob_tops_[i]));
+    results_.logprobs.resize(index_ == 0 ? logprob_rows_.size() : 0);
+    if (index_ == 0 && !logprob_rows_.empty()) {
+      ops_.token_logprobs(logits, vocab, logprob_rows_, act_.greedy, top, results_.logprobs);
+      for (size_t i = 0; i < logprob_rows_.size(); ++i) results_.logprobs[i].top.resize(size_t(logprob_tops_[i]));
+    }
     ops_.download_i32(results_.tokens.data(), act_.greedy, size_t(rows));
-    if (several_) {
+    if (!results_.whole_rows) {
       results_.values.resize(size_t(rows));
       ops_.download(results_.values.data(), act_.greedy_values, size_t(rows));
     }

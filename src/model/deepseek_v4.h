@@ -18,7 +18,7 @@ namespace dsv4 {
 struct Activations {
   int64_t max_step = 0;
   int32_t* tokens = nullptr;  // [n]
-  int32_t* greedy = nullptr;  // [n] the greedy next token of each logits row
+  int32_t* greedy = nullptr;  // [n] the next token of each logits row, greedy or drawn
   float* greedy_values = nullptr;  // [n] its logit (ranks that share the vocabulary compare them)
   float* X = nullptr;         // [n, hc, D] residual streams
   float* x = nullptr;         // [n, D] collapsed sub-block input
@@ -36,7 +36,8 @@ struct Activations {
   int32_t* selected = nullptr;  // [n, k_I]
   float* y = nullptr;         // [n, D] head input
   float* y_rows = nullptr;    // [n, D] the head input rows whose logits were asked for, gathered
-  float* logits = nullptr;    // [n, V]
+  float* logits = nullptr;    // [n, V] (several ranks: [n, V_r], this rank's columns)
+  float* logits_full = nullptr;  // several ranks: [n, V] every rank's columns, for draws and log-probabilities
   float* mtp_e = nullptr;     // [n, D]
   float* mtp_h = nullptr;     // [n, hc, D]
 };
@@ -118,7 +119,6 @@ class DeepseekV4 {
   std::unique_ptr<Workers> workers_;
   std::unique_ptr<SequenceState> state_;
   std::vector<Span> spans_;  // the current step's sequences
-  std::vector<float> row_;   // deliver(): a row gathered from the ranks' columns
 };
 
 }  // namespace dsv4

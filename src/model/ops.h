@@ -119,6 +119,10 @@ class Ops {
   virtual void download(float* host, const float* src, size_t count) = 0;
   virtual void download_i32(int32_t* host, const int32_t* src, size_t count) = 0;
   virtual void copy(const float* src, size_t count, float* dst) = 0;  // backend memory to backend memory
+  // dst[r, ld_dst] = src[r, cols] for r < rows: rows into a wider array (backend memory both).
+  virtual void copy_rows(const float* src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
+    for (int64_t r = 0; r < rows; ++r) copy(src + r * cols, size_t(cols), dst + r * ld_dst);
+  }
   // Rows [0, rows) of one cache into another of the same format and row size.
   virtual void copy_cache(const float* src, int64_t rows, int64_t dim, float* dst) {
     copy(src, size_t(rows * dim), dst);

@@ -100,6 +100,11 @@ DSV4_DRAW_FN uint64_t philox(uint32_t c0, uint32_t c1, uint32_t k0, uint32_t k1)
   return (uint64_t(c0) << 32) | c1;
 }
 
+// The order in which a draw walks the kept tokens: lane by lane, the ids ≡ 0 (mod kLanes) ascending, then
+// ≡ 1, ... — the GPU kernel's thread-major order (thread t of kLanes holds ids t, t + kLanes, ...), so that
+// its threads sum their own tokens and one scan over the threads finds the drawn one.
+constexpr int64_t kLanes = 1024;
+
 // The draw of step `step` under `seed`: a point in [0, total) of the kept tokens' mass (total ≥ 1), by the
 // high half of a 64 × 64-bit product (uniform up to 2^-64 · total).
 DSV4_DRAW_FN uint64_t target(uint64_t seed, uint64_t step, uint64_t total) {

@@ -149,18 +149,19 @@ int32_t sample_row(const float* logits, int64_t vocab, const RowDraw& d) {
     while (keep < order.size() && before < threshold) before += units[size_t(order[keep++])];
     order.resize(keep);
   }
-  // min-p, then the draw over the kept tokens in id order.
+  // min-p, then the draw over the kept tokens in lane order.
   std::vector<uint8_t> kept(static_cast<size_t>(vocab), 0);
   uint64_t total = 0;
   for (int32_t t : order)
     if (w[size_t(t)] >= d.min_p) kept[size_t(t)] = 1, total += units[size_t(t)];
   const uint64_t target = draw::target(d.seed, d.step, total);
   uint64_t run = 0;
-  for (int64_t i = 0; i < vocab; ++i) {
-    if (!kept[size_t(i)]) continue;
-    run += units[size_t(i)];
-    if (run > target) return int32_t(i);
-  }
+  for (int64_t lane = 0; lane < draw::kLanes; ++lane)
+    for (int64_t i = lane; i < vocab; i += draw::kLanes) {
+      if (!kept[size_t(i)]) continue;
+      run += units[size_t(i)];
+      if (run > target) return int32_t(i);
+    }
   DSV4_ASSERT(false && "the draw is past the kept mass");
   return top;
 }

@@ -44,8 +44,8 @@ struct LogitEdit {
 //   3. the candidates are the top_k first in rank order (logit descending, id ascending), of those the nucleus
 //      (the tokens whose candidates ranked before them weigh less than top_p of the candidates' weight), of
 //      those the ones with w ≥ min_p;
-//   4. Philox of (seed, step) picks a point of the kept weight; walking the kept tokens in id order, the token
-//      whose interval holds it is drawn.
+//   4. Philox of (seed, step) picks a point of the kept weight; walking the kept tokens in draw::kLanes order
+//      (by id mod 1024, then id), the token whose interval holds it is drawn.
 struct RowDraw {
   float temperature = 0.0f;
   int64_t top_k = 0;

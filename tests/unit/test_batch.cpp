@@ -140,12 +140,13 @@ TEST(Batch, CudaNextTokensAreTheArgmaxOfTheirRows) {
 // Tokens drawn on the backend (StepInput::draw) are sample_row's on the same rows, and log-probabilities
 // computed there are token_logprobs': a step of decodes and a prompt's last chunk, each with its own draw (a
 // grammar's mask, logit edits), greedy beside them, and the logits rows downloaded too so that the host can
-// check. Exact on both backends: the host samples the very rows the backend drew from.
-void check_drawn_tokens(const std::string& backend) {
+// check. Exact on both backends: the host samples the very rows the backend drew from. Over several ranks the
+// rows are gathered from the ranks' columns on the backend first.
+void check_drawn_tokens(const std::string& backend, const Parallelism& parallelism) {
   const auto weights = load_model(source_path("tests/data/golden/v4-flashlike"));
   const int64_t V = weights->config.vocab_size;
-  auto ops = make_backend(backend, *weights);
-  DeepseekV4 model(*weights, *ops, Numerics::kReference, /*max_context=*/64, /*max_step=*/16);
+  const Ranks ranks = make_ranks(backend, *weights, parallelism);
+  DeepseekV4 model(*weights, ranks.shards, Numerics::kReference, /*max_context=*/64, /*max_step=*/16);
   std::mt19937_64 rng(5);
   const auto random_tokens = [&](size_t n) {
     std::vector<int32_t> t(n);
@@ -178,7 +179,8 @@ void check_drawn_tokens(const std::string& backend) {
                                     {seqs[2].get(), tc.data(), 3, lc.data(), false, &nc, &c, &pc, 0},
                                     {seqs[3].get(), td.data(), 1, nullptr, false, &nd}};
     model.step(batch);
-    const std::string where = backend + " round " + std::to_string(round);
+    const std::string where = backend + " ranks " + std::to_string(parallelism.ranks()) + " round " +
+                              std::to_string(round);
     EXPECT_EQ(na, sample_row(la.data(), V, a)) << where;
     EXPECT_EQ(nb, sample_row(lb.data(), V, b)) << where;
     EXPECT_EQ(nc, sample_row(lc.data(), V, c)) << where;
@@ -197,11 +199,20 @@ void check_drawn_tokens(const std::string& backend) {
   }
 }
 
-TEST(Batch, DrawnTokensAreTheHostSamplers) { check_drawn_tokens("cpu"); }
+TEST(Batch, DrawnTokensAreTheHostSamplers) {
+  check_drawn_tokens("cpu", {});
+  check_drawn_tokens("cpu", {.tp = 2});
+  check_drawn_tokens("cpu", {.ep = 2});
+}
 
 TEST(Batch, CudaDrawnTokensAreTheHostSamplers) {
   DSV4_REQUIRE_GPU();
-  check_drawn_tokens("cuda");
+  check_drawn_tokens("cuda", {});
+}
+
+TEST(Batch, CudaDrawnTokensOverTwoGpusAreTheHostSamplers) {
+  DSV4_REQUIRE_GPUS(2);
+  check_drawn_tokens("cuda", {.tp = 2});
 }
 
 // generate() takes the backend's token (no logits download); greedy, it must produce what the argmax of each

@@ -9,8 +9,8 @@
 //      resolved by id;
 //   3. top-p: the same radix select over the top-k tokens' weight instead of their count finds the token where
 //      the mass ranked up to it reaches top_p of theirs: the nucleus ends there;
-//   4. the draw: the kept tokens' weight per range of ids (256 ranges), one Philox point in it, then one block
-//      scan over the range that holds it, in id order.
+//   4. the draw: each thread sums the weight of its kept tokens (ids t, t + 1024, ...: draw::kLanes order),
+//      one scan over the threads places the Philox point in one thread's share, and that thread walks its ids.
 // The filters each keep a prefix of the rank order, as the CPU's sort-then-truncate does.
 #include "cuda/sampling/sampling.h"
 
@@ -28,7 +28,8 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
-constexpr int kBuckets = 256;  // one radix digit of 8 bits; also the draw's id ranges
+constexpr int kBuckets = 256;  // one radix digit of 8 bits
+static_assert(kThreads == draw::kLanes, "a thread per lane of the draw's order");
 constexpr int kUnroll = 4;     // loads in flight per thread in a pass over the row
 constexpr unsigned kFull = 0xffffffffu;
 
@@ -100,9 +101,8 @@ struct Shared {
   unsigned warp_hits[kWarps];
   uint32_t prefix;
   unsigned before, tied, gathered;
-  unsigned long long mass_before, target;
+  unsigned long long mass_before;
   int64_t found_id;
-  int bucket;
 };
 
 // (value, id) ordering of the argmax: larger value, then lower id; id < 0 marks "nothing yet".
@@ -330,36 +330,21 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
     return w >= d.min_p ? draw::units(w) : 0;
   };
 
-  // The kept weight per range of ids, the draw's point in it, and the range that holds the point.
-  const int64_t span = (V + kBuckets - 1) / kBuckets;
-  for (int b = threadIdx.x; b < kBuckets; b += kThreads) sm.mass[b] = 0;
-  __syncthreads();
-  for_each_token(row, [&](float l, int64_t i) { add_mass(sm.mass, unsigned(i / span), kept(l, i)); });
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    uint64_t total = 0;
-    for (int b = 0; b < kBuckets; ++b) total += sm.mass[b];
-    uint64_t target = draw::target(d.seed, d.step, total), before = 0;
-    int b = 0;
-    while (b < kBuckets - 1 && before + sm.mass[b] <= target) before += sm.mass[b++];
-    sm.bucket = b;
-    sm.target = target - before;
+  // Each thread's kept weight, the point in the whole, and the thread whose share holds it walks its ids.
+  uint64_t mine = 0;
+  for_each_token(row, [&](float l, int64_t i) { mine += kept(l, i); });
+  const uint64_t before_me = block_exclusive_scan(mine, sm), total = block_sum(mine, sm);
+  const uint64_t target = draw::target(d.seed, d.step, total);
+  if (mine > 0 && before_me <= target && target < before_me + mine) {
+    uint64_t run = before_me;
+    for (int64_t i = threadIdx.x; i < V; i += kThreads) {
+      run += kept(row.at(i), i);
+      if (run > target) {
+        p.tokens[r] = int32_t(i);
+        break;
+      }
+    }
   }
-  __syncthreads();
-  // In the range, a block scan in id order: the token whose interval holds the point.
-  const int64_t begin = sm.bucket * span, end = min(V, begin + span);
-  const uint64_t target = sm.target;
-  uint64_t run = 0;
-  for (int64_t base = begin; base < end; base += kThreads) {
-    const int64_t i = base + threadIdx.x;
-    const uint64_t u = i < end ? kept(row.at(i), i) : 0;
-    const uint64_t before = run + block_exclusive_scan(u, sm);
-    if (u && before <= target && target < before + u) sm.found_id = i;
-    const uint64_t chunk = block_sum(u, sm);  // its barriers publish found_id
-    if (run + chunk > target) break;
-    run += chunk;
-  }
-  if (threadIdx.x == 0) p.tokens[r] = int32_t(sm.found_id);
 }
 
 // One block per listed row: log Z, the chosen logit, and the top ones (select_kth, then every token within it).
