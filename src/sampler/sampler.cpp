@@ -129,8 +129,9 @@ int32_t sample_row(const float* logits, int64_t vocab, const RowDraw& d) {
   std::vector<uint64_t> units(static_cast<size_t>(vocab));
   std::vector<float> w(static_cast<size_t>(vocab));
   std::vector<int32_t> order;
+  const float inv_T = draw::inverse(d.temperature);
   for (int64_t i = 0; i < vocab; ++i) {
-    w[size_t(i)] = draw::weight(l[size_t(i)], l[size_t(top)], d.temperature);
+    w[size_t(i)] = draw::weight(l[size_t(i)], l[size_t(top)], inv_T);
     units[size_t(i)] = draw::units(w[size_t(i)]);
     if (units[size_t(i)] > 0) order.push_back(int32_t(i));
   }

@@ -157,7 +157,7 @@ TEST(Draw, ExponentialAndUnits) {
   EXPECT_EQ(draw::exp_nonpositive(-INFINITY), 0.0f);
   EXPECT_EQ(draw::units(1.0f), uint64_t(1) << 40);
   EXPECT_GE(draw::units(draw::exp_nonpositive(draw::kCutoff)), 1u);
-  EXPECT_EQ(draw::weight(2.5f, 2.5f, 0.3f), 1.0f);
+  EXPECT_EQ(draw::weight(2.5f, 2.5f, draw::inverse(0.3f)), 1.0f);
 }
 
 // logit_bias: +100 makes a token the greedy choice, −100 keeps it out; out-of-range ids and biases are refused.

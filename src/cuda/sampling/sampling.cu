@@ -103,6 +103,7 @@ struct Shared {
   unsigned before, tied, gathered;
   unsigned long long mass_before;
   int64_t found_id;
+  int owner;
 };
 
 // (value, id) ordering of the argmax: larger value, then lower id; id < 0 marks "nothing yet".
@@ -173,6 +174,7 @@ __device__ __forceinline__ void add_counts(unsigned* hist, unsigned bucket) {
 }
 __device__ __forceinline__ void add_mass(unsigned long long* hist, unsigned bucket, uint64_t add) {
   const unsigned active = __activemask();
+  if (!__any_sync(active, add != 0)) return;  // most tokens of a trained model's row weigh nothing
   const unsigned peers = __match_any_sync(active, bucket);
   if (peers == kFull) {  // the whole warp: one sum
     for (int offset = 16; offset > 0; offset /= 2) add += __shfl_xor_sync(kFull, add, offset);
@@ -253,8 +255,8 @@ __device__ RankBound select_kth(const Row& row, int64_t k, Shared& sm) {
 // The nucleus: rank bound of the first token (in rank order, among those within `top_k`) at which the weight
 // ranked up to and including it reaches `threshold` (≥ 1, ≤ the top-k's weight). The same radix select as
 // select_kth, with weights in place of counts.
-__device__ RankBound select_mass(const Row& row, const RankBound& top_k, float max_logit, float T, uint64_t threshold,
-                                 Shared& sm) {
+__device__ RankBound select_mass(const Row& row, const RankBound& top_k, float max_logit, float inv_T,
+                                 uint64_t threshold, Shared& sm) {
   uint32_t prefix = 0, mask = 0;
   uint64_t before = 0;  // the weight ranked before every token that matches `prefix`
   for (int shift = 24; shift >= 0; shift -= 8) {
@@ -263,7 +265,8 @@ __device__ RankBound select_mass(const Row& row, const RankBound& top_k, float m
     for_each_token(row, [&](float l, int64_t i) {
       const uint32_t key = rank_key(l);
       const bool in = within(top_k, key, i) && (key & mask) == prefix;
-      add_mass(sm.mass, in ? (key >> shift) & 0xffu : kBuckets, in ? draw::units(draw::weight(l, max_logit, T)) : 0);
+      add_mass(sm.mass, in ? (key >> shift) & 0xffu : kBuckets,
+               in ? draw::units(draw::weight(l, max_logit, inv_T)) : 0);
     });
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -278,7 +281,7 @@ __device__ RankBound select_mass(const Row& row, const RankBound& top_k, float m
     mask |= 0xffu << shift;
   }
   // Every token of the exact key weighs the same w: the m-th of them (by id) is the first to reach the threshold.
-  const uint64_t w = draw::units(draw::weight(key_logit(prefix), max_logit, T));
+  const uint64_t w = draw::units(draw::weight(key_logit(prefix), max_logit, inv_T));
   const int64_t m = w > 0 ? int64_t((threshold - before + w - 1) / w) : 1;
   return {prefix, nth_with_key(row, prefix, m, sm)};
 }
@@ -313,8 +316,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
     if (threadIdx.x == 0) p.tokens[r] = int32_t(best);
     return;
   }
-  const float T = d.temperature;
-  const auto units = [&](float l) { return draw::units(draw::weight(l, max_logit, T)); };
+  const float inv_T = draw::inverse(d.temperature);
+  const auto units = [&](float l) { return draw::units(draw::weight(l, max_logit, inv_T)); };
 
   RankBound bound = d.top_k > 0 && d.top_k < V ? select_kth(row, d.top_k, sm) : kEveryToken;
   if (d.top_p < 1.0f) {
@@ -322,11 +325,11 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
     for_each_token(row, [&](float l, int64_t i) {
       if (within(bound, rank_key(l), i)) z += units(l);
     });
-    bound = select_mass(row, bound, max_logit, T, draw::nucleus_threshold(d.top_p, block_sum(z, sm)), sm);
+    bound = select_mass(row, bound, max_logit, inv_T, draw::nucleus_threshold(d.top_p, block_sum(z, sm)), sm);
   }
   const auto kept = [&](float l, int64_t i) -> uint64_t {
     if (!within(bound, rank_key(l), i)) return 0;
-    const float w = draw::weight(l, max_logit, T);
+    const float w = draw::weight(l, max_logit, inv_T);
     return w >= d.min_p ? draw::units(w) : 0;
   };
 
@@ -336,14 +339,20 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
   const uint64_t before_me = block_exclusive_scan(mine, sm), total = block_sum(mine, sm);
   const uint64_t target = draw::target(d.seed, d.step, total);
   if (mine > 0 && before_me <= target && target < before_me + mine) {
-    uint64_t run = before_me;
-    for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-      run += kept(row.at(i), i);
-      if (run > target) {
-        p.tokens[r] = int32_t(i);
-        break;
-      }
-    }
+    sm.owner = threadIdx.x;
+    sm.mass_before = before_me;
+  }
+  __syncthreads();
+  // The owner's ids (owner, owner + 1024, ...), one per thread, scanned in order.
+  const int64_t owner = sm.owner;
+  uint64_t run = sm.mass_before;
+  for (int64_t first = owner; first < V; first += int64_t(kThreads) * kThreads) {
+    const int64_t i = first + int64_t(threadIdx.x) * kThreads;
+    const uint64_t u = i < V ? kept(row.at(i), i) : 0;
+    const uint64_t before = run + block_exclusive_scan(u, sm);
+    if (u > 0 && before <= target && target < before + u) p.tokens[r] = int32_t(i);
+    run += block_sum(u, sm);
+    if (run > target) break;
   }
 }
 
