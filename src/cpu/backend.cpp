@@ -28,6 +28,7 @@ void CpuOps::greedy_tokens(const float* logits, int64_t rows, int64_t vocab, int
   }
 }
 void CpuOps::sample_tokens(const float* logits, int64_t vocab, std::span<const RowDraw> draws, int32_t* tokens) {
+#pragma omp parallel for schedule(dynamic, 1) if (draws.size() > 1)
   for (size_t r = 0; r < draws.size(); ++r) tokens[r] = sample_row(logits + int64_t(r) * vocab, vocab, draws[r]);
 }
 void CpuOps::token_logprobs(const float* logits, int64_t vocab, std::span<const int64_t> rows, const int32_t* tokens,
