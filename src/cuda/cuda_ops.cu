@@ -49,6 +49,7 @@ CudaOps::~CudaOps() {
   for (void* p : allocations_) cudaFree(p);
   for (auto& [p, bytes] : workspaces_) cudaFree(p);
   for (auto& [p, bytes] : pinned_) cudaFreeHost(p);
+  if (draws_uploaded_) cudaEventDestroy(draws_uploaded_);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -147,7 +148,9 @@ void CudaOps::sample_tokens(const float* logits, int64_t vocab, std::span<const 
   for (const RowDraw& d : draws) edits += int64_t(d.edits.size()), masks += d.allowed ? 1 : 0;
   const size_t draw_bytes = size_t(rows) * sizeof(cuda::DrawRow), edit_bytes = size_t(edits) * sizeof(LogitEdit);
   const size_t bytes = draw_bytes + edit_bytes + size_t(masks * words) * sizeof(uint32_t);
-  // The last call's copy from the staging is done: its tokens were downloaded (a synchronising copy) since.
+  // The staging is written only once the last call's copy from it is done.
+  if (draws_uploaded_) DSV4_CUDA_CHECK(cudaEventSynchronize(draws_uploaded_));
+  else DSV4_CUDA_CHECK(cudaEventCreateWithFlags(&draws_uploaded_, cudaEventDisableTiming));
   auto* staging = static_cast<uint8_t*>(pinned(kPinnedDraws, bytes));
   auto* draw_h = reinterpret_cast<cuda::DrawRow*>(staging);
   auto* edit_h = reinterpret_cast<LogitEdit*>(staging + draw_bytes);
@@ -167,6 +170,7 @@ void CudaOps::sample_tokens(const float* logits, int64_t vocab, std::span<const 
   }
   auto* inputs = static_cast<uint8_t*>(workspace(cuda::kWsSampleInputs, bytes));
   DSV4_CUDA_CHECK(cudaMemcpyAsync(inputs, staging, bytes, cudaMemcpyHostToDevice, stream_));
+  DSV4_CUDA_CHECK(cudaEventRecord(draws_uploaded_, stream_));
   cuda::SampleParams p;
   p.logits = logits;
   p.rows = rows;
@@ -183,9 +187,10 @@ void CudaOps::token_logprobs(const float* logits, int64_t vocab, std::span<const
                              int64_t top, std::span<TokenLogprobs> out) {
   const int64_t n = int64_t(rows.size());
   if (n == 0) return;
-  // One buffer: rows in; the normalisers, chosen logits and top (id, logit) pairs out.
-  const size_t rows_bytes = size_t(n) * 8, z_bytes = size_t(n) * 8, chosen_bytes = size_t(n) * 4;
-  const size_t out_bytes = z_bytes + chosen_bytes + size_t(n * top) * sizeof(int2);
+  // One buffer: rows in; the normalisers, top (id, logit) pairs and chosen logits out, in that order so that
+  // every section is 8-byte aligned whatever n.
+  const size_t rows_bytes = size_t(n) * 8, z_bytes = size_t(n) * 8, best_bytes = size_t(n * top) * sizeof(int2);
+  const size_t out_bytes = z_bytes + best_bytes + size_t(n) * 4;
   auto* buffer = static_cast<uint8_t*>(workspace(cuda::kWsLogprobs, rows_bytes + out_bytes));
   DSV4_CUDA_CHECK(cudaMemcpyAsync(buffer, rows.data(), rows_bytes, cudaMemcpyHostToDevice, stream_));
   cuda::LogprobParams p;
@@ -196,15 +201,15 @@ void CudaOps::token_logprobs(const float* logits, int64_t vocab, std::span<const
   p.tokens = tokens;
   p.top = top;
   p.log_z = reinterpret_cast<double*>(buffer + rows_bytes);
-  p.chosen = reinterpret_cast<float*>(buffer + rows_bytes + z_bytes);
-  p.best = reinterpret_cast<int2*>(buffer + rows_bytes + z_bytes + chosen_bytes);
+  p.best = reinterpret_cast<int2*>(buffer + rows_bytes + z_bytes);
+  p.chosen = reinterpret_cast<float*>(buffer + rows_bytes + z_bytes + best_bytes);
   cuda::token_logprobs(p, stream_);
   logprob_staging_.resize(out_bytes);
   DSV4_CUDA_CHECK(cudaMemcpyAsync(logprob_staging_.data(), buffer + rows_bytes, out_bytes, cudaMemcpyDeviceToHost, stream_));
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
   const auto* log_z = reinterpret_cast<const double*>(logprob_staging_.data());
-  const auto* chosen = reinterpret_cast<const float*>(logprob_staging_.data() + z_bytes);
-  const auto* best = reinterpret_cast<const int2*>(logprob_staging_.data() + z_bytes + chosen_bytes);
+  const auto* best = reinterpret_cast<const int2*>(logprob_staging_.data() + z_bytes);
+  const auto* chosen = reinterpret_cast<const float*>(logprob_staging_.data() + z_bytes + best_bytes);
   // As the CPU's token_logprobs: logit − log Z in double, the top ones most likely first, lower id first on ties.
   for (int64_t i = 0; i < n; ++i) {
     const auto logprob = [&](float l) { return float(double(l) - log_z[i]); };

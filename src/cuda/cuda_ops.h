@@ -244,6 +244,7 @@ class CudaOps final : public Ops {
   std::vector<std::pair<void*, size_t>> workspaces_;
   std::vector<std::pair<void*, size_t>> pinned_;  // page-locked host staging by PinnedSlot, grown on first use
   std::vector<uint8_t> logprob_staging_;          // token_logprobs: its results on the host
+  cudaEvent_t draws_uploaded_ = nullptr;          // sample_tokens: its staging's last copy to the device
   float* inv_freq_plain_ = nullptr;
   float* inv_freq_compressed_ = nullptr;
   Numerics numerics_ = Numerics::kReference;

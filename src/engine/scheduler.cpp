@@ -83,8 +83,8 @@ std::optional<Scheduler::RequestId> Scheduler::submit(GenerationRequest request,
     DSV4_CHECK(t >= 0 && t < c.vocab_size, "token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")");
   validate(request.sampling, c.vocab_size);
   if (request.logprobs)
-    DSV4_CHECK(*request.logprobs >= 0 && *request.logprobs <= c.vocab_size, "logprobs must be between 0 and the ",
-               "vocabulary size ", c.vocab_size, ", got ", *request.logprobs);
+    DSV4_CHECK(*request.logprobs >= 0 && *request.logprobs <= std::min(c.vocab_size, kLogprobsLimit),
+               "logprobs must be between 0 and ", std::min(c.vocab_size, kLogprobsLimit), ", got ", *request.logprobs);
   if (request.constraint)
     DSV4_CHECK(request.constraint->vocabulary().size() == c.vocab_size, "the grammar's vocabulary has ",
                request.constraint->vocabulary().size(), " tokens, the model ", c.vocab_size);

@@ -39,6 +39,9 @@ DSV4_DRAW_FN float add(float a, float b) {
 
 constexpr float kCutoff = -27.7f;  // e^-27.7 < 2^-40: below it a weight is 0 units
 
+// Temperatures below this draw greedily (as vLLM's): 1 / T must stay finite and the top token's weight 1.
+constexpr float kGreedyBelow = 1e-5f;
+
 // e^x for kCutoff ≤ x ≤ 0: 2^k · e^r with k = round(x / ln 2) and r = x − k·ln 2, the product k·ln 2 in two
 // parts (Cody–Waite: ln2_hi has 16 significant bits, so k·ln2_hi is exact for |k| ≤ 40), e^r (|r| ≤ 0.35) by
 // its Taylor series to r^7 (relative error < 2·10^-7). e^0 is exactly 1.

@@ -100,10 +100,12 @@ const RowDraw& Sampler::next(std::span<const int32_t> prompt, std::span<const in
     return edits_[size_t(at)];
   };
   for (const auto& [t, bias] : params_.logit_bias) edit(t).bias += bias;
+  const bool repetition = params_.repetition_penalty != 1.0f;
   for (int32_t t : touched_) {
-    LogitEdit& e = edit(t);
-    e.repeated = params_.repetition_penalty != 1.0f;
     const int32_t c = counts_[size_t(t)];
+    if (!repetition && c == 0) continue;  // a prompt token only the repetition penalty would touch
+    LogitEdit& e = edit(t);
+    e.repeated = repetition;
     if (c > 0) e.subtract = params_.presence_penalty + params_.frequency_penalty * float(c);
   }
   for (const LogitEdit& e : edits_) edit_of_[size_t(e.id)] = -1;
@@ -123,7 +125,7 @@ int32_t sample_row(const float* logits, int64_t vocab, const RowDraw& d) {
   }
   if (d.allowed) apply_mask(l.data(), vocab, d.allowed);
   const int32_t top = argmax(l.data(), vocab);
-  if (d.temperature == 0.0f) return top;
+  if (d.temperature < draw::kGreedyBelow) return top;
 
   // Weights in integer units; the tokens of weight 0 can never be drawn and rank after every other.
   std::vector<uint64_t> units(static_cast<size_t>(vocab));
@@ -157,6 +159,7 @@ int32_t sample_row(const float* logits, int64_t vocab, const RowDraw& d) {
   uint64_t total = 0;
   for (int32_t t : order)
     if (w[size_t(t)] >= d.min_p) kept[size_t(t)] = 1, total += units[size_t(t)];
+  if (total == 0) return top;  // every allowed logit -inf
   const uint64_t target = draw::target(d.seed, d.step, total);
   uint64_t run = 0;
   for (int64_t lane = 0; lane < draw::kLanes; ++lane)

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "sampler/draw.h"
+
 namespace dsv4 {
 
 struct SamplingParams {
@@ -39,8 +41,8 @@ struct LogitEdit {
 
 // One row's draw, as the backends make it (sample_row here, cuda::sample_rows on the GPU, the same token):
 //   1. the edits, then the grammar's mask (the others' logits become -inf);
-//   2. temperature 0: the lowest id among the maxima. Otherwise every token gets a weight w = e^((l − max) / T)
-//      in integer units (draw.h);
+//   2. temperature 0 (below draw::kGreedyBelow): the lowest id among the maxima. Otherwise every token gets a
+//      weight w = e^((l − max) / T) in integer units (draw.h);
 //   3. the candidates are the top_k first in rank order (logit descending, id ascending), of those the nucleus
 //      (the tokens whose candidates ranked before them weigh less than top_p of the candidates' weight), of
 //      those the ones with w ≥ min_p;
@@ -56,7 +58,7 @@ struct RowDraw {
   uint64_t step = 0;                  // which draw of the sequence: the tokens generated before it
   const uint32_t* allowed = nullptr;  // a grammar's mask, [ceil(vocab / 32)] words (bit id % 32 of word id / 32)
   std::span<const LogitEdit> edits{};  // one per token id at most
-  bool greedy() const { return temperature == 0.0f && edits.empty() && !allowed; }
+  bool greedy() const { return temperature < draw::kGreedyBelow && edits.empty() && !allowed; }
 };
 
 // The token row `logits` [vocab] gives under `d` (not modified).
@@ -104,6 +106,9 @@ struct TokenLogprobs {
   float logprob = 0.0f;
   std::vector<std::pair<int32_t, float>> top;  // (id, logprob), most likely first; equal logits: lower id first
 };
+
+// The most alternatives token_logprobs gives on every backend (the CUDA kernel gathers them in shared memory).
+constexpr int64_t kLogprobsLimit = 1024;
 
 // The log-softmax of logits [vocab] at `token`, and its `top` (≤ vocab) most likely entries. Stable for any
 // finite logits: the maximum is subtracted and the normaliser summed in double.

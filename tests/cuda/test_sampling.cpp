@@ -120,9 +120,10 @@ std::vector<float> normal_logits(int64_t V, float sigma, std::mt19937_64& rng) {
 #endif
 
 // Every draw equals the CPU's sample_row: rows of the V4 vocabulary and odd sizes, each with its own
-// temperature (0 too), top-k, top-p, min-p, seed and step, some under a grammar's mask, some with logit edits
-// (bias, repetition, presence / frequency), some with logits rounded to halves (exact ties at every filter's
-// boundary) or sharing one maximum at several ids.
+// temperature (0 and near 0 too), top-k, top-p, min-p, seed and step, some under a grammar's mask, some with
+// logit edits (bias, repetition, presence / frequency), some with logits rounded to halves (exact ties at every
+// filter's boundary), sharing one maximum at several ids, topped by -0 and +0 (equal), or with every allowed
+// logit -inf.
 TEST(CudaSampling, EveryDrawIsTheCpuSamplers) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -146,9 +147,13 @@ TEST(CudaSampling, EveryDrawIsTheCpuSamplers) {
         for (float& l : row) l = std::round(l * 2.0f) / 2.0f;
       if (r % 7 == 2)
         for (int64_t i = V - 1; i >= 0; i -= std::max<int64_t>(1, V / 4)) row[size_t(i)] = 30.0f;
+      if (r % 11 == 4) {  // the maximum is zero, of both signs
+        for (float& l : row) l = -std::fabs(l) - 0.5f;
+        for (int64_t i = 0; i < V; i += std::max<int64_t>(1, V / 7)) row[size_t(i)] = (i / std::max<int64_t>(1, V / 7)) % 2 ? 0.0f : -0.0f;
+      }
       logits.insert(logits.end(), row.begin(), row.end());
       RowDraw& d = draws[size_t(r)];
-      d.temperature = temperatures[rng() % 5];
+      d.temperature = r % 17 == 6 ? 1e-7f : temperatures[rng() % 5];
       d.top_k = std::array<int64_t, 6>{0, 0, 1, 5, 40, V - 1}[rng() % 6];
       d.top_p = top_ps[rng() % 5];
       d.min_p = min_ps[rng() % 4];
@@ -160,6 +165,9 @@ TEST(CudaSampling, EveryDrawIsTheCpuSamplers) {
         for (int64_t i = 0; i < V; ++i)
           if (rng() % 3 == 0 || i == V / 2) masks[size_t(r)][size_t(i >> 5)] |= 1u << (i & 31);
         d.allowed = masks[size_t(r)].data();
+        if (r % 5 == 2)  // and every allowed logit -inf
+          for (int64_t i = 0; i < V; ++i)
+            if ((masks[size_t(r)][size_t(i >> 5)] >> (i & 31)) & 1u) logits[size_t(r * V + i)] = -INFINITY;
       }
       if (r % 3 == 1) {  // edits on distinct ids
         std::vector<int32_t> ids(static_cast<size_t>(V));
@@ -298,9 +306,11 @@ TEST(CudaSampling, LogprobsAreTheCpus) {
     }
     std::vector<int32_t> chosen(static_cast<size_t>(rows));
     for (auto& t : chosen) t = int32_t(rng() % uint64_t(V));
-    const std::vector<int64_t> asked = {0, 2, 3, 5};
+    // An odd count of rows too (the results' sections must stay aligned), and one alone.
+    for (const std::vector<int64_t>& asked : {std::vector<int64_t>{0, 2, 3, 5}, {1, 2, 4}, {3}}) {
     std::vector<TokenLogprobs> got(asked.size());
     ops.token_logprobs(to_device(ops, logits), V, asked, to_device(ops, chosen), top, got);
+    settle();
     for (size_t i = 0; i < asked.size(); ++i) {
       const int64_t r = asked[i];
       const TokenLogprobs want = token_logprobs(logits.data() + r * V, V, chosen[size_t(r)], top);
@@ -310,6 +320,7 @@ TEST(CudaSampling, LogprobsAreTheCpus) {
         EXPECT_EQ(got[i].top[j].first, want.top[j].first) << "V " << V << " row " << r << " rank " << j;
         EXPECT_NEAR(got[i].top[j].second, want.top[j].second, 1e-5) << "V " << V << " row " << r << " rank " << j;
       }
+    }
     }
   }
 #endif

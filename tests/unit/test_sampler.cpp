@@ -142,6 +142,24 @@ TEST(Sampler, SeedAndStepMakeSamplingReproducible) {
   EXPECT_EQ(sample_row(l.data(), 1000, row_draw(p, 5)), sc[5]);
 }
 
+// Edge cases both backends decide the same way: a temperature below draw::kGreedyBelow is greedy (1 / T would
+// overflow); -0 and +0 are equal logits (the lower id ranks first); every allowed logit -inf gives the greedy
+// answer instead of a draw from nothing.
+TEST(Sampler, NearZeroTemperatureSignedZerosAndNothingToDraw) {
+  const std::vector<float> l = random_logits(500, 12);
+  const int32_t best = argmax(l.data(), 500);
+  for (const float T : {1e-7f, 1e-30f, 1e-40f})
+    EXPECT_EQ(sample_row(l.data(), 500, {.temperature = T, .seed = 3, .step = 9}), best) << T;
+  std::vector<float> zeros(8, -3.0f);
+  zeros[2] = -0.0f;
+  zeros[5] = 0.0f;
+  EXPECT_EQ(sample_row(zeros.data(), 8, {.temperature = 1.0f, .top_k = 1, .seed = 1}), 2);
+  std::vector<uint32_t> mask = {1u << 6};
+  std::vector<float> none(8, 0.5f);
+  none[6] = -INFINITY;
+  EXPECT_EQ(sample_row(none.data(), 8, {.temperature = 1.0f, .seed = 1, .allowed = mask.data()}), 0);
+}
+
 // The weights' exponential (draw.h: single rounded operations, the same bits on the GPU) against libm: within
 // 3·10^-7 relative over its range, exactly 1 at 0, 0 below the cutoff; and weights are whole units of 2^-40.
 TEST(Draw, ExponentialAndUnits) {

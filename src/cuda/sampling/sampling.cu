@@ -33,9 +33,10 @@ static_assert(kThreads == draw::kLanes, "a thread per lane of the draw's order")
 constexpr int kUnroll = 4;     // loads in flight per thread in a pass over the row
 constexpr unsigned kFull = 0xffffffffu;
 
-// Rank key: the logit's order-preserving bit pattern, complemented so that a smaller key ranks first.
+// Rank key: the logit's order-preserving bit pattern, complemented so that a smaller key ranks first. -0 is +0
+// (the CPU's comparison holds them equal, and breaks the tie by id).
 __device__ __forceinline__ uint32_t rank_key(float logit) {
-  const uint32_t u = __float_as_uint(logit);
+  const uint32_t u = __float_as_uint(logit == 0.0f ? 0.0f : logit);
   return ~((u & 0x80000000u) ? ~u : (u | 0x80000000u));
 }
 // The logit of a key (rank_key's inverse).
@@ -312,7 +313,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
     if (better(l, i, max_logit, best)) max_logit = l, best = i;
   });
   block_argmax(max_logit, best, sm);
-  if (d.temperature == 0.0f) {
+  if (d.temperature < draw::kGreedyBelow) {
     if (threadIdx.x == 0) p.tokens[r] = int32_t(best);
     return;
   }
@@ -337,6 +338,10 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
   uint64_t mine = 0;
   for_each_token(row, [&](float l, int64_t i) { mine += kept(l, i); });
   const uint64_t before_me = block_exclusive_scan(mine, sm), total = block_sum(mine, sm);
+  if (total == 0) {  // every allowed logit -inf: the greedy answer, as the CPU's
+    if (threadIdx.x == 0) p.tokens[r] = int32_t(best);
+    return;
+  }
   const uint64_t target = draw::target(d.seed, d.step, total);
   if (mine > 0 && before_me <= target && target < before_me + mine) {
     sm.owner = threadIdx.x;
@@ -482,8 +487,8 @@ void sample_tokens(const SampleParams& p, cudaStream_t stream) {
 void token_logprobs(const LogprobParams& p, cudaStream_t stream) {
   DSV4_CHECK(p.count >= 0 && p.count <= int64_t(INT32_MAX), "token_logprobs: count ", p.count, " out of range");
   DSV4_CHECK(p.vocab >= 1 && p.vocab <= int64_t(INT32_MAX), "token_logprobs: vocab ", p.vocab, " out of range");
-  DSV4_CHECK(p.top >= 0 && p.top <= std::min(p.vocab, kMaxLogprobTop), "token_logprobs: top ", p.top,
-             " must be between 0 and ", std::min(p.vocab, kMaxLogprobTop));
+  DSV4_CHECK(p.top >= 0 && p.top <= std::min(p.vocab, kLogprobsLimit), "token_logprobs: top ", p.top,
+             " must be between 0 and ", std::min(p.vocab, kLogprobsLimit));
   DSV4_CHECK(p.logits && p.rows && p.tokens && p.log_z && p.chosen && (p.top == 0 || p.best),
              "token_logprobs: a required buffer is missing");
   if (p.count == 0) return;

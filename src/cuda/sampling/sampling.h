@@ -43,12 +43,11 @@ struct LogprobParams {
   const int64_t* rows = nullptr;  // [count] device: the rows
   int64_t count = 0;
   const int32_t* tokens = nullptr;  // device, indexed by row: the chosen tokens
-  int64_t top = 0;                  // ≤ kMaxLogprobTop, ≤ vocab
+  int64_t top = 0;                  // ≤ kLogprobsLimit (sampler.h), ≤ vocab
   double* log_z = nullptr;          // [count] device
   float* chosen = nullptr;          // [count] device
   int2* best = nullptr;             // [count, top] device: (id, logit bits)
 };
-constexpr int64_t kMaxLogprobTop = 1024;
 void token_logprobs(const LogprobParams& p, cudaStream_t stream);
 
 // Greedy selection alone, for the decode loop: a row's argmax spread over `greedy_slices(vocab)` blocks (one
