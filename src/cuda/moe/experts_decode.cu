@@ -88,7 +88,7 @@ struct DownTask {
 __device__ DownTask down_task_at(const ExpertParams& p, int task, int sh_slices) {
   DownTask d;
   const bool shared = task < sh_slices;
-  d.c = shared ? 0 : task - sh_slices + shared_chunks(p.n, p.has_shared);
+  d.c = shared ? 0 : task - sh_slices + shared_chunks(p.n, p.shared_items);
   d.chunk = shared ? shared_chunk(p, 0) : chunk_at_l2(p.plan, d.c);
   d.w2 = shared ? p.shared_w2 : routed_w2_l2(p, d.chunk.expert);
   d.out = __ldcg(p.plan.pair_out + d.chunk.pair0);
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_decode_kernel(E
   // Route's plan before the wait, through L2: route ended before expert_up's wait returned, and expert_up lets
   // this grid launch only after its wait. (h is expert_up's own output: after the wait.) No task at all on a
   // rank without a pair (moe_kernels.h): the tiles below then write zeros.
-  const int tasks = sh_slices + __ldcg(p.plan.counters) - shared_chunks(p.n, p.has_shared);  // the shared chunk first
+  const int tasks = sh_slices + __ldcg(p.plan.counters) - shared_chunks(p.n, p.shared_items);  // the shared chunk first
   if (int(threadIdx.x) < p.k) order_s[threadIdx.x] = __ldcg(p.plan.combine_order + threadIdx.x);
   DownTask first;
   if (warp < tasks) first = down_task_at(p, warp, sh_slices);
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(E
   const int sh_wanted = kRoutedUpSlices * shared_slices(p.shared_up, p.routed_up);
   const int sh_slices = sh_wanted < kMaxSharedSlices ? sh_wanted : kMaxSharedSlices;
   const int shared_tasks = p.has_shared ? 2 * sh_slices : 0;
-  const int first_routed = shared_chunks(p.n, p.has_shared);  // chunk 0 is the shared expert's where it is held
+  const int first_routed = shared_chunks(p.n, p.shared_items);  // chunk 0 is the shared expert's where the plan has it
   const int64_t tiles = (p.I + kMmaRows - 1) / kMmaRows;
   const bool shared_fp4 = p.shared_up.format == WFormat::kFP4, routed_fp4 = p.routed_up.format == WFormat::kFP4;
   const auto token = [](int) { return 0; };
