@@ -96,7 +96,7 @@ struct Shared {
   unsigned count[kBuckets];
   unsigned long long mass[kBuckets];
   double warp_sum[kWarps];
-  unsigned long long warp_u64[kWarps];
+  uint64_t warp_u64[kWarps];
   float warp_best[kWarps];
   int64_t warp_best_id[kWarps];
   unsigned warp_hits[kWarps];
@@ -129,24 +129,16 @@ __device__ void block_argmax(float& v, int64_t& id, Shared& sm) {
   __syncthreads();
 }
 
-// Block-wide sums; every thread gets the total. The double one adds in a fixed order.
-__device__ double block_sum(double v, Shared& sm) {
+// Block-wide sum through `slots` (kWarps entries of shared memory); every thread gets the total. The order is
+// fixed, so a floating-point sum is reproducible.
+template <class T>
+__device__ T block_sum(T v, T* slots) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(kFull, v, offset);
-  if (lane == 0) sm.warp_sum[warp] = v;
+  if (lane == 0) slots[warp] = v;
   __syncthreads();
-  double total = 0.0;
-  for (int w = 0; w < kWarps; ++w) total += sm.warp_sum[w];
-  __syncthreads();
-  return total;
-}
-__device__ uint64_t block_sum(uint64_t v, Shared& sm) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(kFull, v, offset);
-  if (lane == 0) sm.warp_u64[warp] = v;
-  __syncthreads();
-  uint64_t total = 0;
-  for (int w = 0; w < kWarps; ++w) total += sm.warp_u64[w];
+  T total = 0;
+  for (int w = 0; w < kWarps; ++w) total += slots[w];
   __syncthreads();
   return total;
 }
@@ -326,7 +318,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
     for_each_token(row, [&](float l, int64_t i) {
       if (within(bound, rank_key(l), i)) z += units(l);
     });
-    bound = select_mass(row, bound, max_logit, inv_T, draw::nucleus_threshold(d.top_p, block_sum(z, sm)), sm);
+    const uint64_t threshold = draw::nucleus_threshold(d.top_p, block_sum(z, sm.warp_u64));
+    bound = select_mass(row, bound, max_logit, inv_T, threshold, sm);
   }
   const auto kept = [&](float l, int64_t i) -> uint64_t {
     if (!within(bound, rank_key(l), i)) return 0;
@@ -337,7 +330,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
   // Each thread's kept weight, the point in the whole, and the thread whose share holds it walks its ids.
   uint64_t mine = 0;
   for_each_token(row, [&](float l, int64_t i) { mine += kept(l, i); });
-  const uint64_t before_me = block_exclusive_scan(mine, sm), total = block_sum(mine, sm);
+  const uint64_t before_me = block_exclusive_scan(mine, sm), total = block_sum(mine, sm.warp_u64);
   if (total == 0) {  // every allowed logit -inf: the greedy answer, as the CPU's
     if (threadIdx.x == 0) p.tokens[r] = int32_t(best);
     return;
@@ -356,7 +349,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
     const uint64_t u = i < V ? kept(row.at(i), i) : 0;
     const uint64_t before = run + block_exclusive_scan(u, sm);
     if (u > 0 && before <= target && target < before + u) p.tokens[r] = int32_t(i);
-    run += block_sum(u, sm);
+    run += block_sum(u, sm.warp_u64);
     if (run > target) break;
   }
 }
@@ -374,7 +367,7 @@ __global__ void __launch_bounds__(kThreads) logprob_kernel(LogprobParams p) {
   block_argmax(max_logit, best, sm);
   double z = 0.0;
   for_each_token(r, [&](float l, int64_t) { z += exp(double(l) - double(max_logit)); });
-  z = block_sum(z, sm);
+  z = block_sum(z, sm.warp_sum);
   if (threadIdx.x == 0) {
     p.log_z[blockIdx.x] = double(max_logit) + log(z);
     p.chosen[blockIdx.x] = r.logits[p.tokens[row]];
