@@ -205,7 +205,8 @@ void CudaOps::token_logprobs(const float* logits, int64_t vocab, std::span<const
   p.chosen = reinterpret_cast<float*>(buffer + rows_bytes + z_bytes + best_bytes);
   cuda::token_logprobs(p, stream_);
   logprob_staging_.resize(out_bytes);
-  DSV4_CUDA_CHECK(cudaMemcpyAsync(logprob_staging_.data(), buffer + rows_bytes, out_bytes, cudaMemcpyDeviceToHost, stream_));
+  DSV4_CUDA_CHECK(
+      cudaMemcpyAsync(logprob_staging_.data(), buffer + rows_bytes, out_bytes, cudaMemcpyDeviceToHost, stream_));
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
   const auto* log_z = reinterpret_cast<const double*>(logprob_staging_.data());
   const auto* best = reinterpret_cast<const int2*>(logprob_staging_.data() + z_bytes);
@@ -218,8 +219,9 @@ void CudaOps::token_logprobs(const float* logits, int64_t vocab, std::span<const
       const int2 b = best[i * top + j];
       ranked.emplace_back(b.x, std::bit_cast<float>(b.y));
     }
-    std::sort(ranked.begin(), ranked.end(),
-              [](const auto& a, const auto& b) { return a.second > b.second || (a.second == b.second && a.first < b.first); });
+    std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+      return a.second > b.second || (a.second == b.second && a.first < b.first);
+    });
     TokenLogprobs& o = out[size_t(i)];
     o.logprob = logprob(chosen[i]);
     o.top.clear();

@@ -138,7 +138,9 @@ int32_t sample_row(const float* logits, int64_t vocab, const RowDraw& d) {
     if (units[size_t(i)] > 0) order.push_back(int32_t(i));
   }
   // The top-k candidates in rank order (ranks matter only to the top-k and the nucleus: no sort without them).
-  const auto by_rank = [&](int32_t a, int32_t b) { return l[size_t(a)] > l[size_t(b)] || (l[size_t(a)] == l[size_t(b)] && a < b); };
+  const auto by_rank = [&](int32_t a, int32_t b) {
+    return l[size_t(a)] > l[size_t(b)] || (l[size_t(a)] == l[size_t(b)] && a < b);
+  };
   const size_t k = d.top_k > 0 ? std::min(size_t(d.top_k), order.size()) : order.size();
   if (k < order.size() || d.top_p < 1.0f) {
     std::partial_sort(order.begin(), order.begin() + ptrdiff_t(k), order.end(), by_rank);

@@ -163,7 +163,8 @@ __device__ uint64_t block_exclusive_scan(uint64_t v, Shared& sm) {
 // share a bucket (neighbouring ids, or logits crowding into a few digits): those add once per distinct bucket.
 __device__ __forceinline__ void add_counts(unsigned* hist, unsigned bucket) {
   const unsigned peers = __match_any_sync(__activemask(), bucket);
-  if (bucket < kBuckets && threadIdx.x % 32 == unsigned(__ffs(peers) - 1)) atomicAdd(&hist[bucket], unsigned(__popc(peers)));
+  if (bucket < kBuckets && threadIdx.x % 32 == unsigned(__ffs(peers) - 1))
+    atomicAdd(&hist[bucket], unsigned(__popc(peers)));
 }
 __device__ __forceinline__ void add_mass(unsigned long long* hist, unsigned bucket, uint64_t add) {
   const unsigned active = __activemask();
