@@ -160,6 +160,31 @@ TEST(Sampler, NearZeroTemperatureSignedZerosAndNothingToDraw) {
   EXPECT_EQ(sample_row(none.data(), 8, {.temperature = 1.0f, .seed = 1, .allowed = mask.data()}), 0);
 }
 
+// The edits a step's draw carries: one per biased or penalised token, none for a prompt token that only the
+// repetition penalty would change when it is off (a long prompt would otherwise upload thousands of no-ops).
+TEST(Sampler, EditsAreOnePerTokenTheyChange) {
+  const std::vector<int32_t> prompt = {4, 5, 6, 7, 4};
+  const std::vector<int32_t> generated = {9, 4, 9};
+  SamplingParams p;
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = 0.25f;
+  p.logit_bias = {{11, 3.0f}, {9, -1.0f}};
+  Sampler s(p, 20);
+  const RowDraw& d = s.next(prompt, generated);
+  std::map<int32_t, LogitEdit> by_id;
+  for (const LogitEdit& e : d.edits) EXPECT_TRUE(by_id.emplace(e.id, e).second) << "token " << e.id << " twice";
+  ASSERT_EQ(by_id.size(), 3u);  // 9 (bias and output), 11 (bias), 4 (output); not 5, 6, 7
+  EXPECT_EQ(by_id.at(9).bias, -1.0f);
+  EXPECT_EQ(by_id.at(9).subtract, 0.5f + 0.25f * 2.0f);
+  EXPECT_EQ(by_id.at(11).subtract, 0.0f);
+  EXPECT_EQ(by_id.at(4).subtract, 0.5f + 0.25f);
+  EXPECT_FALSE(by_id.at(4).repeated);
+  EXPECT_EQ(d.step, 3u);
+  p.repetition_penalty = 1.2f;
+  Sampler r(p, 20);
+  EXPECT_EQ(r.next(prompt, generated).edits.size(), 6u);  // the prompt's 5, 6, 7 too, repeated
+}
+
 // The weights' exponential (draw.h: single rounded operations, the same bits on the GPU) against libm: within
 // 3·10^-7 relative over its range, exactly 1 at 0, 0 below the cutoff; and weights are whole units of 2^-40.
 TEST(Draw, ExponentialAndUnits) {
