@@ -75,7 +75,7 @@ Sampler::Sampler(const SamplingParams& params, int64_t vocab)
                  params.frequency_penalty != 0.0f) {
   validate(params, vocab);
   if (penalised_) counts_.assign(size_t(vocab), 0), seen_.assign(size_t(vocab), 0);
-  edit_of_.assign(size_t(vocab), -1);
+  if (penalised_ || !params.logit_bias.empty()) edit_of_.assign(size_t(vocab), -1);
   draw_ = {params.temperature, params.top_k, params.top_p, params.min_p, params.repetition_penalty, params.seed};
 }
 

@@ -73,11 +73,7 @@ class Sampler {
   // points into this sampler and `allowed`: valid until the next call.
   const RowDraw& next(std::span<const int32_t> prompt, std::span<const int32_t> generated,
                       const uint32_t* allowed = nullptr);
-  // next() and sample_row(), on the host.
-  int32_t sample(const float* logits, std::span<const int32_t> prompt, std::span<const int32_t> generated,
-                 const uint32_t* allowed = nullptr) {
-    return sample_row(logits, vocab_, next(prompt, generated, allowed));
-  }
+  int64_t vocab() const { return vocab_; }
 
  private:
   SamplingParams params_;
@@ -89,7 +85,7 @@ class Sampler {
   std::vector<uint8_t> seen_;      // [vocab]
   std::vector<int32_t> touched_;   // ids seen, in first-seen order
   std::vector<LogitEdit> edits_;   // this step's, one per id of touched_ or logit_bias
-  std::vector<int32_t> edit_of_;   // [vocab] index into edits_ while building it, −1 otherwise
+  std::vector<int32_t> edit_of_;   // [vocab] (with bias or penalties) index into edits_ while building it, else −1
   RowDraw draw_;
 };
 

@@ -25,6 +25,16 @@ std::vector<float> random_logits(int64_t vocab, uint32_t seed) {
   return v;
 }
 
+// A sampler's next token on the host: Sampler::next, then sample_row.
+int32_t host_draw(Sampler& s, const float* logits, std::span<const int32_t> prompt,
+                  std::span<const int32_t> generated, const uint32_t* allowed = nullptr) {
+  return sample_row(logits, s.vocab(), s.next(prompt, generated, allowed));
+}
+int32_t host_draw(Sampler&& s, const float* logits, std::span<const int32_t> prompt,
+                  std::span<const int32_t> generated, const uint32_t* allowed = nullptr) {
+  return host_draw(s, logits, prompt, generated, allowed);
+}
+
 RowDraw row_draw(const SamplingParams& p, uint64_t step) {
   return {p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, p.seed, step};
 }
@@ -50,9 +60,9 @@ TEST(Sampler, GreedyIsArgmaxWithLowestIdOnTies) {
   SamplingParams p;
   p.temperature = 0.0f;
   Sampler s(p, 101);
-  EXPECT_EQ(s.sample(l.data(), {}, {}), 37);
+  EXPECT_EQ(host_draw(s, l.data(), {}, {}), 37);
   l[12] = 50.0f;
-  EXPECT_EQ(s.sample(l.data(), {}, {}), 12);
+  EXPECT_EQ(host_draw(s, l.data(), {}, {}), 12);
 }
 
 TEST(Sampler, TemperatureMatchesSoftmaxFrequencies) {
@@ -109,16 +119,16 @@ TEST(Sampler, PenaltiesChangeTheChoice) {
   p.temperature = 0.0f;
   const std::vector<int32_t> gen = {2, 2};
   p.presence_penalty = 1.0f;
-  EXPECT_EQ(Sampler(p, 8).sample(l.data(), {}, gen), 5);  // 3 − 1 < 2.5
+  EXPECT_EQ(host_draw(Sampler(p, 8), l.data(), {}, gen), 5);  // 3 − 1 < 2.5
   p.presence_penalty = 0.0f;
   p.frequency_penalty = 0.2f;
-  EXPECT_EQ(Sampler(p, 8).sample(l.data(), {}, gen), 2);  // 3 − 0.4 > 2.5
+  EXPECT_EQ(host_draw(Sampler(p, 8), l.data(), {}, gen), 2);  // 3 − 0.4 > 2.5
   p.frequency_penalty = 0.3f;
-  EXPECT_EQ(Sampler(p, 8).sample(l.data(), {}, gen), 5);  // 3 − 0.6 < 2.5
+  EXPECT_EQ(host_draw(Sampler(p, 8), l.data(), {}, gen), 5);  // 3 − 0.6 < 2.5
   p.frequency_penalty = 0.0f;
   p.repetition_penalty = 1.3f;
   const std::vector<int32_t> prompt = {2};
-  EXPECT_EQ(Sampler(p, 8).sample(l.data(), prompt, {}), 5);  // 3 / 1.3 < 2.5: the prompt counts too
+  EXPECT_EQ(host_draw(Sampler(p, 8), l.data(), prompt, {}), 5);  // 3 / 1.3 < 2.5: the prompt counts too
 }
 
 // A draw is a function of the row, the seed and the step (the tokens generated before it): two samplers of one
@@ -132,9 +142,9 @@ TEST(Sampler, SeedAndStepMakeSamplingReproducible) {
   Sampler c(p, 1000);
   std::vector<int32_t> sa, sb, sc;
   for (int i = 0; i < 64; ++i) {
-    sa.push_back(a.sample(l.data(), {}, sa));
-    sb.push_back(b.sample(l.data(), {}, sb));
-    sc.push_back(c.sample(l.data(), {}, sc));
+    sa.push_back(host_draw(a, l.data(), {}, sa));
+    sb.push_back(host_draw(b, l.data(), {}, sb));
+    sc.push_back(host_draw(c, l.data(), {}, sc));
   }
   EXPECT_EQ(sa, sb);
   EXPECT_NE(sa, sc);
@@ -210,9 +220,9 @@ TEST(Sampler, LogitBiasShiftsTheLogits) {
   SamplingParams p;
   p.temperature = 0.0f;
   p.logit_bias = {{17, 100.0f}};
-  EXPECT_EQ(Sampler(p, 300).sample(l.data(), {}, {}), 17);
+  EXPECT_EQ(host_draw(Sampler(p, 300), l.data(), {}, {}), 17);
   p.logit_bias = {{best, -100.0f}};
-  const int32_t second = Sampler(p, 300).sample(l.data(), {}, {});
+  const int32_t second = host_draw(Sampler(p, 300), l.data(), {}, {});
   EXPECT_NE(second, best);
   std::vector<float> without = l;
   without[size_t(best)] = -INFINITY;
@@ -221,7 +231,7 @@ TEST(Sampler, LogitBiasShiftsTheLogits) {
   Sampler s(p, 300);
   std::vector<int32_t> generated;
   for (int i = 0; i < 200; ++i) {
-    generated.push_back(s.sample(l.data(), {}, generated));
+    generated.push_back(host_draw(s, l.data(), {}, generated));
     EXPECT_NE(generated.back(), best);
   }
   p.logit_bias = {{300, 1.0f}};
@@ -307,7 +317,7 @@ TEST(Sampler, AGrammarMaskKeepsOutEveryOtherToken) {
   int32_t best = *allowed.begin();
   for (int32_t id : allowed) best = l[size_t(id)] > l[size_t(best)] ? id : best;
   Sampler greedy({.temperature = 0}, vocab);
-  EXPECT_EQ(greedy.sample(l.data(), {}, {}, mask.data()), best);
+  EXPECT_EQ(host_draw(greedy, l.data(), {}, {}, mask.data()), best);
   for (const SamplingParams& p : {SamplingParams{.temperature = 2.0f, .seed = 1},
                                   SamplingParams{.temperature = 0.7f, .top_k = 500, .top_p = 0.99f, .seed = 2},
                                   SamplingParams{.temperature = 1.0f, .presence_penalty = 2.0f, .seed = 3}}) {
@@ -315,7 +325,7 @@ TEST(Sampler, AGrammarMaskKeepsOutEveryOtherToken) {
     const std::vector<int32_t> prompt = {3, 64, 999};
     std::vector<int32_t> generated = prompt;
     for (int i = 0; i < 500; ++i) {
-      generated.push_back(s.sample(l.data(), prompt, generated, mask.data()));
+      generated.push_back(host_draw(s, l.data(), prompt, generated, mask.data()));
       EXPECT_EQ(allowed.count(generated.back()), 1u);
     }
   }
@@ -325,7 +335,7 @@ TEST(Sampler, AGrammarMaskKeepsOutEveryOtherToken) {
   Sampler s({.temperature = 1.5f, .seed = 4}, vocab);
   std::vector<int32_t> generated;
   for (int i = 0; i < 50; ++i) {
-    generated.push_back(s.sample(l.data(), {}, generated, one.data()));
+    generated.push_back(host_draw(s, l.data(), {}, generated, one.data()));
     EXPECT_EQ(generated.back(), 487);
   }
 }
