@@ -450,28 +450,6 @@ __global__ void __launch_bounds__(kGThreads, 1) grouped_gemm_kernel(ExpertParams
     }
 }
 
-// out[t] = Σ over t's choices in (expert, j) order of y + the shared expert's y, in fp32, rounded to bf16 once
-// (combine_rows' order; another rank's experts and an absent shared expert add nothing). Four columns per thread.
-__global__ void __launch_bounds__(256) grouped_combine_kernel(ExpertParams p) {
-  const int64_t quads = p.D / 4, total = p.n * quads;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = i / quads, d = 4 * (i % quads);
-    const float* yt = p.plan.y + t * (p.k + 1) * p.D + d;
-    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int64_t j = 0; j <= p.k; ++j) {
-      const int64_t slot = j < p.k ? p.plan.combine_order[t * p.k + j] : p.has_shared ? p.k : -1;
-      if (slot < 0) continue;
-      const float4 v = *reinterpret_cast<const float4*>(yt + slot * p.D);
-      sum.x += v.x;
-      sum.y += v.y;
-      sum.z += v.z;
-      sum.w += v.w;
-    }
-    *reinterpret_cast<float4*>(p.out + t * p.D + d) =
-        make_float4(round_bf16(sum.x), round_bf16(sum.y), round_bf16(sum.z), round_bf16(sum.w));
-  }
-}
-
 int quant_grid(int64_t warps) { return int(std::min<int64_t>((warps + 7) / 8, 132 * 16)); }
 
 // Rows [0, end0) of src [rows, K] in format fp4_0's fragment order into out0, their scales into scale (rows
@@ -548,8 +526,7 @@ void launch_experts_grouped(const ExpertParams& p, const GroupedBuffers& g, cuda
   qh.begin1 = P;
   qh.fp4_1 = p.shared_down.format == WFormat::kFP4;
   launch_gemms(p, g, qx, qh, g.max_tiles, stream);
-  grouped_combine_kernel<<<quant_grid(p.n * p.D / 4 / 32), 256, 0, stream>>>(p);
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  launch_combine(p, /*pdl=*/false, stream);
 }
 
 bool shared_grouped_fits(const ExpertParams& p) {

@@ -8,9 +8,11 @@
 // contiguous bytes); BF16 and F32 ones, and FP4 blocks with scales outside the fp16 window, through fp32 FMAs
 // (weight_dot.cuh: a warp owns whole rows).
 //   expert_up:   h[pair] = silu(min(w1·x, L)) · clamp(w3·x, −L, L) · weight     (rows of w1 and w3 together)
-//   expert_down: y[pair] = w2 · h[pair]; the block that completes an output row block last (a per-block
-//                arrival counter) sums that block's rows into out in the CPU's order: the token's experts
-//                ascending, then the shared expert. No float atomics: the result is the same every run.
+//   expert_down: y[pair] = w2 · h[pair]
+//   combine:     out[t] = the sum of t's y rows in the CPU's order: the token's experts ascending, then the
+//                shared expert. No float atomics: the result is the same every run. Its own launch: an arrival
+//                counter per row block (the last block to finish one combined it) cost every down item a
+//                fence, an atomic and a barrier (docs/design/moe.md).
 // Fast numerics (ExpertParams::fast): the staging rounds each GEMM's activations (stage_rounding), w1 / w3 / w2
 // outputs and h are written as bf16 values (bf16_output, hidden), and the combine rounds its fp32 sum once.
 #include "cuda/moe/experts.cuh"
@@ -42,21 +44,19 @@ __device__ __forceinline__ void run_item(int c, int64_t b, const Chunk& chunk, i
 
 // Items c·row_blocks + b. The shared expert's chunks (the plan's first shared_chunks(), known without it) go
 // round-robin over the blocks; the routed chunks' items are split into equal contiguous ranges, so a block
-// keeps its staged rows over consecutive items and its schedule needs no counter. after(b) follows every
-// item and must contain a barrier if it uses shared memory.
-template <class Stage, class Run, class After>
-__device__ __forceinline__ void shared_items(const ExpertParams& p, int& staged, Stage& stage, Run& run, After& after) {
+// keeps its staged rows over consecutive items and its schedule needs no counter.
+template <class Stage, class Run>
+__device__ __forceinline__ void shared_items(const ExpertParams& p, int& staged, Stage& stage, Run& run) {
   const int row_blocks = int(p.row_blocks);  // item counts fit in 32 bits (launch_expert_* check)
   const int items = shared_chunks(p.n, p.shared_items) * row_blocks;
   for (int item = int(blockIdx.x); item < items; item += int(gridDim.x)) {
     const int c = item / row_blocks, b = item - c * row_blocks;
     run_item(c, b, shared_chunk(p, c), staged, stage, run);
-    after(b);
   }
 }
 
-template <class Stage, class Run, class After>
-__device__ __forceinline__ void routed_items(const ExpertParams& p, int& staged, Stage& stage, Run& run, After& after) {
+template <class Stage, class Run>
+__device__ __forceinline__ void routed_items(const ExpertParams& p, int& staged, Stage& stage, Run& run) {
   const int row_blocks = int(p.row_blocks);
   const int first = shared_chunks(p.n, p.shared_items);
   const int items = (p.plan.counters[0] - first) * row_blocks;
@@ -70,22 +70,22 @@ __device__ __forceinline__ void routed_items(const ExpertParams& p, int& staged,
       loaded = c;
     }
     run_item(c, b, chunk, staged, stage, run);
-    after(b);
   }
 }
 
-// Shared memory of the expert kernels besides the staged rows.
+// Shared memory of the expert kernels besides the staged rows; NT = tiles per item (up 2, down kDownTiles).
+template <int NT>
 struct Scratch {
-  int shift[kChunk];                                  // tensor-core staging: x·2^shift per staged row
-  float block_max[kChunk * kExpertWarps];             // its block reduction
-  float tiles[kExpertWarps][2][kMmaRows][kMmaCols];   // tensor-core partial tiles: [warp][tile][row][token, half]
+  int shift[kChunk];                                   // tensor-core staging: x·2^shift per staged row
+  float block_max[kChunk * kExpertWarps];              // its block reduction
+  float tiles[kExpertWarps][NT][kMmaRows][kMmaCols];   // tensor-core partial tiles: [warp][tile][row][token, half]
 };
 
 // Stages the chunk's rows (row m of the chunk is src row row_index(m)) in the layout `format` reads, rounded as
 // the numerics round that format's activations (stage_rounding; the tensor-core formats are FP4 and FP8).
-template <bool kTensorCoresOnly, class RowIndex>
+template <bool kTensorCoresOnly, int NT, class RowIndex>
 __device__ void stage_chunk(const MatFormat& format, bool fast, const float* src, int64_t cols, const Chunk& chunk,
-                            RowIndex row_index, float4* smem, Scratch& scratch) {
+                            RowIndex row_index, float4* smem, Scratch<NT>& scratch) {
   const int rows = rows_for(chunk.count);
   if (format.tensor_cores) {
     uint4* xs = reinterpret_cast<uint4*>(smem);
@@ -105,12 +105,15 @@ __device__ void stage_chunk(const MatFormat& format, bool fast, const float* src
 // ranges; leaves each warp's partial tiles in scratch.tiles (then a barrier).
 template <WFormat F, int NT>
 __device__ void tiles_mma(const MatView (&mats)[NT], const int64_t (&row0)[NT], const int (&rows_valid)[NT],
-                          int64_t cols, const Chunk& chunk, const float4* smem, Scratch& scratch) {
+                          int64_t cols, const Chunk& chunk, const float4* smem, Scratch<NT>& scratch) {
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
   const int64_t groups = (cols + kGroupCols<F> - 1) / kGroupCols<F>;
   float acc[NT][4];
-  warp_mma<F, NT>(mats, row0, rows_valid, cols, groups * warp / kExpertWarps, groups * (warp + 1) / kExpertWarps,
-                  reinterpret_cast<const uint4*>(smem), mma_stride16<F>(cols), chunk.count, acc);
+  // Two K groups of loads in flight for two tiles; one for four (two spilled at 128 registers, ptxas -v).
+  constexpr int kUnroll = NT <= 2 ? 2 : 1;
+  warp_mma<F, NT, kUnroll>(mats, row0, rows_valid, cols, groups * warp / kExpertWarps,
+                           groups * (warp + 1) / kExpertWarps, reinterpret_cast<const uint4*>(smem),
+                           mma_stride16<F>(cols), chunk.count, acc);
   const int g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int i = 0; i < NT; ++i) {
@@ -124,8 +127,8 @@ __device__ void tiles_mma(const MatView (&mats)[NT], const int64_t (&row0)[NT], 
 
 // Tile i's (row r, token m) in x's units: the warps' hi and lo partial sums in a fixed order, the staging shift
 // (and the FP4 offset) divided out.
-template <WFormat F>
-__device__ float tile_sum(const Scratch& scratch, int i, int r, int m) {
+template <WFormat F, int NT>
+__device__ float tile_sum(const Scratch<NT>& scratch, int i, int r, int m) {
   float hi = 0.0f, lo = 0.0f;
   for (int w = 0; w < kExpertWarps; ++w) {
     hi += scratch.tiles[w][i][r][2 * m];
@@ -138,8 +141,7 @@ __device__ float tile_sum(const Scratch& scratch, int i, int r, int m) {
 
 template <WFormat F>
 __device__ void up_item_mma(const ExpertParams& p, const MatView (&mats)[2], const Chunk& chunk, int64_t block,
-                            const float4* smem, Scratch& scratch) {
-  static_assert(kUpRowsPerItem == kMmaRows, "an item is one tile of w1 and one of w3");
+                            const float4* smem, Scratch<2>& scratch) {
   const int64_t row0 = block * kUpRowsPerItem;
   const int rows_valid = int(std::min<int64_t>(kUpRowsPerItem, p.I - row0));
   tiles_mma<F, 2>(mats, {row0, row0}, {rows_valid, rows_valid}, p.D, chunk, smem, scratch);
@@ -188,7 +190,7 @@ __device__ void up_item_fma_any_rows(const ExpertParams& p, const MatView (&mats
 template <bool kTensorCoresOnly>
 __global__ void __launch_bounds__(kExpertThreads, 2) expert_up_kernel(ExpertParams p) {
   extern __shared__ float4 smem_up[];
-  __shared__ Scratch scratch;
+  __shared__ Scratch<2> scratch;
   const auto format_of = [&](const Chunk& chunk) -> const MatFormat& {
     return chunk.expert < 0 ? p.shared_up : p.routed_up;
   };
@@ -223,52 +225,61 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_up_kernel(ExpertPara
       }
     }
   };
-  const auto after = [](int64_t) {};
   int staged = -1;
   // The shared expert's items need nothing from route: they run while the router finishes. The routed ones
   // wait for its plan.
-  shared_items(p, staged, stage, run, after);
+  shared_items(p, staged, stage, run);
   pdl_wait_predecessor();
   pdl_trigger();
-  routed_items(p, staged, stage, run, after);
+  routed_items(p, staged, stage, run);
 }
 
 // ---- expert_down: items of kDownRowsPerItem rows of w2
 
 template <WFormat F>
 __device__ void down_item_mma(const ExpertParams& p, const MatView& w2, const Chunk& chunk, int64_t block,
-                              const float4* smem, Scratch& scratch) {
-  static_assert(kDownRowsPerItem == 2 * kMmaRows, "an item is two tiles of w2");
+                              const float4* smem, Scratch<kDownTiles>& scratch) {
   const int64_t row0 = block * kDownRowsPerItem;
-  const int valid0 = int(std::min<int64_t>(kMmaRows, p.D - row0));
-  const int valid1 = int(std::max<int64_t>(0, std::min<int64_t>(kMmaRows, p.D - row0 - kMmaRows)));
-  const MatView mats[2] = {w2, w2};
-  tiles_mma<F, 2>(mats, {row0, row0 + kMmaRows}, {valid0, valid1}, p.I, chunk, smem, scratch);
-  const int t = int(threadIdx.x);
-  const int i = t / (kMmaRows * kChunk), r = t / kChunk % kMmaRows, m = t % kChunk;
-  if (i < 2 && r < (i == 0 ? valid0 : valid1) && m < chunk.count)
-    p.plan.y[int64_t(p.plan.pair_out[chunk.pair0 + m]) * p.D + row0 + i * kMmaRows + r] =
-        round_bf16_if(bf16_output(p.fast, F), tile_sum<F>(scratch, i, r, m));
+  MatView mats[kDownTiles];
+  int64_t tile_row0[kDownTiles];
+  int valid[kDownTiles];
+#pragma unroll
+  for (int i = 0; i < kDownTiles; ++i) {
+    mats[i] = w2;
+    tile_row0[i] = row0 + i * kMmaRows;
+    valid[i] = int(std::clamp<int64_t>(p.D - tile_row0[i], 0, kMmaRows));
+  }
+  tiles_mma<F, kDownTiles>(mats, tile_row0, valid, p.I, chunk, smem, scratch);
+  for (int t = int(threadIdx.x); t < kDownRowsPerItem * kChunk; t += kExpertThreads) {
+    const int i = t / (kMmaRows * kChunk), r = t / kChunk % kMmaRows, m = t % kChunk;
+    const int64_t row = row0 + i * kMmaRows + r;
+    if (row < p.D && m < chunk.count)
+      p.plan.y[int64_t(p.plan.pair_out[chunk.pair0 + m]) * p.D + row] =
+          round_bf16_if(bf16_output(p.fast, F), tile_sum<F>(scratch, i, r, m));
+  }
 }
 
 template <WFormat F, int MC>
 __device__ void down_item_fma(const ExpertParams& p, const MatView (&mats)[1], bool aligned, const Chunk& chunk,
                               int64_t block, const float* xs) {
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
-  const int64_t row0 = block * kDownRowsPerItem + warp * kDownRowsPerWarp;
-  if (row0 >= p.D) return;
-  const int rows_valid = int(std::min<int64_t>(kDownRowsPerWarp, p.D - row0));
-  float acc[1][kDownRowsPerWarp][MC];
-  warp_dot<F, 1, kDownRowsPerWarp, MC>(mats, row0, rows_valid, 0, chunks_per_row<F>(p.I), aligned, xs,
-                                       staged_stride(p.I), acc);
-  warp_sum(acc);
+  constexpr int kPassRows = kDownRowsPerWarp * kExpertWarps;
+  for (int pass = 0; pass < kDownRowsPerItem / kPassRows; ++pass) {
+    const int64_t row0 = block * kDownRowsPerItem + pass * kPassRows + warp * kDownRowsPerWarp;
+    if (row0 >= p.D) return;
+    const int rows_valid = int(std::min<int64_t>(kDownRowsPerWarp, p.D - row0));
+    float acc[1][kDownRowsPerWarp][MC];
+    warp_dot<F, 1, kDownRowsPerWarp, MC>(mats, row0, rows_valid, 0, chunks_per_row<F>(p.I), aligned, xs,
+                                         staged_stride(p.I), acc);
+    warp_sum(acc);
 #pragma unroll
-  for (int r = 0; r < kDownRowsPerWarp; ++r)
+    for (int r = 0; r < kDownRowsPerWarp; ++r)
 #pragma unroll
-    for (int m = 0; m < MC; ++m)
-      if (lane == r * MC + m && m < chunk.count && r < rows_valid)
-        p.plan.y[int64_t(p.plan.pair_out[chunk.pair0 + m]) * p.D + row0 + r] =
-            round_bf16_if(bf16_output(p.fast, F), acc[0][r][m]);
+      for (int m = 0; m < MC; ++m)
+        if (lane == r * MC + m && m < chunk.count && r < rows_valid)
+          p.plan.y[int64_t(p.plan.pair_out[chunk.pair0 + m]) * p.D + row0 + r] =
+              round_bf16_if(bf16_output(p.fast, F), acc[0][r][m]);
+  }
 }
 
 template <WFormat F>
@@ -281,38 +292,13 @@ __device__ void down_item_fma_any_rows(const ExpertParams& p, const MatView (&ma
   }
 }
 
-// out[t, rows of block b] = Σ over t's choices in (expert, j) order of y[t·(k+1) + j] + y[t·(k+1) + k], the
-// CPU's accumulation order (0 + first + second …, shared expert last), in fp32; fast numerics round the sum to
-// bf16 once. Another rank's experts (combine_order −1) and an absent shared expert add nothing. y comes from
-// other blocks: read at L2.
-__device__ void combine_rows(const ExpertParams& p, int64_t block) {
-  const int64_t d0 = block * kDownRowsPerItem;
-  const int64_t rows = std::min<int64_t>(kDownRowsPerItem, p.D - d0);
-  for (int64_t i = threadIdx.x; i < p.n * rows; i += kExpertThreads) {
-    const int64_t t = i / rows, d = d0 + i % rows;
-    const float* yt = p.plan.y + t * (p.k + 1) * p.D + d;
-    float sum = 0.0f;
-    for (int64_t j = 0; j < p.k; ++j) {
-      const int slot = p.plan.combine_order[t * p.k + j];
-      if (slot >= 0) sum += __ldcg(yt + int64_t(slot) * p.D);
-    }
-    if (p.has_shared) sum += __ldcg(yt + p.k * p.D);
-    p.out[t * p.D + d] = round_bf16_if(p.fast, sum);
-  }
-}
-
 // Persistent grid; dynamic smem: staged_rows rows of the larger of the two staging layouts.
 template <bool kTensorCoresOnly>
 __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_kernel(ExpertParams p) {
   extern __shared__ float4 smem_down[];
-  __shared__ Scratch scratch;
-  __shared__ bool last_arrival;
+  __shared__ Scratch<kDownTiles> scratch;
   pdl_wait_predecessor();
   pdl_trigger();
-  if (p.plan.counters[0] == 0) {  // no item on this rank (moe_kernels.h): nothing arrives, every block combines
-    for (int64_t b = blockIdx.x; b < p.row_blocks; b += gridDim.x) combine_rows(p, b);  // zeros, or the shared y
-    return;
-  }
   const auto format_of = [&](const Chunk& chunk) -> const MatFormat& {
     return chunk.expert < 0 ? p.shared_down : p.routed_down;
   };
@@ -343,21 +329,26 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_kernel(ExpertPa
       }
     }
   };
-  // Called after a block barrier: the fence of thread 0 (cumulative) publishes every thread's y rows before
-  // the arrival is counted, and orders the last arrival's reads after everyone else's writes.
-  const auto after = [&](int64_t block) {
-    if (threadIdx.x == 0) {
-      __threadfence();
-      const int done = atomicAdd(&p.plan.counters[1 + block], 1) + 1;
-      last_arrival = done == p.plan.counters[0];
-      __threadfence();
-    }
-    __syncthreads();
-    if (last_arrival) combine_rows(p, block);
-  };
   int staged = -1;
-  shared_items(p, staged, stage, run, after);
-  routed_items(p, staged, stage, run, after);
+  shared_items(p, staged, stage, run);
+  routed_items(p, staged, stage, run);
+}
+
+// One thread per output element: the sum's loads are independent, so the launch is one round of L2 reads.
+__global__ void __launch_bounds__(256) combine_kernel(ExpertParams p) {
+  pdl_wait_predecessor();
+  pdl_trigger();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.n * p.D) return;
+  const int64_t t = i / p.D, d = i % p.D;
+  const float* yt = p.plan.y + t * (p.k + 1) * p.D + d;
+  float sum = 0.0f;
+  for (int64_t j = 0; j < p.k; ++j) {
+    const int slot = p.plan.combine_order[t * p.k + j];
+    if (slot >= 0) sum += yt[int64_t(slot) * p.D];
+  }
+  if (p.has_shared) sum += yt[p.k * p.D];
+  p.out[i] = round_bf16_if(p.fast, sum);
 }
 
 // Bytes of one staged row of `cols` columns: the larger of the fp32 and the tensor-core layouts in use.
@@ -436,6 +427,12 @@ void launch_expert_down(const ExpertParams& p, int sm_count, bool pdl, cudaStrea
                                                                               : expert_down_kernel<false>;
   const int grid = resident_blocks(reinterpret_cast<const void*>(kernel), smem, sm_count);
   launch_pdl(kernel, dim3(unsigned(grid)), dim3(kExpertThreads), smem, stream, pdl, p);
+  launch_combine(p, pdl, stream);
+}
+
+void launch_combine(const ExpertParams& p, bool pdl, cudaStream_t stream) {
+  DSV4_CHECK(ceil_div(p.n * p.D, 256) < (int64_t(1) << 31), "moe combine: ", p.n, " × ", p.D, " outputs are too many");
+  launch_pdl(combine_kernel, dim3(unsigned(ceil_div(p.n * p.D, 256))), dim3(256), 0, stream, pdl, p);
 }
 
 }  // namespace dsv4::cuda::moe

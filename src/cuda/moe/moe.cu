@@ -306,7 +306,7 @@ cuda::moe::GroupedBuffers carve_grouped(Carve& c, int64_t n, int64_t E, int64_t 
   return g;
 }
 
-cuda::moe::Plan carve_plan(Carve& c, int64_t n, int64_t E, int64_t k, int64_t D, int64_t I, int64_t down_blocks) {
+cuda::moe::Plan carve_plan(Carve& c, int64_t n, int64_t E, int64_t k, int64_t D, int64_t I) {
   const int64_t P = n * k;
   const int64_t max_chunks = (n + cuda::moe::kChunk - 1) / cuda::moe::kChunk + (P + cuda::moe::kChunk - 1) / cuda::moe::kChunk +
                              std::min(E, P);
@@ -321,7 +321,7 @@ cuda::moe::Plan carve_plan(Carve& c, int64_t n, int64_t E, int64_t k, int64_t D,
   plan.chunk_pair = c.take<int32_t>(max_chunks);
   plan.chunk_count = c.take<int32_t>(max_chunks);
   plan.chunk_expert = c.take<int32_t>(max_chunks);
-  plan.counters = c.take<int32_t>(1 + down_blocks);
+  plan.counters = c.take<int32_t>(1);
   plan.h = c.take<float>((P + n) * I);
   plan.y = c.take<float>(n * (k + 1) * D);
   return plan;
@@ -379,7 +379,6 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
   DSV4_CHECK(layer.gate.rows == E && layer.gate.cols == D, "moe: gate is [", layer.gate.rows, ", ", layer.gate.cols,
              "], expected [", E, ", ", D, "]");
 
-  const int64_t down_blocks = cuda::ceil_div(D, cuda::moe::kDownRowsPerItem);
   // Fast numerics at n ≥ grouped_min_tokens(I): the grouped FP8 GEMMs where every expert matrix suits them.
   const bool grouped = fast() && n >= cuda::moe::grouped_min_tokens(I) && layer.routed_up.grouped &&
                        layer.routed_down.grouped && layer.shared_up.grouped && layer.shared_down.grouped &&
@@ -390,10 +389,10 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
                               layer.shared_down.grouped && n >= cuda::moe::shared_grouped_min_tokens(I) &&
                               D % 128 == 0 && I % 128 == 0;
   Carve carve;
-  carve_plan(carve, n, E, k, D, I, down_blocks);  // sizes only
+  carve_plan(carve, n, E, k, D, I);  // sizes only
   if (grouped || shared_grouped) carve_grouped(carve, n, E, k, D, I);
   carve.set_base(workspace(cuda::kWsMoeStep, carve.used()));
-  const cuda::moe::Plan plan = carve_plan(carve, n, E, k, D, I, down_blocks);
+  const cuda::moe::Plan plan = carve_plan(carve, n, E, k, D, I);
   const cuda::moe::GroupedBuffers gbuf =
       grouped || shared_grouped ? carve_grouped(carve, n, E, k, D, I) : cuda::moe::GroupedBuffers{};
 
@@ -417,7 +416,6 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
   route.E = E;
   route.k = k;
   route.routed_scaling_factor = float(config_.routed_scaling_factor);
-  route.down_row_blocks = down_blocks;
   route.expert_begin = layer.expert_begin;
   route.expert_end = layer.expert_end;
   route.shared_items = layer.has_shared && !shared_grouped;
@@ -452,7 +450,7 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
   }
   if (shared_grouped) cuda::moe::launch_shared_grouped(ep, gbuf, stream_);
   cuda::moe::launch_expert_up(ep, props_.multiProcessorCount, pdl, stream_);
-  ep.row_blocks = down_blocks;
+  ep.row_blocks = cuda::ceil_div(D, cuda::moe::kDownRowsPerItem);
   cuda::moe::launch_expert_down(ep, props_.multiProcessorCount, pdl, stream_);
 }
 

@@ -3,11 +3,12 @@
 //   route          scores, top-k / hash choice, weights, and the grouping of (token, choice) pairs by expert
 //                  into chunks of ≤ kChunk pairs, all on the GPU (one block)  (route.cu)
 //   expert_up      h = clip-SwiGLU(w1·x, w3·x) · weight per pair             (experts_items.cu)
-//   expert_down    y = w2 · h per pair, then the ordered combine into out     (experts_items.cu)
+//   expert_down    y = w2 · h per pair                                       (experts_items.cu)
+//   combine        out = the ordered sum of each token's y rows                (experts_items.cu)
 // Fast numerics (ExpertParams::fast) round inside these kernels, where the activations are staged and where the
 // sums are written: no extra launches. The router stays fp32.
 // At one token each of the two runs on its decode kernel instead (experts_decode.cu) when its matrices all go
-// through the tensor cores.
+// through the tensor cores; expert_down's decode kernel combines in its blocks (no combine launch).
 // Every launch reads each selected expert's weights once per chunk; the number of chunks lives on the
 // device, so nothing waits for the host between the steps. expert_up's shared-expert items overlap route.
 //
@@ -82,8 +83,7 @@ struct Plan {
   int32_t* chunk_pair = nullptr;    // [max_chunks] first pair
   int32_t* chunk_count = nullptr;   // [max_chunks] 1 .. kChunk
   int32_t* chunk_expert = nullptr;  // [max_chunks] routed expert, −1 = shared
-  // [0] chunks, [1 + b] chunks done for output row block b of expert_down. route writes them every step.
-  int32_t* counters = nullptr;
+  int32_t* counters = nullptr;  // [1]: the chunks, written by route every step
   float* h = nullptr;  // [P + n, I] SwiGLU output, weight applied, by pair
   float* y = nullptr;  // [n·(k+1), D] down projections, by pair_out
 };
@@ -94,6 +94,7 @@ struct RouterLogitsParams {
   MatFormat gate_format;
   int64_t n = 0, D = 0, E = 0;
   float* logits = nullptr;  // [n, E]
+  int passes = 1;           // gate row pairs per block: launch_router_logits sets it from n
 };
 
 struct RouteParams {
@@ -103,7 +104,6 @@ struct RouteParams {
   const int32_t* tokens = nullptr;   // [n] hash layers
   int64_t n = 0, E = 0, k = 0;
   float routed_scaling_factor = 1.0f;
-  int64_t down_row_blocks = 0;  // arrival counters to clear
   int expert_begin = 0, expert_end = 0;  // the rank's routed experts (file comment); [0, E) on one rank
   bool shared_items = true;              // the plan starts with the shared expert's chunks (file comment)
 };
@@ -129,16 +129,22 @@ struct ExpertParams {
   float* out = nullptr;       // [n, D]
 };
 
-// Items: kUpRowsPerItem rows of w1 and w3, kDownRowsPerItem rows of w2. fp32 path: each warp owns
-// kUpRowsPerWarp / kDownRowsPerWarp whole rows; tensor-core path: the warps split K over 16-row tiles.
+// Items: kUpRowsPerItem rows of w1 and w3, kDownRowsPerItem rows of w2. Tensor-core path: the warps split K
+// over the item's 16-row tiles (up: one tile of w1 and one of w3; down: kDownTiles tiles of w2, as many bytes
+// per warp as up's, since w2's K is half of w1's at V4's shapes: every item ends in barriers, and two tiles a
+// down item left expert_down at ~40% of the copy bandwidth at 64 tokens). fp32 path: each warp owns
+// kUpRowsPerWarp / kDownRowsPerWarp whole rows, down in kDownRowsPerItem / (kDownRowsPerWarp · warps) passes.
 constexpr int kUpRowsPerWarp = 2;
 constexpr int kDownRowsPerWarp = 4;
 constexpr int kExpertWarps = 8;
 constexpr int kMmaRows = 16, kMmaCols = 8;  // mma m16n8k16: rows of a tile; columns, two per token (hi, lo)
 static_assert(kMmaRows == kTileRows, "the MMA tile order stores whole MMA tiles");
 static_assert(2 * kChunk <= kMmaCols, "a pass's tokens fit the MMA's columns as hi / lo pairs");
+constexpr int kDownTiles = 4;
 constexpr int kUpRowsPerItem = kUpRowsPerWarp * kExpertWarps;
-constexpr int kDownRowsPerItem = kDownRowsPerWarp * kExpertWarps;
+constexpr int kDownRowsPerItem = kDownTiles * kMmaRows;
+static_assert(kUpRowsPerItem == kMmaRows, "an up item is one tile of w1 and one of w3");
+static_assert(kDownRowsPerItem % (kDownRowsPerWarp * kExpertWarps) == 0, "the fp32 path's passes cover a down item");
 
 // The shared expert's chunks at the head of the plan: ceil(n / kChunk), or none (file comment).
 __host__ __device__ inline int shared_chunks(int64_t n, bool shared_items) {
@@ -158,7 +164,10 @@ int prepare_kernel(const void* kernel, int threads, size_t smem);
 void launch_router_logits(const RouterLogitsParams& p, bool pdl, cudaStream_t stream);
 void launch_route(const RouteParams& p, bool pdl, cudaStream_t stream);
 void launch_expert_up(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream);
-void launch_expert_down(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream);
+void launch_expert_down(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream);  // and the combine
+// out[t] = Σ over t's choices in (expert, j) order of its y rows, then the shared expert's (the CPU's order;
+// another rank's experts and an absent shared expert add nothing), in fp32; fast numerics round it once.
+void launch_combine(const ExpertParams& p, bool pdl, cudaStream_t stream);
 
 // ---- The grouped path (experts_grouped.cu): fast numerics at n ≥ grouped_min_tokens(I) (moe_grouped.h), when
 // every expert matrix is `grouped`. Per expert a real GEMM over its tokens: e4m3 weights (FP4 e2m1 widened,

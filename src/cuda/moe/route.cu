@@ -1,5 +1,6 @@
 // moe family (CUDA): the router. router_logits computes logits = x · gateᵀ (every gate row read once per
-// chunk of kChunk tokens, the K range split over the block's warps); route turns them into the step's plan
+// chunk of kChunk tokens, the K range split over the block's warps; a block stages its chunk's x once for
+// RouterLogitsParams::passes pairs of gate rows); route turns them into the step's plan
 // (moe_kernels.h): sqrt-softplus scores, the k experts of each token (top-k of score + bias, or the hash
 // table), their weights, and the (token, choice) pairs grouped by expert into chunks. route is one block: it
 // is tiny next to the expert weights and keeps the grouping deterministic without a host round-trip.
@@ -16,55 +17,66 @@ namespace {
 // ---- router_logits
 
 constexpr int kLogitsWarps = 8;
-constexpr int kGateRowsPerBlock = 2;  // every warp dots both rows over its eighth of K
+constexpr int kGateRowsPerPass = 2;  // every warp dots both rows over its eighth of K
+// Row pairs per block at most: staging x (a chunk's kChunk rows of 16 KB at V4's D) is the block's largest read,
+// so with many chunks a block reuses it. At 64 tokens one pair a block staged 134 MB of x from L2 for 32 MB of
+// gate reads: 52 µs a layer (H100).
+constexpr int kMaxPasses = 8;
 
+int64_t logits_passes(int64_t n) { return std::clamp<int64_t>((n + kChunk - 1) / kChunk, 1, kMaxPasses); }
+
+// Gate rows [row0, row0 + kGateRowsPerPass) against the staged chunk; ends with a barrier (partials reused).
 template <WFormat F, int MC>
-__device__ void logits_chunk(const RouterLogitsParams& p, const float* xs, int64_t t0, int count, float* partials) {
+__device__ void logits_chunk(const RouterLogitsParams& p, const float* xs, int64_t row0, int64_t t0, int count,
+                             float* partials) {
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
-  const int64_t row0 = int64_t(blockIdx.x) * kGateRowsPerBlock;
-  const int rows_valid = int(std::min<int64_t>(kGateRowsPerBlock, p.E - row0));
+  const int rows_valid = int(std::min<int64_t>(kGateRowsPerPass, p.E - row0));
   const int64_t chunks = chunks_per_row<F>(p.D);
   const int64_t q_begin = chunks * warp / kLogitsWarps, q_end = chunks * (warp + 1) / kLogitsWarps;
   const MatView mats[1] = {p.gate};
-  float acc[1][kGateRowsPerBlock][MC];
-  warp_dot<F, 1, kGateRowsPerBlock, MC>(mats, row0, rows_valid, q_begin, q_end, p.gate_format.aligned, xs,
-                                        staged_stride(p.D), acc);
+  float acc[1][kGateRowsPerPass][MC];
+  warp_dot<F, 1, kGateRowsPerPass, MC>(mats, row0, rows_valid, q_begin, q_end, p.gate_format.aligned, xs,
+                                       staged_stride(p.D), acc);
   warp_sum(acc);
   if (lane == 0)
 #pragma unroll
-    for (int r = 0; r < kGateRowsPerBlock; ++r)
+    for (int r = 0; r < kGateRowsPerPass; ++r)
 #pragma unroll
-      for (int m = 0; m < MC; ++m) partials[(warp * kGateRowsPerBlock + r) * kChunk + m] = acc[0][r][m];
+      for (int m = 0; m < MC; ++m) partials[(warp * kGateRowsPerPass + r) * kChunk + m] = acc[0][r][m];
   __syncthreads();
   // Fixed order over the warps: the logits do not depend on scheduling.
   const int r = int(threadIdx.x) / kChunk, m = int(threadIdx.x) % kChunk;
   if (r < rows_valid && m < count) {
     float sum = 0.0f;
-    for (int w = 0; w < kLogitsWarps; ++w) sum += partials[(w * kGateRowsPerBlock + r) * kChunk + m];
+    for (int w = 0; w < kLogitsWarps; ++w) sum += partials[(w * kGateRowsPerPass + r) * kChunk + m];
     p.logits[(t0 + m) * p.E + row0 + r] = sum;
   }
+  __syncthreads();
 }
 
 template <WFormat F>
-__device__ void logits_any_rows(const RouterLogitsParams& p, const float* xs, int64_t t0, int count,
+__device__ void logits_any_rows(const RouterLogitsParams& p, const float* xs, int64_t row0, int64_t t0, int count,
                                 float* partials) {
   switch (rows_for(count)) {
-    case 1: logits_chunk<F, 1>(p, xs, t0, count, partials); break;
-    case 2: logits_chunk<F, 2>(p, xs, t0, count, partials); break;
-    default: logits_chunk<F, kChunk>(p, xs, t0, count, partials); break;
+    case 1: logits_chunk<F, 1>(p, xs, row0, t0, count, partials); break;
+    case 2: logits_chunk<F, 2>(p, xs, row0, t0, count, partials); break;
+    default: logits_chunk<F, kChunk>(p, xs, row0, t0, count, partials); break;
   }
 }
 
-// grid (ceil(E / 2), ceil(n / kChunk)), kLogitsWarps warps; dynamic smem: rows_for(min(n, kChunk)) staged rows.
+// grid (ceil(E / (2·passes)), ceil(n / kChunk)), kLogitsWarps warps; dynamic smem: rows_for(min(n, kChunk))
+// staged rows. Block (b, c) computes gate rows [2·passes·b, 2·passes·(b + 1)) for chunk c's tokens.
 __global__ void __launch_bounds__(kLogitsWarps * 32) router_logits_kernel(RouterLogitsParams p) {
   extern __shared__ float4 smem_logits[];
   float* xs = reinterpret_cast<float*>(smem_logits);
-  __shared__ float partials[kLogitsWarps * kGateRowsPerBlock * kChunk];
+  __shared__ float partials[kLogitsWarps * kGateRowsPerPass * kChunk];
+  const int64_t rows_per_block = int64_t(kGateRowsPerPass) * p.passes;
+  const int64_t first_row = int64_t(blockIdx.x) * rows_per_block;
+  const int64_t end_row = std::min<int64_t>(first_row + rows_per_block, p.E);
   {  // the block's gate rows (contiguous) into L2 while the predecessor drains; x is read after the wait
-    const int64_t row0 = int64_t(blockIdx.x) * kGateRowsPerBlock;
-    const int64_t bytes = std::min<int64_t>(kGateRowsPerBlock, p.E - row0) * p.gate.row_bytes;
+    const int64_t bytes = (end_row - first_row) * p.gate.row_bytes;
     for (int64_t b = int64_t(threadIdx.x) * 128; b < bytes; b += kLogitsWarps * 32 * 128)
-      prefetch_l2(p.gate.data + row0 * p.gate.row_bytes + b);
+      prefetch_l2(p.gate.data + first_row * p.gate.row_bytes + b);
   }
   pdl_wait_predecessor();
   pdl_trigger();
@@ -73,11 +85,13 @@ __global__ void __launch_bounds__(kLogitsWarps * 32) router_logits_kernel(Router
   // The router is fp32 in every numerics (fast-numerics.md §7 step 14): x as it comes.
   stage_rows(p.x, p.D, count, rows_for(count), [&](int m) { return t0 + m; }, StageRounding::kNone, xs);
   __syncthreads();
-  switch (p.gate_format.format) {
-    case WFormat::kFP4: logits_any_rows<WFormat::kFP4>(p, xs, t0, count, partials); break;
-    case WFormat::kFP8: logits_any_rows<WFormat::kFP8>(p, xs, t0, count, partials); break;
-    case WFormat::kBF16: logits_any_rows<WFormat::kBF16>(p, xs, t0, count, partials); break;
-    default: logits_any_rows<WFormat::kF32>(p, xs, t0, count, partials); break;
+  for (int64_t row0 = first_row; row0 < end_row; row0 += kGateRowsPerPass) {
+    switch (p.gate_format.format) {
+      case WFormat::kFP4: logits_any_rows<WFormat::kFP4>(p, xs, row0, t0, count, partials); break;
+      case WFormat::kFP8: logits_any_rows<WFormat::kFP8>(p, xs, row0, t0, count, partials); break;
+      case WFormat::kBF16: logits_any_rows<WFormat::kBF16>(p, xs, row0, t0, count, partials); break;
+      default: logits_any_rows<WFormat::kF32>(p, xs, row0, t0, count, partials); break;
+    }
   }
 }
 
@@ -257,7 +271,6 @@ __device__ void group_few_pairs(const RouteParams& p, int P, const int* few_expe
     plan.pair_weight[P + t] = 1.0f;
   }
   if (lane == 0) plan.counters[0] = n_shared + routed_chunks;
-  for (int64_t b = lane; b < p.down_row_blocks; b += 32) plan.counters[1 + b] = 0;
 }
 
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
@@ -373,9 +386,8 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
     __syncwarp();
   }
 
-  // 3. Counters for the expert kernels (written every step, so nothing persists between steps).
+  // 3. The chunk count for the expert kernels (written every step, so nothing persists between steps).
   if (threadIdx.x == 0) plan.counters[0] = n_shared + total_chunks;
-  for (int64_t b = threadIdx.x; b < p.down_row_blocks; b += kRouteThreads) plan.counters[1 + b] = 0;
 }
 
 }  // namespace
@@ -388,8 +400,11 @@ void launch_router_logits(const RouterLogitsParams& p, bool pdl, cudaStream_t st
   DSV4_CHECK(token_chunks <= 65535, "moe router: ", p.n, " tokens in one step (at most ", 65535 * kChunk, ")");
   const size_t smem = size_t(rows_for(int(std::min<int64_t>(p.n, kChunk)))) * size_t(staged_stride(p.D)) * sizeof(float);
   prepare_kernel(reinterpret_cast<const void*>(router_logits_kernel), kLogitsWarps * 32, smem);
-  const dim3 grid(unsigned((p.E + kGateRowsPerBlock - 1) / kGateRowsPerBlock), unsigned(token_chunks));
-  launch_pdl(router_logits_kernel, grid, dim3(kLogitsWarps * 32), smem, stream, pdl, p);
+  RouterLogitsParams k = p;
+  k.passes = int(logits_passes(p.n));
+  const int64_t rows_per_block = int64_t(kGateRowsPerPass) * k.passes;
+  const dim3 grid(unsigned((p.E + rows_per_block - 1) / rows_per_block), unsigned(token_chunks));
+  launch_pdl(router_logits_kernel, grid, dim3(kLogitsWarps * 32), smem, stream, pdl, k);
 }
 
 void launch_route(const RouteParams& p, bool pdl, cudaStream_t stream) {
