@@ -53,7 +53,8 @@ struct GemvScratchSize {
 };
 GemvScratchSize gemv_scratch_size(const GemmParams& p);  // what gemv(p, ...) needs; zero when it splits nothing
 void gemv(const GemmParams& p, const GemvScratch& scratch, cudaStream_t stream);
-// gemv() runs this call on the tensor cores (gemv_mma.cu: FP8 weights in fast numerics, quant_x and bf16_out).
+// gemv() runs this call on the tensor cores (gemv_mma.cu, fast numerics at 5 ≤ n ≤ 16: FP8 weights with quant_x
+// and bf16_out; BF16 weights, or FP8 ones without quant_x (wo_a), with bf16-valued x).
 bool gemv_mma_covers(const GemmParams& p);
 // Two projections of the same x (one group each, the same weight format and width) as one GEMV launch, where
 // the streaming kernel covers both (gemv_pair_covers); the caller runs them one by one otherwise.

@@ -1,8 +1,8 @@
 // gemm family, decode path: y = x · Wᵀ for n ≤ kGemvMaxRows activation rows. Memory-bound: every weight
 // byte is read once, in 16-byte loads, decoded in registers; activations and accumulation are fp32.
-// gemv() hands FP8 weights in fast numerics to the tensor-core kernel (gemv_mma.cu), the calls the streaming
-// kernel covers (gemv_stream.cu: n ≤ 4, FP8 / BF16 / F32) to it; this file's staged kernel takes the rest (FP4,
-// 5 ≤ n ≤ 16, rows not a multiple of 4).
+// gemv() hands fast numerics' FP8 and BF16 products at 5 ≤ n ≤ 16 to the tensor-core kernels (gemv_mma.cu), the
+// calls the streaming kernel covers (gemv_stream.cu: n ≤ 4, FP8 / BF16 / F32) to it; this file's staged kernel
+// takes the rest (FP4, reference and exact numerics at 5 ≤ n ≤ 16, rows not a multiple of 4).
 //
 // NOTE: how the work is laid out.
 //  * A unit is `rows_per_unit` consecutive output rows of one group, computed by one block over its K range.

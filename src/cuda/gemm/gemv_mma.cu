@@ -1,6 +1,10 @@
-// gemm family, decode path on the tensor cores: y = act_quant(x) · Wᵀ for FP8 weights in fast numerics (quant_x,
-// bf16_out), 5 ≤ n ≤ 16 activation rows — the FP8 × FP8 product DeepSeek's GPU code computes, as mma.sync m16n8k32
-// e4m3 with the weight rows as the MMA's 16 rows and the activation rows as its 8 (or 2 × 8) columns.
+// gemm family, decode path on the tensor cores, 5 ≤ n ≤ 16 activation rows, the weight rows as the MMA's 16 rows
+// and the activation rows as its 8 (or 2 × 8) columns:
+//  * gemv_mma_kernel: y = act_quant(x) · Wᵀ for FP8 weights in fast numerics (quant_x, bf16_out) — the FP8 × FP8
+//    product DeepSeek's GPU code computes, as mma.sync m16n8k32 e4m3;
+//  * gemv_bf16_kernel: y = x · Wᵀ for bf16-valued x (fast numerics) and BF16 weights, or FP8 ones multiplied in
+//    bf16 (wo_a, the grouped projection), as mma.sync m16n8k16 bf16: every product exact in fp32, so only the
+//    summation order differs from the fp32 GEMV. Its NOTE is at the kernel.
 //
 // Why: the CUDA-core GEMVs decode every weight byte to fp32 and multiply it once per activation row; at n = 8
 // that is ~16 instructions per weight byte, and the FP8 matrices ran at ~20% of the copy bandwidth in the
@@ -190,58 +194,273 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const __grid_cons
   }
 }
 
+// ---- gemv_bf16_kernel
+//
+// NOTE: layout, as gemv_mma_kernel's but for bf16 operands.
+//  * x (bf16-valued fp32) is staged as bf16, row stride bf16_x_stride(cols); a grouped projection's block stages
+//    only its group's columns (blocks are dealt to the groups evenly) and walks that group's tiles.
+//  * Within a 128-column K block, lane (g, c) holds columns [32c, 32c + 32) of rows g and g + 8: 64 bytes of a BF16
+//    row, 32 of an FP8 one. As bf16 pairs P[0..15] (pair j = columns 32c + 2j, + 1), k16 step s takes P[2s] and
+//    P[2s + 1] of each row (a0 / a2, a1 / a3) and the B fragment reads the same four columns of x, 32c + 4s ..,
+//    one 8-byte shared-memory load: each step is a dot product over 16 of the block's columns.
+//  * FP8 weights become bf16 exactly (e4m3 → f16 → f32 → bf16); the 128 × 128 block scale multiplies each K
+//    block's fp32 sum, as the CPU's fp32 dequantisation does (an FP8 weight times its scale, exact for the
+//    power-of-two scales of V4's checkpoints). BF16 weights accumulate straight into acc.
+//  * Loads kAhead (tile, K block) chunks ahead — FP8 two, BF16 one: 4 KB in flight per warp either way, and
+//    two BF16 chunks ahead took 181 registers, one block per SM — the first before the PDL wait; the warps'
+//    partial tiles are summed in a fixed order in shared memory.
+
+struct Bf16Params {
+  const float* x = nullptr;  // [n, ldx], bf16-valued
+  int64_t ldx = 0;
+  int n = 0, cols = 0;       // cols: the width of one group, a multiple of 128
+  int groups = 1;            // > 1: m[0] only, groups of m[0].tiles / groups tiles over x's column groups
+  int x_stride = 0;          // bytes between staged rows
+  MmaMatrix m[2];
+  bool fp8 = false;          // else BF16 weights
+  bool bf16_out = false;
+};
+
+// Staged row stride: 16 bytes of padding put the 8 token rows of an MMA's B loads in different banks.
+constexpr int64_t bf16_x_stride(int64_t cols) { return 2 * cols + 16; }
+
+template <bool kFp8>
+struct Bf16Chunk {
+  uint4 r[2][kFp8 ? 2 : 4];  // [row g, g + 8][16-byte piece]: the lane's 32 columns
+  float scale;
+};
+
+template <bool kFp8>
+__device__ __forceinline__ Bf16Chunk<kFp8> load_bf16_chunk(const Bf16Params& p, int tile, int kb, int lane) {
+  const bool second = tile >= p.m[0].tiles;
+  const MmaMatrix& m = second ? p.m[1] : p.m[0];
+  const int t = second ? tile - p.m[0].tiles : tile;
+  constexpr int kBytes = kFp8 ? 1 : 2;  // per weight
+  const int64_t row = int64_t(t) * kTileRows + lane / 4;
+  const int64_t row_bytes = int64_t(p.cols) * kBytes;
+  const uint8_t* src = m.w + row * row_bytes + (int64_t(kb) * kBlockK + 32 * (lane % 4)) * kBytes;
+  Bf16Chunk<kFp8> c;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int q = 0; q < (kFp8 ? 2 : 4); ++q) c.r[h][q] = load_streaming(src + h * 8 * row_bytes + 16 * q);
+  c.scale = kFp8 ? m.scale[(row / 128) * m.scale_cols + kb] : 1.0f;
+  return c;
+}
+
+// Two e4m3 codes (low byte first) as a bf16 pair, exactly.
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two) {
+  const float2 f = e4m3x2_to_float2(two);
+  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// NT: 8-column activation tiles (n ≤ 8·NT). grid: blocks walking the tiles (a multiple of groups); dynamic smem
+// bf16_smem_bytes.
+template <int NT, bool kFp8>
+__global__ void __launch_bounds__(kMmaThreads) gemv_bf16_kernel(const __grid_constant__ Bf16Params p) {
+  constexpr int NP = 8 * NT;
+  constexpr int kAhead = kFp8 ? 2 : 1;
+  extern __shared__ uint8_t smem[];
+  const int KB = p.cols / kBlockK;
+  uint8_t* xs = smem;                                            // [NP][x_stride] bf16
+  float* red = reinterpret_cast<float*>(smem + NP * p.x_stride);  // [warps][16][NP]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
+
+  // This block's tiles: with groups, tiles of its group g0 (blocks dealt evenly), else of both matrices.
+  const int per_group = int(gridDim.x) / p.groups, group = int(blockIdx.x) / per_group;
+  const int first = p.groups > 1 ? group * (p.m[0].tiles / p.groups) + int(blockIdx.x) % per_group : int(blockIdx.x);
+  const int end = p.groups > 1 ? (group + 1) * (p.m[0].tiles / p.groups) : p.m[0].tiles + p.m[1].tiles;
+  const int step = p.groups > 1 ? per_group : int(gridDim.x);
+  const int my_tiles = first < end ? (end - first + step - 1) / step : 0;
+  const int kbw = warp < KB ? (KB - warp + kMmaWarps - 1) / kMmaWarps : 0;
+  const int total = my_tiles * kbw;
+  const auto tile_of = [&](int it) { return first + (it / kbw) * step; };
+  const auto kb_of = [&](int it) { return warp + kMmaWarps * (it % kbw); };
+  Bf16Chunk<kFp8> cur{}, next{}, after{};
+  if (total > 0) cur = load_bf16_chunk<kFp8>(p, tile_of(0), kb_of(0), lane);
+  if (kAhead == 2 && total > 1) next = load_bf16_chunk<kFp8>(p, tile_of(1), kb_of(1), lane);
+  pdl_wait();
+
+  // x as bf16 (exact: bf16-valued), one warp per (row, K block), 4 columns per lane; rows past n are zero.
+  const int64_t x_col0 = p.groups > 1 ? int64_t(group) * p.cols : 0;
+  for (int item = warp; item < NP * KB; item += kMmaWarps) {
+    const int r = item / KB, kb = item % KB;
+    const float4 v = r < p.n ? reinterpret_cast<const float4*>(p.x + r * p.ldx + x_col0 + kb * kBlockK)[lane]
+                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    *reinterpret_cast<uint2*>(xs + r * p.x_stride + (kb * kBlockK + 4 * lane) * 2) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  }
+  __syncthreads();
+
+  for (int j = 0; j < my_tiles; ++j) {
+    float acc[NT][4] = {};
+    for (int i = 0; i < kbw; ++i) {
+      const int it = j * kbw + i, kb = kb_of(it);
+      if (it + kAhead < total)
+        (kAhead == 2 ? after : next) = load_bf16_chunk<kFp8>(p, tile_of(it + kAhead), kb_of(it + kAhead), lane);
+      float blk[NT][4] = {};
+      float (&sum)[NT][4] = kFp8 ? blk : acc;  // FP8: the block's sum, scaled below
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        uint32_t a[2][2];  // [row g, g + 8][pair 2s, 2s + 1]
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if constexpr (kFp8) {
+            const uint32_t w = word(cur.r[h][s / 4], s % 4);
+            a[h][0] = e4m3x2_to_bf16x2(w & 0xFFFFu);
+            a[h][1] = e4m3x2_to_bf16x2(w >> 16);
+          } else {
+            a[h][0] = word(cur.r[h][s / 2], 2 * (s % 2));
+            a[h][1] = word(cur.r[h][s / 2], 2 * (s % 2) + 1);
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint8_t* xb = xs + (nt * 8 + g) * p.x_stride + (kb * kBlockK + 32 * c + 4 * s) * 2;
+          const uint2 b = *reinterpret_cast<const uint2*>(xb);
+          mma_bf16(sum[nt], a[0][0], a[1][0], a[0][1], a[1][1], b.x, b.y);
+        }
+      }
+      if constexpr (kFp8)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) acc[nt][q] = fmaf(blk[nt][q], cur.scale, acc[nt][q]);
+      cur = next;
+      if constexpr (kAhead == 2) next = after;
+    }
+    // The warps' partial tiles, summed in warp order (C fragment: [nt][0 / 1] row g, activation rows 8nt + 2c,
+    // + 1; [2 / 3] row g + 8).
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) red[(warp * kTileRows + g + 8 * (q / 2)) * NP + nt * 8 + 2 * c + q % 2] = acc[nt][q];
+    __syncthreads();
+    if (int(threadIdx.x) < kTileRows * p.n) {
+      const int row = threadIdx.x % kTileRows, r = threadIdx.x / kTileRows;
+      float total_sum = 0.0f;
+      for (int w = 0; w < kMmaWarps; ++w) total_sum += red[(w * kTileRows + row) * NP + r];
+      const int tile = first + j * step;
+      const bool second = tile >= p.m[0].tiles;
+      const MmaMatrix& m = second ? p.m[1] : p.m[0];
+      const int t = second ? tile - p.m[0].tiles : tile;
+      m.y[r * m.ldy + int64_t(t) * kTileRows + row] = p.bf16_out ? round_bf16(total_sum) : total_sum;
+    }
+    __syncthreads();
+  }
+}
+
 size_t mma_smem_bytes(int nt, int64_t cols) {
   const int64_t np = 8 * nt;
   return size_t(np * (cols + 8) + np * (cols / kBlockK) * 4 + kMmaWarps * kTileRows * np * 4);
 }
 
-}  // namespace
+size_t bf16_smem_bytes(int nt, int64_t cols) {
+  const int64_t np = 8 * nt;
+  return size_t(np * bf16_x_stride(cols) + kMmaWarps * kTileRows * np * 4);
+}
 
-bool mma_shape(const GemmParams& p) {
-  return p.w.format == WFormat::kFP8 && p.quant_x && p.bf16_out && p.groups == 1 && !p.w.mma_tiles &&
-         p.n >= kMmaMinRows &&
-         p.n <= kGemvMaxRows && p.w.cols % kBlockK == 0 && p.w.rows % kTileRows == 0 && p.ldx % 4 == 0 &&
-         reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w.data) % 16 == 0 &&
-         p.w.rows / kTileRows < (int64_t(1) << 30) && mma_smem_bytes(2, p.w.cols) <= size_t(kMaxSmemBytes) &&
+bool common_shape(const GemmParams& p) {
+  return !p.w.mma_tiles && p.n >= kMmaMinRows && p.n <= kGemvMaxRows && p.w.cols % kBlockK == 0 &&
+         (p.w.rows / p.groups) % kTileRows == 0 && p.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.w.data) % 16 == 0 && p.w.rows / kTileRows < (int64_t(1) << 30) &&
          device_info().cc_major >= 9;
 }
 
+// gemv_mma_kernel's calls: FP8 weights with act_quant'ed x.
+bool e4m3_shape(const GemmParams& p) {
+  return p.w.format == WFormat::kFP8 && p.quant_x && p.bf16_out && p.groups == 1 && common_shape(p) &&
+         mma_smem_bytes(2, p.w.cols) <= size_t(kMaxSmemBytes);
+}
+
+// gemv_bf16_kernel's: bf16-valued x (fast numerics) times BF16 or FP8 weights, in bf16.
+bool bf16_shape(const GemmParams& p) {
+  return (p.w.format == WFormat::kBF16 || (p.w.format == WFormat::kFP8 && p.w.scale_f32)) && !p.quant_x &&
+         (p.x_bf16 || p.bf16_out) && common_shape(p) && bf16_smem_bytes(2, p.w.cols) <= size_t(kMaxSmemBytes);
+}
+
+}  // namespace
+
+bool mma_shape(const GemmParams& p) { return e4m3_shape(p) || bf16_shape(p); }
+
 namespace {
+
+// As many blocks as fit the SMs at once (each stages x once), but no more than there are tiles (of a group).
+int mma_blocks(size_t smem, int tiles, int groups) {
+  const int per_sm = int(std::clamp<size_t>(size_t(220 * 1024) / (smem + 1024), 1, 2));
+  return groups * std::max(1, std::min(tiles / groups, device_info().sms * per_sm / groups));
+}
 
 template <int NT>
 void launch_mma(const MmaParams& k, int tiles, cudaStream_t stream) {
   allow_dynamic_smem(reinterpret_cast<const void*>(gemv_mma_kernel<NT>), kMaxSmemBytes);
   const size_t smem = mma_smem_bytes(NT, k.cols);
-  // As many blocks as fit the SMs at once (each stages x once), but no more than there are tiles.
-  const int per_sm = int(std::clamp<size_t>(size_t(220 * 1024) / (smem + 1024), 1, 2));
-  const int blocks = std::min(tiles, device_info().sms * per_sm);
-  launch_pdl(gemv_mma_kernel<NT>, dim3(unsigned(blocks)), dim3(kMmaThreads), smem, stream, true, k);
+  launch_pdl(gemv_mma_kernel<NT>, dim3(unsigned(mma_blocks(smem, tiles, 1))), dim3(kMmaThreads), smem, stream, true, k);
+}
+
+template <int NT, bool kFp8>
+void launch_bf16(const Bf16Params& k, int tiles, cudaStream_t stream) {
+  allow_dynamic_smem(reinterpret_cast<const void*>(gemv_bf16_kernel<NT, kFp8>), kMaxSmemBytes);
+  const size_t smem = bf16_smem_bytes(NT, k.cols);
+  launch_pdl(gemv_bf16_kernel<NT, kFp8>, dim3(unsigned(mma_blocks(smem, tiles, k.groups))), dim3(kMmaThreads), smem,
+             stream, true, k);
+}
+
+MmaMatrix matrix_view(const GemmParams& p) {
+  return MmaMatrix{p.w.data, p.w.scale_f32, p.w.scale_cols, p.y, p.ldy, int(p.w.rows / kTileRows)};
 }
 
 }  // namespace
 
 bool mma_pair_covers(const GemmParams& a, const GemmParams& b) {
-  return mma_shape(a) && mma_shape(b) && a.x == b.x && a.ldx == b.ldx && a.n == b.n && a.w.cols == b.w.cols;
+  const bool same = a.x == b.x && a.ldx == b.ldx && a.n == b.n && a.w.cols == b.w.cols && a.groups == 1 &&
+                    b.groups == 1 && a.w.format == b.w.format && a.bf16_out == b.bf16_out;
+  return same && ((e4m3_shape(a) && e4m3_shape(b)) || (bf16_shape(a) && bf16_shape(b)));
 }
 
 void mma(const GemmParams& a, cudaStream_t stream, const GemmParams* b) {
   DSV4_CHECK(b ? mma_pair_covers(a, *b) : mma_shape(a), "gemv: [", a.w.rows, ", ", a.w.cols,
              "] does not take the tensor-core GEMV");
-  MmaParams k;
+  const int tiles = int(a.w.rows / kTileRows) + (b ? int(b->w.rows / kTileRows) : 0);
+  if (e4m3_shape(a)) {
+    MmaParams k;
+    k.x = a.x;
+    k.ldx = a.ldx;
+    k.n = int(a.n);
+    k.cols = int(a.w.cols);
+    k.x_stride = k.cols + 8;
+    k.bf16_out = a.bf16_out;
+    k.m[0] = matrix_view(a);
+    if (b) k.m[1] = matrix_view(*b);
+    if (a.n <= 8) launch_mma<1>(k, tiles, stream);
+    else launch_mma<2>(k, tiles, stream);
+    return;
+  }
+  Bf16Params k;
   k.x = a.x;
   k.ldx = a.ldx;
   k.n = int(a.n);
   k.cols = int(a.w.cols);
-  k.x_stride = k.cols + 8;
+  k.groups = int(a.groups);
+  k.x_stride = int(bf16_x_stride(a.w.cols));
+  k.fp8 = a.w.format == WFormat::kFP8;
   k.bf16_out = a.bf16_out;
-  const auto matrix = [](const GemmParams& p) {
-    return MmaMatrix{p.w.data, p.w.scale_f32, p.w.scale_cols, p.y, p.ldy, int(p.w.rows / kTileRows)};
-  };
-  k.m[0] = matrix(a);
-  if (b) k.m[1] = matrix(*b);
-  const int tiles = k.m[0].tiles + k.m[1].tiles;
-  if (a.n <= 8) launch_mma<1>(k, tiles, stream);
-  else launch_mma<2>(k, tiles, stream);
+  k.m[0] = matrix_view(a);
+  if (b) k.m[1] = matrix_view(*b);
+  if (a.n <= 8) k.fp8 ? launch_bf16<1, true>(k, tiles, stream) : launch_bf16<1, false>(k, tiles, stream);
+  else k.fp8 ? launch_bf16<2, true>(k, tiles, stream) : launch_bf16<2, false>(k, tiles, stream);
 }
 
 }  // namespace dsv4::cuda::gemv_detail

@@ -20,10 +20,11 @@ constexpr int kLogitsWarps = 8;
 constexpr int kGateRowsPerPass = 2;  // every warp dots both rows over its eighth of K
 // Row pairs per block at most: staging x (a chunk's kChunk rows of 16 KB at V4's D) is the block's largest read,
 // so with many chunks a block reuses it. At 64 tokens one pair a block staged 134 MB of x from L2 for 32 MB of
-// gate reads: 52 µs a layer (H100).
+// gate reads: 52 µs a layer (H100). With few chunks the grid needs the blocks: at 8 tokens two pairs a block
+// took 11 µs a layer against 9.
 constexpr int kMaxPasses = 8;
 
-int64_t logits_passes(int64_t n) { return std::clamp<int64_t>((n + kChunk - 1) / kChunk, 1, kMaxPasses); }
+int64_t logits_passes(int64_t n) { return std::clamp<int64_t>((n + kChunk - 1) / kChunk / 2, 1, kMaxPasses); }
 
 // Gate rows [row0, row0 + kGateRowsPerPass) against the staged chunk; ends with a barrier (partials reused).
 template <WFormat F, int MC>
