@@ -682,6 +682,9 @@ TEST(CudaMoe, V4FlashDecode) {
     // row-tile combine), 2 and 8 (the item kernels); then reference again, as before (a per-call switch).
     for (int64_t n : {1, 2, 8}) check_step_fast(m, ops, n, rng, describe(shape, f, hash) + " fast");
     for (int64_t n : {1, 8}) check_step(m, ops, n, rng, describe(shape, f, hash));
+    // 64 tokens by default: the routed experts on the item kernels, the shared expert alone on the grouped GEMMs
+    // with their K split over 8 blocks (one tile × 16 row blocks each on 132 SMs) and the finish launches.
+    check_step_fast(m, ops, 64, rng, describe(shape, f, hash) + " fast, shared grouped");
     // The grouped FP8 path on the real shape, forced: 33 tokens (most experts 0 or 1 token) and, scored, 100
     // (a few experts past one 64-pair tile).
     const GroupedFrom forced(1);

@@ -27,7 +27,10 @@
 // 2 row tiles each (up: the same 16 rows of w1 and w3, so the SwiGLU stays in registers; down: 32 rows of w2)
 // over all the tile's pairs. Each warp decodes its weights once per K block from registers (loads one block
 // ahead) and reuses them over the tile's 8-pair MMA columns; the pairs' activations come through a two-stage
-// cp.async ring in shared memory that all 8 warps read.
+// cp.async ring in shared memory that all 8 warps read. The shared expert alone (launch_shared_grouped) has one to
+// three tiles: 16 row blocks of w1 / w3 at I = 2048 (8 at a tensor-parallel rank's 1024) would leave most SMs
+// idle, so its K is split over blocks (GroupedBuffers::up_splits / down_splits) whose fp32 sums a finish launch
+// adds in split order: only the order of the sums changes.
 #include "cuda/common/smem.h"
 #include "cuda/common/mma_fp8.cuh"
 #include "cuda/moe/experts.cuh"
@@ -54,6 +57,17 @@ constexpr int kGTokenTiles = kGroupedTokens / 8;
 constexpr int kGUpRows = kGWarps * 16;    // up: each warp 16 rows of w1 and of w3
 constexpr int kGDownRows = kGWarps * 32;  // down: each warp 32 rows of w2
 constexpr size_t kGSmemBytes = 2 * (size_t(kGroupedTokens) * kGRowStride + kGStageBlocks * kGroupedTokens * 4);
+
+// Floats of one (tile, split)'s partial sums: up [w1 | w3][I][tokens], down [D][tokens].
+__host__ __device__ inline int64_t split_slab(const ExpertParams& p, bool up) {
+  return (up ? 2 * p.I : p.D) * kGroupedTokens;
+}
+
+// Blocks a GEMM's K splits into: enough (tile, row block, split) blocks for one per SM, at most one K block each.
+int grouped_splits(int64_t tiles, int64_t out_rows, int block_rows, int64_t K, int sm_count) {
+  const int64_t blocks = tiles * ((out_rows + block_rows - 1) / block_rows);
+  return int(std::clamp<int64_t>(sm_count / std::max<int64_t>(blocks, 1), 1, K / kGBlockK));
+}
 
 // The crossovers against the item kernels (docs/design/moe.md, "The grouped path" and "The shared expert alone"):
 // the grouped path from 192 tokens at I = 2048, in proportion to I below (a tensor-parallel rank's slice); the
@@ -281,10 +295,12 @@ struct Ring {
   float* scales;   // [2][kGStageBlocks][kGroupedTokens]
 };
 
-__device__ __forceinline__ void load_stage(const Ring& ring, int buf, int64_t stage, int64_t kblocks, int64_t K,
-                                           const uint8_t* act, const float* act_scale, const int* row_index) {
-  const int64_t kb0 = stage * kGStageBlocks;
-  const int nb = int(std::min<int64_t>(kGStageBlocks, kblocks - kb0));
+// Stage `stage` of the K blocks [kb_begin, kb_end): blocks kb_begin + 4·stage ..
+__device__ __forceinline__ void load_stage(const Ring& ring, int buf, int64_t stage, int64_t kb_begin, int64_t kb_end,
+                                           int64_t K, const uint8_t* act, const float* act_scale,
+                                           const int* row_index) {
+  const int64_t kb0 = kb_begin + stage * kGStageBlocks;
+  const int nb = int(std::min<int64_t>(kGStageBlocks, kb_end - kb0));
   uint8_t* rows = ring.rows + size_t(buf) * kGroupedTokens * kGRowStride;
   const int col16 = int(threadIdx.x % 32);  // 32 × 16 bytes = one stage row
   if (col16 < nb * (kGBlockK / 16))
@@ -325,14 +341,15 @@ __device__ __forceinline__ void mma_block(const uint32_t (&a)[2][4][4], const fl
 }
 
 // One block: tile `tile` × row block `rb` of a GEMM (kUp: w1 and w3 of I rows over K = D; else w2, D rows over
-// K = I); leaves acc[tile i][token tile][fragment] in units of the output.
+// K = I), over the K blocks [kb_begin, kb_end); leaves acc[tile i][token tile][fragment] in units of the output.
 template <bool kUp, WFormat F>
 __device__ __forceinline__ void gemm_tile(const ExpertParams& p, const GroupedBuffers& g, const WarpTiles& w,
                                           int count, const uint8_t* act, const float* act_scale, const int* row_index,
-                                          const Ring& ring, float (&acc)[2][kGTokenTiles][4]) {
+                                          const Ring& ring, int64_t kb_begin, int64_t kb_end,
+                                          float (&acc)[2][kGTokenTiles][4]) {
   const int lane = int(threadIdx.x % 32), g8 = lane / 4, c = lane % 4;
-  const int64_t K = kUp ? p.D : p.I, kblocks = K / kGBlockK;
-  const int64_t stages = (kblocks + kGStageBlocks - 1) / kGStageBlocks;
+  const int64_t K = kUp ? p.D : p.I;
+  const int64_t stages = (kb_end - kb_begin + kGStageBlocks - 1) / kGStageBlocks;
   const int token_tiles = (count + 7) / 8;
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -341,12 +358,12 @@ __device__ __forceinline__ void gemm_tile(const ExpertParams& p, const GroupedBu
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][t][e] = 0.0f;
   RawBlock<F> raw;
-  load_block<F>(w, 0, lane, raw);
-  load_stage(ring, 0, 0, kblocks, K, act, act_scale, row_index);
+  load_block<F>(w, kb_begin, lane, raw);
+  load_stage(ring, 0, 0, kb_begin, kb_end, K, act, act_scale, row_index);
   const bool any = w.live[0] || w.live[1];
   for (int64_t s = 0; s < stages; ++s) {
     if (s + 1 < stages) {
-      load_stage(ring, int((s + 1) % 2), s + 1, kblocks, K, act, act_scale, row_index);
+      load_stage(ring, int((s + 1) % 2), s + 1, kb_begin, kb_end, K, act, act_scale, row_index);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -354,14 +371,14 @@ __device__ __forceinline__ void gemm_tile(const ExpertParams& p, const GroupedBu
     __syncthreads();
     const uint8_t* rows = ring.rows + size_t(s % 2) * kGroupedTokens * kGRowStride;
     const float* scales = ring.scales + (s % 2) * kGStageBlocks * kGroupedTokens;
-    const int nb = int(std::min<int64_t>(kGStageBlocks, kblocks - s * kGStageBlocks));
+    const int nb = int(std::min<int64_t>(kGStageBlocks, kb_end - kb_begin - s * kGStageBlocks));
     if (any) {
       for (int kbl = 0; kbl < nb; ++kbl) {
-        const int64_t kb = s * kGStageBlocks + kbl;
+        const int64_t kb = kb_begin + s * kGStageBlocks + kbl;
         uint32_t a[2][4][4];
         float sw[2][2];
         decode_block<F>(raw, lane, a, sw);
-        if (kb + 1 < kblocks) load_block<F>(w, kb + 1, lane, raw);  // the next block's loads fly over the MMAs
+        if (kb + 1 < kb_end) load_block<F>(w, kb + 1, lane, raw);  // the next block's loads fly over the MMAs
         const uint8_t* xb = rows + g8 * kGRowStride + kbl * kGBlockK + c * 8;
         const float* sb = scales + kbl * kGroupedTokens + 2 * c;
         switch (token_tiles) {  // straight-line code: the MMAs of all token tiles interleave
@@ -387,7 +404,9 @@ __global__ void __launch_bounds__(kGThreads, 1) grouped_gemm_kernel(ExpertParams
   const int64_t out_rows = kUp ? p.I : p.D;
   const int block_rows = kUp ? kGUpRows : kGDownRows;
   const int row_blocks = int((out_rows + block_rows - 1) / block_rows);
-  const int tile = int(blockIdx.x) / row_blocks, rb = int(blockIdx.x) % row_blocks;
+  const int splits = kUp ? g.up_splits : g.down_splits;
+  const int split = int(blockIdx.x) % splits, item = int(blockIdx.x) / splits;
+  const int tile = item / row_blocks, rb = item % row_blocks;
   if (tile >= g.tiles[0]) return;
   const int expert = g.tile_expert[tile], pair0 = g.tile_pair0[tile], count = g.tile_count[tile];
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
@@ -425,10 +444,30 @@ __global__ void __launch_bounds__(kGThreads, 1) grouped_gemm_kernel(ExpertParams
   const float* act_scale = kUp ? g.xs : g.hs;
   Ring ring{smem_grouped, reinterpret_cast<float*>(smem_grouped + 2 * size_t(kGroupedTokens) * kGRowStride)};
   float acc[2][kGTokenTiles][4];
-  if (fp4) gemm_tile<kUp, WFormat::kFP4>(p, g, w, count, act, act_scale, row_index, ring, acc);
-  else gemm_tile<kUp, WFormat::kFP8>(p, g, w, count, act, act_scale, row_index, ring, acc);
+  const int64_t kblocks = (kUp ? p.D : p.I) / kGBlockK;
+  const int64_t kb_begin = kblocks * split / splits, kb_end = kblocks * (split + 1) / splits;
+  if (fp4) gemm_tile<kUp, WFormat::kFP4>(p, g, w, count, act, act_scale, row_index, ring, kb_begin, kb_end, acc);
+  else gemm_tile<kUp, WFormat::kFP8>(p, g, w, count, act, act_scale, row_index, ring, kb_begin, kb_end, acc);
 
   const int g8 = lane / 4, c = lane % 4;
+  if (splits > 1) {  // this split's fp32 partial sums: grouped_finish_kernel adds them up
+    float* slab = g.partials + (int64_t(tile) * splits + split) * split_slab(p, kUp);
+#pragma unroll
+    for (int t = 0; t < kGTokenTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = t * 8 + 2 * c + (e % 2);
+        if (m >= count) continue;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          if (!w.live[i]) continue;
+          // up: [w1 | w3][I][tokens]; down: [D][tokens] (tile i: rows 16 further)
+          const int64_t row = row0 + (kUp ? 0 : 16 * i) + g8 + 8 * (e / 2);
+          slab[((kUp ? i * out_rows : 0) + row) * kGroupedTokens + m] = acc[i][t][e];
+        }
+      }
+    return;
+  }
 #pragma unroll
   for (int t = 0; t < kGTokenTiles; ++t)
 #pragma unroll
@@ -448,6 +487,34 @@ __global__ void __launch_bounds__(kGThreads, 1) grouped_gemm_kernel(ExpertParams
           if (w.live[i]) p.plan.y[y_row + row0 + 16 * i + g8 + 8 * (e / 2)] = round_bf16(acc[i][t][e]);
       }
     }
+}
+
+// The split GEMMs' sums (GroupedBuffers::partials), in split order, and what the unsplit kernel writes after
+// them: up the SwiGLU of the w1 and w3 sums into h, down y. One thread per (tile, output row, pair).
+template <bool kUp>
+__global__ void __launch_bounds__(256) grouped_finish_kernel(ExpertParams p, GroupedBuffers g) {
+  const int64_t out_rows = kUp ? p.I : p.D;
+  const int splits = kUp ? g.up_splits : g.down_splits;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int tile = int(i / (out_rows * kGroupedTokens));
+  const int64_t row = i / kGroupedTokens % out_rows;
+  const int m = int(i % kGroupedTokens);
+  if (tile >= g.tiles[0] || m >= g.tile_count[tile]) return;
+  const int pair = g.tile_pair0[tile] + m;
+  const float* slab = g.partials + int64_t(tile) * splits * split_slab(p, kUp) + row * kGroupedTokens + m;
+  float a = 0.0f, b = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    a += slab[s * split_slab(p, kUp)];
+    if constexpr (kUp) b += slab[s * split_slab(p, kUp) + out_rows * kGroupedTokens];
+  }
+  if constexpr (kUp) {
+    const int expert = g.tile_expert[tile];
+    const float weight = expert < 0 ? 1.0f : p.plan.pair_weight[pair];
+    const MatFormat& fmt = expert < 0 ? p.shared_up : p.routed_up;
+    p.plan.h[int64_t(pair) * p.I + row] = hidden(p, fmt.format, a, b, weight);
+  } else {
+    p.plan.y[int64_t(p.plan.pair_out[pair]) * p.D + row] = round_bf16(a);
+  }
 }
 
 int quant_grid(int64_t warps) { return int(std::min<int64_t>((warps + 7) / 8, 132 * 16)); }
@@ -476,12 +543,22 @@ void launch_gemms(const ExpertParams& p, const GroupedBuffers& g, const QuantPar
     allow_dynamic_smem(k, int(kGSmemBytes));
   const int64_t up_blocks = max_tiles * ((p.I + kGUpRows - 1) / kGUpRows);
   const int64_t down_blocks = max_tiles * ((p.D + kGDownRows - 1) / kGDownRows);
-  DSV4_CHECK(up_blocks < (int64_t(1) << 31) && down_blocks < (int64_t(1) << 31), "moe: too many grouped tiles");
-  grouped_gemm_kernel<true><<<unsigned(up_blocks), kGThreads, kGSmemBytes, stream>>>(p, g);
+  DSV4_CHECK(up_blocks * g.up_splits < (int64_t(1) << 31) && down_blocks * g.down_splits < (int64_t(1) << 31),
+             "moe: too many grouped tiles");
+  grouped_gemm_kernel<true><<<unsigned(up_blocks * g.up_splits), kGThreads, kGSmemBytes, stream>>>(p, g);
   DSV4_CUDA_CHECK(cudaGetLastError());
+  const auto finish_grid = [&](int64_t rows) { return unsigned(ceil_div(max_tiles * rows * kGroupedTokens, 256)); };
+  if (g.up_splits > 1) {
+    grouped_finish_kernel<true><<<finish_grid(p.I), 256, 0, stream>>>(p, g);
+    DSV4_CUDA_CHECK(cudaGetLastError());
+  }
   launch_quant(qh, stream);
-  grouped_gemm_kernel<false><<<unsigned(down_blocks), kGThreads, kGSmemBytes, stream>>>(p, g);
+  grouped_gemm_kernel<false><<<unsigned(down_blocks * g.down_splits), kGThreads, kGSmemBytes, stream>>>(p, g);
   DSV4_CUDA_CHECK(cudaGetLastError());
+  if (g.down_splits > 1) {
+    grouped_finish_kernel<false><<<finish_grid(p.D), 256, 0, stream>>>(p, g);
+    DSV4_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 }  // namespace
@@ -534,7 +611,15 @@ bool shared_grouped_fits(const ExpertParams& p) {
          p.I % kGBlockK == 0;
 }
 
-void launch_shared_grouped(const ExpertParams& p, const GroupedBuffers& g, cudaStream_t stream) {
+int64_t shared_split_floats(int64_t n, int64_t D, int64_t I, int sm_count) {
+  const int64_t tiles = (n + kGroupedTokens - 1) / kGroupedTokens;
+  const int up = grouped_splits(tiles, I, kGUpRows, D, sm_count), down = grouped_splits(tiles, D, kGDownRows, I, sm_count);
+  const int64_t up_floats = up > 1 ? tiles * up * 2 * I * kGroupedTokens : 0;
+  const int64_t down_floats = down > 1 ? tiles * down * D * kGroupedTokens : 0;
+  return std::max(up_floats, down_floats);
+}
+
+void launch_shared_grouped(const ExpertParams& p, const GroupedBuffers& g, int sm_count, cudaStream_t stream) {
   DSV4_CHECK(shared_grouped_fits(p) && !p.shared_items, "moe: the shared expert cannot take the grouped path here");
   const int64_t P = p.n * p.k;
   // x in the shared expert's fragment order; the shared pairs' h rows P .. P + n − 1, at the same rows of hq, hs.
@@ -543,7 +628,12 @@ void launch_shared_grouped(const ExpertParams& p, const GroupedBuffers& g, cudaS
                                     p.shared_down.format == WFormat::kFP4, g.hs + P * (p.I / kGBlockK));
   GroupedBuffers shared = g;
   shared.routed = false;
-  launch_gemms(p, shared, qx, qh, (p.n + kGroupedTokens - 1) / kGroupedTokens, stream);
+  const int64_t tiles = (p.n + kGroupedTokens - 1) / kGroupedTokens;
+  shared.up_splits = grouped_splits(tiles, p.I, kGUpRows, p.D, sm_count);
+  shared.down_splits = grouped_splits(tiles, p.D, kGDownRows, p.I, sm_count);
+  DSV4_CHECK(g.partial_floats >= shared_split_floats(p.n, p.D, p.I, sm_count), "moe: no room for the shared expert's "
+             "split sums");
+  launch_gemms(p, shared, qx, qh, tiles, stream);
 }
 
 }  // namespace dsv4::cuda::moe

@@ -290,9 +290,12 @@ class Carve {
 };
 
 // The grouped path's buffers (moe_kernels.h), after the plan.
-cuda::moe::GroupedBuffers carve_grouped(Carve& c, int64_t n, int64_t E, int64_t k, int64_t D, int64_t I) {
+cuda::moe::GroupedBuffers carve_grouped(Carve& c, int64_t n, int64_t E, int64_t k, int64_t D, int64_t I,
+                                        int64_t partial_floats) {
   const int64_t P = n * k;
   cuda::moe::GroupedBuffers g;
+  g.partials = partial_floats > 0 ? c.take<float>(partial_floats) : nullptr;
+  g.partial_floats = partial_floats;
   g.max_tiles = cuda::moe::grouped_max_tiles(n, k, E);
   g.xq_routed = c.take<uint8_t>(n * D);
   g.xq_shared = c.take<uint8_t>(n * D);
@@ -390,11 +393,13 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
                               D % 128 == 0 && I % 128 == 0;
   Carve carve;
   carve_plan(carve, n, E, k, D, I);  // sizes only
-  if (grouped || shared_grouped) carve_grouped(carve, n, E, k, D, I);
+  const int sms = props_.multiProcessorCount;
+  const int64_t split_floats = shared_grouped ? cuda::moe::shared_split_floats(n, D, I, sms) : 0;
+  if (grouped || shared_grouped) carve_grouped(carve, n, E, k, D, I, split_floats);
   carve.set_base(workspace(cuda::kWsMoeStep, carve.used()));
   const cuda::moe::Plan plan = carve_plan(carve, n, E, k, D, I);
   const cuda::moe::GroupedBuffers gbuf =
-      grouped || shared_grouped ? carve_grouped(carve, n, E, k, D, I) : cuda::moe::GroupedBuffers{};
+      grouped || shared_grouped ? carve_grouped(carve, n, E, k, D, I, split_floats) : cuda::moe::GroupedBuffers{};
 
   const bool pdl = props_.major >= 9;
   cuda::moe::RouterLogitsParams logits;
@@ -448,10 +453,10 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
     cuda::moe::launch_experts_grouped(ep, gbuf, stream_);
     return;
   }
-  if (shared_grouped) cuda::moe::launch_shared_grouped(ep, gbuf, stream_);
-  cuda::moe::launch_expert_up(ep, props_.multiProcessorCount, pdl, stream_);
+  if (shared_grouped) cuda::moe::launch_shared_grouped(ep, gbuf, sms, stream_);
+  cuda::moe::launch_expert_up(ep, sms, pdl, stream_);
   ep.row_blocks = cuda::ceil_div(D, cuda::moe::kDownRowsPerItem);
-  cuda::moe::launch_expert_down(ep, props_.multiProcessorCount, pdl, stream_);
+  cuda::moe::launch_expert_down(ep, sms, pdl, stream_);
 }
 
 }  // namespace dsv4

@@ -191,6 +191,11 @@ struct GroupedBuffers {
   int32_t* tiles = nullptr;        // [1] tiles of this step
   int64_t max_tiles = 0;
   bool routed = true;  // grouped_tiles: the routed experts' tiles too; false: the shared expert's alone
+  // K split over up_splits / down_splits blocks (the shared expert alone: its few tiles would leave most SMs idle),
+  // their fp32 sums in partials [tile][split][grouped_split_slab floats] and added up by a finish launch.
+  float* partials = nullptr;
+  int64_t partial_floats = 0;
+  int up_splits = 1, down_splits = 1;
 };
 
 // Upper bound of the tiles of a step of n tokens (ceil(n / N) shared, Σ ceil(count_e / N) ≤ P / N + min(E, P)).
@@ -202,8 +207,10 @@ bool grouped_fits(const ExpertParams& p);
 void launch_experts_grouped(const ExpertParams& p, const GroupedBuffers& g, cudaStream_t stream);
 
 // The shared expert alone on the grouped path, after route (it reads pair_token and pair_out) and before the item
-// kernels, which then skip it (shared_items false; file comment): x's quantisation, its tiles, up, h's, down.
+// kernels, which then skip it (shared_items false; file comment): x's quantisation, its tiles, up, h's, down; the
+// GEMMs' K split to fill sm_count SMs, the partial sums in g.partials (shared_split_floats of them).
 bool shared_grouped_fits(const ExpertParams& p);
-void launch_shared_grouped(const ExpertParams& p, const GroupedBuffers& g, cudaStream_t stream);
+int64_t shared_split_floats(int64_t n, int64_t D, int64_t I, int sm_count);
+void launch_shared_grouped(const ExpertParams& p, const GroupedBuffers& g, int sm_count, cudaStream_t stream);
 
 }  // namespace dsv4::cuda::moe
