@@ -430,6 +430,44 @@ TEST(CudaGemmTc, Fp8GemvPairMatchesSingles) {
 #endif
 }
 
+// The same for the bf16 tensor-core GEMV: a compressor's wkv and wgate (BF16, fp32 outputs: linear_pair_f32).
+TEST(CudaGemmTc, Bf16GemvPairMatchesSingles) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  DSV4_REQUIRE_HOPPER();
+  ModelConfig config;
+  for (int64_t n : {5, 8, 11, 16}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    const HostWeight a = random_weight(DType::kBF16, 1024, 4096, seed() + 21 + uint64_t(n));
+    const HostWeight b = random_weight(DType::kBF16, 512, 4096, seed() + 22 + uint64_t(n));
+    CudaOps fresh(config);
+    const cuda::DeviceWeight &da = fresh.upload(a.w), &db = fresh.upload(b.w);
+    float* x_d = upload_floats(fresh, random_matrix(n, 4096, seed() + 23));
+    std::vector<float*> outs;
+    for (int i = 0; i < 4; ++i) {
+      outs.push_back(fresh.alloc(size_t(n * 1024)));
+      poison_on_stream(fresh, outs.back(), size_t(n * 1024));
+    }
+    cuda::GemmParams pa{x_d, 4096, da, n, outs[0], 1024, 1}, pb{x_d, 4096, db, n, outs[1], 512, 1};
+    pa.x_bf16 = pb.x_bf16 = true;
+    ASSERT_TRUE(cuda::gemv_pair_covers(pa, pb));
+    ASSERT_TRUE(cuda::gemv_mma_covers(pa) && cuda::gemv_mma_covers(pb));
+    cuda::gemv_pair(pa, pb, {}, fresh.stream());
+    cuda::GemmParams sa = pa, sb = pb;
+    sa.y = outs[2];
+    sb.y = outs[3];
+    cuda::gemv(sa, {}, fresh.stream());
+    cuda::gemv(sb, {}, fresh.stream());
+    const std::vector<float> ya = to_host(fresh, outs[0], size_t(n * 1024));
+    const std::vector<float> yb = to_host(fresh, outs[1], size_t(n * 512));
+    EXPECT_TRUE(std::all_of(ya.begin(), ya.end(), [](float v) { return std::isfinite(v); })) << "a row not written";
+    EXPECT_TRUE(std::all_of(yb.begin(), yb.end(), [](float v) { return std::isfinite(v); })) << "a row not written";
+    EXPECT_EQ(ya, to_host(fresh, outs[2], size_t(n * 1024)));
+    EXPECT_EQ(yb, to_host(fresh, outs[3], size_t(n * 512)));
+  }
+#endif
+}
+
 TEST(CudaGemmTc, Bf16OddShapes) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA

@@ -3,8 +3,9 @@
 //  * gemv_mma_kernel: y = act_quant(x) · Wᵀ for FP8 weights in fast numerics (quant_x, bf16_out) — the FP8 × FP8
 //    product DeepSeek's GPU code computes, as mma.sync m16n8k32 e4m3;
 //  * gemv_bf16_kernel: y = x · Wᵀ for bf16-valued x (fast numerics) and BF16 weights, or FP8 ones multiplied in
-//    bf16 (wo_a, the grouped projection), as mma.sync m16n8k16 bf16: every product exact in fp32, so only the
-//    summation order differs from the fp32 GEMV. Its NOTE is at the kernel.
+//    bf16 (wo_a, the grouped projection), as mma.sync m16n8k16 bf16: every product exact in fp32; the sums are
+//    the tensor cores' fp32 accumulation (not IEEE round-to-nearest at every add) in another order than the
+//    fp32 GEMV's. Its NOTE is at the kernel.
 //
 // Why: the CUDA-core GEMVs decode every weight byte to fp32 and multiply it once per activation row; at n = 8
 // that is ~16 instructions per weight byte, and the FP8 matrices ran at ~20% of the copy bandwidth in the

@@ -6,7 +6,7 @@
 //   expert_down    y = w2 · h per pair                                       (experts_items.cu)
 //   combine        out = the ordered sum of each token's y rows                (experts_items.cu)
 // Fast numerics (ExpertParams::fast) round inside these kernels, where the activations are staged and where the
-// sums are written: no extra launches. The router stays fp32.
+// sums are written: no launches of their own. The router stays fp32.
 // At one token each of the two runs on its decode kernel instead (experts_decode.cu) when its matrices all go
 // through the tensor cores; expert_down's decode kernel combines in its blocks (no combine launch).
 // Every launch reads each selected expert's weights once per chunk; the number of chunks lives on the
@@ -175,7 +175,7 @@ void launch_combine(const ExpertParams& p, bool pdl, cudaStream_t stream);
 // weight and activation scales applied per 128-column K block in fp32. Launches, after route:
 //   grouped_quant (x → e4m3 rows in the MMA fragment order + a power-of-two scale per 128 columns), grouped_tiles
 //   (the plan's expert segments cut into tiles of ≤ kGroupedTokens pairs), grouped_up (w1, w3, SwiGLU, weight → h),
-//   grouped_quant (h), grouped_down (w2 → y), grouped_combine (y → out in the CPU's order).
+//   grouped_quant (h), grouped_down (w2 → y), combine (y → out in the CPU's order, launch_combine).
 constexpr int kGroupedTokens = 64;     // pairs of one expert per tile: the GEMM's N
 constexpr int kGroupedScaleSpan = 9;   // FP4: max − min of a row's four E8M0 scales in one 128-column block
 
@@ -192,7 +192,9 @@ struct GroupedBuffers {
   int64_t max_tiles = 0;
   bool routed = true;  // grouped_tiles: the routed experts' tiles too; false: the shared expert's alone
   // K split over up_splits / down_splits blocks (the shared expert alone: its few tiles would leave most SMs idle),
-  // their fp32 sums in partials [tile][split][grouped_split_slab floats] and added up by a finish launch.
+  // their fp32 sums in partials [tile][split][split_slab floats] and added up by a finish launch. The split count
+  // follows the SM count: each device's results are deterministic, but the sums' order (so their last bits)
+  // differs between GPUs with different SM counts.
   float* partials = nullptr;
   int64_t partial_floats = 0;
   int up_splits = 1, down_splits = 1;
