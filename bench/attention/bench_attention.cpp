@@ -3,10 +3,13 @@
 // HBM floor: bytes of KV actually read / the copy bandwidth (measure_copy_bandwidth, as dsv4 bench: 2 GiB
 // D2D, read + write, best of 5). Cold = L2 flushed before every call (decode's real case: 43 layers of KV do not stay
 // in L2); hot = back-to-back calls. Also: a sweep of the key-split count, and the lightning indexer at the
-// same contexts.
+// same contexts. Then sparse decode of a batch of sequences (CSA at 32K, each with its own compact FP8 caches,
+// as the model stores them) in reference numerics (the fp32 kernel) and fast numerics (the tensor-core kernel),
+// against the floor of the bytes it moves and with its TFLOP/s (4 · B · H · keys · d: QKᵀ and P·V).
 //
 //   bench_attention [--iters N] [--profile]
-// --profile: one direct call each of CSA decode attention at 32K and the indexer at 32K, nothing else (for ncu).
+// --profile: one direct call each of CSA decode attention at 32K, the indexer at 32K and the sparse decode of 64
+// sequences in fast numerics in one split, nothing else (for ncu).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -71,6 +74,83 @@ float* to_device(CudaOps& ops, const std::vector<float>& h) {
   DSV4_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // the ops' stream does not wait for the legacy stream
   return d;
+}
+
+// Sparse decode of B sequences in one call: CSA at 32K (window 128 + 512 selected of 8192 entries), each
+// sequence with its own q, output, selection and compact FP8 caches. Floor bytes: the selected and window rows
+// (compact rows), q and out (fp32 at the seam).
+void sparse_decode_batches(CudaOps& ops, const float* sinks, std::mt19937_64& rng, int iters, void* flush,
+                           size_t flush_bytes, double copy_gbs, bool profile) {
+  const int64_t context = 32768, t = context - 1, entries_n = context / 4, max_batch = 128;
+  const std::vector<float> host_ring = random_floats(size_t(kWindow * kHeadDim), rng);
+  const std::vector<float> host_entries = random_floats(size_t(entries_n * kHeadDim), rng);
+  std::vector<AttentionParams> batch;
+  for (int64_t b = 0; b < max_batch; ++b) {
+    AttentionParams p;
+    p.q = to_device(ops, random_floats(size_t(kHeads * kHeadDim), rng, -2.0f, 2.0f));
+    float* ring = ops.alloc_cache(CacheFormat::kFp8Kv, kWindow, kHeadDim);
+    ops.write_cache(ring, kWindow, kHeadDim, host_ring.data());
+    float* entries = ops.alloc_cache(CacheFormat::kFp8Kv, entries_n, kHeadDim);
+    ops.write_cache(entries, entries_n, kHeadDim, host_entries.data());
+    std::vector<int32_t> ids(static_cast<size_t>(entries_n));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    ids.resize(size_t(kTopK));
+    int32_t* selected = ops.alloc_i32(size_t(kTopK));
+    DSV4_CUDA_CHECK(cudaMemcpy(selected, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    p.window = ring;
+    p.ring_slots = kWindow;
+    p.window_size = kWindow;
+    p.entries = entries;
+    p.selected = selected;
+    p.top_k = kTopK;
+    p.ratio = 4;
+    p.sinks = sinks;  // the host address main uploaded
+    p.pos0 = t;
+    p.n = 1;
+    p.heads = kHeads;
+    p.head_dim = kHeadDim;
+    p.scale = float(1.0 / std::sqrt(double(kHeadDim)));
+    p.out = ops.alloc(size_t(kHeads * kHeadDim));
+    batch.push_back(p);
+  }
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  if (profile) {
+    ops.set_numerics(Numerics::kFast);
+    cuda::attention_split_kv(ops, std::span<const AttentionParams>(batch.data(), 64), 1);
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));
+    return;
+  }
+  std::printf("\n| sparse decode, CSA 32K | numerics | batch | splits | cold µs | floor µs | %% of floor | TFLOP/s |\n"
+              "|---|---|---|---|---|---|---|---|\n");
+  const int64_t keys = kWindow + kTopK;
+  std::vector<std::string> sweeps;
+  const double row_bytes = double(ops.compact_cache(batch[0].window)->row_bytes), io_bytes = 2.0 * kHeads * kHeadDim * sizeof(float);
+  for (const Numerics numerics : {Numerics::kReference, Numerics::kFast}) {
+    ops.set_numerics(numerics);
+    for (int64_t b : {1, 8, 64, 128}) {
+      std::span<const AttentionParams> some(batch.data(), size_t(b));
+      const auto run = [&] { ops.attention(some); };
+      const Timing tm = measure(ops, run, std::max(1, iters / 4), flush, flush_bytes);
+      const double bytes = double(b) * (double(keys) * row_bytes + io_bytes);
+      const double floor_us = bytes / (copy_gbs * 1e3);
+      const double tflops = 4.0 * double(b * kHeads * keys * kHeadDim) / (tm.cold * 1e6);
+      std::printf("| | %s | %lld | %d | %.2f | %.2f | %.1f%% | %.0f |\n",
+                  numerics == Numerics::kFast ? "fast" : "reference", static_cast<long long>(b),
+                  cuda::attention_default_splits(ops, some), tm.cold, floor_us, 100.0 * floor_us / tm.cold, tflops);
+      if (numerics != Numerics::kFast) continue;
+      std::string sweep = "  fast, batch " + std::to_string(b) + ", cold µs per split count:";
+      for (int splits : {1, 2, 3, 4, 6, 10}) {
+        const auto run_s = [&] { cuda::attention_split_kv(ops, some, splits); };
+        char cell[32];
+        std::snprintf(cell, sizeof cell, " %d:%.1f", splits, measure(ops, run_s, std::max(1, iters / 4), flush, flush_bytes).cold);
+        sweep += cell;
+      }
+      sweeps.push_back(sweep);
+    }
+  }
+  for (const std::string& line : sweeps) std::printf("%s\n", line.c_str());
+  ops.set_numerics(Numerics::kReference);
 }
 
 }  // namespace
@@ -215,6 +295,7 @@ int main(int argc, char** argv) {
                   static_cast<long long>(context / 1024), static_cast<long long>(context / 4), bytes / 1e6, tm.cold,
                   bytes / (tm.cold * 1e3), tm.graph, tm.hot);
     }
+    sparse_decode_batches(ops, sinks.data(), rng, iters, flush, flush_bytes, copy_gbs, profile);
     DSV4_CUDA_CHECK(cudaFree(flush));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_attention: %s\n", e.what());

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numbers>
 #include <numeric>
 
 #include "core/dtype.h"
@@ -114,44 +115,37 @@ void CpuOps::indexer_topk(const IndexerParams& p) {
 namespace {
 
 // One head of sparse_attn_kernel (fast-numerics.md §2.3): bf16 q and keys, fp32 scores × scale, the softmax
-// relative to the keys' maximum M (the sink excluded), P rounded to bf16 for P·V while the denominator sums the
+// relative to the keys' maximum (the sink excluded), P rounded to bf16 for P·V while the denominator sums the
 // fp32 P, the sink in the denominator only, a bf16 output. out [d] starts at zero; a null key is a masked slot.
 //
-// NOTE: where P is rounded. DeepSeek's kernel rounds P = e^(s − m) against its running maximum m (blocks of 64
-// in key order), an artifact of its own partition (§4.6). Here, and in the CUDA kernel, P is rounded against the
-// maximum m_T of its tile of kAttentionTile keys counted from the row's first key, then scaled by e^(m_T − M) in
-// fp32: the same bf16 rounding error per value, but independent of how a backend splits the key list, so both
-// backends round the same values (the CUDA kernel's splits hold whole tiles).
-constexpr size_t kAttentionTile = 32;
-
+// NOTE: where P is rounded. DeepSeek's kernel rounds P = e^(s − m) against its running maximum m, an artifact of
+// its own partition of the keys (§4.6). Here, and in both CUDA kernels, the softmax runs in base-2 units
+// (u = s · log2 e) and P = 2^(u − M) is rounded against M = ⌈max u⌉, an integer: bf16 rounding commutes with
+// scaling by powers of two, so a backend whose running maximum is any integer when it meets a key rounds the
+// same value, and rescaling by 2^(M_old − M_new) is exact. The rounding error per value is DeepSeek's; the
+// values rounded do not depend on how a backend tiles or splits the keys.
 void attend_fast(const float* q, const std::vector<const float*>& keys, float scale, float sink, int64_t d,
                  float* logit, float* out) {
   const float inf = std::numeric_limits<float>::infinity();
+  const float log2e = std::numbers::log2e_v<float>;
   float mx = -inf;
   for (size_t j = 0; j < keys.size(); ++j) {
     float dot = 0.0f;
     if (keys[j])
       for (int64_t c = 0; c < d; ++c) dot += q[c] * keys[j][c];
-    logit[j] = keys[j] ? dot * scale : -inf;
+    logit[j] = keys[j] ? dot * scale * log2e : -inf;
     mx = std::max(mx, logit[j]);
   }
+  const float M = mx == -inf ? 0.0f : std::ceil(mx);
   float denom = 0.0f;
-  for (size_t t0 = 0; t0 < keys.size(); t0 += kAttentionTile) {
-    const size_t t1 = std::min(keys.size(), t0 + kAttentionTile);
-    const float m_tile = *std::max_element(logit + t0, logit + t1);
-    if (m_tile == -inf) continue;
-    const float beta = std::exp(m_tile - mx);
-    float tile_sum = 0.0f;
-    for (size_t j = t0; j < t1; ++j) {
-      if (!keys[j]) continue;
-      const float e = std::exp(logit[j] - m_tile);
-      tile_sum += e;
-      const float w = round_bf16(e) * beta;
-      for (int64_t c = 0; c < d; ++c) out[c] += w * keys[j][c];
-    }
-    denom += tile_sum * beta;
+  for (size_t j = 0; j < keys.size(); ++j) {
+    if (!keys[j]) continue;
+    const float e = std::exp2(logit[j] - M);
+    denom += e;
+    const float w = round_bf16(e);
+    for (int64_t c = 0; c < d; ++c) out[c] += w * keys[j][c];
   }
-  denom += std::exp(sink - mx);
+  denom += std::exp2(sink * log2e - M);
   for (int64_t c = 0; c < d; ++c) out[c] = round_bf16(out[c] / denom);
 }
 

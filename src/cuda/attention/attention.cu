@@ -16,105 +16,33 @@
 //   Prefill (many rows): one split per row; the block adds the sink, normalises and writes the output itself.
 //
 // Fast numerics (AttnKernelParams::fast; docs/design/fast-numerics.md §2.3, §7 step 10; CPU: attend_fast) on
-// bf16-valued q and keys: the probabilities P = e^(s−m) multiply V rounded to bf16 while the denominator sums
-// them in fp32, the sink joins the denominator only, and the output is rounded to bf16 (then, derotated, its
-// rope channels again, as CpuOps::rope rounds). NOTE: P is rounded relative to the maximum m_T of its tile of
-// 32 keys, then scaled by e^(m_T − m) in fp32 before P·V, and splits hold whole tiles: the rounded values do not
-// depend on the split count, and equal the CPU's (attend_fast explains this choice against DeepSeek's running
-// maximum, whose rounding depends on its own block partition).
+// bf16-valued q and keys: the probabilities P multiply V rounded to bf16 while the denominator sums them in fp32,
+// the sink joins the denominator only, and the output is rounded to bf16 (then, derotated, its rope channels
+// again, as CpuOps::rope rounds). NOTE: the softmax runs in base-2 units against an integer running maximum, so
+// P = 2^(u − M) rounds to the same bf16 values whatever the split and tile partition (bf16 rounding commutes
+// with powers of two), equal to the CPU's. On compact FP8 caches of the V4 shapes the tensor-core kernel
+// (attention_tc.cu) serves fast numerics; this kernel serves the rest.
+//
 #include <cmath>
 
 #include "cuda/attention/attention.h"
-#include "cuda/attention/kv_cache.cuh"
-#include "cuda/norm_rope/rotate.cuh"
-#include "cuda/common/fp_grid.cuh"
-#include "cuda/common/launch.cuh"
-#include "cuda/common/sequence_table.cuh"
-#include "cuda/common/smem.h"
+#include "cuda/attention/attention.cuh"
 #include "cuda/common/check.h"
-#include "cuda/cuda_ops.h"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/smem.h"
 
 namespace dsv4 {
 namespace cuda {
 namespace {
 
+using namespace attn;
+
 constexpr int kHeadsPerBlock = 16;
 constexpr int kTileKeys = 32;
 constexpr int kAttnThreads = 256;
-constexpr int kMaxHeadDim = 512;  // PV: 64 threads × 2 float4 columns per head quad
 constexpr int kMinKeysPerSplit = 10;
-constexpr int kMaxSplits = 256;
-constexpr int kCombineGroups = 8;     // split groups of a combine block
-constexpr int kCombinePerThread = 6;  // partial loads in flight per combine thread (64 registers at 1024 threads)
-constexpr int kCombineThreads = kCombineGroups * kMaxHeadDim / 4;
-constexpr int kMaxSequences = 64;  // per launch: the table stays within the 4 KB of classic kernel parameters
-
-// One sequence of a launch: its query rows are the launch's rows [row0, row0 + n).
-struct AttnSequence {
-  const float* q;           // [n, H, d]
-  float* out;               // [n, H, d]
-  const int32_t* selected;  // [n, top_k] or nullptr (HCA: every visible entry)
-  const uint8_t* window;    // [ring_slots, d] fp32 rows, or a compact kFp8Kv cache (kv.format)
-  const uint8_t* entries;   // [*, d] like the window, or nullptr (sliding layers)
-  int64_t pos0;
-  int32_t row0, n;
-};
-
-struct AttnKernelParams {
-  CacheLayout kv;           // compact caches: their layout; kF32: rows of d floats
-  int64_t row_bytes;        // between rows of the window and the entries
-  const float* sinks;       // [H]
-  float4* part_o;           // [rows, splits, H, d/4] unnormalised partial outputs (splits > 1)
-  float2* part_ml;          // [rows, splits, H] (running max, denominator) of each partial
-  int64_t ring_slots, window_size, top_k, ratio;
-  int rows, heads, head_dim, splits, keys_per_split;
-  float scale;
-  const float* inv_freq;    // derotation: [rope pairs] (nullptr: none); channels [rope_offset, d) turn back
-  int rope_offset;          // a multiple of 4
-  bool fast;                // fast numerics: P·V with bf16 P, bf16 output (see the top of the file)
-  int sequences;
-  AttnSequence seq[kMaxSequences];
-};
-static_assert(sizeof(AttnKernelParams) <= 4096, "attention: the kernel parameters exceed 4 KB");
-
-// The sequence of launch row r.
-__device__ __forceinline__ const AttnSequence& sequence_of(const AttnKernelParams& p, int r) {
-  return sequence_at(p.seq, p.sequences, r, &AttnSequence::row0);
-}
-
-// The derotation's (cos, −sin) for every rope pair of query row i, computed once per block into rot_s (read
-// after a barrier): every head of the row turns by the same angles.
-__device__ __forceinline__ void derotation_table(const AttnKernelParams& p, int64_t t, float2* rot_s) {
-  const int pairs = (p.head_dim - p.rope_offset) / 2;
-  if (p.inv_freq)
-    for (int j = int(threadIdx.x); j < pairs; j += int(blockDim.x))
-      rot_s[j] = rope_cos_sin(t, p.inv_freq[j], /*inverse=*/true);
-}
-
-__device__ __forceinline__ float4 round_bf16_if4(bool fast, float4 v) {
-  return make_float4(round_bf16_if(fast, v.x), round_bf16_if(fast, v.y), round_bf16_if(fast, v.z),
-                     round_bf16_if(fast, v.w));
-}
-
-// The output's float4 column f, derotated with the table when asked (AttentionParams::derotate). Fast numerics:
-// the attention output is bf16, and the derotation (CpuOps::rope) rounds what it turns to bf16 again.
-__device__ __forceinline__ float4 output_column(const AttnKernelParams& p, const float2* rot_s, int f, float4 v) {
-  v = round_bf16_if4(p.fast, v);
-  if (p.inv_freq && 4 * f >= p.rope_offset) {
-    const int pair = (4 * f - p.rope_offset) / 2;
-    rotate(v.x, v.y, rot_s[pair]);
-    rotate(v.z, v.w, rot_s[pair + 1]);
-    v = round_bf16_if4(p.fast, v);
-  }
-  return v;
-}
-
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
-  const unsigned dst = unsigned(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+constexpr int kCombineThreads = kMaxHeadDim / 4;  // one float4 column each
+constexpr int kCombineBatch = 8;                  // partial loads in flight per combine thread
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
@@ -123,30 +51,6 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ float warp_sum(float v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
   return v;
-}
-
-// Keys of query position t, in the CPU's order: window positions max(0, t − W + 1) .. t, then the compressed
-// part (CSA: the first min(top_k, (t+1)/ratio) selected slots, −1 = masked — the rest cannot name a visible
-// entry, AttentionParams::selected; HCA: entries 0 .. (t+1)/ratio − 1).
-__host__ __device__ __forceinline__ int64_t window_keys(int64_t window_size, int64_t t) {
-  return window_size < t + 1 ? window_size : t + 1;
-}
-__host__ __device__ __forceinline__ int64_t compressed_keys(bool has_entries, bool has_selected, int64_t top_k,
-                                                            int64_t ratio, int64_t t) {
-  if (!has_entries) return 0;
-  return has_selected ? (top_k < (t + 1) / ratio ? top_k : (t + 1) / ratio) : (t + 1) / ratio;
-}
-
-// Row j of the key list of sequence row i (nullptr = masked).
-__device__ __forceinline__ const uint8_t* key_row(const AttnKernelParams& p, const AttnSequence& sq, int64_t i,
-                                                  int64_t t, int64_t nw, int64_t j) {
-  if (j < nw) return sq.window + ((t - nw + 1 + j) % p.ring_slots) * p.row_bytes;
-  j -= nw;
-  if (sq.selected) {
-    const int32_t e = sq.selected[i * p.top_k + j];
-    return e < 0 ? nullptr : sq.entries + int64_t(e) * p.row_bytes;
-  }
-  return sq.entries + j * p.row_bytes;
 }
 
 // grid (ceil(H/16), splits, rows), kAttnThreads threads, dynamic smem attn_smem_bytes(d).
@@ -252,24 +156,22 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(const __gri
     __syncthreads();
 
     // ---- online softmax: warp w updates heads 2w, 2w + 1; lane = key. e is relative to the running maximum; in
-    // fast numerics to the tile's maximum m_T, P·V taking bf16(e)·β with β = e^(m_T − m_new), and the denominator
-    // the fp32 e (times β).
+    // fast numerics (base-2 units) to an integer one, P·V taking bf16(e), the denominator the fp32 e.
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int head = warp * 2 + hh;
-      const float v = p_s[lane * kHeadsPerBlock + head];
-      const float m_tile = warp_max(v), m_old = m_s[head], m_new = fmaxf(m_old, m_tile);
-      const float m_ref = p.fast ? m_tile : m_new;
-      const float e = m_ref == -INFINITY ? 0.0f : expf(v - m_ref);
-      const float beta = !p.fast ? 1.0f : m_tile == -INFINITY ? 0.0f : expf(m_tile - m_new);
+      const float v = softmax_unit(p.fast, p_s[lane * kHeadsPerBlock + head]);
+      const float m_tile = warp_max(v), m_old = m_s[head];
+      const float m_new = fmaxf(m_old, p.fast ? ceilf(m_tile) : m_tile);
+      const float e = m_new == -INFINITY ? 0.0f : softmax_exp(p.fast, v - m_new);
       const float sum = warp_sum(e);
-      p_s[lane * kHeadsPerBlock + head] = p.fast ? round_bf16(e) * beta : e;
+      p_s[lane * kHeadsPerBlock + head] = round_bf16_if(p.fast, e);
       __syncwarp();  // every lane has read m_s[head] before lane 0 replaces it
       if (lane == 0) {
-        const float alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
+        const float alpha = m_new == -INFINITY ? 1.0f : softmax_exp(p.fast, m_old - m_new);
         alpha_s[head] = alpha;
         m_s[head] = m_new;
-        l_s[head] = l_s[head] * alpha + (p.fast ? sum * beta : sum);
+        l_s[head] = l_s[head] * alpha + sum;
       }
     }
     __syncthreads();
@@ -315,9 +217,9 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(const __gri
     const float m = m_s[head], l = l_s[head];
     if (p.splits == 1) {
       // The sink joins the denominator only: out = Σ e^(s−M) k / (Σ e^(s−M) + e^(sink−M)), M over all.
-      const float sink = p.sinks[head0 + head], big = fmaxf(m, sink);
-      const float keep = m == -INFINITY ? 0.0f : expf(m - big);
-      const float factor = keep / (l * keep + expf(sink - big));
+      const float sink = softmax_unit(p.fast, p.sinks[head0 + head]), big = fmaxf(m, sink);
+      const float keep = m == -INFINITY ? 0.0f : softmax_exp(p.fast, m - big);
+      const float factor = keep / (l * keep + softmax_exp(p.fast, sink - big));
       float4* out4 = reinterpret_cast<float4*>(sq.out + (i * p.heads + head0 + head) * p.head_dim);
       for (int r = 0; r < 2; ++r) {
         const int f = pv_col + 64 * r;
@@ -336,81 +238,51 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(const __gri
   }
 }
 
-// grid (H, rows), kCombineThreads threads: out[i, h] = Σ_s e^(m_s−M) o_s / (Σ_s e^(m_s−M) l_s + e^(sink−M)).
-// Thread (g, f) owns float4 column f of splits g, g + 8, ...; thread t < splits owns split t's statistics.
-// NOTE: latency, not bandwidth, bounds this kernel: every thread issues its partial-output loads together
-// with the statistics loads (one memory round trip for up to 48 splits), the weights follow from two block
-// reductions, and the 8 split groups are summed in shared memory.
+// grid (H, rows), kCombineThreads threads: out[i, h] = Σ_s e^(m_s−M) o_s / (Σ_s e^(m_s−M) l_s + e^(sink−M)),
+// M = max(sink, m_s) (fast numerics: base 2). Thread f owns float4 column f of every split; each thread finds
+// M and the weights itself from the splits' (m, l) — the same values in every thread of the block (broadcast
+// loads), so no reduction or barrier — and loads its partial columns kCombineBatch at a time.
+// NOTE: small blocks, no shared state: a wide batch of rows × heads (batch 64: 4096 blocks) runs at the copy
+// bandwidth; the old design (1024 threads per (row, head), split groups and block reductions, for one row's
+// latency) took 114 µs a layer there for 3 splits, as long as the attention.
 __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(const __grid_constant__ AttnKernelParams p) {
-  __shared__ float weight_s[kMaxSplits];
-  __shared__ float4 group_s[kCombineGroups - 1][kMaxHeadDim / 4];
-  __shared__ float red_s[kCombineThreads / 32];
   __shared__ float2 rot_s[kMaxHeadDim / 2];  // the output's derotation
-  const int h = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, d4 = p.head_dim / 4;
-  const int f = tid % (kMaxHeadDim / 4), g = tid / (kMaxHeadDim / 4);
-  const int r = blockIdx.y;
+  const int h = blockIdx.x, f = threadIdx.x, r = blockIdx.y, d4 = p.head_dim / 4;
   const AttnSequence& sq = sequence_of(p, r);
   const int64_t i = r - sq.row0;
   // What does not depend on the predecessor, before waiting for it: the sink (a weight: an HBM round trip at
-  // decode) and the derotation's fp64 sin/cos (published by the reductions' barriers).
-  const float sink = p.sinks[h];
+  // decode) and the derotation's fp64 sin/cos.
+  const float sink = softmax_unit(p.fast, p.sinks[h]);
   derotation_table(p, sq.pos0 + i, rot_s);
+  __syncthreads();  // rot_s
   pdl_wait();
-  const bool column = f < d4;
-  const int64_t stride = int64_t(p.heads) * d4;  // between splits, in float4
-  const float4* o_col = p.part_o + (int64_t(r) * p.splits * p.heads + h) * d4 + f;
-
-  float4 v[kCombinePerThread];
-#pragma unroll
-  for (int k = 0; k < kCombinePerThread; ++k) {
-    const int s = g + kCombineGroups * k;
-    v[k] = column && s < p.splits ? o_col[s * stride] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  const float2 part = tid < p.splits ? p.part_ml[(int64_t(r) * p.splits + tid) * p.heads + h] : make_float2(-INFINITY, 0.0f);
-
-  const auto block_reduce = [&](float x, bool is_max) {
-    x = is_max ? warp_max(x) : warp_sum(x);
-    if (lane == 0) red_s[warp] = x;
-    __syncthreads();
-    float r = red_s[0];
-    for (int w = 1; w < kCombineThreads / 32; ++w) r = is_max ? fmaxf(r, red_s[w]) : r + red_s[w];
-    __syncthreads();  // red_s is reused by the next reduction
-    return r;
-  };
-  const float big = fmaxf(sink, block_reduce(part.x, true));
-  const float w = part.x == -INFINITY ? 0.0f : expf(part.x - big);  // −inf: a split without live keys
-  if (tid < p.splits) weight_s[tid] = w;
-  const float denom = expf(sink - big) + block_reduce(part.y * w, false);  // its barriers publish weight_s
-
+  const float2* ml = p.part_ml + int64_t(r) * p.splits * p.heads + h;               // split s at [s · H]
+  const float4* o_col = p.part_o + (int64_t(r) * p.splits * p.heads + h) * d4 + f;  // split s at [s · H · d/4]
+  const int64_t stride = int64_t(p.heads) * d4;
+  float big = sink;
+  for (int s = 0; s < p.splits; ++s) big = fmaxf(big, ml[int64_t(s) * p.heads].x);
+  float denom = softmax_exp(p.fast, sink - big);
   float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int base = 0; base < p.splits; base += kCombineGroups * kCombinePerThread) {
-    if (base > 0) {  // more than 48 splits: the next batch of loads
+  for (int s0 = 0; s0 < p.splits; s0 += kCombineBatch) {
+    float4 v[kCombineBatch];
+    float2 st[kCombineBatch];
 #pragma unroll
-      for (int k = 0; k < kCombinePerThread; ++k) {
-        const int s = base + g + kCombineGroups * k;
-        v[k] = column && s < p.splits ? o_col[s * stride] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
+    for (int k = 0; k < kCombineBatch; ++k) {
+      const bool here = s0 + k < p.splits;
+      st[k] = here ? ml[int64_t(s0 + k) * p.heads] : make_float2(-INFINITY, 0.0f);
+      v[k] = here && f < d4 ? o_col[(s0 + k) * stride] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
-    for (int k = 0; k < kCombinePerThread; ++k) {
-      const int s = base + g + kCombineGroups * k;
-      const float ws = s < p.splits ? weight_s[s] : 0.0f;
-      o.x = fmaf(ws, v[k].x, o.x);
-      o.y = fmaf(ws, v[k].y, o.y);
-      o.z = fmaf(ws, v[k].z, o.z);
-      o.w = fmaf(ws, v[k].w, o.w);
+    for (int k = 0; k < kCombineBatch; ++k) {
+      const float w = st[k].x == -INFINITY ? 0.0f : softmax_exp(p.fast, st[k].x - big);  // −inf: no live keys
+      denom += st[k].y * w;
+      o.x = fmaf(w, v[k].x, o.x);
+      o.y = fmaf(w, v[k].y, o.y);
+      o.z = fmaf(w, v[k].z, o.z);
+      o.w = fmaf(w, v[k].w, o.w);
     }
   }
-  if (g > 0) group_s[g - 1][f] = o;
-  __syncthreads();
-  if (g > 0 || !column) return;
-  for (int k = 0; k < kCombineGroups - 1; ++k) {
-    const float4 u = group_s[k][f];
-    o.x += u.x;
-    o.y += u.y;
-    o.z += u.z;
-    o.w += u.w;
-  }
+  if (f >= d4) return;
   const float inv = 1.0f / denom;
   reinterpret_cast<float4*>(sq.out + (i * p.heads + h) * p.head_dim)[f] =
       output_column(p, rot_s, f, make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv));
@@ -433,9 +305,32 @@ int64_t total_rows(std::span<const AttentionParams> batch) {
   return rows;
 }
 
+// Whether the tensor-core kernel serves a batch whose first sequence is p0 (attention_tc.cu): fast numerics on
+// compact FP8 caches of a head_dim it takes. Its blocks hold kTcHeads heads, and a split at least a tile.
+bool use_tc(const CudaOps& ops, const AttentionParams& p0) {
+  const CacheLayout* l = ops.compact_cache(p0.window);
+  return ops.fast() && l && tc_fits(*l, p0.head_dim, ops.props().sharedMemPerBlockOptin);
+}
+
+// Heads per block: the fp32 kernel's kHeadsPerBlock, or the tensor-core kernel's 64 (every key tile decoded once
+// for all of them) — 16 where even a block per 64-key tile would leave most SMs idle (a few decode rows: batch 1
+// at context 0 had one block a layer, 23 µs, against 14 µs for the fp32 kernel's four).
+int64_t heads_per_block(bool tc, int sms, int64_t rows, int64_t heads, int64_t keys) {
+  if (!tc) return kHeadsPerBlock;
+  return rows * ceil_div(heads, kTcHeads) * ceil_div(keys, kTcKeys) <= sms / 4 ? 16 : kTcHeads;
+}
+
 // Split count that gives every SM one block (one wave: a second wave's extra partials cost more than its
-// shorter slices save; docs/design/attention.md) without slices under kMinKeysPerSplit keys.
-int64_t heuristic_splits(int sms, int64_t blocks_per_split, int64_t keys) {
+// shorter slices save; docs/design/attention.md) without slices under a minimum of keys. The tensor-core
+// kernel (one block per SM) fills whole waves instead: ⌊SMs / blocks⌋ splits, and 2 up to a full wave
+// (bench_attention, 32K CSA, H100: batch 64 at 1 / 2 / 3 / 4 splits 105 / 83 / 118 / 106 µs, batch 128
+// 204 / 161 / 233 / 208 µs).
+int64_t heuristic_splits(int sms, int64_t blocks_per_split, int64_t keys, bool tc) {
+  if (tc) {
+    if (blocks_per_split > sms) return 1;
+    const int64_t want = std::min<int64_t>(std::max<int64_t>(2, sms / blocks_per_split), kMaxSplits);
+    return std::max<int64_t>(1, std::min(want, ceil_div(keys, kTcKeys)));
+  }
   if (blocks_per_split >= sms) return 1;
   const int64_t want = std::min<int64_t>(ceil_div(sms, blocks_per_split), kMaxSplits);
   return std::max<int64_t>(1, std::min(want, ceil_div(keys, kMinKeysPerSplit)));
@@ -452,8 +347,11 @@ int64_t attention_keys(const AttentionParams& p, int64_t t) {
 
 int attention_default_splits(const CudaOps& ops, std::span<const AttentionParams> batch) {
   if (batch.empty()) return 1;
-  const int64_t groups = ceil_div(batch[0].heads, kHeadsPerBlock);
-  return int(heuristic_splits(ops.props().multiProcessorCount, groups * total_rows(batch), max_keys(batch)));
+  const bool tc = use_tc(ops, batch[0]);
+  const int sms = ops.props().multiProcessorCount;
+  const int64_t rows = total_rows(batch), keys = max_keys(batch);
+  const int64_t groups = ceil_div(batch[0].heads, heads_per_block(tc, sms, rows, batch[0].heads, keys));
+  return int(heuristic_splits(sms, groups * rows, keys, tc));
 }
 
 namespace {
@@ -505,11 +403,13 @@ void attention_split_kv(CudaOps& ops, std::span<const AttentionParams> batch, in
   if (rows_total == 0) return;
 
   const int64_t keys = max_keys(batch);
-  // Fast numerics round P per tile of keys counted from the row's first key: splits hold whole tiles.
-  const int64_t align = ops.fast() ? kTileKeys : 1;
+  const bool tc = use_tc(ops, p0);
+  // The tensor-core kernel's splits hold whole tiles (its work comes in tiles; the rounding does not care).
+  const int64_t align = tc ? kTcKeys : 1;
   const int64_t keys_per_split = std::max<int64_t>(1, ceil_div(ceil_div(keys, splits), align) * align);
   splits = int(std::max<int64_t>(1, ceil_div(keys, keys_per_split)));  // no split left without keys
-  const int64_t groups = ceil_div(p0.heads, kHeadsPerBlock);
+  const int64_t hb = heads_per_block(tc, ops.props().multiProcessorCount, rows_total, p0.heads, keys);
+  const int64_t groups = ceil_div(p0.heads, hb);
 
   AttnKernelParams k{};
   if (layout) k.kv = *layout;
@@ -525,6 +425,7 @@ void attention_split_kv(CudaOps& ops, std::span<const AttentionParams> batch, in
   k.keys_per_split = int(keys_per_split);
   k.scale = p0.scale;
   k.fast = ops.fast();
+  k.tc_heads = int(hb);
   if (p0.derotate) {
     const int64_t rope_dim = ops.config().rope_dim;
     DSV4_CHECK(rope_dim >= 4 && rope_dim % 4 == 0 && rope_dim <= p0.head_dim, "attention: derotating ", rope_dim,
@@ -538,7 +439,8 @@ void attention_split_kv(CudaOps& ops, std::span<const AttentionParams> batch, in
     // Sized for the most splits the heuristic can pick at this many rows, so decode does not regrow it as the
     // context deepens.
     const int64_t sms = ops.props().multiProcessorCount;
-    const int64_t cap = std::max<int64_t>(splits, heuristic_splits(int(sms), groups * max_rows, INT64_MAX / 4));
+    const int64_t cap =
+        std::max<int64_t>(splits, heuristic_splits(int(sms), groups * max_rows, INT64_MAX / 4, tc));
     const size_t o_bytes = size_t(max_rows * cap * p0.heads * p0.head_dim) * sizeof(float);
     const size_t ml_bytes = size_t(max_rows * cap * p0.heads) * sizeof(float2);
     auto* base = static_cast<char*>(ops.workspace(kWsAttentionPartials, o_bytes + ml_bytes));
@@ -552,7 +454,8 @@ void attention_split_kv(CudaOps& ops, std::span<const AttentionParams> batch, in
   const auto launch = [&] {
     if (k.rows == 0) return;
     const dim3 grid(unsigned(groups), unsigned(splits), unsigned(k.rows));
-    launch_pdl(attn_split_kernel, grid, dim3(kAttnThreads), smem, ops.stream(), pdl, k);
+    if (tc) launch_tc(k, grid, ops.stream(), pdl);
+    else launch_pdl(attn_split_kernel, grid, dim3(kAttnThreads), smem, ops.stream(), pdl, k);
     if (splits > 1)
       launch_pdl(attn_combine_kernel, dim3(unsigned(p0.heads), unsigned(k.rows)), dim3(kCombineThreads), 0,
                  ops.stream(), pdl, k);

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "cuda/common/device_weight.h"
+#include "cuda/common/fp_grid.cuh"
 #include "cuda/gemm/gemm.h"
 
 namespace dsv4::cuda::gemv_detail {
@@ -28,12 +29,6 @@ __device__ __forceinline__ uint4 load_streaming(const uint8_t* p) {
 }
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-
-// Two e4m3 bytes (low byte first) to floats, exactly (hardware cvt on sm_89+).
-__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xFFFFu), __NV_E4M3);
-  return __half22float2(__half2(h));
-}
 
 // Fast numerics' act_quant of 4 values of x sharing the block exponent e (fp_grid.cuh's e4m3_block_exponent):
 // v · 2^−e to e4m3 by the conversion instruction (round to nearest even, saturating at ±448 = the clamp) and

@@ -36,7 +36,7 @@
 #include "cuda/common/check.h"
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
-#include "cuda/common/mma_fp8.cuh"
+#include "cuda/common/mma.cuh"
 #include "cuda/gemm/gemv_decode.cuh"
 
 namespace dsv4::cuda::gemv_detail {
@@ -254,16 +254,6 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two) {
   const float2 f = e4m3x2_to_float2(two);
   const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
   return *reinterpret_cast<const uint32_t*>(&b);
-}
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
 }
 
 // NT: 8-column activation tiles (n ≤ 8·NT). grid: blocks walking the tiles (a multiple of groups); dynamic smem

@@ -32,7 +32,7 @@
 // idle, so its K is split over blocks (GroupedBuffers::up_splits / down_splits) whose fp32 sums a finish launch
 // adds in split order: only the order of the sums changes.
 #include "cuda/common/smem.h"
-#include "cuda/common/mma_fp8.cuh"
+#include "cuda/common/mma.cuh"
 #include "cuda/moe/experts.cuh"
 #include "cuda/moe/moe_grouped.h"
 

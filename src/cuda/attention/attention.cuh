@@ -1,0 +1,129 @@
+// attention family (CUDA): what the attention kernels share — the launch's parameters (a table of sequences,
+// each with its query rows, caches and output), the key list of a query row, the output's rounding and
+// derotation, and the tensor-core kernel's entry points (attention_tc.cu) for the launcher in attention.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/attention/kv_cache.cuh"
+#include "cuda/common/fp_grid.cuh"
+#include "cuda/common/sequence_table.cuh"
+#include "cuda/cuda_ops.h"
+#include "cuda/norm_rope/rotate.cuh"
+
+namespace dsv4::cuda::attn {
+
+constexpr int kMaxHeadDim = 512;  // PV: 64 threads × 2 float4 columns per head quad
+constexpr int kMaxSplits = 256;
+constexpr int kMaxSequences = 64;  // per launch: the table stays within the 4 KB of classic kernel parameters
+
+// One sequence of a launch: its query rows are the launch's rows [row0, row0 + n).
+struct AttnSequence {
+  const float* q;           // [n, H, d]
+  float* out;               // [n, H, d]
+  const int32_t* selected;  // [n, top_k] or nullptr (HCA: every visible entry)
+  const uint8_t* window;    // [ring_slots, d] fp32 rows, or a compact kFp8Kv cache (kv.format)
+  const uint8_t* entries;   // [*, d] like the window, or nullptr (sliding layers)
+  int64_t pos0;
+  int32_t row0, n;
+};
+
+struct AttnKernelParams {
+  CacheLayout kv;           // compact caches: their layout; kF32: rows of d floats
+  int64_t row_bytes;        // between rows of the window and the entries
+  const float* sinks;       // [H]
+  float4* part_o;           // [rows, splits, H, d/4] unnormalised partial outputs (splits > 1)
+  float2* part_ml;          // [rows, splits, H] (running max, denominator) of each partial (fast: base-2 units)
+  int64_t ring_slots, window_size, top_k, ratio;
+  int rows, heads, head_dim, splits, keys_per_split;
+  float scale;
+  const float* inv_freq;    // derotation: [rope pairs] (nullptr: none); channels [rope_offset, d) turn back
+  int rope_offset;          // a multiple of 4
+  int tc_heads;             // heads per block of the tensor-core kernel: 16, 32 or 64 (kTcHeads)
+  bool fast;                // fast numerics: base-2 softmax, P·V with bf16 P, bf16 output (attention.cu's top)
+  int sequences;
+  AttnSequence seq[kMaxSequences];
+};
+static_assert(sizeof(AttnKernelParams) <= 4096, "attention: the kernel parameters exceed 4 KB");
+
+// The sequence of launch row r.
+__device__ __forceinline__ const AttnSequence& sequence_of(const AttnKernelParams& p, int r) {
+  return sequence_at(p.seq, p.sequences, r, &AttnSequence::row0);
+}
+
+// The derotation's (cos, −sin) for every rope pair of query row i, computed once per block into rot_s (read
+// after a barrier): every head of the row turns by the same angles.
+__device__ __forceinline__ void derotation_table(const AttnKernelParams& p, int64_t t, float2* rot_s) {
+  const int pairs = (p.head_dim - p.rope_offset) / 2;
+  if (p.inv_freq)
+    for (int j = int(threadIdx.x); j < pairs; j += int(blockDim.x))
+      rot_s[j] = rope_cos_sin(t, p.inv_freq[j], /*inverse=*/true);
+}
+
+// Fast numerics run the softmax in base-2 units (u = s · log2 e; exp2) with an integer running maximum, so P
+// rounds as on the CPU whatever the partition (src/cpu/attention.cpp, attend_fast); the other numerics in e.
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float softmax_unit(bool fast, float s) { return fast ? s * kLog2e : s; }
+__device__ __forceinline__ float softmax_exp(bool fast, float x) { return fast ? exp2f(x) : expf(x); }
+
+__device__ __forceinline__ float4 round_bf16_if4(bool fast, float4 v) {
+  return make_float4(round_bf16_if(fast, v.x), round_bf16_if(fast, v.y), round_bf16_if(fast, v.z),
+                     round_bf16_if(fast, v.w));
+}
+
+// The output's float4 column f, derotated with the table when asked (AttentionParams::derotate). Fast numerics:
+// the attention output is bf16, and the derotation (CpuOps::rope) rounds what it turns to bf16 again.
+__device__ __forceinline__ float4 output_column(const AttnKernelParams& p, const float2* rot_s, int f, float4 v) {
+  v = round_bf16_if4(p.fast, v);
+  if (p.inv_freq && 4 * f >= p.rope_offset) {
+    const int pair = (4 * f - p.rope_offset) / 2;
+    rotate(v.x, v.y, rot_s[pair]);
+    rotate(v.z, v.w, rot_s[pair + 1]);
+    v = round_bf16_if4(p.fast, v);
+  }
+  return v;
+}
+
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
+  const unsigned dst = unsigned(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Keys of query position t, in the CPU's order: window positions max(0, t − W + 1) .. t, then the compressed
+// part (CSA: the first min(top_k, (t+1)/ratio) selected slots, −1 = masked — the rest cannot name a visible
+// entry, AttentionParams::selected; HCA: entries 0 .. (t+1)/ratio − 1).
+__host__ __device__ __forceinline__ int64_t window_keys(int64_t window_size, int64_t t) {
+  return window_size < t + 1 ? window_size : t + 1;
+}
+__host__ __device__ __forceinline__ int64_t compressed_keys(bool has_entries, bool has_selected, int64_t top_k,
+                                                            int64_t ratio, int64_t t) {
+  if (!has_entries) return 0;
+  return has_selected ? (top_k < (t + 1) / ratio ? top_k : (t + 1) / ratio) : (t + 1) / ratio;
+}
+
+// Row j of the key list of sequence row i (nullptr = masked).
+__device__ __forceinline__ const uint8_t* key_row(const AttnKernelParams& p, const AttnSequence& sq, int64_t i,
+                                                  int64_t t, int64_t nw, int64_t j) {
+  if (j < nw) return sq.window + ((t - nw + 1 + j) % p.ring_slots) * p.row_bytes;
+  j -= nw;
+  if (sq.selected) {
+    const int32_t e = sq.selected[i * p.top_k + j];
+    return e < 0 ? nullptr : sq.entries + int64_t(e) * p.row_bytes;
+  }
+  return sq.entries + j * p.row_bytes;
+}
+
+// The tensor-core kernel (attention_tc.cu): fast numerics on compact FP8 caches, up to kTcHeads heads
+// (AttnKernelParams::tc_heads) of one query row per block over tiles of kTcKeys keys. tc_fits: the caches and
+// head_dim it takes within smem_limit bytes of shared memory per block; launch_tc: grid
+// (ceil(heads / tc_heads), splits, rows).
+constexpr int kTcHeads = 64;
+constexpr int kTcKeys = 64;
+bool tc_fits(const CacheLayout& l, int64_t head_dim, size_t smem_limit);
+void launch_tc(const AttnKernelParams& k, dim3 grid, cudaStream_t stream, bool pdl);
+
+}  // namespace dsv4::cuda::attn

@@ -1,0 +1,52 @@
+// The tensor-core instructions the mma.sync kernels multiply with (sm_89+ for e4m3, sm_80+ for bf16; no-ops
+// below): the decode GEMV (gemm/gemv_mma.cu), the grouped MoE GEMMs (moe/experts_grouped.cu) and the
+// tensor-core attention (attention/attention_tc.cu), and ldmatrix to feed them from shared memory.
+// Register layout, lane (g, c) = (lane / 4, lane % 4), m16n8kK with K = 32 (e4m3) or 16 (bf16): a[0] / a[1] rows
+// g / g + 8 at the first K/2 columns' lane slice (e4m3: k 4c .. 4c + 3, bf16: k 2c, 2c + 1), a[2] / a[3] the same
+// rows at k + K/2; b0 / b1 column g at the same k slices; d[0..1] row g, columns 2c, 2c + 1, d[2..3] row g + 8.
+#pragma once
+
+#include <cstdint>
+
+namespace dsv4::cuda {
+
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// bf16 × bf16 into fp32: every product exact, the sums fp32.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// ldmatrix: lanes 8j .. 8j + 7 address the 8 rows (16 bytes each) of 8×8 matrix j; register j of lane (g, c)
+// receives row g, elements 2c, 2c + 1 of matrix j (.trans: column g, rows 2c, 2c + 1).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
+  const unsigned a = unsigned(__cvta_generic_to_shared(smem_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem_row) {
+  const unsigned a = unsigned(__cvta_generic_to_shared(smem_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t& r0, uint32_t& r1, const void* smem_row) {
+  const unsigned a = unsigned(__cvta_generic_to_shared(smem_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(a));
+}
+
+}  // namespace dsv4::cuda
