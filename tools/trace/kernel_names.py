@@ -19,7 +19,20 @@ def short(full):
 
 def last_step(kernels, first_kernel="embed_kernel"):
     """The kernels of the last decode step: from the last launch of first_kernel (the embedding lookup) on."""
+    return steps(kernels, first_kernel)[-1]
+
+
+def steps(kernels, first_kernel="embed_kernel"):
+    """The trace cut at every launch of first_kernel (the embedding lookup starts every forward step)."""
     starts = [i for i, k in enumerate(kernels) if short(k[0]).startswith(first_kernel)]
     if not starts:
-        raise SystemExit(f"no {first_kernel} in the trace: not a dsv4 decode run?")
-    return kernels[starts[-1]:]
+        raise SystemExit(f"no {first_kernel} in the trace: not a dsv4 run?")
+    return [kernels[a:b] for a, b in zip(starts, starts[1:] + [len(kernels)])]
+
+
+def prefill_step(kernels):
+    """The last step lasting at least half the longest: a prefill among decode steps, not the first call's
+    (which also does one-time work, e.g. the experts' weights re-tiled)."""
+    all_steps = steps(kernels)
+    wall = [max(k[2] for k in s) - s[0][1] for s in all_steps]
+    return [s for s, w in zip(all_steps, wall) if 2 * w >= max(wall)][-1]

@@ -3,7 +3,9 @@ serialised) → per kernel its duration and its *exposed* time, end − the prev
 to the step. With programmatic dependent launch a kernel starts before its predecessor ends, so durations
 overlap and sum to more than the step; exposed times sum to the step (less the first kernel's start).
 
-    python3 tools/trace/timeline.py TRACE.csv [--sequence]
+    python3 tools/trace/timeline.py TRACE.csv [--prefill] [--sequence]
+
+--prefill takes the trace's last long step (kernel_names.prefill_step) instead of its last step.
 """
 import collections
 import csv
@@ -11,11 +13,11 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel_names import short, last_step  # noqa: E402
+from kernel_names import short, last_step, prefill_step  # noqa: E402
 
 rows = list(csv.DictReader(open(sys.argv[1])))
 kernels = [(r["name"], int(r["start_ns"]), int(r["end_ns"]), int(r["stream"])) for r in rows]
-step = last_step(kernels)
+step = prefill_step(kernels) if "--prefill" in sys.argv[2:] else last_step(kernels)
 if len({k[3] for k in step}) > 1:
     print("note: the step's kernels ran on several streams; exposed times assume one")
 step_start, step_end = step[0][1], max(k[2] for k in step)
