@@ -123,7 +123,8 @@ namespace {
 // (u = s · log2 e) and P = 2^(u − M) is rounded against M = ⌈max u⌉, an integer: bf16 rounding commutes with
 // scaling by powers of two, so a backend whose running maximum is any integer when it meets a key rounds the
 // same value, and rescaling by 2^(M_old − M_new) is exact. The rounding error per value is DeepSeek's; the
-// values rounded do not depend on how a backend tiles or splits the keys.
+// values rounded do not depend on how a backend tiles or splits the keys (up to the fp32 rounding of u − M and
+// of exp2 at another integer M: a last-bit difference that flips a P's rounding now and then).
 void attend_fast(const float* q, const std::vector<const float*>& keys, float scale, float sink, int64_t d,
                  float* logit, float* out) {
   const float inf = std::numeric_limits<float>::infinity();

@@ -230,8 +230,9 @@ void check_attention_batch(const std::vector<AttnCase>& cases, Numerics numerics
     for (size_t si = 0; si < cases.size(); ++si) got.push_back(to_host(gpu, on_gpu[si].out, seqs[si].want.size()));
     return got;
   };
-  // 0 = CudaOps::attention's own choice; 1 = the prefill path (no combine); others force split-KV (100: the
-  // combine kernel's second batch of loads).
+  // 0 = CudaOps::attention's own choice; 1 = the prefill path (no combine); others force split-KV (the
+  // tensor-core kernel's splits hold whole 64-key tiles, so fewer where the keys are few; 64 and 100: the
+  // combine's loads in several rounds of kCombineBatch).
   const int default_splits = cuda::attention_default_splits(gpu, on_gpu);
   for (int splits : {0, 1, 3, 64, 100}) {
     SCOPED_TRACE("splits " + std::to_string(splits) + " (default " + std::to_string(default_splits) + ")");
@@ -375,6 +376,10 @@ TEST(CudaAttention, FastNumerics) {
       {"fast_compact_pro_sliding_h128_d512_w128_n3_pos700", Layer::kSliding, 128, 512, 128, 3, 700, 4, 0, 0, true, true},
       {"fast_compact_hca_h80_d128_w5_n9_pos9000_ratio128", Layer::kHca, 80, 128, 5, 9, 9000, 128, 0, 0, true},
       {"fast_compact_csa_h33_d256_w9_n5_pos1500", Layer::kCsa, 33, 256, 9, 5, 1500, 4, 40, 0, true, true},
+      // 64-head blocks on 100 heads (the second group 36 heads: 3 row tiles, the last partial), d = 512.
+      {"fast_compact_csa_h100_d512_w9_n40_pos3000", Layer::kCsa, 100, 512, 9, 40, 3000, 4, 64, 0, true},
+      // 16-head blocks over 3 key tiles, split and combined, d = 192 (the odd n-tile's x2 loads).
+      {"fast_compact_hca_h17_d192_w5_n1_pos20000_ratio128", Layer::kHca, 17, 192, 5, 1, 20000, 128, 0, 0, true},
   };
   for (const AttnCase& c : cases) check_attention(c, Numerics::kFast);
 #endif

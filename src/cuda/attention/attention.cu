@@ -306,7 +306,7 @@ int64_t total_rows(std::span<const AttentionParams> batch) {
 }
 
 // Whether the tensor-core kernel serves a batch whose first sequence is p0 (attention_tc.cu): fast numerics on
-// compact FP8 caches of a head_dim it takes. Its blocks hold kTcHeads heads, and a split at least a tile.
+// compact FP8 caches of a head_dim it takes. Its blocks hold 16 or kTcHeads heads, and a split at least a tile.
 bool use_tc(const CudaOps& ops, const AttentionParams& p0) {
   const CacheLayout* l = ops.compact_cache(p0.window);
   return ops.fast() && l && tc_fits(*l, p0.head_dim, ops.props().sharedMemPerBlockOptin);
@@ -437,10 +437,12 @@ void attention_split_kv(CudaOps& ops, std::span<const AttentionParams> batch, in
   const int64_t max_rows = std::min<int64_t>(rows_total, 65535);
   if (splits > 1) {
     // Sized for the most splits the heuristic can pick at this many rows, so decode does not regrow it as the
-    // context deepens.
+    // context deepens: with the fewest head groups (the tensor-core kernel's 64-head blocks, which a deeper
+    // context switches to from 16-head ones), any key count.
     const int64_t sms = ops.props().multiProcessorCount;
+    const int64_t fewest_groups = tc ? ceil_div(p0.heads, kTcHeads) : groups;
     const int64_t cap =
-        std::max<int64_t>(splits, heuristic_splits(int(sms), groups * max_rows, INT64_MAX / 4, tc));
+        std::max<int64_t>(splits, heuristic_splits(int(sms), fewest_groups * max_rows, INT64_MAX / 4, tc));
     const size_t o_bytes = size_t(max_rows * cap * p0.heads * p0.head_dim) * sizeof(float);
     const size_t ml_bytes = size_t(max_rows * cap * p0.heads) * sizeof(float2);
     auto* base = static_cast<char*>(ops.workspace(kWsAttentionPartials, o_bytes + ml_bytes));

@@ -41,7 +41,7 @@ struct AttnKernelParams {
   float scale;
   const float* inv_freq;    // derotation: [rope pairs] (nullptr: none); channels [rope_offset, d) turn back
   int rope_offset;          // a multiple of 4
-  int tc_heads;             // heads per block of the tensor-core kernel: 16, 32 or 64 (kTcHeads)
+  int tc_heads;             // heads per block of the tensor-core kernel: 16 or 64 (kTcHeads)
   bool fast;                // fast numerics: base-2 softmax, P·V with bf16 P, bf16 output (attention.cu's top)
   int sequences;
   AttnSequence seq[kMaxSequences];

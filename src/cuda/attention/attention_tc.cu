@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) attn_tc_kernel(const __grid_con
       for (int nt = 0; nt < kNt; nt += 2) {
         if (nt >= nt_count) break;
         uint32_t b[4];
-        if (NT > 0 && NT % 2 == 0) {  // cb = 8·warp: a whole row group of 8 chunks per warp
+        if (NT == kMaxNt) {  // cb = 8·warp: a whole row group of 8 chunks per warp
           ldmatrix_x4_trans(b, v_base + 128 * warp + off[nt / 2]);
         } else if (nt + 1 < nt_count) {
           ldmatrix_x4_trans(b, v_base + 16 * ((cb + nt + lane / 16) ^ (lane & 7)));
@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) attn_tc_kernel(const __grid_con
 bool tc_fits(const CacheLayout& l, int64_t head_dim, size_t smem_limit) {
   return l.format == CacheFormat::kFp8Kv && l.dim == head_dim && head_dim % 64 == 0 &&
          (head_dim <= 32 * kMaxNt || head_dim == 64 * kMaxNt) &&
-         l.nope % 8 == 0 && l.rope % 16 == 0 && l.row_bytes % 16 == 0 &&
+         l.nope % 8 == 0 && l.row_bytes % 16 == 0 &&
          size_t(TcLayout(int(head_dim), l.row_bytes).bytes) + sizeof(float2) * kMaxHeadDim / 2 <= smem_limit;
 }
 
