@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "cpu/cpu_ops.h"
 
 namespace dsv4 {
@@ -67,6 +68,9 @@ void CpuOps::sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, i
 
 // Fast numerics: bf16 into the Hadamard transform and bf16 out of it, then Q4 (fast-numerics.md §1.6, §2.3).
 void CpuOps::hadamard_sim_fp4(float* x, int64_t rows, int64_t dim) {
+  // The butterflies need a power of two (another n would read and write past the row); FP4 blocks are 32 wide.
+  DSV4_CHECK(dim >= 32 && (dim & (dim - 1)) == 0, "hadamard_sim_fp4: dim ", dim, " must be a power of two >= 32");
+  DSV4_CHECK(rows >= 0, "hadamard_sim_fp4: negative row count ", rows);
 #pragma omp parallel for schedule(static) if (rows > 64)
   for (int64_t r = 0; r < rows; ++r) {
     float* v = x + r * dim;

@@ -8,9 +8,11 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "cpu/cpu_ops.h"
 
 namespace dsv4 {
@@ -186,6 +188,26 @@ ModelConfig small_config() {
   c.dim = 256;
   c.rope_dim = 64;
   return c;
+}
+
+// The Hadamard's butterflies need a power of two: another row width is refused with an error naming it (it once
+// read and wrote past each row: a d = 192 test case overflowed the heap), a power of two of 32 or more is taken.
+TEST(FastNumerics, HadamardSimFp4RefusesRowsThatAreNotAPowerOfTwo) {
+  CpuOps ops(small_config());
+  for (const int64_t dim : {int64_t(192), int64_t(96), int64_t(16)}) {
+    std::vector<float> x(size_t(2 * dim), 1.0f);
+    try {
+      ops.hadamard_sim_fp4(x.data(), 2, dim);
+      ADD_FAILURE() << "dim " << dim << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("power of two"), std::string::npos) << e.what();
+    }
+  }
+  // A row of ones rotates onto its first channel, 64 / sqrt(64) = 8 = 4 · 2^1 on the FP4 grid, the rest zero.
+  std::vector<float> x(2 * 64, 1.0f);
+  ops.hadamard_sim_fp4(x.data(), 2, 64);
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t c = 0; c < 64; ++c) EXPECT_EQ(x[size_t(r * 64 + c)], c == 0 ? 8.0f : 0.0f) << r << ", " << c;
 }
 
 // sim_fp8 under kFast quantises the bf16-rounded row (§4.1); under kReference the fp32 row, as before.
