@@ -522,7 +522,7 @@ TEST(CudaMoe, ExactTiesTakeTheLowerExpert) {
 
 // Prefill-sized step on a mid-sized FP4 layer: many chunks per expert, every expert busy; reference and fast
 // numerics. From kRouteManyBlocksMin tokens route runs over blocks of tokens (route.cu): 700 tokens, 11 blocks,
-// the last one partial, both routings.
+// the last one 60 tokens; 260, the last one 4 tokens (warps without a token); both routings.
 TEST(CudaMoe, PrefillFp4) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -534,7 +534,7 @@ TEST(CudaMoe, PrefillFp4) {
     const HostMoe m(shape, f, hash, 5000, rng());
     CudaOps ops(m.config);
     m.upload_to(ops);
-    for (int64_t n : {64, 200, 700}) {
+    for (int64_t n : {64, 200, 260, 700}) {
       check_step(m, ops, n, rng, describe(shape, f, hash));
       check_step_fast(m, ops, n, rng, describe(shape, f, hash) + " fast");
     }
@@ -662,7 +662,8 @@ TEST(CudaMoe, ExpertRangesOfRanks) {
             for (int64_t n : {1, 2, 7}) check_step_fast(rank, ops, n, rng, what + " fast, shared grouped");
           }
           const GroupedFrom forced(1);
-          for (int64_t n : {1, 33, 130}) check_step_fast(rank, ops, n, rng, what + " fast grouped");
+          // 260 tokens: route over blocks of tokens (moe_grouped.h), its last block of 4 tokens.
+          for (int64_t n : {1, 33, 130, 260}) check_step_fast(rank, ops, n, rng, what + " fast grouped");
         }
     }
 #endif

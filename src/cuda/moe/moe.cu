@@ -404,10 +404,13 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
       grouped || shared_grouped ? carve_grouped(carve, n, E, k, D, I, split_floats) : cuda::moe::GroupedBuffers{};
 
   const bool pdl = props_.major >= 9;
-  // The gate's logits, fp32 (DeepSeek: an f32 SGEMM of the widened bf16 x and gate). At prefill sizes in fast
-  // numerics x is bf16-valued, so with a BF16 gate every product is exact in fp32 on the bf16 tensor cores too
-  // (GemmParams::x_bf16): the prefill GEMM computes the same logits up to summation order. router_logits (fp32
-  // FMAs, its warps over K) took 4.8 ms of a 4096-token step, 1.5 ms of a 512-token one (4 layers, H100).
+  // The gate's logits, fp32 (DeepSeek: an f32 SGEMM of the widened bf16 x and gate). `grouped` implies fast
+  // numerics, where x (the FFN norm's output) is bf16-valued, so with a BF16 gate every product is exact in fp32
+  // on the bf16 tensor cores too (GemmParams::x_bf16; the GEMM rounds x to bf16, a no-op here): the prefill GEMM
+  // computes the logits up to summation order (and the tensor cores' truncating fp32 accumulation, a few ulp).
+  // NOTE: its split-K count follows n and the SM count, so a token's logits — and a near-tie's top-k — may differ
+  // by a few ulp between prefill chunk sizes; router_logits' did not. router_logits (fp32 FMAs, its warps over K)
+  // took 4.8 ms of a 4096-token step, 1.5 ms of a 512-token one (4 layers, H100).
   cuda::GemmParams gate_gemm;
   gate_gemm.x = x;
   gate_gemm.ldx = D;

@@ -1,4 +1,4 @@
-// moe family (CUDA), host-only: the token counts from which CudaOps::moe takes the grouped FP8 GEMM path in fast
+// moe family (CUDA): the token counts from which CudaOps::moe takes the grouped FP8 GEMM path in fast
 // numerics (experts_grouped.cu; the crossover against the item kernels is measured in docs/design/moe.md), and
 // route its many-block path. Tests and benchmarks move the first two to force a path.
 #pragma once
