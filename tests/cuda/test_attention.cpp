@@ -598,7 +598,8 @@ TEST(CudaIndexer, V4Flash) {
 #endif
 }
 
-// Fast numerics: bf16 scores tie often; the selection must still be the CPU's exactly (see above). Odd sizes,
+// Fast numerics: bf16 scores tie often; the selection must still be the CPU's exactly (see above; the tensor-core
+// scores too, indexer.cu says why they are exact). Odd sizes,
 // the all-visible and shared-sort paths, duplicate rows and one-bin rows, FP4 keys, V4-Flash decode and prefill.
 TEST(CudaIndexer, FastNumerics) {
   DSV4_REQUIRE_GPU();
@@ -616,6 +617,13 @@ TEST(CudaIndexer, FastNumerics) {
       {"fast_v4_decode_128k_mtp", 64, 128, 4, 512, 2, 131070, Keys::kRandom, false, true},
       {"fast_v4_prefill_n33_pos2040", 64, 128, 4, 512, 33, 2040, Keys::kRandom, false, true},
       {"fast_compact_v4_prefill_n33_pos2040", 64, 128, 4, 512, 33, 2040, Keys::kRandom, true, true},
+      // The tensor-core scores (compact keys, head_dim a multiple of 64 and, for the Hadamard, a power of two):
+      // 17 heads (two row tiles, the second of one head), 33 heads at d = 256, partial entry tiles, rows from
+      // position 0, and 70 rows at 4000 (4 tiles a block on 132 SMs, the last partial).
+      {"fast_compact_h17_d64_k40_n5_pos3000", 17, 64, 4, 40, 5, 3000, Keys::kRandom, true, true},
+      {"fast_compact_h33_d256_ratio128_k9_n3_pos70000", 33, 256, 128, 9, 3, 70000, Keys::kRandom, true, true},
+      {"fast_compact_v4_prefill_n70_pos0", 64, 128, 4, 512, 70, 0, Keys::kRandom, true, true},
+      {"fast_compact_v4_prefill_n70_pos4000", 64, 128, 4, 512, 70, 4000, Keys::kRandom, true, true},
   };
   for (const IndexerCase& c : cases) check_indexer(c);
 #endif

@@ -521,7 +521,8 @@ TEST(CudaMoe, ExactTiesTakeTheLowerExpert) {
 }
 
 // Prefill-sized step on a mid-sized FP4 layer: many chunks per expert, every expert busy; reference and fast
-// numerics.
+// numerics. From kRouteManyBlocksMin tokens route runs over blocks of tokens (route.cu): 700 tokens, 11 blocks,
+// the last one 60 tokens; 260, the last one 4 tokens (warps without a token); both routings.
 TEST(CudaMoe, PrefillFp4) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -533,7 +534,7 @@ TEST(CudaMoe, PrefillFp4) {
     const HostMoe m(shape, f, hash, 5000, rng());
     CudaOps ops(m.config);
     m.upload_to(ops);
-    for (int64_t n : {64, 200}) {
+    for (int64_t n : {64, 200, 260, 700}) {
       check_step(m, ops, n, rng, describe(shape, f, hash));
       check_step_fast(m, ops, n, rng, describe(shape, f, hash) + " fast");
     }
@@ -541,7 +542,8 @@ TEST(CudaMoe, PrefillFp4) {
 #endif
 }
 
-// Same inputs twice: bitwise the same output (no order-dependent atomics), and n = 0 writes nothing.
+// Same inputs twice: bitwise the same output (no order-dependent atomics), in one route block and over many
+// (300 tokens), and n = 0 writes nothing.
 TEST(CudaMoe, DeterministicAndEmptyStep) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -551,17 +553,20 @@ TEST(CudaMoe, DeterministicAndEmptyStep) {
   const HostMoe m(shape, {Fmt::kBF16, Fmt::kFP4, Fmt::kFP8}, false, 100, rng());
   CudaOps ops(m.config);
   m.upload_to(ops);
-  const int64_t n = 40;
-  const std::vector<float> x = random_floats(size_t(n * shape.D), rng);
+  const int64_t n = 40, big = 300;
+  static_assert(big >= cuda::moe::kRouteManyBlocksMin && n < cuda::moe::kRouteManyBlocksMin);
+  const std::vector<float> x = random_floats(size_t(big * shape.D), rng);
   float* dx = device_copy(ops, x);
-  float* dout = ops.alloc(size_t(n * shape.D));
-  std::vector<float> runs[2];
-  for (auto& run : runs) {
-    poison_now(ops, dout, size_t(n * shape.D));
-    ops.moe(m.w, dx, nullptr, n, dout);
-    run = to_host(ops, dout, size_t(n * shape.D));
+  float* dout = ops.alloc(size_t(big * shape.D));
+  for (const int64_t rows : {n, big}) {
+    std::vector<float> runs[2];
+    for (auto& run : runs) {
+      poison_now(ops, dout, size_t(rows * shape.D));
+      ops.moe(m.w, dx, nullptr, rows, dout);
+      run = to_host(ops, dout, size_t(rows * shape.D));
+    }
+    ASSERT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)), 0) << rows << " tokens";
   }
-  ASSERT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)), 0);
   poison_now(ops, dout, size_t(n * shape.D));
   ops.moe(m.w, dx, nullptr, 0, dout);
   const std::vector<float> untouched = to_host(ops, dout, size_t(n * shape.D));
@@ -657,7 +662,8 @@ TEST(CudaMoe, ExpertRangesOfRanks) {
             for (int64_t n : {1, 2, 7}) check_step_fast(rank, ops, n, rng, what + " fast, shared grouped");
           }
           const GroupedFrom forced(1);
-          for (int64_t n : {1, 33, 130}) check_step_fast(rank, ops, n, rng, what + " fast grouped");
+          // 260 tokens: route over blocks of tokens (moe_grouped.h), its last block of 4 tokens.
+          for (int64_t n : {1, 33, 130, 260}) check_step_fast(rank, ops, n, rng, what + " fast grouped");
         }
     }
 #endif

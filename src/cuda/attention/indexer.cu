@@ -16,6 +16,14 @@
 // head sum (fp32, in head order) to bf16 — still bit-identical, so the many exact ties of bf16 scores resolve
 // as on the CPU (the lower entry index first).
 //
+// Tensor cores (indexer_score_tc_kernel): fast numerics on compact FP4 keys. q (Hadamard-rotated, FP4-simulated)
+// and the keys are e2m1 values times power-of-two block scales, exact in bf16, so the bf16 MMA's products are
+// exact; their sums are exact too whenever every partial sum is an fp32 value — the products lie on the grid of
+// the smallest combined block exponent (q's + the key's, per 32 channels), so a spread of those exponents of at
+// most 10 (d = 64) down to 8 (d = 256) suffices (Hadamard-rotated rows spread 1–3) — and then equal the CPU's
+// sequential sums bit for bit, whatever the tensor cores' accumulation truncates. The rounding points after the
+// dot are the CPU's (bf16 dot, bf16 weighted term, the head sum in head order, bf16).
+//
 // Selection: a radix select on 64-bit composites (order-preserving score bits << 32 | ~index), so every
 // composite is distinct and "larger" is exactly the CPU's order. The score kernel histograms the top 11 bits;
 // the select kernel (one block per row) keeps the bins above the k-th composite's bin, gathers that bin's
@@ -28,6 +36,7 @@
 #include "cuda/attention/kv_cache.cuh"
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/mma.cuh"
 #include "cuda/common/sequence_table.cuh"
 #include "cuda/common/smem.h"
 #include "cuda/common/check.h"
@@ -188,6 +197,123 @@ indexer_score_kernel(const __grid_constant__ IndexerKernelParams p) {
   }
   __syncthreads();
   for (int b = tid; b < kBins; b += threads)
+    if (hist_s[b]) atomicAdd(&p.hist[r * kBins + b], hist_s[b]);
+}
+
+// ---- scores on the tensor cores
+
+constexpr int kTcTile = 64;       // entries per MMA tile: 8 n-tiles of 8
+constexpr int kTcScoreWarps = 4;  // warp w: heads 16w .. 16w + 15 (one MMA row tile)
+constexpr int kTcMaxTiles = 4;    // tiles per block: q staged once for up to 256 entries
+
+// Byte offset of 16-byte chunk c of row r in a matrix of `chunks` chunks per row (a multiple of 8), stored at
+// c ^ (r % 8): ldmatrix's 8 rows of one chunk column fall in 8 bank groups.
+__device__ __forceinline__ int tc_swz(int r, int c, int chunks) { return (r * chunks + (c ^ (r & 7))) * 16; }
+
+__device__ __forceinline__ uint32_t tc_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+size_t tc_score_smem_bytes(int head_dim) {
+  return size_t(kMaxIndexerHeads + kTcTile) * size_t(head_dim) * 2 + sizeof(float) * kTcTile * (kMaxIndexerHeads + 1);
+}
+
+// grid (ceil(visible_max / entries), rows of the launch), kTcScoreWarps warps, dynamic smem tc_score_smem_bytes;
+// p.entries = kTcTile · tiles. Block (b, r): entries [b·entries, (b+1)·entries) of row r, a tile at a time: the
+// tile's FP4 rows decoded to bf16 in shared memory, S = q · keysᵀ [heads, 64] by mma.sync m16n8k16 (warp w one
+// row tile of 16 heads), each term bf16(w_h · relu(bf16(S))) into term_s, then a thread per entry sums its
+// terms in head order.
+__global__ void __launch_bounds__(kTcScoreWarps * 32)
+indexer_score_tc_kernel(const __grid_constant__ IndexerKernelParams p) {
+  extern __shared__ __align__(16) uint8_t tc_smem[];
+  __shared__ float w_s[kMaxIndexerHeads];
+  __shared__ uint32_t hist_s[kBins];
+  pdl_wait();
+  const int64_t r = blockIdx.y;
+  const IndexerSequence& sq = sequence_of(p, r);
+  const int64_t i = r - sq.row0, visible = (sq.pos0 + i + 1) / p.ratio;
+  const int64_t e_first = int64_t(blockIdx.x) * p.entries;
+  if (e_first >= visible) return;  // the whole block: rows other than the launch's longest see fewer entries
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, c = lane % 4;
+  const int d = p.head_dim, chunks = d / 8, mtiles = (p.heads + 15) / 16;
+  uint8_t* q_s = tc_smem;                                                             // [64 heads][d] bf16
+  uint8_t* k_s = q_s + kMaxIndexerHeads * d * 2;                                      // [64 entries][d] bf16
+  float* term_s = reinterpret_cast<float*>(k_s + kTcTile * d * 2);                    // [64][heads + 1]
+  const int term_stride = kMaxIndexerHeads + 1;                                       // conflict-free columns
+  // q (FP4-simulated fp32) as bf16, exactly; heads past the last of the row tiles are not read.
+  const float* q = sq.q + i * p.heads * d;
+  for (int x = tid; x < 16 * mtiles * chunks; x += kTcScoreWarps * 32) {
+    const int h = x / chunks, ch = x % chunks;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (h < p.heads) {
+      const float4 a = reinterpret_cast<const float4*>(q + h * d + 8 * ch)[0];
+      const float4 b = reinterpret_cast<const float4*>(q + h * d + 8 * ch)[1];
+      v = make_uint4(tc_bf16x2(a.x, a.y), tc_bf16x2(a.z, a.w), tc_bf16x2(b.x, b.y), tc_bf16x2(b.z, b.w));
+    }
+    *reinterpret_cast<uint4*>(q_s + tc_swz(h, ch, chunks)) = v;
+  }
+  for (int h = tid; h < p.heads; h += kTcScoreWarps * 32) w_s[h] = sq.weights[i * p.heads + h];
+  for (int b = tid; b < kBins; b += kTcScoreWarps * 32) hist_s[b] = 0;
+  const uint8_t* keys = reinterpret_cast<const uint8_t*>(sq.keys);
+  const CacheLayout& l = p.key_layout;
+
+  for (int64_t e0 = e_first; e0 < visible && e0 < e_first + p.entries; e0 += kTcTile) {
+    const int n_keys = int(visible - e0 < kTcTile ? visible - e0 : kTcTile);
+    __syncthreads();  // the previous tile's keys and terms are consumed (and, first, q_s / w_s / hist_s written)
+    // Keys: 8 channels per item (4 bytes of e2m1 pairs, the low nibble first, and their 32-channel scale).
+    for (int x = tid; x < kTcTile * chunks; x += kTcScoreWarps * 32) {
+      const int el = x / chunks, ch = x % chunks;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (el < n_keys) {
+        const uint8_t* row = keys + (e0 + el) * l.row_bytes;
+        const uint32_t codes = *reinterpret_cast<const uint32_t*>(row + 4 * ch);
+        const float s = e8m0_value(row[l.scales + ch / 4]);
+        float f[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) f[j] = e2m1_value((codes >> (4 * j)) & 0xFu) * s;
+        v = make_uint4(tc_bf16x2(f[0], f[1]), tc_bf16x2(f[2], f[3]), tc_bf16x2(f[4], f[5]), tc_bf16x2(f[6], f[7]));
+      }
+      *reinterpret_cast<uint4*>(k_s + tc_swz(el, ch, chunks)) = v;
+    }
+    __syncthreads();
+
+    if (warp < mtiles) {
+      float acc[8][4] = {};
+      const int a_row = 16 * warp + lane % 16, b_row = lane % 8 + 8 * (lane / 16);
+      for (int ks = 0; ks < chunks / 2; ++ks) {
+        uint32_t a[4];
+        ldmatrix_x4(a, q_s + tc_swz(a_row, 2 * ks + lane / 16, chunks));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t b[4];
+          ldmatrix_x4(b, k_s + tc_swz(16 * j + b_row, 2 * ks + (lane / 8) % 2, chunks));
+          mma_bf16(acc[2 * j], a[0], a[1], a[2], a[3], b[0], b[1]);
+          mma_bf16(acc[2 * j + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = 16 * warp + g + 8 * (e / 2), el = 8 * nt + 2 * c + e % 2;
+          if (h < p.heads) {
+            const float dd = round_bf16(acc[nt][e]);
+            term_s[el * term_stride + h] = round_bf16(__fmul_rn(w_s[h], dd < 0.0f ? 0.0f : dd));
+          }
+        }
+    }
+    __syncthreads();
+    if (tid < n_keys) {
+      float total = 0.0f;
+      for (int h = 0; h < p.heads; ++h) total = __fadd_rn(total, term_s[tid * term_stride + h]);
+      const uint32_t key = order_key(round_bf16(total));
+      p.score_keys[r * p.v_stride + e0 + tid] = key;
+      atomicAdd(&hist_s[key >> kTopBitsShift], 1u);
+    }
+  }
+  __syncthreads();
+  for (int b = tid; b < kBins; b += kTcScoreWarps * 32)
     if (hist_s[b]) atomicAdd(&p.hist[r * kBins + b], hist_s[b]);
 }
 
@@ -431,13 +557,27 @@ void launch_batch(CudaOps& ops, std::span<const IndexerParams> batch) {
   k.head_dim = int(p0.head_dim);
   k.fast = ops.fast();
   const bool pdl = ops.props().major >= 9;
+  // The tensor-core scores: fast numerics on compact FP4 keys, head_dim a multiple of 64 (whole swizzle groups).
+  const bool tc = k.fast && key_layout && p0.head_dim % 64 == 0;
+  if (tc)
+    allow_dynamic_smem(reinterpret_cast<const void*>(indexer_score_tc_kernel),
+                       int(tc_score_smem_bytes(kMaxIndexerHeadDim)));
   int64_t rows = 0;  // of the launch being filled
   const auto launch = [&] {
     if (rows == 0) return;
     int64_t visible_max = 0;
     for (int j = 0; j < k.sequences; ++j)
       visible_max = std::max(visible_max, (k.seq[j].pos0 + k.seq[j].n) / k.ratio);
-    if (visible_max > 0) {
+    if (visible_max > 0 && tc) {
+      // Tiles per block: q staged once for up to kTcMaxTiles tiles, as long as the grid keeps two blocks per SM.
+      int tiles = kTcMaxTiles;
+      while (tiles > 1 && ceil_div(visible_max, int64_t(kTcTile) * tiles) * rows < 2 * ops.props().multiProcessorCount)
+        tiles /= 2;
+      k.entries = kTcTile * tiles;
+      const dim3 grid(unsigned(ceil_div(visible_max, int64_t(k.entries))), unsigned(rows));
+      launch_pdl(indexer_score_tc_kernel, grid, dim3(kTcScoreWarps * 32), tc_score_smem_bytes(k.head_dim),
+                 ops.stream(), pdl, k);
+    } else if (visible_max > 0) {
       const bool decode = rows <= kDecodeMaxRows;
       const int H = decode ? kDecodeHeads : kPrefillHeads;
       k.entries = max_entries(H);

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/gemm/gemm.h"
 #include "cuda/moe/moe_grouped.h"
 #include "cuda/moe/moe_kernels.h"
 #include "cuda/moe/moe_tables.h"
@@ -325,6 +326,7 @@ cuda::moe::Plan carve_plan(Carve& c, int64_t n, int64_t E, int64_t k, int64_t D,
   plan.chunk_count = c.take<int32_t>(max_chunks);
   plan.chunk_expert = c.take<int32_t>(max_chunks);
   plan.counters = c.take<int32_t>(1);
+  plan.route_counts = cuda::moe::route_blocks(n) > 0 ? c.take<int32_t>(cuda::moe::route_blocks(n) * E) : nullptr;
   plan.h = c.take<float>((P + n) * I);
   plan.y = c.take<float>(n * (k + 1) * D);
   return plan;
@@ -402,15 +404,34 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
       grouped || shared_grouped ? carve_grouped(carve, n, E, k, D, I, split_floats) : cuda::moe::GroupedBuffers{};
 
   const bool pdl = props_.major >= 9;
-  cuda::moe::RouterLogitsParams logits;
-  logits.x = x;
-  logits.gate = view_of(layer.gate);
-  logits.gate_format = format_of(layer.gate, false);  // the router runs on fp32 FMAs
-  logits.n = n;
-  logits.D = D;
-  logits.E = E;
-  logits.logits = plan.scores;
-  cuda::moe::launch_router_logits(logits, pdl, stream_);
+  // The gate's logits, fp32 (DeepSeek: an f32 SGEMM of the widened bf16 x and gate). `grouped` implies fast
+  // numerics, where x (the FFN norm's output) is bf16-valued, so with a BF16 gate every product is exact in fp32
+  // on the bf16 tensor cores too (GemmParams::x_bf16; the GEMM rounds x to bf16, a no-op here): the prefill GEMM
+  // computes the logits up to summation order (and the tensor cores' truncating fp32 accumulation, a few ulp).
+  // NOTE: its split-K count follows n and the SM count, so a token's logits — and a near-tie's top-k — may differ
+  // by a few ulp between prefill chunk sizes; router_logits' did not. router_logits (fp32 FMAs, its warps over K)
+  // took 4.8 ms of a 4096-token step, 1.5 ms of a 512-token one (4 layers, H100).
+  cuda::GemmParams gate_gemm;
+  gate_gemm.x = x;
+  gate_gemm.ldx = D;
+  gate_gemm.w = layer.gate;
+  gate_gemm.n = n;
+  gate_gemm.y = plan.scores;
+  gate_gemm.ldy = E;
+  gate_gemm.x_bf16 = true;
+  const bool gate_on_tensor_cores =
+      grouped && layer.gate.format == WFormat::kBF16 && cuda::gemm_tensor_core(gate_gemm, *this);
+  if (!gate_on_tensor_cores) {
+    cuda::moe::RouterLogitsParams logits;
+    logits.x = x;
+    logits.gate = view_of(layer.gate);
+    logits.gate_format = format_of(layer.gate, false);  // the router runs on fp32 FMAs
+    logits.n = n;
+    logits.D = D;
+    logits.E = E;
+    logits.logits = plan.scores;
+    cuda::moe::launch_router_logits(logits, pdl, stream_);
+  }
 
   cuda::moe::RouteParams route;
   route.plan = plan;

@@ -1,6 +1,6 @@
-// moe family (CUDA), host-only: the token counts from which CudaOps::moe takes the grouped FP8 GEMM path in fast
-// numerics (experts_grouped.cu; the crossover against the item kernels is measured in docs/design/moe.md).
-// Tests and benchmarks move them to force a path.
+// moe family (CUDA): the token counts from which CudaOps::moe takes the grouped FP8 GEMM path in fast
+// numerics (experts_grouped.cu; the crossover against the item kernels is measured in docs/design/moe.md), and
+// route its many-block path. Tests and benchmarks move the first two to force a path.
 #pragma once
 
 #include <cstdint>
@@ -15,5 +15,9 @@ void set_grouped_min_tokens(int64_t n);  // n ≤ 0: the default again
 // (launch_shared_grouped, moe_kernels.h) while the routed ones stay on the item kernels.
 int64_t shared_grouped_min_tokens(int64_t I);
 void set_shared_grouped_min_tokens(int64_t n);  // n ≤ 0: the default again
+
+// From kRouteManyBlocksMin tokens route runs over blocks of kRouteBlockTokens tokens (route.cu), not one block.
+constexpr int kRouteBlockTokens = 64;
+constexpr int64_t kRouteManyBlocksMin = 4 * kRouteBlockTokens;
 
 }  // namespace dsv4::cuda::moe

@@ -36,6 +36,7 @@
 #include "cuda/common/check.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/device_weight.h"
+#include "cuda/moe/moe_grouped.h"
 #include "cuda/moe/weight_dot.cuh"
 #include "cuda/moe/weight_mma.cuh"
 
@@ -84,6 +85,9 @@ struct Plan {
   int32_t* chunk_count = nullptr;   // [max_chunks] 1 .. kChunk
   int32_t* chunk_expert = nullptr;  // [max_chunks] routed expert, −1 = shared
   int32_t* counters = nullptr;  // [1]: the chunks, written by route every step
+  // From kRouteManyBlocksMin tokens route runs over blocks of kRouteBlockTokens tokens (route.cu), counting each
+  // block's pairs per expert here: [route_blocks(n), E]; nullptr keeps route in one block.
+  int32_t* route_counts = nullptr;
   float* h = nullptr;  // [P + n, I] SwiGLU output, weight applied, by pair
   float* y = nullptr;  // [n·(k+1), D] down projections, by pair_out
 };
@@ -107,6 +111,11 @@ struct RouteParams {
   int expert_begin = 0, expert_end = 0;  // the rank's routed experts (file comment); [0, E) on one rank
   bool shared_items = true;              // the plan starts with the shared expert's chunks (file comment)
 };
+
+// route's blocks of tokens (moe_grouped.h): none below kRouteManyBlocksMin tokens (one block does the step).
+__host__ __device__ inline int64_t route_blocks(int64_t n) {
+  return n >= kRouteManyBlocksMin ? (n + kRouteBlockTokens - 1) / kRouteBlockTokens : 0;
+}
 
 struct ExpertParams {
   Plan plan;

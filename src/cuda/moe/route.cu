@@ -2,8 +2,9 @@
 // chunk of kChunk tokens, the K range split over the block's warps; a block stages its chunk's x once for
 // RouterLogitsParams::passes pairs of gate rows); route turns them into the step's plan
 // (moe_kernels.h): sqrt-softplus scores, the k experts of each token (top-k of score + bias, or the hash
-// table), their weights, and the (token, choice) pairs grouped by expert into chunks. route is one block: it
-// is tiny next to the expert weights and keeps the grouping deterministic without a host round-trip.
+// table), their weights, and the (token, choice) pairs grouped by expert into chunks. route is one block up to
+// kRouteManyBlocksMin tokens (tiny next to the expert weights, no launches in between), three launches over
+// blocks of tokens beyond; both keep the grouping deterministic without a host round-trip.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -141,9 +142,8 @@ struct RoutePrefetch {
   int hashed = -1;  // hash layers: the table's expert for the warp's first token, lane < k
 };
 
-__device__ RoutePrefetch prefetch_route(const RouteParams& p) {
+__device__ RoutePrefetch prefetch_route(const RouteParams& p, int64_t t) {  // t: the warp's first token
   const int lane = int(threadIdx.x % 32);
-  const int64_t t = int64_t(threadIdx.x / 32);  // the warp's first token
   RoutePrefetch r;
 #pragma unroll
   for (int i = 0; i < kScoresPerLane; ++i) {
@@ -170,8 +170,8 @@ __device__ __forceinline__ uint32_t ordered_bits(float v) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// Token t's choices, by one warp. Scores replace the logits.
-__device__ Choice choose_experts(const RouteParams& p, const RoutePrefetch& pre, int64_t t) {
+// Token t's choices, by one warp (pre: prefetched for the warp's first token t_first). Scores replace the logits.
+__device__ Choice choose_experts(const RouteParams& p, const RoutePrefetch& pre, int64_t t, int64_t t_first) {
   const int lane = int(threadIdx.x % 32);
   float* s = p.plan.scores + t * p.E;
   float score[kScoresPerLane], biased[kScoresPerLane];
@@ -188,7 +188,7 @@ __device__ Choice choose_experts(const RouteParams& p, const RoutePrefetch& pre,
   Choice c;
   if (p.tid2eid) {
     if (lane < p.k)
-      c.expert = t == int64_t(threadIdx.x / 32) ? pre.hashed : p.tid2eid[int64_t(p.tokens[t]) * p.k + lane];
+      c.expert = t == t_first ? pre.hashed : p.tid2eid[int64_t(p.tokens[t]) * p.k + lane];
   } else {
     // k rounds of a warp argmax over the untaken experts on ordered_bits keys (0: taken or absent, below
     // every score; NaN ranks as −inf): the largest key by one warp reduction, then the lowest expert holding
@@ -274,85 +274,95 @@ __device__ void group_few_pairs(const RouteParams& p, int P, const int* few_expe
   if (lane == 0) plan.counters[0] = n_shared + routed_chunks;
 }
 
-__global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
-  __shared__ int warp_counts[kRouteWarps][kMaxExperts];  // pass 1: pairs per (warp range, expert); then bases
-  __shared__ int expert_offset[kMaxExperts];
-  __shared__ int warp_totals[kRouteWarps];
-  __shared__ int few_expert[32];  // P ≤ 32: topk_expert and topk_weight for step 2, without a global read-back
-  __shared__ float few_weight[32];
-  // expert_up may start at once: its shared-expert items read only x (complete: router_logits waited for
-  // it before letting this kernel launch) and wait for this kernel before anything routed.
-  const RoutePrefetch pre = prefetch_route(p);
-  pdl_trigger();
-  pdl_wait_predecessor();
-  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+// Step 1 for token t, by one warp: scores, choices, weights = score / Σ chosen scores × routed_scaling_factor (the
+// CPU's order: the sum runs over j = 0 .. k−1), and the combine order (this rank's choices; then −1s). few_*:
+// copies of the first 32 pairs' experts and weights for group_few_pairs (nullptr: not wanted).
+__device__ void choose_token(const RouteParams& p, const RoutePrefetch& pre, int64_t t, int64_t t_first,
+                             int* few_expert, float* few_weight) {
+  const int lane = int(threadIdx.x % 32), k = int(p.k);
   const Plan& plan = p.plan;
-  const int k = int(p.k);
-
-  // 1. Per token: scores, choices, weights = score / Σ chosen scores × routed_scaling_factor (the CPU's
-  //    order: the sum runs over j = 0 .. k−1), and the combine order (this rank's choices; then −1s).
-  for (int64_t t = warp; t < p.n; t += kRouteWarps) {
-    const Choice choice = choose_experts(p, pre, t);
-    const int chosen = choice.expert;
-    const float score = lane < k ? choice.score : 0.0f;
-    float sum = 0.0f;
-    for (int j = 0; j < k; ++j) sum += __shfl_sync(0xFFFFFFFFu, score, j);
-    // Position of (key, lane) among the token's (key, j) in ascending order; key = the expert, another rank's
-    // last.
-    const int key = lane < k && local_expert(p, chosen) >= 0 ? chosen : INT_MAX;
-    int rank = 0;
-    for (int j = 0; j < k; ++j) {
-      const int other = __shfl_sync(0xFFFFFFFFu, key, j);
-      if (other < key || (other == key && j < lane)) ++rank;
-    }
-    if (lane < k) {
-      const float weight = score / sum;
-      plan.topk_expert[t * k + lane] = chosen;
-      plan.topk_weight[t * k + lane] = weight * p.routed_scaling_factor;
-      if (t * k + lane < 32) {
-        few_expert[t * k + lane] = chosen;
-        few_weight[t * k + lane] = weight * p.routed_scaling_factor;
-      }
-      plan.combine_order[t * k + rank] = key == INT_MAX ? -1 : lane;
-    }
+  const Choice choice = choose_experts(p, pre, t, t_first);
+  const int chosen = choice.expert;
+  const float score = lane < k ? choice.score : 0.0f;
+  float sum = 0.0f;
+  for (int j = 0; j < k; ++j) sum += __shfl_sync(0xFFFFFFFFu, score, j);
+  // Position of (key, lane) among the token's (key, j) in ascending order; key = the expert, another rank's last.
+  const int key = lane < k && local_expert(p, chosen) >= 0 ? chosen : INT_MAX;
+  int rank = 0;
+  for (int j = 0; j < k; ++j) {
+    const int other = __shfl_sync(0xFFFFFFFFu, key, j);
+    if (other < key || (other == key && j < lane)) ++rank;
   }
-  const int P = int(p.n) * k;
-  if (P <= 32) {
-    __syncthreads();  // step 1's few_expert / few_weight are visible to warp 0
-    if (warp == 0) group_few_pairs(p, P, few_expert, few_weight);
-    return;
+  if (lane < k) {
+    const float weight = score / sum;
+    plan.topk_expert[t * k + lane] = chosen;
+    plan.topk_weight[t * k + lane] = weight * p.routed_scaling_factor;
+    if (few_expert && t * k + lane < 32) {
+      few_expert[t * k + lane] = chosen;
+      few_weight[t * k + lane] = weight * p.routed_scaling_factor;
+    }
+    plan.combine_order[t * k + rank] = key == INT_MAX ? -1 : lane;
   }
-  for (int i = int(threadIdx.x); i < kRouteWarps * kMaxExperts; i += kRouteThreads) (&warp_counts[0][0])[i] = 0;
-  __syncthreads();
+}
 
-  // 2. Group the P = n·k pairs by expert, deterministically: warp w owns the contiguous pairs [lo, hi) and
-  //    counts them per expert; bases = expert offset + the counts of the warps before; then each warp places
-  //    its pairs in order (rank among equal experts within a 32-pair step from __match_any_sync).
-  const int per_warp = (P + kRouteWarps - 1) / kRouteWarps;
-  const int lo = min(P, warp * per_warp), hi = min(P, lo + per_warp);
+// Grouping, pass 1: the calling warp counts its pairs [lo, hi) per local expert into counts[E] (zeroed).
+__device__ void count_pairs(const RouteParams& p, int lo, int hi, int* counts) {
+  const int lane = int(threadIdx.x % 32);
   for (int base = lo; base < hi; base += 32) {
     const int pair = base + lane;
-    const int e = pair < hi ? local_expert(p, plan.topk_expert[pair]) : -1;
+    const int e = pair < hi ? local_expert(p, p.plan.topk_expert[pair]) : -1;
     const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
-    if (e >= 0 && lane == __ffs(peers) - 1) warp_counts[warp][e] += __popc(peers);
+    if (e >= 0 && lane == __ffs(peers) - 1) counts[e] += __popc(peers);
     __syncwarp();
   }
-  __syncthreads();
-  const int e = int(threadIdx.x);
-  int count = 0;
-  if (e < p.E)
-    for (int w = 0; w < kRouteWarps; ++w) {
-      const int c = warp_counts[w][e];
-      warp_counts[w][e] = count;
-      count += c;
+}
+
+// Grouping, pass 2: the calling warp places its pairs [lo, hi) in pair order; counts[e] enters as the place of
+// the warp's first pair of expert e and is advanced (rank among equal experts within a 32-pair step from
+// __match_any_sync).
+__device__ void place_pairs(const RouteParams& p, int lo, int hi, int* counts) {
+  const int lane = int(threadIdx.x % 32), k = int(p.k);
+  const Plan& plan = p.plan;
+  for (int base = lo; base < hi; base += 32) {
+    const int pair = base + lane;
+    const int ex = pair < hi ? local_expert(p, plan.topk_expert[pair]) : -1;
+    const unsigned peers = __match_any_sync(0xFFFFFFFFu, ex);
+    if (ex >= 0) {
+      const int pos = counts[ex] + __popc(peers & ((1u << lane) - 1u));
+      const int t = pair / k, j = pair % k;
+      plan.pair_token[pos] = t;
+      plan.pair_out[pos] = t * (k + 1) + j;
+      plan.pair_weight[pos] = plan.topk_weight[pair];
     }
+    __syncwarp();
+    if (ex >= 0 && lane == __ffs(peers) - 1) counts[ex] += __popc(peers);
+    __syncwarp();
+  }
+}
+
+// Column e of warp_counts [kRouteWarps][kMaxExperts] to its exclusive prefix over the warps; returns the sum.
+__device__ int exclusive_over_warps(int (*warp_counts)[kMaxExperts], int e) {
+  int count = 0;
+  for (int w = 0; w < kRouteWarps; ++w) {
+    const int c = warp_counts[w][e];
+    warp_counts[w][e] = count;
+    count += c;
+  }
+  return count;
+}
+
+// The plan's tables from the per-expert pair counts, by the whole block (thread e = expert e, count its pairs):
+// the experts' chunks after the shared expert's, the shared pairs after the P routed ones, the chunk count.
+// Returns expert e's first pair.
+__device__ int write_chunk_tables(const RouteParams& p, int count, int* warp_totals) {
+  const Plan& plan = p.plan;
+  const int e = int(threadIdx.x), k = int(p.k), P = int(p.n) * k;
   int total_pairs = 0, total_chunks = 0;
   const int offset = block_exclusive_scan(count, warp_totals, &total_pairs);
   const int chunks = (count + kChunk - 1) / kChunk;
   const int chunk_begin = block_exclusive_scan(chunks, warp_totals, &total_chunks);
   const int n_shared = shared_chunks(p.n, p.shared_items);
   if (e < p.E) {
-    expert_offset[e] = offset;
     for (int c = 0; c < chunks; ++c) {
       const int idx = n_shared + chunk_begin + c;
       plan.chunk_pair[idx] = offset + c * kChunk;
@@ -370,25 +380,119 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
     plan.pair_out[P + t] = t * (k + 1) + k;
     plan.pair_weight[P + t] = 1.0f;
   }
-  __syncthreads();
-  for (int base = lo; base < hi; base += 32) {
-    const int pair = base + lane;
-    const int ex = pair < hi ? local_expert(p, plan.topk_expert[pair]) : -1;
-    const unsigned peers = __match_any_sync(0xFFFFFFFFu, ex);
-    if (ex >= 0) {
-      const int pos = expert_offset[ex] + warp_counts[warp][ex] + __popc(peers & ((1u << lane) - 1u));
-      const int t = pair / k, j = pair % k;
-      plan.pair_token[pos] = t;
-      plan.pair_out[pos] = t * (k + 1) + j;
-      plan.pair_weight[pos] = plan.topk_weight[pair];
-    }
-    __syncwarp();
-    if (ex >= 0 && lane == __ffs(peers) - 1) warp_counts[warp][ex] += __popc(peers);
-    __syncwarp();
-  }
-
-  // 3. The chunk count for the expert kernels (written every step, so nothing persists between steps).
+  // The chunk count for the expert kernels (written every step, so nothing persists between steps).
   if (threadIdx.x == 0) plan.counters[0] = n_shared + total_chunks;
+  return offset;
+}
+
+// One block for the whole step (decode and small prefill steps: latency, no launches in between).
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
+  __shared__ int warp_counts[kRouteWarps][kMaxExperts];  // pass 1: pairs per (warp range, expert); then bases
+  __shared__ int expert_offset[kMaxExperts];
+  __shared__ int warp_totals[kRouteWarps];
+  __shared__ int few_expert[32];  // P ≤ 32: topk_expert and topk_weight for step 2, without a global read-back
+  __shared__ float few_weight[32];
+  // expert_up may start at once: its shared-expert items read only x (complete: router_logits waited for
+  // it before letting this kernel launch) and wait for this kernel before anything routed.
+  const RoutePrefetch pre = prefetch_route(p, int64_t(threadIdx.x / 32));
+  pdl_trigger();
+  pdl_wait_predecessor();
+  const int warp = int(threadIdx.x / 32);
+
+  // 1. Per token (choose_token).
+  for (int64_t t = warp; t < p.n; t += kRouteWarps) choose_token(p, pre, t, warp, few_expert, few_weight);
+  const int P = int(p.n) * int(p.k);
+  if (P <= 32) {
+    __syncthreads();  // step 1's few_expert / few_weight are visible to warp 0
+    if (warp == 0) group_few_pairs(p, P, few_expert, few_weight);
+    return;
+  }
+  for (int i = int(threadIdx.x); i < kRouteWarps * kMaxExperts; i += kRouteThreads) (&warp_counts[0][0])[i] = 0;
+  __syncthreads();
+
+  // 2. Group the P = n·k pairs by expert, deterministically: warp w owns the contiguous pairs [lo, hi) and
+  //    counts them per expert; bases = expert offset + the counts of the warps before; then each warp places
+  //    its pairs in order.
+  const int per_warp = (P + kRouteWarps - 1) / kRouteWarps;
+  const int lo = min(P, warp * per_warp), hi = min(P, lo + per_warp);
+  count_pairs(p, lo, hi, warp_counts[warp]);
+  __syncthreads();
+  const int e = int(threadIdx.x);
+  const int count = e < p.E ? exclusive_over_warps(warp_counts, e) : 0;
+  const int offset = write_chunk_tables(p, count, warp_totals);
+  if (e < p.E) expert_offset[e] = offset;
+  __syncthreads();
+  for (int x = e; x < p.E; x += kRouteThreads)  // e < E ≤ kRouteThreads: once
+    for (int w = 0; w < kRouteWarps; ++w) warp_counts[w][x] += expert_offset[x];
+  __syncthreads();
+  place_pairs(p, lo, hi, warp_counts[warp]);
+}
+
+// ---- route over many blocks (prefill steps): route_kernel's work in three launches. One block serialised a
+// 4096-token step's 4096 tokens on one SM (1.4 ms a layer, H100); here a block takes kRouteBlockTokens tokens:
+//   route_choose   per token (choose_token), then the block's pairs counted per expert → counts[b, E];
+//   route_offsets  one block: per expert, counts[·, e] to its exclusive prefix over the blocks plus the expert's
+//                  first pair; the chunk tables;
+//   route_place    each block places its pairs from those bases, in pair order.
+// The plan is route_kernel's, entry for entry: pairs ordered by (expert, pair) either way.
+
+// grid (ceil(n / kRouteBlockTokens)), kRouteThreads threads.
+__global__ void __launch_bounds__(kRouteThreads) route_choose_kernel(RouteParams p) {
+  __shared__ int warp_counts[kRouteWarps][kMaxExperts];
+  const int warp = int(threadIdx.x / 32), k = int(p.k);
+  const int64_t t0 = int64_t(blockIdx.x) * kRouteBlockTokens, t_end = std::min<int64_t>(p.n, t0 + kRouteBlockTokens);
+  const RoutePrefetch pre = prefetch_route(p, t0 + warp);
+  for (int i = int(threadIdx.x); i < kRouteWarps * kMaxExperts; i += kRouteThreads) (&warp_counts[0][0])[i] = 0;
+  pdl_wait();
+  for (int64_t t = t0 + warp; t < t_end; t += kRouteWarps) choose_token(p, pre, t, t0 + warp, nullptr, nullptr);
+  __syncthreads();  // this block's topk_expert
+  const int lo = int(t0) * k, hi = int(t_end) * k, per_warp = (hi - lo + kRouteWarps - 1) / kRouteWarps;
+  const int wlo = min(hi, lo + warp * per_warp), whi = min(hi, wlo + per_warp);
+  count_pairs(p, wlo, whi, warp_counts[warp]);
+  __syncthreads();
+  for (int e = int(threadIdx.x); e < p.E; e += kRouteThreads) {
+    int count = 0;
+    for (int w = 0; w < kRouteWarps; ++w) count += warp_counts[w][e];
+    p.plan.route_counts[int64_t(blockIdx.x) * p.E + e] = count;
+  }
+}
+
+// One block, kRouteThreads threads.
+__global__ void __launch_bounds__(kRouteThreads) route_offsets_kernel(RouteParams p) {
+  __shared__ int warp_totals[kRouteWarps];
+  const int blocks = int(route_blocks(p.n));  // route_choose's grid
+  pdl_wait();
+  const int e = int(threadIdx.x);
+  int count = 0;
+  if (e < p.E)
+    for (int b = 0; b < blocks; ++b) {
+      const int c = p.plan.route_counts[int64_t(b) * p.E + e];
+      p.plan.route_counts[int64_t(b) * p.E + e] = count;
+      count += c;
+    }
+  const int offset = write_chunk_tables(p, count, warp_totals);
+  if (e < p.E)
+    for (int b = 0; b < blocks; ++b) p.plan.route_counts[int64_t(b) * p.E + e] += offset;
+}
+
+// grid (ceil(n / kRouteBlockTokens)), kRouteThreads threads.
+__global__ void __launch_bounds__(kRouteThreads) route_place_kernel(RouteParams p) {
+  __shared__ int warp_counts[kRouteWarps][kMaxExperts];
+  const int warp = int(threadIdx.x / 32), k = int(p.k);
+  const int64_t t0 = int64_t(blockIdx.x) * kRouteBlockTokens, t_end = std::min<int64_t>(p.n, t0 + kRouteBlockTokens);
+  for (int i = int(threadIdx.x); i < kRouteWarps * kMaxExperts; i += kRouteThreads) (&warp_counts[0][0])[i] = 0;
+  pdl_wait();
+  const int lo = int(t0) * k, hi = int(t_end) * k, per_warp = (hi - lo + kRouteWarps - 1) / kRouteWarps;
+  const int wlo = min(hi, lo + warp * per_warp), whi = min(hi, wlo + per_warp);
+  count_pairs(p, wlo, whi, warp_counts[warp]);
+  __syncthreads();
+  for (int e = int(threadIdx.x); e < p.E; e += kRouteThreads) {
+    const int base = p.plan.route_counts[int64_t(blockIdx.x) * p.E + e];
+    exclusive_over_warps(warp_counts, e);
+    for (int w = 0; w < kRouteWarps; ++w) warp_counts[w][e] += base;
+  }
+  __syncthreads();
+  place_pairs(p, wlo, whi, warp_counts[warp]);
 }
 
 }  // namespace
@@ -417,7 +521,14 @@ void launch_route(const RouteParams& p, bool pdl, cudaStream_t stream) {
   DSV4_CHECK(p.tid2eid != nullptr || p.gate_bias != nullptr, "moe route: scored routing needs gate.bias");
   DSV4_CHECK(0 <= p.expert_begin && p.expert_begin < p.expert_end && p.expert_end <= p.E, "moe route: local experts [",
              p.expert_begin, ", ", p.expert_end, ") of ", p.E);
-  launch_pdl(route_kernel, dim3(1), dim3(kRouteThreads), 0, stream, pdl, p);
+  const int64_t blocks = route_blocks(p.n);
+  if (blocks == 0 || p.plan.route_counts == nullptr) {
+    launch_pdl(route_kernel, dim3(1), dim3(kRouteThreads), 0, stream, pdl, p);
+    return;
+  }
+  launch_pdl(route_choose_kernel, dim3(unsigned(blocks)), dim3(kRouteThreads), 0, stream, pdl, p);
+  launch_pdl(route_offsets_kernel, dim3(1), dim3(kRouteThreads), 0, stream, pdl, p);
+  launch_pdl(route_place_kernel, dim3(unsigned(blocks)), dim3(kRouteThreads), 0, stream, pdl, p);
 }
 
 }  // namespace dsv4::cuda::moe
