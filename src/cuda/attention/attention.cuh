@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/attention/kv_cache.cuh"
+#include "cuda/common/cp_async.cuh"
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/common/sequence_table.cuh"
 #include "cuda/cuda_ops.h"
@@ -85,13 +86,6 @@ __device__ __forceinline__ float4 output_column(const AttnKernelParams& p, const
   }
   return v;
 }
-
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
-  const unsigned dst = unsigned(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // Keys of query position t, in the CPU's order: window positions max(0, t − W + 1) .. t, then the compressed
 // part (CSA: the first min(top_k, (t+1)/ratio) selected slots, −1 = masked — the rest cannot name a visible

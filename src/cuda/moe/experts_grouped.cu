@@ -31,6 +31,7 @@
 // three tiles: 16 row blocks of w1 / w3 at I = 2048 (8 at a tensor-parallel rank's 1024) would leave most SMs
 // idle, so its K is split over blocks (GroupedBuffers::up_splits / down_splits) whose fp32 sums a finish launch
 // adds in split order: only the order of the sums changes.
+#include "cuda/common/cp_async.cuh"
 #include "cuda/common/smem.h"
 #include "cuda/common/mma.cuh"
 #include "cuda/moe/experts.cuh"
@@ -178,18 +179,6 @@ __global__ void __launch_bounds__(1024) grouped_tiles_kernel(ExpertParams p, Gro
 }
 
 // ---- the GEMMs
-
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-  const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
 // Four e4m3 codes from two fp16 pairs (exact: the values lie on the e4m3 grid).
 __device__ __forceinline__ uint32_t e4m3x4(uint32_t h01, uint32_t h23) {
