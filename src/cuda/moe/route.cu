@@ -482,6 +482,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(RouteParams 
   const int64_t t0 = int64_t(blockIdx.x) * kRouteBlockTokens, t_end = std::min<int64_t>(p.n, t0 + kRouteBlockTokens);
   for (int i = int(threadIdx.x); i < kRouteWarps * kMaxExperts; i += kRouteThreads) (&warp_counts[0][0])[i] = 0;
   pdl_wait();
+  __syncthreads();  // the zeroed counts (a warp zeroes rows of others)
   const int lo = int(t0) * k, hi = int(t_end) * k, per_warp = (hi - lo + kRouteWarps - 1) / kRouteWarps;
   const int wlo = min(hi, lo + warp * per_warp), whi = min(hi, wlo + per_warp);
   count_pairs(p, wlo, whi, warp_counts[warp]);
