@@ -10,14 +10,14 @@
 // act_quant'ed again for w2, the w2 outputs bf16, the combine in the CPU's order (ascending expert, then the
 // shared one) rounded once. Where it differs from DeepSeek's fp4_gemm: FP4's per-32 weight scale is applied
 // inside the e4m3 value, relative to the largest of the row's four scales in the K block, which is applied to
-// the partial sum with the activation scale (exact: the products e2m1 · 2^(b − b_max + 1) lie on the e4m3 grid
-// for b_max − b ≤ kGroupedScaleSpan, checked on the host), so the tensor cores sum 128 products before the
-// fp32 scaling instead of 32. Only the order of the sums changes.
+// the partial sum with the activation scale (exact: e2m1 · 2^(b − b_max + kGroupedFp4Lift) is a normal e4m3 for
+// b_max − b ≤ kGroupedScaleSpan, checked on the host; fp4_to_e4m3), so the tensor cores sum 128 products before
+// the fp32 scaling instead of 32. Only the order of the sums changes.
 //
 // Weights are read as they lie on the device, in the MMA tile order (weight_mma.cuh): for K group G of tile T,
 // lane (g, c) loads 16 bytes of rows g and g + 8. Those bytes become its A fragments directly:
-//   FP4: one K group is one 128-column K block; the lane's chunk c (32 columns) gives MMA j its word j, the even
-//        elements as a0 / a1 (k slots 4c .. 4c+3) and the odd ones as a2 / a3 (16 + 4c ..).
+//   FP4: one K group is one 128-column K block; the lane's chunk c (32 columns) gives MMA j its word j, elements
+//        8j .. 8j+3 as a0 / a1 (k slots 4c .. 4c+3) and 8j+4 .. 8j+7 as a2 / a3 (16 + 4c ..).
 //   FP8: two K groups make a K block; MMA j takes words 2(j % 2), 2(j % 2) + 1 of group 2·kb + j / 2.
 // The activations are written once (grouped_quant) in the matching "fragment order": per 128-column block,
 // 8 bytes per (MMA j, lane c) at byte (4j + c)·8, the b0 then the b1 columns — one 8-byte shared-memory load
@@ -82,9 +82,9 @@ std::atomic<int64_t> g_shared_min_tokens{0};
 
 // Byte of column `col` (0 .. 127) of a K block in the fragment order of format fp4 / fp8 (file comment).
 __device__ __forceinline__ int fragment_pos(bool fp4, int col) {
-  if (fp4) {  // col = 32c + 8j + m: b0 the even m, b1 the odd
+  if (fp4) {  // col = 32c + 8j + m: b0 m = 0..3, b1 m = 4..7
     const int c = col / 32, j = (col / 8) % 4, m = col % 8;
-    return (j * 4 + c) * 8 + (m % 2) * 4 + m / 2;
+    return (j * 4 + c) * 8 + m;
   }
   const int q = col / 64, c = (col / 16) % 4, h = (col / 8) % 2, i = col % 8;  // col = 64q + 16c + 8h + i
   return ((2 * q + h) * 4 + c) * 8 + i;
@@ -180,16 +180,25 @@ __global__ void __launch_bounds__(1024) grouped_tiles_kernel(ExpertParams p, Gro
 
 // ---- the GEMMs
 
-// Four e4m3 codes from two fp16 pairs (exact: the values lie on the e4m3 grid).
-__device__ __forceinline__ uint32_t e4m3x4(uint32_t h01, uint32_t h23) {
-  __half2_raw a, b;
-  a.x = uint16_t(h01);
-  a.y = uint16_t(h01 >> 16);
-  b.x = uint16_t(h23);
-  b.y = uint16_t(h23 >> 16);
-  const uint32_t lo = __nv_cvt_halfraw2_to_fp8x2(a, __NV_SATFINITE, __NV_E4M3);
-  const uint32_t hi = __nv_cvt_halfraw2_to_fp8x2(b, __NV_SATFINITE, __NV_E4M3);
-  return lo | (hi << 16);
+// FP4 → e4m3 by table. A lane's 32 weights of a (row, chunk) share one E8M0 scale b; as e4m3 they are
+// e2m1 · 2^(b − b_max + lift), lift = kGroupedFp4Lift, b_max the largest of the row's four chunk scales in the K
+// block (2^(b_max − 127 − lift) is applied after the MMA). For b_max − b ≤ kGroupedScaleSpan every nonzero
+// magnitude is a normal e4m3 (≥ 0.5 · 2^-3) and the largest 6 · 2^6 = 384 ≤ 448: exact. A normal e4m3's code
+// moves by 8 per power of two, so the 8 magnitudes' codes are the table at lift 0 plus 8·(b − b_max + lift) each
+// (0 stays 0), two registers; `prmt` looks up four 3-bit magnitudes at once and a second `prmt` spreads their
+// sign bits to bit 7 of each byte: ~11 instructions per 8 weights, against ~20 for the earlier bit-move decode,
+// fp16 multiply and cvt to e4m3 (docs/design/moe.md, "The FP4 decode by tables").
+static_assert(0.5 * (1 << kGroupedFp4Lift) / (1 << kGroupedScaleSpan) >= 1.0 / 64 && 6 << kGroupedFp4Lift <= 448,
+              "the lifted e2m1 magnitudes must be normal e4m3 values");
+constexpr uint32_t kE2m1CodesLo = 0x3C383000u;  // e4m3 codes of 0, 0.5, 1, 1.5
+constexpr uint32_t kE2m1CodesHi = 0x4C484440u;  // of 2, 3, 4, 6
+
+// Eight e2m1 codes (natural order, element 0 in the low nibble) → eight e4m3 codes: lo elements 0..3, hi 4..7.
+__device__ __forceinline__ void fp4_to_e4m3(uint32_t w, uint32_t tab_lo, uint32_t tab_hi, uint32_t& lo,
+                                            uint32_t& hi) {
+  const uint32_t mag = w & 0x77777777u, sign = (w >> 3) & 0x11111111u;  // prmt reads a selector's low 16 bits
+  lo = __byte_perm(tab_lo, tab_hi, mag) | __byte_perm(0x8000u, 0u, sign);
+  hi = __byte_perm(tab_lo, tab_hi, mag >> 16) | __byte_perm(0x8000u, 0u, sign >> 16);
 }
 
 // The raw bytes of one K block of a warp's two row tiles, lane (g, c): FP4 one 16-byte unit per (tile, row half)
@@ -246,23 +255,14 @@ __device__ __forceinline__ void decode_block(const RawBlock<F>& r, int lane, uin
         const uint32_t mx = __vmaxu4(s, s >> 16);
         const int bmax = int(max(mx & 0xFFu, (mx >> 8) & 0xFFu));
         const int b = int((s >> (8 * c)) & 0xFFu);
-        // e2m1 · 2^-14 (the bit-move decode) × 2^(b − bmax + 1 + 14): e2m1 · 2^(b − bmax + 1), on the e4m3 grid.
-        const uint16_t fbits = uint16_t((b - bmax + 1 + 14 + 15) << 10);
-        const __half2 f = __halves2half2(__ushort_as_half(fbits), __ushort_as_half(fbits));
-        sw[i][h] = __uint_as_float(uint32_t(max(bmax - 1, 1)) << 23);  // 2^(bmax − 128)
+        // lift ≥ 8·(kGroupedFp4Lift − kGroupedScaleSpan) = −24, every nonzero table byte ≥ 0x30: no byte borrows.
+        const uint32_t lift = uint32_t(b - bmax + kGroupedFp4Lift) * 8u;
+        const uint32_t tab_lo = kE2m1CodesLo + lift * 0x01010100u, tab_hi = kE2m1CodesHi + lift * 0x01010101u;
+        sw[i][h] = __uint_as_float(uint32_t(max(bmax - kGroupedFp4Lift, 1)) << 23);  // 2^(bmax − 127 − lift)
         const uint4 v = r.unit[i][h][0];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t w = j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
-          const uint32_t even = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
-          const uint32_t odd = ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);
-          const uint32_t e02 = hmul2_bits(__byte_perm(even, 0u, 0x1404u), f);
-          const uint32_t e46 = hmul2_bits(__byte_perm(even, 0u, 0x3424u), f);
-          const uint32_t o13 = hmul2_bits(__byte_perm(odd, 0u, 0x1404u), f);
-          const uint32_t o57 = hmul2_bits(__byte_perm(odd, 0u, 0x3424u), f);
-          a[i][j][h] = e4m3x4(e02, e46);      // a0 (h = 0) / a1 (h = 1): k slots 4c .. 4c + 3
-          a[i][j][2 + h] = e4m3x4(o13, o57);  // a2 / a3: 16 + 4c ..
-        }
+        for (int j = 0; j < 4; ++j)  // a0 / a1 (h): elements 8j .. 8j + 3 of word j; a2 / a3: 8j + 4 ..
+          fp4_to_e4m3(j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w, tab_lo, tab_hi, a[i][j][h], a[i][j][2 + h]);
       }
     } else {
       sw[i][0] = sw[i][1] = r.block_scale[i];

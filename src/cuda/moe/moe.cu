@@ -84,9 +84,10 @@ bool fp4_scales_fit(const DeviceWeight& d) {
 }
 
 // Whether an FP4 matrix's E8M0 scales suit the grouped FP8 path (experts_grouped.cu): in every row's 128-column
-// block (four scales) max − min ≤ kGroupedScaleSpan, and every byte in [2, 254] (2^(max − 128) a normal float).
+// block (four scales) max − min ≤ kGroupedScaleSpan, and every byte in [lift + 1, 254] (2^(max − 127 − lift), the
+// factor applied after the MMA, a normal float).
 bool fp4_spans_fit(const DeviceWeight& d) {
-  return d.format == WFormat::kFP4 && d.scale_lo >= 2 && d.scale_hi <= 254 &&
+  return d.format == WFormat::kFP4 && d.scale_lo >= cuda::moe::kGroupedFp4Lift + 1 && d.scale_hi <= 254 &&
          d.scale_span <= cuda::moe::kGroupedScaleSpan;
 }
 

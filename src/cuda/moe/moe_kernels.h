@@ -187,6 +187,7 @@ void launch_combine(const ExpertParams& p, bool pdl, cudaStream_t stream);
 //   grouped_quant (h), grouped_down (w2 → y), combine (y → out in the CPU's order, launch_combine).
 constexpr int kGroupedTokens = 64;     // pairs of one expert per tile: the GEMM's N
 constexpr int kGroupedScaleSpan = 9;   // FP4: max − min of a row's four E8M0 scales in one 128-column block
+constexpr int kGroupedFp4Lift = 6;     // FP4 as e4m3: e2m1 · 2^(scale − max scale + this) (experts_grouped.cu)
 
 struct GroupedBuffers {
   uint8_t* xq_routed = nullptr;  // [n, D] x as e4m3 in the routed format's fragment order
