@@ -1,8 +1,8 @@
-// The tensor-core instructions the mma.sync kernels multiply with (sm_89+ for e4m3, sm_80+ for bf16; no-ops
-// below): the decode GEMV (gemm/gemv_mma.cu), the grouped MoE GEMMs (moe/experts_grouped.cu) and the
+// The tensor-core instructions the mma.sync kernels multiply with (sm_89+ for e4m3, sm_80+ for f16 / bf16;
+// no-ops below): the decode GEMV (gemm/gemv_mma.cu), the grouped MoE GEMMs (moe/experts_grouped.cu) and the
 // tensor-core attention (attention/attention_tc.cu), and ldmatrix to feed them from shared memory.
-// Register layout, lane (g, c) = (lane / 4, lane % 4), m16n8kK with K = 32 (e4m3) or 16 (bf16): a[0] / a[1] rows
-// g / g + 8 at the first K/2 columns' lane slice (e4m3: k 4c .. 4c + 3, bf16: k 2c, 2c + 1), a[2] / a[3] the same
+// Register layout, lane (g, c) = (lane / 4, lane % 4), m16n8kK with K = 32 (e4m3) or 16 (f16, bf16): a[0] / a[1] rows
+// g / g + 8 at the first K/2 columns' lane slice (e4m3: k 4c .. 4c + 3, 16-bit: k 2c, 2c + 1), a[2] / a[3] the same
 // rows at k + K/2; b0 / b1 column g at the same k slices; d[0..1] row g, columns 2c, 2c + 1, d[2..3] row g + 8.
 #pragma once
 
@@ -16,6 +16,19 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], 
       "{%0, %1, %2, %3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// f16 × f16 into fp32 (m16n8k16, the bf16 layout): every product of e4m3-valued halves exact. On sm_90 this is
+// the native mma.sync; the e4m3 form above is emulated there (per m16n8k32: f16 conversions of both operands,
+// four f16 MMAs and fp32 adds of their results: ~5× the instructions; docs/design/moe.md).
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 #endif
 }
 

@@ -4,29 +4,33 @@
 // weight once per pass.
 //
 // The official V4 arithmetic (fast-numerics.md §1.4, §1.5): activations act_quant'ed to e4m3 with a power-of-two
-// scale per token per 128 columns, weights as e4m3, e4m3 × e4m3 on the tensor cores (mma.sync m16n8k32) into
+// scale per token per 128 columns, weights as e4m3 values, their exact products summed on the tensor cores into
 // fp32, the scales applied to the fp32 partial sum of each 128-column K block, the sums in fp32; the w1 / w3
 // outputs rounded to bf16, the SwiGLU with its clamp and the routing weight in fp32, h rounded to bf16 and
 // act_quant'ed again for w2, the w2 outputs bf16, the combine in the CPU's order (ascending expert, then the
-// shared one) rounded once. Where it differs from DeepSeek's fp4_gemm: FP4's per-32 weight scale is applied
-// inside the e4m3 value, relative to the largest of the row's four scales in the K block, which is applied to
-// the partial sum with the activation scale (exact: e2m1 · 2^(b − b_max + kGroupedFp4Lift) is a normal e4m3 for
-// b_max − b ≤ kGroupedScaleSpan, checked on the host; fp4_to_e4m3), so the tensor cores sum 128 products before
-// the fp32 scaling instead of 32. Only the order of the sums changes.
+// shared one) rounded once. The e4m3 values multiply as f16 operands (mma.sync m16n8k16, exact): sm_90 has no
+// native e4m3 mma.sync, and its emulation of one (f16 conversions of both operands, four f16 MMAs, fp32 adds)
+// cost ~5× the instructions (docs/design/moe.md, "The grouped GEMMs on f16 MMAs"). Where it differs from
+// DeepSeek's fp4_gemm: FP4's per-32 weight scale is applied inside the f16 value, relative to the largest of the
+// row's four scales in the K block, which is applied to the partial sum with the activation scale (exact: the
+// products e2m1 · 2^(b − b_max + 1) are f16 values for b_max − b ≤ kGroupedScaleSpan, checked on the host), so
+// the tensor cores sum 128 products before the fp32 scaling instead of 32. Only the order of the sums changes.
 //
-// Weights are read as they lie on the device, in the MMA tile order (weight_mma.cuh): for K group G of tile T,
-// lane (g, c) loads 16 bytes of rows g and g + 8. Those bytes become its A fragments directly:
-//   FP4: one K group is one 128-column K block; the lane's chunk c (32 columns) gives MMA j its word j, elements
-//        8j .. 8j+3 as a0 / a1 (k slots 4c .. 4c+3) and 8j+4 .. 8j+7 as a2 / a3 (16 + 4c ..).
-//   FP8: two K groups make a K block; MMA j takes words 2(j % 2), 2(j % 2) + 1 of group 2·kb + j / 2.
-// The activations are written once (grouped_quant) in the matching "fragment order": per 128-column block,
-// 8 bytes per (MMA j, lane c) at byte (4j + c)·8, the b0 then the b1 columns — one 8-byte shared-memory load
-// per token per MMA.
+// Weights are read as they lie on the device, in the MMA tile order (weight_mma.cuh, laid out for e4m3
+// m16n8k32): for K group G of tile T, lane (g, c) loads 16 bytes of rows g and g + 8. Step j of a K block
+// (32 columns, two k16 MMAs) takes from them:
+//   FP4: one K group is one 128-column K block; the lane's chunk c (32 columns) gives step j its word j: the
+//        elements 0, 2 | 4, 6 as the first MMA's a0 / a1 | a2 / a3 and 1, 3 | 5, 7 as the second's (f16 pairs).
+//   FP8: two K groups make a K block; step j takes words x = 2(j % 2) and y = x + 1 of group 2·kb + j / 2:
+//        x's bytes 0, 1 | 2, 3 as the first MMA's a0 / a1 | a2 / a3, y's as the second's.
+// The activations are written once (grouped_quant) as f16 codes in the matching "fragment order": per
+// 128-column block, 16 bytes per (step j, lane c) at byte (4j + c)·16, the b0, b1 of the first MMA then of the
+// second — one 16-byte shared-memory load per token per step.
 //
 // Work: a block owns one tile (≤ kGroupedTokens pairs of one expert) × one block of output rows; its 8 warps own
 // 2 row tiles each (up: the same 16 rows of w1 and w3, so the SwiGLU stays in registers; down: 32 rows of w2)
 // over all the tile's pairs. Each warp decodes its weights once per K block from registers (loads one block
-// ahead) and reuses them over the tile's 8-pair MMA columns; the pairs' activations come through a two-stage
+// ahead: a shared-memory ring for them measured 8% slower) and reuses them over the tile's 8-pair MMA columns; the pairs' activations come through a two-stage
 // cp.async ring in shared memory that all 8 warps read. The shared expert alone (launch_shared_grouped) has one to
 // three tiles: 16 row blocks of w1 / w3 at I = 2048 (8 at a tensor-parallel rank's 1024) would leave most SMs
 // idle, so its K is split over blocks (GroupedBuffers::up_splits / down_splits) whose fp32 sums a finish launch
@@ -47,12 +51,13 @@ namespace dsv4::cuda::moe {
 
 namespace {
 
-constexpr int kGBlockK = 128;                      // K block: one act_quant block, four k32 MMAs
-constexpr int kGStageBlocks = 4;                   // K blocks per ring stage
-constexpr int kGStageBytes = kGBlockK * kGStageBlocks;
-// A token's stage row: 32 bytes of padding put tokens g and g + 4 of an MMA's 8 in the same 128-byte bank
-// window and tokens g .. g + 3 in distinct quarters: one 8-byte load per lane takes two wavefronts, the least.
-constexpr int kGRowStride = kGStageBytes + 32;
+constexpr int kGBlockK = 128;                     // K block: one act_quant block, four (e4m3-order) MMA steps
+constexpr int kGBlockBytes = kGBlockK * 2;        // a token's K block: f16 codes
+constexpr int kGStageBlocks = 4;                  // K blocks per ring stage
+constexpr int kGStageBytes = kGBlockBytes * kGStageBlocks;
+// A token's stage row: 64 bytes of padding put the 64 bytes that tokens g and g + 1 give one MMA step (16 per
+// lane) in the two halves of a 128-byte bank window: a 16-byte load per lane takes four wavefronts, the least.
+constexpr int kGRowStride = kGStageBytes + 64;
 constexpr int kGWarps = 8, kGThreads = kGWarps * 32;
 constexpr int kGTokenTiles = kGroupedTokens / 8;
 constexpr int kGUpRows = kGWarps * 16;    // up: each warp 16 rows of w1 and of w3
@@ -80,11 +85,12 @@ std::atomic<int64_t> g_shared_min_tokens{0};
 
 // ---- fragment order
 
-// Byte of column `col` (0 .. 127) of a K block in the fragment order of format fp4 / fp8 (file comment).
+// Place (in f16 codes) of column `col` (0 .. 127) of a K block in the fragment order of format fp4 / fp8 (file
+// comment).
 __device__ __forceinline__ int fragment_pos(bool fp4, int col) {
-  if (fp4) {  // col = 32c + 8j + m: b0 m = 0..3, b1 m = 4..7
+  if (fp4) {  // col = 32c + 8j + m: the even m (first MMA), then the odd
     const int c = col / 32, j = (col / 8) % 4, m = col % 8;
-    return (j * 4 + c) * 8 + m;
+    return (j * 4 + c) * 8 + (m % 2) * 4 + m / 2;
   }
   const int q = col / 64, c = (col / 16) % 4, h = (col / 8) % 2, i = col % 8;  // col = 64q + 16c + 8h + i
   return ((2 * q + h) * 4 + c) * 8 + i;
@@ -95,17 +101,17 @@ __device__ __forceinline__ int fragment_pos(bool fp4, int col) {
 struct QuantParams {
   const float* src = nullptr;  // [rows, K]
   int64_t rows = 0, K = 0;
-  uint8_t* out0 = nullptr;  // rows [0, end0) in order fp4_0
+  uint16_t* out0 = nullptr;  // rows [0, end0) in order fp4_0
   int64_t end0 = 0;
   bool fp4_0 = false;
-  uint8_t* out1 = nullptr;  // rows [begin1, rows) in order fp4_1 (nullptr: none)
+  uint16_t* out1 = nullptr;  // rows [begin1, rows) in order fp4_1 (nullptr: none)
   int64_t begin1 = 0;
   bool fp4_1 = false;
   float* scale = nullptr;  // [rows, K / 128] 2^e
 };
 
 // One warp per (row, K block): lane l holds columns 4l .. 4l + 3; src/cpu/quant.cpp's fp8_round_trip of the
-// bf16-rounded row, as act_quant_lanes.
+// bf16-rounded row, as act_quant_lanes; the e4m3 values written as f16 codes (exact).
 __global__ void __launch_bounds__(256) grouped_quant_kernel(QuantParams p) {
   const int lane = int(threadIdx.x % 32);
   const int64_t kblocks = p.K / kGBlockK;
@@ -116,11 +122,12 @@ __global__ void __launch_bounds__(256) grouped_quant_kernel(QuantParams p) {
     float v[4] = {round_bf16(v4.x), round_bf16(v4.y), round_bf16(v4.z), round_bf16(v4.w)};
     const float amax = warp_max_f32(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
     const int e = e4m3_block_exponent(amax);
-    uint8_t code[4];
+    uint16_t code[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) code[i] = e4m3_code(round_e4m3(clamp_like_std(ldexpf(v[i], -e), -448.0f, 448.0f)));
-    const auto write = [&](uint8_t* out, bool fp4) {
-      uint8_t* block = out + row * p.K + kb * kGBlockK;
+    for (int i = 0; i < 4; ++i)
+      code[i] = __half_as_ushort(__float2half_rn(round_e4m3(clamp_like_std(ldexpf(v[i], -e), -448.0f, 448.0f))));
+    const auto write = [&](uint16_t* out, bool fp4) {
+      uint16_t* block = out + row * p.K + kb * kGBlockK;
 #pragma unroll
       for (int i = 0; i < 4; ++i) block[fragment_pos(fp4, 4 * lane + i)] = code[i];
     };
@@ -180,25 +187,10 @@ __global__ void __launch_bounds__(1024) grouped_tiles_kernel(ExpertParams p, Gro
 
 // ---- the GEMMs
 
-// FP4 → e4m3 by table. A lane's 32 weights of a (row, chunk) share one E8M0 scale b; as e4m3 they are
-// e2m1 · 2^(b − b_max + lift), lift = kGroupedFp4Lift, b_max the largest of the row's four chunk scales in the K
-// block (2^(b_max − 127 − lift) is applied after the MMA). For b_max − b ≤ kGroupedScaleSpan every nonzero
-// magnitude is a normal e4m3 (≥ 0.5 · 2^-3) and the largest 6 · 2^6 = 384 ≤ 448: exact. A normal e4m3's code
-// moves by 8 per power of two, so the 8 magnitudes' codes are the table at lift 0 plus 8·(b − b_max + lift) each
-// (0 stays 0), two registers; `prmt` looks up four 3-bit magnitudes at once and a second `prmt` spreads their
-// sign bits to bit 7 of each byte: ~11 instructions per 8 weights, against ~20 for the earlier bit-move decode,
-// fp16 multiply and cvt to e4m3 (docs/design/moe.md, "The FP4 decode by tables").
-static_assert(0.5 * (1 << kGroupedFp4Lift) / (1 << kGroupedScaleSpan) >= 1.0 / 64 && 6 << kGroupedFp4Lift <= 448,
-              "the lifted e2m1 magnitudes must be normal e4m3 values");
-constexpr uint32_t kE2m1CodesLo = 0x3C383000u;  // e4m3 codes of 0, 0.5, 1, 1.5
-constexpr uint32_t kE2m1CodesHi = 0x4C484440u;  // of 2, 3, 4, 6
-
-// Eight e2m1 codes (natural order, element 0 in the low nibble) → eight e4m3 codes: lo elements 0..3, hi 4..7.
-__device__ __forceinline__ void fp4_to_e4m3(uint32_t w, uint32_t tab_lo, uint32_t tab_hi, uint32_t& lo,
-                                            uint32_t& hi) {
-  const uint32_t mag = w & 0x77777777u, sign = (w >> 3) & 0x11111111u;  // prmt reads a selector's low 16 bits
-  lo = __byte_perm(tab_lo, tab_hi, mag) | __byte_perm(0x8000u, 0u, sign);
-  hi = __byte_perm(tab_lo, tab_hi, mag >> 16) | __byte_perm(0x8000u, 0u, sign >> 16);
+// Two e4m3 codes (the low 16 bits) as an f16 pair (exact).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(x & 0xFFFFu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
 }
 
 // The raw bytes of one K block of a warp's two row tiles, lane (g, c): FP4 one 16-byte unit per (tile, row half)
@@ -211,40 +203,39 @@ struct RawBlock {
   float block_scale[2];      // FP8: the tile's 128 x 128 block scale
 };
 
+// Lane (g, c)'s addresses in K group 0 of its warp's two row tiles (weight_mma.cuh's tile order: a tile's K
+// group G lies kTileBytesPerGroup·G further, an FP4 scale byte per 16-byte unit likewise 64·G further), computed
+// once rather than by 64-bit index arithmetic at every load.
 struct WarpTiles {
-  const uint8_t* data[2];
-  const void* scale[2];
-  int64_t tile[2];   // tile index T (rows 16T ..)
-  int64_t groups;    // K groups per row (row_bytes / 64)
-  int64_t scale_cols;
+  const uint8_t* unit[2][2];   // [tile][row half]: the lane's 16-byte unit
+  const uint8_t* scale[2][2];  // FP4: the u32 of its row's four chunk scales; FP8: [tile][0] the tile's block scale
   bool live[2];
 };
+constexpr int64_t kTileBytesPerGroup = 2 * 32 * 16;  // a 16-row tile's K group: (row half, lane) × 16 bytes
 
 template <WFormat F>
-__device__ __forceinline__ void load_block(const WarpTiles& w, int64_t kb, int lane, RawBlock<F>& r) {
+__device__ __forceinline__ void load_block(const WarpTiles& w, int64_t kb, RawBlock<F>& r) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int u = 0; u < RawBlock<F>::kUnits; ++u) {
         const int64_t G = kb * RawBlock<F>::kUnits + u;
-        const int64_t unit = mma_tile_unit(w.tile[i], G, h, lane, w.groups);
-        r.unit[i][h][u] = w.live[i] ? load_stream16(w.data[i] + 16 * unit) : make_uint4(0, 0, 0, 0);
-        if constexpr (F == WFormat::kFP4) {
-          const uint8_t* s = static_cast<const uint8_t*>(w.scale[i]);
-          r.scales[i][h] = w.live[i] ? __ldg(reinterpret_cast<const uint32_t*>(s + (unit - lane % 4))) : 0x7F7F7F7Fu;
-        }
+        r.unit[i][h][u] = w.live[i] ? load_stream16(w.unit[i][h] + kTileBytesPerGroup * G) : make_uint4(0, 0, 0, 0);
       }
+      if constexpr (F == WFormat::kFP4)
+        r.scales[i][h] = w.live[i] ? __ldg(reinterpret_cast<const uint32_t*>(w.scale[i][h] + 64 * kb)) : 0x7F7F7F7Fu;
+    }
     if constexpr (F == WFormat::kFP8)
-      r.block_scale[i] =
-          w.live[i] ? __ldg(static_cast<const float*>(w.scale[i]) + (w.tile[i] * 16 / 128) * w.scale_cols + kb) : 0.0f;
+      r.block_scale[i] = w.live[i] ? __ldg(reinterpret_cast<const float*>(w.scale[i][0]) + kb) : 0.0f;
   }
 }
 
-// A fragments of the K block's four MMAs for both tiles, and each tile row's weight factor (rows g, g + 8).
+// A fragments of the K block's eight k16 MMAs for both tiles — a[tile][step j][8]: step j's first MMA a0..a3,
+// then its second's — and each tile row's weight factor (rows g, g + 8).
 template <WFormat F>
-__device__ __forceinline__ void decode_block(const RawBlock<F>& r, int lane, uint32_t (&a)[2][4][4], float (&sw)[2][2]) {
+__device__ __forceinline__ void decode_block(const RawBlock<F>& r, int lane, uint32_t (&a)[2][4][8], float (&sw)[2][2]) {
   const int c = lane % 4;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -255,14 +246,21 @@ __device__ __forceinline__ void decode_block(const RawBlock<F>& r, int lane, uin
         const uint32_t mx = __vmaxu4(s, s >> 16);
         const int bmax = int(max(mx & 0xFFu, (mx >> 8) & 0xFFu));
         const int b = int((s >> (8 * c)) & 0xFFu);
-        // lift ≥ 8·(kGroupedFp4Lift − kGroupedScaleSpan) = −24, every nonzero table byte ≥ 0x30: no byte borrows.
-        const uint32_t lift = uint32_t(b - bmax + kGroupedFp4Lift) * 8u;
-        const uint32_t tab_lo = kE2m1CodesLo + lift * 0x01010100u, tab_hi = kE2m1CodesHi + lift * 0x01010101u;
-        sw[i][h] = __uint_as_float(uint32_t(max(bmax - kGroupedFp4Lift, 1)) << 23);  // 2^(bmax − 127 − lift)
+        // e2m1 · 2^-14 (the bit-move decode) × 2^(b − bmax + 1 + 14): e2m1 · 2^(b − bmax + 1), exact in f16.
+        const uint16_t fbits = uint16_t((b - bmax + 1 + 14 + 15) << 10);
+        const __half2 f = __halves2half2(__ushort_as_half(fbits), __ushort_as_half(fbits));
+        sw[i][h] = __uint_as_float(uint32_t(max(bmax - 1, 1)) << 23);  // 2^(bmax − 128)
         const uint4 v = r.unit[i][h][0];
 #pragma unroll
-        for (int j = 0; j < 4; ++j)  // a0 / a1 (h): elements 8j .. 8j + 3 of word j; a2 / a3: 8j + 4 ..
-          fp4_to_e4m3(j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w, tab_lo, tab_hi, a[i][j][h], a[i][j][2 + h]);
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t w = j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+          const uint32_t even = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
+          const uint32_t odd = ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);
+          a[i][j][h] = hmul2_bits(__byte_perm(even, 0u, 0x1404u), f);      // elements 0, 2: k 2c, 2c + 1
+          a[i][j][2 + h] = hmul2_bits(__byte_perm(even, 0u, 0x3424u), f);  // 4, 6: k 2c + 8, 2c + 9
+          a[i][j][4 + h] = hmul2_bits(__byte_perm(odd, 0u, 0x1404u), f);   // second MMA: 1, 3
+          a[i][j][6 + h] = hmul2_bits(__byte_perm(odd, 0u, 0x3424u), f);   // 5, 7
+        }
       }
     } else {
       sw[i][0] = sw[i][1] = r.block_scale[i];
@@ -271,8 +269,11 @@ __device__ __forceinline__ void decode_block(const RawBlock<F>& r, int lane, uin
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const uint4 v = r.unit[i][h][j / 2];
-          a[i][j][h] = j % 2 == 0 ? v.x : v.z;
-          a[i][j][2 + h] = j % 2 == 0 ? v.y : v.w;
+          const uint32_t x = j % 2 == 0 ? v.x : v.z, y = j % 2 == 0 ? v.y : v.w;  // 4 e4m3 each
+          a[i][j][h] = e4m3x2_to_f16x2(x);
+          a[i][j][2 + h] = e4m3x2_to_f16x2(x >> 16);
+          a[i][j][4 + h] = e4m3x2_to_f16x2(y);
+          a[i][j][6 + h] = e4m3x2_to_f16x2(y >> 16);
         }
     }
   }
@@ -280,25 +281,27 @@ __device__ __forceinline__ void decode_block(const RawBlock<F>& r, int lane, uin
 
 // The ring: stage s holds K blocks [4s, 4s + 4) of the tile's kGroupedTokens activation rows and their scales.
 struct Ring {
-  uint8_t* rows;   // [2][kGroupedTokens][kGRowStride]
+  uint8_t* rows;   // [2][kGroupedTokens][kGRowStride] f16 codes
   float* scales;   // [2][kGStageBlocks][kGroupedTokens]
 };
 
-// Stage `stage` of the K blocks [kb_begin, kb_end): blocks kb_begin + 4·stage ..
+// Stage `stage` of the K blocks [kb_begin, kb_end): blocks kb_begin + 4·stage .., of the first `rows` tokens.
 __device__ __forceinline__ void load_stage(const Ring& ring, int buf, int64_t stage, int64_t kb_begin, int64_t kb_end,
-                                           int64_t K, const uint8_t* act, const float* act_scale,
-                                           const int* row_index) {
+                                           int64_t K, const uint16_t* act, const float* act_scale,
+                                           const int* row_index, int rows) {
   const int64_t kb0 = kb_begin + stage * kGStageBlocks;
   const int nb = int(std::min<int64_t>(kGStageBlocks, kb_end - kb0));
-  uint8_t* rows = ring.rows + size_t(buf) * kGroupedTokens * kGRowStride;
-  const int col16 = int(threadIdx.x % 32);  // 32 × 16 bytes = one stage row
-  if (col16 < nb * (kGBlockK / 16))
-    for (int m = int(threadIdx.x / 32); m < kGroupedTokens; m += kGWarps)
-      cp_async16(rows + m * kGRowStride + 16 * col16, act + int64_t(row_index[m]) * K + kb0 * kGBlockK + 16 * col16);
-  const int m = int(threadIdx.x % kGroupedTokens), kb = int(threadIdx.x / kGroupedTokens);
-  if (kb < nb)
+  uint8_t* stage_rows = ring.rows + size_t(buf) * kGroupedTokens * kGRowStride;
+  const int row16 = nb * (kGBlockBytes / 16);  // 16-byte pieces of a token's stage row
+  for (int i = int(threadIdx.x); i < rows * row16; i += kGThreads) {
+    const int m = i / row16, col16 = i % row16;
+    cp_async16(stage_rows + m * kGRowStride + 16 * col16, act + int64_t(row_index[m]) * K + kb0 * kGBlockK + 8 * col16);
+  }
+  for (int i = int(threadIdx.x); i < nb * rows; i += kGThreads) {
+    const int kb = i / rows, m = i % rows;
     cp_async4(ring.scales + (buf * kGStageBlocks + kb) * kGroupedTokens + m,
               act_scale + int64_t(row_index[m]) * (K / kGBlockK) + kb0 + kb);
+  }
   cp_async_commit();
 }
 
@@ -307,16 +310,19 @@ __device__ __forceinline__ void load_stage(const Ring& ring, int buf, int64_t st
 // loop is one basic block: with a run-time bound per token tile (a branch each) the compiler could not overlap
 // one tile's dependent MMAs with the next tile's.
 template <int NT>
-__device__ __forceinline__ void mma_block(const uint32_t (&a)[2][4][4], const float (&sw)[2][2], const uint8_t* xb,
+__device__ __forceinline__ void mma_block(const uint32_t (&a)[2][4][8], const float (&sw)[2][2], const uint8_t* xb,
                                           const float* sb, float (&acc)[2][kGTokenTiles][4]) {
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     float part[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint2 b = *reinterpret_cast<const uint2*>(xb + t * 8 * kGRowStride + j * 32);
-      mma_e4m3(part[0], a[0][j], b.x, b.y);
-      mma_e4m3(part[1], a[1][j], b.x, b.y);
+    for (int j = 0; j < 4; ++j) {  // step j: two k16 MMAs, their b0 / b1 in one 16-byte load
+      const uint4 b = *reinterpret_cast<const uint4*>(xb + t * 8 * kGRowStride + j * 64);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        mma_f16(part[i], a[i][j][0], a[i][j][1], a[i][j][2], a[i][j][3], b.x, b.y);
+        mma_f16(part[i], a[i][j][4], a[i][j][5], a[i][j][6], a[i][j][7], b.z, b.w);
+      }
     }
     const float2 sa = *reinterpret_cast<const float2*>(sb + t * 8);
 #pragma unroll
@@ -333,7 +339,7 @@ __device__ __forceinline__ void mma_block(const uint32_t (&a)[2][4][4], const fl
 // K = I), over the K blocks [kb_begin, kb_end); leaves acc[tile i][token tile][fragment] in units of the output.
 template <bool kUp, WFormat F>
 __device__ __forceinline__ void gemm_tile(const ExpertParams& p, const GroupedBuffers& g, const WarpTiles& w,
-                                          int count, const uint8_t* act, const float* act_scale, const int* row_index,
+                                          int count, const uint16_t* act, const float* act_scale, const int* row_index,
                                           const Ring& ring, int64_t kb_begin, int64_t kb_end,
                                           float (&acc)[2][kGTokenTiles][4]) {
   const int lane = int(threadIdx.x % 32), g8 = lane / 4, c = lane % 4;
@@ -347,12 +353,12 @@ __device__ __forceinline__ void gemm_tile(const ExpertParams& p, const GroupedBu
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][t][e] = 0.0f;
   RawBlock<F> raw;
-  load_block<F>(w, kb_begin, lane, raw);
-  load_stage(ring, 0, 0, kb_begin, kb_end, K, act, act_scale, row_index);
+  load_block<F>(w, kb_begin, raw);
+  load_stage(ring, 0, 0, kb_begin, kb_end, K, act, act_scale, row_index, 8 * token_tiles);
   const bool any = w.live[0] || w.live[1];
   for (int64_t s = 0; s < stages; ++s) {
     if (s + 1 < stages) {
-      load_stage(ring, int((s + 1) % 2), s + 1, kb_begin, kb_end, K, act, act_scale, row_index);
+      load_stage(ring, int((s + 1) % 2), s + 1, kb_begin, kb_end, K, act, act_scale, row_index, 8 * token_tiles);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -364,11 +370,11 @@ __device__ __forceinline__ void gemm_tile(const ExpertParams& p, const GroupedBu
     if (any) {
       for (int kbl = 0; kbl < nb; ++kbl) {
         const int64_t kb = kb_begin + s * kGStageBlocks + kbl;
-        uint32_t a[2][4][4];
+        uint32_t a[2][4][8];
         float sw[2][2];
         decode_block<F>(raw, lane, a, sw);
-        if (kb + 1 < kb_end) load_block<F>(w, kb + 1, lane, raw);  // the next block's loads fly over the MMAs
-        const uint8_t* xb = rows + g8 * kGRowStride + kbl * kGBlockK + c * 8;
+        if (kb + 1 < kb_end) load_block<F>(w, kb + 1, raw);  // the next block's loads fly over the MMAs
+        const uint8_t* xb = rows + g8 * kGRowStride + kbl * kGBlockBytes + c * 16;
         const float* sb = scales + kbl * kGroupedTokens + 2 * c;
         switch (token_tiles) {  // straight-line code: the MMAs of all token tiles interleave
           case 1: mma_block<1>(a, sw, xb, sb, acc); break;
@@ -400,28 +406,37 @@ __global__ void __launch_bounds__(kGThreads, 1) grouped_gemm_kernel(ExpertParams
   const int expert = g.tile_expert[tile], pair0 = g.tile_pair0[tile], count = g.tile_count[tile];
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
   const MatFormat& fmt = expert < 0 ? (kUp ? p.shared_up : p.shared_down) : (kUp ? p.routed_up : p.routed_down);
-  WarpTiles w;
+  const uint8_t* data[2];
+  const void* scale[2];
   if (expert < 0) {
     const MatView a = kUp ? p.shared_w1 : p.shared_w2, b = kUp ? p.shared_w3 : p.shared_w2;
-    w.data[0] = a.data;
-    w.data[1] = b.data;
-    w.scale[0] = a.scale;
-    w.scale[1] = b.scale;
+    data[0] = a.data;
+    data[1] = b.data;
+    scale[0] = a.scale;
+    scale[1] = b.scale;
   } else {
     const ExpertPtrs e = p.experts[expert];
-    w.data[0] = kUp ? e.w1 : e.w2;
-    w.data[1] = kUp ? e.w3 : e.w2;
-    w.scale[0] = kUp ? e.s1 : e.s2;
-    w.scale[1] = kUp ? e.s3 : e.s2;
+    data[0] = kUp ? e.w1 : e.w2;
+    data[1] = kUp ? e.w3 : e.w2;
+    scale[0] = kUp ? e.s1 : e.s2;
+    scale[1] = kUp ? e.s3 : e.s2;
   }
-  w.groups = fmt.row_bytes / kTileGroupBytes;
-  w.scale_cols = fmt.scale_cols;
+  const int64_t groups = fmt.row_bytes / kTileGroupBytes;
   const int64_t row0 = int64_t(rb) * block_rows + (kUp ? warp * 16 : warp * 32);
+  WarpTiles w;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int64_t r = kUp ? row0 : row0 + 16 * i;
-    w.tile[i] = r / 16;
+    const int64_t r = kUp ? row0 : row0 + 16 * i, tile_index = r / 16;
     w.live[i] = r < out_rows;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t unit = mma_tile_unit(tile_index, 0, h, lane, groups);
+      w.unit[i][h] = data[i] + 16 * unit;
+      w.scale[i][h] = fmt.format == WFormat::kFP4
+                          ? static_cast<const uint8_t*>(scale[i]) + (unit - lane % 4)
+                          : reinterpret_cast<const uint8_t*>(static_cast<const float*>(scale[i]) +
+                                                             (tile_index * 16 / 128) * fmt.scale_cols);
+    }
   }
   if (threadIdx.x < kGroupedTokens) {  // clamped: columns past count compute on a real row and are dropped
     const int pair = pair0 + min(int(threadIdx.x), count - 1);
@@ -429,7 +444,7 @@ __global__ void __launch_bounds__(kGThreads, 1) grouped_gemm_kernel(ExpertParams
   }
   __syncthreads();
   const bool fp4 = fmt.format == WFormat::kFP4;
-  const uint8_t* act = kUp ? (expert < 0 ? g.xq_shared : g.xq_routed) : g.hq;
+  const uint16_t* act = kUp ? (expert < 0 ? g.xq_shared : g.xq_routed) : g.hq;
   const float* act_scale = kUp ? g.xs : g.hs;
   Ring ring{smem_grouped, reinterpret_cast<float*>(smem_grouped + 2 * size_t(kGroupedTokens) * kGRowStride)};
   float acc[2][kGTokenTiles][4];
@@ -510,7 +525,7 @@ int quant_grid(int64_t warps) { return int(std::min<int64_t>((warps + 7) / 8, 13
 
 // Rows [0, end0) of src [rows, K] in format fp4_0's fragment order into out0, their scales into scale (rows
 // [begin1, rows) also into out1 where the caller sets it).
-QuantParams quant_rows(const float* src, int64_t rows, int64_t K, uint8_t* out0, int64_t end0, bool fp4_0,
+QuantParams quant_rows(const float* src, int64_t rows, int64_t K, uint16_t* out0, int64_t end0, bool fp4_0,
                        float* scale) {
   return {.src = src, .rows = rows, .K = K, .out0 = out0, .end0 = end0, .fp4_0 = fp4_0, .scale = scale};
 }

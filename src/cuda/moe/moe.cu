@@ -84,10 +84,9 @@ bool fp4_scales_fit(const DeviceWeight& d) {
 }
 
 // Whether an FP4 matrix's E8M0 scales suit the grouped FP8 path (experts_grouped.cu): in every row's 128-column
-// block (four scales) max − min ≤ kGroupedScaleSpan, and every byte in [lift + 1, 254] (2^(max − 127 − lift), the
-// factor applied after the MMA, a normal float).
+// block (four scales) max − min ≤ kGroupedScaleSpan, and every byte in [2, 254] (2^(max − 128) a normal float).
 bool fp4_spans_fit(const DeviceWeight& d) {
-  return d.format == WFormat::kFP4 && d.scale_lo >= cuda::moe::kGroupedFp4Lift + 1 && d.scale_hi <= 254 &&
+  return d.format == WFormat::kFP4 && d.scale_lo >= 2 && d.scale_hi <= 254 &&
          d.scale_span <= cuda::moe::kGroupedScaleSpan;
 }
 
@@ -299,10 +298,10 @@ cuda::moe::GroupedBuffers carve_grouped(Carve& c, int64_t n, int64_t E, int64_t 
   g.partials = partial_floats > 0 ? c.take<float>(partial_floats) : nullptr;
   g.partial_floats = partial_floats;
   g.max_tiles = cuda::moe::grouped_max_tiles(n, k, E);
-  g.xq_routed = c.take<uint8_t>(n * D);
-  g.xq_shared = c.take<uint8_t>(n * D);
+  g.xq_routed = c.take<uint16_t>(n * D);
+  g.xq_shared = c.take<uint16_t>(n * D);
   g.xs = c.take<float>(n * (D / 128));
-  g.hq = c.take<uint8_t>((P + n) * I);
+  g.hq = c.take<uint16_t>((P + n) * I);
   g.hs = c.take<float>((P + n) * (I / 128));
   g.tile_expert = c.take<int32_t>(g.max_tiles);
   g.tile_pair0 = c.take<int32_t>(g.max_tiles);

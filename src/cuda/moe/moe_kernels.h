@@ -187,13 +187,13 @@ void launch_combine(const ExpertParams& p, bool pdl, cudaStream_t stream);
 //   grouped_quant (h), grouped_down (w2 → y), combine (y → out in the CPU's order, launch_combine).
 constexpr int kGroupedTokens = 64;     // pairs of one expert per tile: the GEMM's N
 constexpr int kGroupedScaleSpan = 9;   // FP4: max − min of a row's four E8M0 scales in one 128-column block
-constexpr int kGroupedFp4Lift = 6;     // FP4 as e4m3: e2m1 · 2^(scale − max scale + this) (experts_grouped.cu)
 
 struct GroupedBuffers {
-  uint8_t* xq_routed = nullptr;  // [n, D] x as e4m3 in the routed format's fragment order
-  uint8_t* xq_shared = nullptr;  // [n, D] in the shared expert's fragment order
+  // Activations act_quant'ed to e4m3 values, stored as f16 codes (the GEMMs multiply in f16: experts_grouped.cu).
+  uint16_t* xq_routed = nullptr;  // [n, D] x in the routed format's fragment order
+  uint16_t* xq_shared = nullptr;  // [n, D] in the shared expert's fragment order
   float* xs = nullptr;           // [n, D / 128] their scales
-  uint8_t* hq = nullptr;         // [P + n, I] h as e4m3 (routed pairs: routed order; shared: shared order)
+  uint16_t* hq = nullptr;        // [P + n, I] h (routed pairs: routed order; shared: shared order)
   float* hs = nullptr;           // [P + n, I / 128]
   int32_t* tile_expert = nullptr;  // [max_tiles] −1 = shared
   int32_t* tile_pair0 = nullptr;   // [max_tiles]
