@@ -10,7 +10,10 @@ overlap and sum to more than the step; exposed times sum to the step (less the f
 import collections
 import csv
 import os
+import signal
 import sys
+
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the listing quietly
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_names import short, last_step, prefill_step  # noqa: E402

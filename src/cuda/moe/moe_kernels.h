@@ -179,11 +179,13 @@ void launch_expert_down(const ExpertParams& p, int sm_count, bool pdl, cudaStrea
 void launch_combine(const ExpertParams& p, bool pdl, cudaStream_t stream);
 
 // ---- The grouped path (experts_grouped.cu): fast numerics at n ≥ grouped_min_tokens(I) (moe_grouped.h), when
-// every expert matrix is `grouped`. Per expert a real GEMM over its tokens: e4m3 weights (FP4 e2m1 widened,
-// its scales folded as below) × act_quant'ed e4m3 activations on mma.sync m16n8k32, fp32 accumulation, the
-// weight and activation scales applied per 128-column K block in fp32. Launches, after route:
-//   grouped_quant (x → e4m3 rows in the MMA fragment order + a power-of-two scale per 128 columns), grouped_tiles
-//   (the plan's expert segments cut into tiles of ≤ kGroupedTokens pairs), grouped_up (w1, w3, SwiGLU, weight → h),
+// every expert matrix is `grouped`. Per expert a real GEMM over its tokens: e4m3 weights (FP4 e2m1 widened, its
+// scales folded as below) × act_quant'ed e4m3 activations, as exact f16 operands of mma.sync m16n8k16 (sm_90
+// emulates the e4m3 form), fp32 accumulation, the weight and activation scales applied per 128-column K block in
+// fp32. Launches, after route:
+//   grouped_quant (x → its e4m3 values as f16, in the MMA fragment order, + a power-of-two scale per 128 columns),
+//   grouped_tiles (the plan's expert segments cut into tiles of ≤ kGroupedTokens pairs), grouped_up (w1, w3,
+//   SwiGLU, weight → h),
 //   grouped_quant (h), grouped_down (w2 → y), combine (y → out in the CPU's order, launch_combine).
 constexpr int kGroupedTokens = 64;     // pairs of one expert per tile: the GEMM's N
 constexpr int kGroupedScaleSpan = 9;   // FP4: max − min of a row's four E8M0 scales in one 128-column block
