@@ -103,7 +103,13 @@ __device__ __forceinline__ float e4m3_round_trip(float v, int e) {
 // 2^(byte − 127), the E8M0 scale (byte ≥ 1: the simulations never produce a smaller scale).
 __device__ __forceinline__ float e8m0_value(uint32_t byte) { return __uint_as_float(byte << 23); }
 
-// Two e4m3 bytes (low byte first) to floats, exactly (hardware cvt on sm_89+).
+// Two e4m3 bytes (the low 16 bits, low byte first) as an f16 pair, exactly (hardware cvt on sm_89+).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xFFFFu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+// Two e4m3 bytes (low byte first) to floats, exactly.
 __device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xFFFFu), __NV_E4M3);
   return __half22float2(__half2(h));

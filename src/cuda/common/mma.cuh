@@ -1,27 +1,19 @@
-// The tensor-core instructions the mma.sync kernels multiply with (sm_89+ for e4m3, sm_80+ for f16 / bf16;
-// no-ops below): the decode GEMV (gemm/gemv_mma.cu), the grouped MoE GEMMs (moe/experts_grouped.cu) and the
-// tensor-core attention (attention/attention_tc.cu), and ldmatrix to feed them from shared memory.
-// Register layout, lane (g, c) = (lane / 4, lane % 4), m16n8kK with K = 32 (e4m3) or 16 (f16, bf16): a[0] / a[1] rows
-// g / g + 8 at the first K/2 columns' lane slice (e4m3: k 4c .. 4c + 3, 16-bit: k 2c, 2c + 1), a[2] / a[3] the same
-// rows at k + K/2; b0 / b1 column g at the same k slices; d[0..1] row g, columns 2c, 2c + 1, d[2..3] row g + 8.
+// The tensor-core instructions the mma.sync kernels multiply with (sm_80+; no-ops below): the decode GEMV
+// (gemm/gemv_mma.cu), the grouped MoE GEMMs (moe/experts_grouped.cu) and the tensor-core attention
+// (attention/attention_tc.cu), and ldmatrix to feed them from shared memory.
+// Register layout, lane (g, c) = (lane / 4, lane % 4), m16n8k16: a[0] / a[1] rows g / g + 8 at k 2c, 2c + 1,
+// a[2] / a[3] the same rows at k 2c + 8, 2c + 9; b0 / b1 column g at the same k slices; d[0..1] row g, columns
+// 2c, 2c + 1, d[2..3] row g + 8.
+// e4m3 operands multiply as f16 (exact, e4m3x2_to_f16x2): sm_90 has no native mma.sync on e4m3 — the
+// m16n8k32.e4m3 form compiles to f16 conversions of both operands, four f16 MMAs and fp32 adds of their results,
+// ~5× the instructions (docs/design/moe.md); Hopper's native FP8 path is wgmma (gemm/tc_wgmma.cuh).
 #pragma once
 
 #include <cstdint>
 
 namespace dsv4::cuda {
 
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-// f16 × f16 into fp32 (m16n8k16, the bf16 layout): every product of e4m3-valued halves exact. On sm_90 this is
-// the native mma.sync; the e4m3 form above is emulated there (per m16n8k32: f16 conversions of both operands,
-// four f16 MMAs and fp32 adds of their results: ~5× the instructions; docs/design/moe.md).
+// f16 × f16 into fp32: every product of e4m3-valued (or other ≤ 11-bit-significand) halves exact.
 __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                         uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

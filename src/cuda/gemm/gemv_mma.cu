@@ -1,7 +1,8 @@
 // gemm family, decode path on the tensor cores, 5 ≤ n ≤ 16 activation rows, the weight rows as the MMA's 16 rows
 // and the activation rows as its 8 (or 2 × 8) columns:
 //  * gemv_mma_kernel: y = act_quant(x) · Wᵀ for FP8 weights in fast numerics (quant_x, bf16_out) — the FP8 × FP8
-//    product DeepSeek's GPU code computes, as mma.sync m16n8k32 e4m3;
+//    product DeepSeek's GPU code computes, the e4m3 values as exact f16 operands of mma.sync m16n8k16 (sm_90 has no
+//    native e4m3 mma.sync: its emulation converted both operands for every MMA and added four MMAs' results);
 //  * gemv_bf16_kernel: y = x · Wᵀ for bf16-valued x (fast numerics) and BF16 weights, or FP8 ones multiplied in
 //    bf16 (wo_a, the grouped projection), as mma.sync m16n8k16 bf16: every product exact in fp32; the sums are
 //    the tensor cores' fp32 accumulation (not IEEE round-to-nearest at every add) in another order than the
@@ -10,7 +11,7 @@
 // Why: the CUDA-core GEMVs decode every weight byte to fp32 and multiply it once per activation row; at n = 8
 // that is ~16 instructions per weight byte, and the FP8 matrices ran at ~20% of the copy bandwidth in the
 // batch-8 step. Here a weight byte costs 1/32 of a 16-byte load and 1/32 (n ≤ 8) or 1/16 of an MMA, and FP8 ×
-// FP8 needs no conversion at all: the kernel streams the weights as the GEMV does.
+// FP8 needs only an exact cvt to f16: the kernel streams the weights as the GEMV does.
 //
 // NOTE: layout.
 //  * Each block stages x act_quant'ed (per row and 128 columns: e4m3 codes and the block's power-of-two scale,
@@ -19,10 +20,10 @@
 //    warps' partial tiles are summed in a fixed order in shared memory. A linear_pair's two matrices (same x)
 //    are one list of tiles.
 //  * Within a 128-column K block, lane (g, c) = (lane / 4, lane % 4) loads bytes [32c, 32c + 32) of rows g and
-//    g + 8 of the tile (4 lanes read a row's 128 contiguous bytes). The MMA's k order is a permutation of the
-//    block's: step s takes bytes 32c + 8s .. + 3 as the lane's k slots 4c .. 4c + 3 (registers a0 / a1) and
-//    bytes 32c + 8s + 4 .. + 7 as slots 16 + 4c .. (a2 / a3), and the activations' B fragment reads the same
-//    bytes of x (b0, b1), so each step is a dot product over 32 of the block's columns.
+//    g + 8 of the tile (4 lanes read a row's 128 contiguous bytes). The MMAs' k order is a permutation of the
+//    block's: step s is two f16 MMAs, the first over bytes 32c + 8s .. + 3 (k slots 2c, 2c + 1 from bytes 0, 1,
+//    slots 2c + 8, 2c + 9 from bytes 2, 3), the second over bytes + 4 .. + 7, and the activations' B fragments
+//    read the same bytes of x, so each step is a dot product over 32 of the block's columns.
 //  * K blocks multiply in fp32 by the weight's 128 × 128 block scale and each activation row's scale; the MMA
 //    sums 128 exact e4m3 products per block (DeepGEMM promotes to fp32 at the same granularity).
 //  * Each warp keeps the next two (tile, K block) chunks of weights in flight while it multiplies one; the first
@@ -157,13 +158,24 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const __grid_cons
       const uint32_t a_row1[8] = {cur.r1lo.x, cur.r1lo.y, cur.r1lo.z, cur.r1lo.w,
                                   cur.r1hi.x, cur.r1hi.y, cur.r1hi.z, cur.r1hi.w};
 #pragma unroll
-      for (int s = 0; s < 4; ++s)
+      for (int s = 0; s < 4; ++s) {
+        // Step s as two f16 MMAs (sm_90 emulates the e4m3 one): the first over bytes 32c + 8s .. + 3 of the lane's
+        // rows and of x (k slots 2c, 2c + 1 | 2c + 8, 2c + 9: bytes 0, 1 | 2, 3), the second over bytes + 4 .. + 7.
+        uint32_t a[2][4];
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          a[m][0] = e4m3x2_to_f16x2(a_row0[2 * s + m]);
+          a[m][1] = e4m3x2_to_f16x2(a_row1[2 * s + m]);
+          a[m][2] = e4m3x2_to_f16x2(a_row0[2 * s + m] >> 16);
+          a[m][3] = e4m3x2_to_f16x2(a_row1[2 * s + m] >> 16);
+        }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           const uint2 b = *reinterpret_cast<const uint2*>(xq + (nt * 8 + g) * p.x_stride + kb * kBlockK + 32 * c + 8 * s);
-          const uint32_t a[4] = {a_row0[2 * s], a_row1[2 * s], a_row0[2 * s + 1], a_row1[2 * s + 1]};
-          mma_e4m3(blk[nt], a, b.x, b.y);
+          mma_f16(blk[nt], a[0][0], a[0][1], a[0][2], a[0][3], e4m3x2_to_f16x2(b.x), e4m3x2_to_f16x2(b.x >> 16));
+          mma_f16(blk[nt], a[1][0], a[1][1], a[1][2], a[1][3], e4m3x2_to_f16x2(b.y), e4m3x2_to_f16x2(b.y >> 16));
         }
+      }
       // C fragment: blk[nt][0 / 1] = row g, activation rows 8nt + 2c / + 1; [2 / 3] = row g + 8.
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {

@@ -36,8 +36,9 @@
 // idle, so its K is split over blocks (GroupedBuffers::up_splits / down_splits) whose fp32 sums a finish launch
 // adds in split order: only the order of the sums changes.
 #include "cuda/common/cp_async.cuh"
-#include "cuda/common/smem.h"
+#include "cuda/common/fp_grid.cuh"
 #include "cuda/common/mma.cuh"
+#include "cuda/common/smem.h"
 #include "cuda/moe/experts.cuh"
 #include "cuda/moe/moe_grouped.h"
 
@@ -186,12 +187,6 @@ __global__ void __launch_bounds__(1024) grouped_tiles_kernel(ExpertParams p, Gro
 }
 
 // ---- the GEMMs
-
-// Two e4m3 codes (the low 16 bits) as an f16 pair (exact).
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(x & 0xFFFFu), __NV_E4M3);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
-}
 
 // The raw bytes of one K block of a warp's two row tiles, lane (g, c): FP4 one 16-byte unit per (tile, row half)
 // and the u32 of the row's four scale bytes; FP8 two units (K groups) per (tile, row half).
