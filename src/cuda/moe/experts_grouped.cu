@@ -10,7 +10,7 @@
 // act_quant'ed again for w2, the w2 outputs bf16, the combine in the CPU's order (ascending expert, then the
 // shared one) rounded once. The e4m3 values multiply as f16 operands (mma.sync m16n8k16, exact): sm_90 has no
 // native e4m3 mma.sync, and its emulation of one (f16 conversions of both operands, four f16 MMAs, fp32 adds)
-// cost ~5× the instructions (docs/design/moe.md, "The grouped GEMMs on f16 MMAs"). Where it differs from
+// cost ~5× the instructions (docs/design/moe.md, "What bounds the grouped GEMMs"). Where it differs from
 // DeepSeek's fp4_gemm: FP4's per-32 weight scale is applied inside the f16 value, relative to the largest of the
 // row's four scales in the K block, which is applied to the partial sum with the activation scale (exact: the
 // products e2m1 · 2^(b − b_max + 1) are f16 values for b_max − b ≤ kGroupedScaleSpan, checked on the host), so
@@ -30,8 +30,8 @@
 // Work: a block owns one tile (≤ kGroupedTokens pairs of one expert) × one block of output rows; its 8 warps own
 // 2 row tiles each (up: the same 16 rows of w1 and w3, so the SwiGLU stays in registers; down: 32 rows of w2)
 // over all the tile's pairs. Each warp decodes its weights once per K block from registers (loads one block
-// ahead: a shared-memory ring for them measured 8% slower) and reuses them over the tile's 8-pair MMA columns; the pairs' activations come through a two-stage
-// cp.async ring in shared memory that all 8 warps read. The shared expert alone (launch_shared_grouped) has one to
+// ahead: a shared-memory ring for them measured 8% slower) and reuses them over the tile's 8-pair MMA columns;
+// the pairs' activations come through a two-stage cp.async ring in shared memory that all 8 warps read. The shared expert alone (launch_shared_grouped) has one to
 // three tiles: 16 row blocks of w1 / w3 at I = 2048 (8 at a tensor-parallel rank's 1024) would leave most SMs
 // idle, so its K is split over blocks (GroupedBuffers::up_splits / down_splits) whose fp32 sums a finish launch
 // adds in split order: only the order of the sums changes.
@@ -199,14 +199,15 @@ struct RawBlock {
 };
 
 // Lane (g, c)'s addresses in K group 0 of its warp's two row tiles (weight_mma.cuh's tile order: a tile's K
-// group G lies kTileBytesPerGroup·G further, an FP4 scale byte per 16-byte unit likewise 64·G further), computed
-// once rather than by 64-bit index arithmetic at every load.
+// group G lies kTileBytesPerGroup·G further, its FP4 scale bytes, one per 16-byte unit, kTileUnitsPerGroup·G
+// further), computed once rather than by 64-bit index arithmetic at every load.
 struct WarpTiles {
   const uint8_t* unit[2][2];   // [tile][row half]: the lane's 16-byte unit
   const uint8_t* scale[2][2];  // FP4: the u32 of its row's four chunk scales; FP8: [tile][0] the tile's block scale
   bool live[2];
 };
-constexpr int64_t kTileBytesPerGroup = 2 * 32 * 16;  // a 16-row tile's K group: (row half, lane) × 16 bytes
+constexpr int64_t kTileBytesPerGroup = kTileRows * kTileGroupBytes;  // a 16-row tile's K group
+constexpr int64_t kTileUnitsPerGroup = kTileBytesPerGroup / 16;
 
 template <WFormat F>
 __device__ __forceinline__ void load_block(const WarpTiles& w, int64_t kb, RawBlock<F>& r) {
@@ -220,7 +221,7 @@ __device__ __forceinline__ void load_block(const WarpTiles& w, int64_t kb, RawBl
         r.unit[i][h][u] = w.live[i] ? load_stream16(w.unit[i][h] + kTileBytesPerGroup * G) : make_uint4(0, 0, 0, 0);
       }
       if constexpr (F == WFormat::kFP4)
-        r.scales[i][h] = w.live[i] ? __ldg(reinterpret_cast<const uint32_t*>(w.scale[i][h] + 64 * kb)) : 0x7F7F7F7Fu;
+        r.scales[i][h] = w.live[i] ? __ldg(reinterpret_cast<const uint32_t*>(w.scale[i][h] + kTileUnitsPerGroup * kb)) : 0x7F7F7F7Fu;
     }
     if constexpr (F == WFormat::kFP8)
       r.block_scale[i] = w.live[i] ? __ldg(reinterpret_cast<const float*>(w.scale[i][0]) + kb) : 0.0f;

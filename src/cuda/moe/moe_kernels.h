@@ -185,8 +185,8 @@ void launch_combine(const ExpertParams& p, bool pdl, cudaStream_t stream);
 // fp32. Launches, after route:
 //   grouped_quant (x → its e4m3 values as f16, in the MMA fragment order, + a power-of-two scale per 128 columns),
 //   grouped_tiles (the plan's expert segments cut into tiles of ≤ kGroupedTokens pairs), grouped_up (w1, w3,
-//   SwiGLU, weight → h),
-//   grouped_quant (h), grouped_down (w2 → y), combine (y → out in the CPU's order, launch_combine).
+//   SwiGLU, weight → h), grouped_quant (h), grouped_down (w2 → y), combine (y → out in the CPU's order,
+//   launch_combine).
 constexpr int kGroupedTokens = 64;     // pairs of one expert per tile: the GEMM's N
 constexpr int kGroupedScaleSpan = 9;   // FP4: max − min of a row's four E8M0 scales in one 128-column block
 
