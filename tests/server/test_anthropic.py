@@ -4,7 +4,8 @@ raw HTTP for the exact event stream and error bodies), on the shipped tiny model
 Run by ctest (tests/server/tests.cmake) with the venv that tools/setup makes:
     DSV4_CLI=build/bin/dsv4 build/venv/bin/python -m unittest -v tests/server/test_anthropic.py
 The tiny model never writes DSML tool calls of its own; their mapping to tool_use blocks is tested in
-test_server.cpp, and calls forced by tool_choice any / tool in test_structured.py.
+test_server.cpp, calls forced by tool_choice any / tool in test_structured.py, and calls that a model writes itself
+(models/small) in test_tool_model.py.
 """
 
 import json

@@ -398,8 +398,8 @@ class TestApi(ServerCase):
                                                        temperature=0, stream=True)
         self.assertEqual("".join(c.choices[0].delta.content or "" for c in streamed if c.choices),
                          second.choices[0].message.content)
-        # The model's own DSML tool calls become tool_calls: tests/server/test_server.cpp (the tiny model never
-        # writes DSML, so that direction is tested below the HTTP layer with the same code path).
+        # The model's own DSML tool calls become tool_calls: tests/server/test_server.cpp below the HTTP layer (the
+        # tiny model never writes DSML) and test_tool_model.py on models/small, which does.
 
 
 class TestConcurrency(ServerCase):

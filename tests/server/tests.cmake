@@ -6,8 +6,9 @@ target_link_libraries(test_server PRIVATE dsv4_server)
 dsv4_test(test_dashboard ${CMAKE_CURRENT_LIST_DIR}/test_dashboard.cpp)
 target_link_libraries(test_dashboard PRIVATE dsv4_server)
 
-# test_openai.py, test_anthropic.py and test_structured.py (constrained decoding): the running `dsv4 serve` driven
-# by the official openai and anthropic Python clients; test_fuzz.py: random and structured bytes at its listener.
+# test_openai.py, test_anthropic.py, test_structured.py (constrained decoding) and test_tool_model.py (tool calls
+# that models/small writes itself): the running `dsv4 serve` driven by the official openai and anthropic Python
+# clients; test_fuzz.py: random and structured bytes at its listener.
 # tools/setup installs the clients into a virtual environment under build/ (Debian's Python is externally managed,
 # and a venv keeps the pinned versions away from the system). One CTest entry per test class, so they run in
 # parallel. test_dashboard.py loads the dashboard in headless Chromium and leaves its screenshot in build/artifacts/.
@@ -18,7 +19,7 @@ if(EXISTS "${DSV4_PYTHON}")
                   PYTHONDONTWRITEBYTECODE=1)
   foreach(test openai.TestApi openai.TestConcurrency openai.TestRobustness openai.TestAccess openai.TestSlowClients
                openai.TestOverload anthropic.TestMessages anthropic.TestMessagesAccess dashboard.TestDashboard
-               structured.TestStructuredOutput fuzz.TestHttpFuzz)
+               structured.TestStructuredOutput tool_model.TestOpenAI tool_model.TestAnthropic fuzz.TestHttpFuzz)
     add_test(NAME server_${test}
              COMMAND "${DSV4_PYTHON}" -m unittest -v test_${test}
              WORKING_DIRECTORY "${CMAKE_CURRENT_LIST_DIR}")
