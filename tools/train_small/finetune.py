@@ -34,7 +34,6 @@ import argparse
 import gzip
 import importlib.util
 import json
-import math
 import os
 import sys
 import tempfile
