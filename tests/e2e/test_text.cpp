@@ -55,5 +55,20 @@ TEST(Text, ChatAnswersEachLine) {
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '['), 2) << r.err;  // one stats line per answer
 }
 
+// models/small writes reasoning in thinking mode (its README): the reasoning, a blank line, the answer, with no think
+// marker in either.
+TEST(Text, ChatThinkingSeparatesReasoningFromAnswer) {
+  const CliResult r = run_cli({"chat", "--model", source_path("models/small"), "--think", "--max-tokens", "64",
+                               "--temperature", "0"}, 300, "Who wrote Emma?\n/quit\n");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const size_t gap = r.out.find("\n\n");
+  ASSERT_NE(gap, std::string::npos) << r.out;
+  const std::string reasoning = r.out.substr(0, gap), answer = r.out.substr(gap + 2);
+  EXPECT_FALSE(reasoning.empty()) << r.out;
+  EXPECT_FALSE(answer.empty() || answer == "\n") << r.out;
+  EXPECT_EQ(r.out.find("think>"), std::string::npos) << r.out;
+  EXPECT_NE(answer.find("Austen"), std::string::npos) << r.out;  // what the fine-tune taught it
+}
+
 }  // namespace
 }  // namespace dsv4::test

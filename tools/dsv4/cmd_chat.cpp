@@ -103,6 +103,7 @@ int cmd_chat(int argc, char** argv) {
         shown_reasoning = r.reasoning.size();
       }
       if (r.content.size() > shown_content) {
+        if (shown_content == 0 && shown_reasoning > 0) std::printf("\n\n");  // the answer after the reasoning
         std::printf("%s", r.content.substr(shown_content).c_str());
         shown_content = r.content.size();
       }
