@@ -239,8 +239,8 @@ def main():
     chats = [torch.tensor(e.ids) for e in tok.encode_batch(read_chats(a.chat), add_special_tokens=False)]
     long = sum(len(c) > a.chat_seq for c in chats)
     chats = [c for c in chats if len(c) <= a.chat_seq]
-    dev_chat_texts = read_chats(a.chat_dev) if a.chat_dev else []
-    dev_chats = [torch.tensor(e.ids) for e in tok.encode_batch(dev_chat_texts, add_special_tokens=False)]
+    dev_chats = [torch.tensor(e.ids) for e in tok.encode_batch(read_chats(a.chat_dev) if a.chat_dev else [],
+                                                                add_special_tokens=False)]
     lens = sorted(len(c) for c in chats)
     log(f"tokens: English train {len(train_ids)} dev {len(dev_ids)}; {len(chats)} conversations "
         f"({long} longer than {a.chat_seq} dropped), tokens p50 {lens[len(lens) // 2]} max {lens[-1]}, "
