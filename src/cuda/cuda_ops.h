@@ -141,6 +141,8 @@ class CudaOps final : public Ops {
   void rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y) override;
   void rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, int64_t rows_per_pos, int64_t pos0,
             int64_t pos_stride, RopeKind kind, bool inverse) override;
+  void rope_spans(std::span<const RopeSpan> spans, int64_t row_stride, int64_t offset, int64_t rows_per_pos,
+                  RopeKind kind) override;
   void norm_rope(float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, int64_t offset,
                  int64_t rows_per_pos, int64_t pos0, RopeKind kind) override;
   void kv_finish(float* kv, const std::vector<float>& gamma, int64_t n, int64_t dim, int64_t nope, int64_t pos0,

@@ -130,6 +130,7 @@ class DeepseekV4::Rank {
   std::span<const Span> spans_;  // the current step's sequences
   // The per-sequence ops' batches of the current layer, one entry per sequence (kept: no allocation per step).
   std::vector<QueryKvParams> query_kv_batch_;
+  std::vector<RopeSpan> rope_batch_;
   std::vector<CompressorParams> compressor_batch_;
   std::vector<IndexerParams> indexer_batch_;
   std::vector<AttentionParams> attention_batch_;
@@ -489,9 +490,9 @@ void DeepseekV4::Rank::indexer_query(const IndexerWeights& w, int64_t n) {
   const ModelConfig& c = model_.config;
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
   ops_.linear(act_.qr, c.q_lora_rank, w.wq_b, n, act_.index_q, nI * dI);
-  for (const Span& s : spans_)
-    ops_.rope(act_.index_q + s.row0 * nI * dI, s.n * nI, dI, dI - c.rope_dim, nI, s.pos0, 1, RopeKind::kCompressed,
-              false);
+  rope_batch_.clear();
+  for (const Span& s : spans_) rope_batch_.push_back({act_.index_q + s.row0 * nI * dI, s.n * nI, s.pos0});
+  ops_.rope_spans(rope_batch_, dI, dI - c.rope_dim, nI, RopeKind::kCompressed);
   if (numerics_ != Numerics::kExact) ops_.hadamard_sim_fp4(act_.index_q, n * nI, dI);
   ops_.linear(act_.xn, c.dim, w.weights_proj, n, act_.index_w, nI);
   ops_.scale(act_.index_w, size_t(n * nI), float(1.0 / std::sqrt(double(dI) * double(nI))));

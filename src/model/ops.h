@@ -97,6 +97,12 @@ struct QueryKvParams {
   float* ring = nullptr;  // the sliding-window KV ring, a cache
 };
 
+// One sequence's rows of an Ops::rope_spans call: rows x .. x + rows·row_stride, row r at position pos0 + r / rows_per_pos.
+struct RopeSpan {
+  float* x = nullptr;
+  int64_t rows = 0, pos0 = 0;
+};
+
 // One sequence's chunk of n tokens at positions pos0 .. pos0+n−1 through one of its compressors (Ops::compressor).
 struct CompressorParams {
   const CompressorWeights* weights = nullptr;
@@ -194,6 +200,13 @@ class Ops {
   // pos0 + (r / rows_per_pos) · pos_stride. inverse = rotate by −angle.
   virtual void rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, int64_t rows_per_pos,
                     int64_t pos0, int64_t pos_stride, RopeKind kind, bool inverse) = 0;
+
+  // rope of each sequence's rows (the step's indexer queries): every span as rope(span.x, span.rows, row_stride,
+  // offset, rows_per_pos, span.pos0, 1, kind, false), which a backend may run as one launch.
+  virtual void rope_spans(std::span<const RopeSpan> spans, int64_t row_stride, int64_t offset, int64_t rows_per_pos,
+                          RopeKind kind) {
+    for (const RopeSpan& s : spans) rope(s.x, s.rows, row_stride, offset, rows_per_pos, s.pos0, 1, kind, /*inverse=*/false);
+  }
 
   // RMSNorm of each row in place (gain gamma or none), then RoPE on channels [offset, dim) with row r at
   // position pos0 + r / rows_per_pos: rms_norm and rope in one call, which a backend may fuse.

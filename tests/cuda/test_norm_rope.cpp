@@ -134,6 +134,50 @@ TEST(CudaNormRope, RopeMatchesCpu) {
 #endif
 }
 
+// rope_spans (CUDA: one launch for up to 96 spans, each block finding its span) against the CPU's rope of each
+// span: 100 spans in one buffer with a gap of untouched rows between them (which must come back unchanged), of
+// decode (one position of 64 heads), prefill (13 positions) and empty spans, each at its own position; the
+// indexer's layout and an odd one. Tolerance as RopeMatchesCpu.
+TEST(CudaNormRope, RopeSpansMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  const ModelConfig cfg = v4_config();
+  CudaOps ops(cfg);
+  CpuOps cpu(cfg);
+  struct Layout {
+    const char* what;
+    int64_t row_stride, offset, rows_per_pos;
+    RopeKind kind;
+  };
+  for (const Layout& l : {Layout{"indexer q (64 heads × 128)", 128, 64, 64, RopeKind::kCompressed},
+                          Layout{"odd layout", 77, 5, 3, RopeKind::kPlain}}) {
+    struct Piece {
+      int64_t first_row, rows, pos0;
+    };
+    std::vector<Piece> pieces;
+    int64_t total = 0;
+    for (int i = 0; i < 100; ++i) {
+      const int64_t positions = i % 7 == 3 ? 13 : i % 11 == 5 ? 0 : 1;
+      pieces.push_back({total, positions * l.rows_per_pos, i == 0 ? 0 : 4095 + 977 * i});
+      total += positions * l.rows_per_pos + 2;  // two untouched rows after each span
+    }
+    const auto x = random_floats(size_t(total * l.row_stride), rng, -2.0f, 2.0f);
+    std::vector<float> want = x;
+    for (const Piece& p : pieces)
+      cpu.rope(want.data() + p.first_row * l.row_stride, p.rows, l.row_stride, l.offset, l.rows_per_pos, p.pos0, 1,
+               l.kind, false);
+    float* dx = to_device(ops, x);
+    std::vector<RopeSpan> spans;
+    for (const Piece& p : pieces) spans.push_back({dx + p.first_row * l.row_stride, p.rows, p.pos0});
+    ops.rope_spans(spans, l.row_stride, l.offset, l.rows_per_pos, l.kind);
+    const auto got = to_host(ops, dx, x.size());
+    EXPECT_TRUE(compare(got, want, Tolerance{5e-7, 0.0}, l.what));
+  }
+#endif
+}
+
 #if DSV4_HAVE_CUDA
 // got against want, rows of dim channels: the first `exact` channels of each row bit for bit (the norm, or the
 // FP8 codes), every channel within 1e-6 (the rope channels carry the fp64 sin/cos last bits).

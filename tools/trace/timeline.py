@@ -3,9 +3,11 @@ serialised) → per kernel its duration and its *exposed* time, end − the prev
 to the step. With programmatic dependent launch a kernel starts before its predecessor ends, so durations
 overlap and sum to more than the step; exposed times sum to the step (less the first kernel's start).
 
-    python3 tools/trace/timeline.py TRACE.csv [--prefill] [--sequence]
+    python3 tools/trace/timeline.py TRACE.csv [--prefill] [--sequence] [--rank R]
 
---prefill takes the trace's last long step (kernel_names.prefill_step) instead of its last step.
+--prefill takes the trace's last long step (kernel_names.prefill_step) instead of its last step. --rank R
+reads one GPU of a several-GPU run (--tp / --ep): each rank launches on a stream of its own, the R-th stream
+that starts a step (ranks create their streams in order).
 """
 import collections
 import csv
@@ -20,6 +22,12 @@ from kernel_names import short, last_step, prefill_step  # noqa: E402
 
 rows = list(csv.DictReader(open(sys.argv[1])))
 kernels = [(r["name"], int(r["start_ns"]), int(r["end_ns"]), int(r["stream"])) for r in rows]
+if "--rank" in sys.argv[2:]:
+    rank = int(sys.argv[sys.argv.index("--rank") + 1])
+    streams = sorted({k[3] for k in kernels if short(k[0]).startswith("embed_kernel")})
+    if rank >= len(streams):
+        raise SystemExit(f"--rank {rank}: the trace has {len(streams)} ranks")
+    kernels = sorted((k for k in kernels if k[3] == streams[rank]), key=lambda k: k[1])
 step = prefill_step(kernels) if "--prefill" in sys.argv[2:] else last_step(kernels)
 if len({k[3] for k in step}) > 1:
     print("note: the step's kernels ran on several streams; exposed times assume one")

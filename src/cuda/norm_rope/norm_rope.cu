@@ -14,7 +14,9 @@
 // rope: a block covers consecutive rows; the cos/sin of each (position, pair) it needs are computed once into
 // shared memory (fp64 sin/cos of the fp32 angle, rounded to fp32, as the CPU does), then each thread rotates
 // one pair of one row with unfused fp32 multiplies and adds, so the result matches the CPU bit for bit up to
-// the (rare) last-bit differences between CUDA's and the host's fp64 sin/cos.
+// the (rare) last-bit differences between CUDA's and the host's fp64 sin/cos. rope_spans runs rope's blocks
+// for several sequences (each its own rows and first position) in one launch: a block finds its span by a
+// binary search over the spans' first blocks.
 #include <algorithm>
 
 #include "cuda/common/check.h"
@@ -152,11 +154,12 @@ struct RopeParams {
   bool bf16;               // fast numerics: the rotated pair rounded to bf16
 };
 
-__global__ void __launch_bounds__(kRopeThreads) rope_kernel(RopeParams p) {
+// Rows [block·rows_per_block, ..) of p. Every thread of the block calls it (the tables need the barrier).
+__device__ __forceinline__ void rope_block(const RopeParams& p, int64_t block) {
   // cos/sin per (position slot, pair): a block's rows span at most rows_per_block distinct positions. They
   // depend on nothing the predecessor writes: computed (inv_freq read, the fp64 sin/cos) before the wait.
   __shared__ float cos_table[kRopeThreads], sin_table[kRopeThreads];
-  const int64_t row0 = int64_t(blockIdx.x) * p.rows_per_block;
+  const int64_t row0 = block * p.rows_per_block;
   const int64_t group0 = row0 / p.rows_per_pos;
   const int64_t last_row = min(row0 + p.rows_per_block, p.rows) - 1;
   const int slots = int(last_row / p.rows_per_pos - group0) + 1;
@@ -180,6 +183,39 @@ __global__ void __launch_bounds__(kRopeThreads) rope_kernel(RopeParams p) {
   // Unfused, like the CPU: an FMA would round a·c − b·s once instead of three times.
   v[0] = cuda::round_bf16_if(p.bf16, __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
   v[1] = cuda::round_bf16_if(p.bf16, __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
+}
+
+
+__global__ void __launch_bounds__(kRopeThreads) rope_kernel(RopeParams p) { rope_block(p, blockIdx.x); }
+
+// ---- rope_spans: the rows of several sequences (each its own x, rows and pos0) in one launch
+
+constexpr int kMaxRopeSpans = 96;  // one launch's spans: the parameters stay under 4 KB
+
+struct RopeSpansParams {
+  RopeParams common;  // everything but x, rows and pos0
+  struct Span {
+    float* x;
+    int64_t pos0;
+    int32_t rows, block0;  // the span's first block of the launch
+  } span[kMaxRopeSpans];
+  int spans;
+};
+static_assert(sizeof(RopeSpansParams) <= 4096, "rope_spans: the kernel parameters exceed 4 KB");
+
+// grid: the spans' blocks, span after span (span i from span[i].block0).
+__global__ void __launch_bounds__(kRopeThreads) rope_spans_kernel(const __grid_constant__ RopeSpansParams p) {
+  int lo = 0, hi = p.spans - 1;  // the last span whose block0 ≤ blockIdx.x
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.span[mid].block0 <= int(blockIdx.x)) lo = mid;
+    else hi = mid - 1;
+  }
+  RopeParams q = p.common;
+  q.x = p.span[lo].x;
+  q.rows = p.span[lo].rows;
+  q.pos0 = p.span[lo].pos0;
+  rope_block(q, int64_t(blockIdx.x) - p.span[lo].block0);
 }
 
 }  // namespace
@@ -214,18 +250,53 @@ void CudaOps::norm_rope(float* x, const std::vector<float>* gamma, int64_t rows,
                    stream_, pdl(), p);
 }
 
-void CudaOps::rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, int64_t rows_per_pos, int64_t pos0,
-                   int64_t pos_stride, RopeKind kind, bool inverse) {
-  const int64_t pairs = config_.rope_dim / 2;
-  DSV4_CHECK(pairs >= 1 && pairs <= kRopeThreads, "rope: rope_dim ", config_.rope_dim, " outside [2, ",
+namespace {
+
+// rope's checks and its parameters but x, rows and pos0.
+RopeParams rope_params(const CudaOps& ops, const float* inv_freq, int64_t rows, int64_t row_stride, int64_t offset,
+                       int64_t rows_per_pos, int64_t pos_stride, bool inverse) {
+  const int64_t pairs = ops.config().rope_dim / 2;
+  DSV4_CHECK(pairs >= 1 && pairs <= kRopeThreads, "rope: rope_dim ", ops.config().rope_dim, " outside [2, ",
              2 * kRopeThreads, "]");
   DSV4_CHECK(rows >= 0 && rows_per_pos >= 1 && offset >= 0 && offset + 2 * pairs <= row_stride,
              "rope: bad arguments rows=", rows, " rows_per_pos=", rows_per_pos, " channels [", offset, ", ",
              offset + 2 * pairs, ") in rows of ", row_stride);
+  return {nullptr, inv_freq, rows, row_stride, offset, rows_per_pos, 0, pos_stride, int(pairs),
+          int(kRopeThreads / pairs), inverse, ops.fast()};
+}
+
+}  // namespace
+
+void CudaOps::rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, int64_t rows_per_pos, int64_t pos0,
+                   int64_t pos_stride, RopeKind kind, bool inverse) {
+  RopeParams p = rope_params(*this, inv_freq(kind), rows, row_stride, offset, rows_per_pos, pos_stride, inverse);
   if (rows == 0) return;
-  RopeParams p{x, inv_freq(kind), rows, row_stride, offset, rows_per_pos, pos0, pos_stride, int(pairs),
-               int(kRopeThreads / pairs), inverse, fast()};
+  p.x = x;
+  p.pos0 = pos0;
   cuda::launch_pdl(rope_kernel, dim3(unsigned(cuda::ceil_div(rows, p.rows_per_block))), dim3(kRopeThreads), 0, stream_, pdl(), p);
+}
+
+void CudaOps::rope_spans(std::span<const RopeSpan> spans, int64_t row_stride, int64_t offset, int64_t rows_per_pos,
+                         RopeKind kind) {
+  RopeSpansParams k{};
+  k.common = rope_params(*this, inv_freq(kind), 0, row_stride, offset, rows_per_pos, 1, false);
+  int64_t blocks = 0;
+  const auto launch = [&] {
+    if (blocks > 0)
+      cuda::launch_pdl(rope_spans_kernel, dim3(unsigned(blocks)), dim3(kRopeThreads), 0, stream_, pdl(), k);
+    blocks = 0;
+    k.spans = 0;
+  };
+  for (const RopeSpan& s : spans) {
+    rope_params(*this, nullptr, s.rows, row_stride, offset, rows_per_pos, 1, false);  // the span's checks
+    const int64_t span_blocks = cuda::ceil_div(s.rows, k.common.rows_per_block);
+    if (span_blocks == 0) continue;
+    DSV4_CHECK(span_blocks <= int64_t(INT32_MAX) / 2, "rope_spans: ", s.rows, " rows in one span");
+    if (k.spans == kMaxRopeSpans || blocks + span_blocks > int64_t(INT32_MAX) / 2) launch();
+    k.span[k.spans++] = {s.x, s.pos0, int32_t(s.rows), int32_t(blocks)};
+    blocks += span_blocks;
+  }
+  launch();
 }
 
 }  // namespace dsv4
