@@ -521,8 +521,9 @@ TEST(CudaMoe, ExactTiesTakeTheLowerExpert) {
 }
 
 // Prefill-sized step on a mid-sized FP4 layer: many chunks per expert, every expert busy; reference and fast
-// numerics. From kRouteManyBlocksMin tokens route runs over blocks of tokens (route.cu): 700 tokens, 11 blocks,
-// the last one 60 tokens; 260, the last one 4 tokens (warps without a token); both routings.
+// numerics. From kRouteManyBlocksMin tokens route runs over blocks of tokens (route.cu): 700 tokens, 11 blocks of
+// 64, the last one 60 tokens; 260, the last one 4 tokens (warps without a token); 64 and 200 over blocks of 16,
+// the last of 200 with 8; both routings.
 TEST(CudaMoe, PrefillFp4) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -542,8 +543,8 @@ TEST(CudaMoe, PrefillFp4) {
 #endif
 }
 
-// Same inputs twice: bitwise the same output (no order-dependent atomics), in one route block and over many
-// (300 tokens), and n = 0 writes nothing.
+// Same inputs twice: bitwise the same output (no order-dependent atomics), in one route block (20 tokens), over
+// blocks of 16 tokens (40) and of 64 (300), and n = 0 writes nothing.
 TEST(CudaMoe, DeterministicAndEmptyStep) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -553,12 +554,13 @@ TEST(CudaMoe, DeterministicAndEmptyStep) {
   const HostMoe m(shape, {Fmt::kBF16, Fmt::kFP4, Fmt::kFP8}, false, 100, rng());
   CudaOps ops(m.config);
   m.upload_to(ops);
-  const int64_t n = 40, big = 300;
-  static_assert(big >= cuda::moe::kRouteManyBlocksMin && n < cuda::moe::kRouteManyBlocksMin);
+  const int64_t n = 20, few = 40, big = 300;
+  static_assert(n < cuda::moe::kRouteManyBlocksMin && few >= cuda::moe::kRouteManyBlocksMin &&
+                few < cuda::moe::kRouteBigBlocksMin && big >= cuda::moe::kRouteBigBlocksMin);
   const std::vector<float> x = random_floats(size_t(big * shape.D), rng);
   float* dx = device_copy(ops, x);
   float* dout = ops.alloc(size_t(big * shape.D));
-  for (const int64_t rows : {n, big}) {
+  for (const int64_t rows : {n, few, big}) {
     std::vector<float> runs[2];
     for (auto& run : runs) {
       poison_now(ops, dout, size_t(rows * shape.D));

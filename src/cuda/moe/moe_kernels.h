@@ -85,8 +85,8 @@ struct Plan {
   int32_t* chunk_count = nullptr;   // [max_chunks] 1 .. kChunk
   int32_t* chunk_expert = nullptr;  // [max_chunks] routed expert, −1 = shared
   int32_t* counters = nullptr;  // [1]: the chunks, written by route every step
-  // From kRouteManyBlocksMin tokens route runs over blocks of kRouteBlockTokens tokens (route.cu), counting each
-  // block's pairs per expert here: [route_blocks(n), E]; nullptr keeps route in one block.
+  // From kRouteManyBlocksMin tokens route runs over blocks of route_block_tokens(n) tokens (route.cu), counting
+  // each block's pairs per expert here: [route_blocks(n), E]; nullptr keeps route in one block.
   int32_t* route_counts = nullptr;
   float* h = nullptr;  // [P + n, I] SwiGLU output, weight applied, by pair
   float* y = nullptr;  // [n·(k+1), D] down projections, by pair_out
@@ -112,9 +112,13 @@ struct RouteParams {
   bool shared_items = true;              // the plan starts with the shared expert's chunks (file comment)
 };
 
-// route's blocks of tokens (moe_grouped.h): none below kRouteManyBlocksMin tokens (one block does the step).
+// route's tokens a block and its blocks of tokens (moe_grouped.h): none below kRouteManyBlocksMin tokens (one
+// block does the step).
+__host__ __device__ inline int64_t route_block_tokens(int64_t n) {
+  return n >= kRouteBigBlocksMin ? kRouteBlockTokens : kRouteSmallBlockTokens;
+}
 __host__ __device__ inline int64_t route_blocks(int64_t n) {
-  return n >= kRouteManyBlocksMin ? (n + kRouteBlockTokens - 1) / kRouteBlockTokens : 0;
+  return n >= kRouteManyBlocksMin ? (n + route_block_tokens(n) - 1) / route_block_tokens(n) : 0;
 }
 
 struct ExpertParams {

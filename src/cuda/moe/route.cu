@@ -428,19 +428,20 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
   place_pairs(p, lo, hi, warp_counts[warp]);
 }
 
-// ---- route over many blocks (prefill steps): route_kernel's work in three launches. One block serialised a
-// 4096-token step's 4096 tokens on one SM (1.4 ms a layer, H100); here a block takes kRouteBlockTokens tokens:
+// ---- route over many blocks (batched and prefill steps): route_kernel's work in three launches. One block serialised a
+// 4096-token step's 4096 tokens on one SM (1.4 ms a layer, H100); here a block takes route_block_tokens(n) tokens:
 //   route_choose   per token (choose_token), then the block's pairs counted per expert → counts[b, E];
 //   route_offsets  one block: per expert, counts[·, e] to its exclusive prefix over the blocks plus the expert's
 //                  first pair; the chunk tables;
 //   route_place    each block places its pairs from those bases, in pair order.
 // The plan is route_kernel's, entry for entry: pairs ordered by (expert, pair) either way.
 
-// grid (ceil(n / kRouteBlockTokens)), kRouteThreads threads.
+// grid (route_blocks(n)), kRouteThreads threads.
 __global__ void __launch_bounds__(kRouteThreads) route_choose_kernel(RouteParams p) {
   __shared__ int warp_counts[kRouteWarps][kMaxExperts];
   const int warp = int(threadIdx.x / 32), k = int(p.k);
-  const int64_t t0 = int64_t(blockIdx.x) * kRouteBlockTokens, t_end = std::min<int64_t>(p.n, t0 + kRouteBlockTokens);
+  const int64_t tokens = route_block_tokens(p.n);
+  const int64_t t0 = int64_t(blockIdx.x) * tokens, t_end = std::min<int64_t>(p.n, t0 + tokens);
   const RoutePrefetch pre = prefetch_route(p, t0 + warp);
   for (int i = int(threadIdx.x); i < kRouteWarps * kMaxExperts; i += kRouteThreads) (&warp_counts[0][0])[i] = 0;
   pdl_wait();
@@ -475,11 +476,12 @@ __global__ void __launch_bounds__(kRouteThreads) route_offsets_kernel(RouteParam
     for (int b = 0; b < blocks; ++b) p.plan.route_counts[int64_t(b) * p.E + e] += offset;
 }
 
-// grid (ceil(n / kRouteBlockTokens)), kRouteThreads threads.
+// grid (route_blocks(n)), kRouteThreads threads.
 __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(RouteParams p) {
   __shared__ int warp_counts[kRouteWarps][kMaxExperts];
   const int warp = int(threadIdx.x / 32), k = int(p.k);
-  const int64_t t0 = int64_t(blockIdx.x) * kRouteBlockTokens, t_end = std::min<int64_t>(p.n, t0 + kRouteBlockTokens);
+  const int64_t tokens = route_block_tokens(p.n);
+  const int64_t t0 = int64_t(blockIdx.x) * tokens, t_end = std::min<int64_t>(p.n, t0 + tokens);
   for (int i = int(threadIdx.x); i < kRouteWarps * kMaxExperts; i += kRouteThreads) (&warp_counts[0][0])[i] = 0;
   pdl_wait();
   __syncthreads();  // the zeroed counts (a warp zeroes rows of others)
