@@ -97,7 +97,8 @@ struct QueryKvParams {
   float* ring = nullptr;  // the sliding-window KV ring, a cache
 };
 
-// One sequence's rows of an Ops::rope_spans call: rows x .. x + rows·row_stride, row r at position pos0 + r / rows_per_pos.
+// One sequence's rows of an Ops::rope_spans call: rows x .. x + rows·row_stride, row r at position
+// pos0 + r / rows_per_pos.
 struct RopeSpan {
   float* x = nullptr;
   int64_t rows = 0, pos0 = 0;
@@ -205,7 +206,8 @@ class Ops {
   // offset, rows_per_pos, span.pos0, 1, kind, false), which a backend may run as one launch.
   virtual void rope_spans(std::span<const RopeSpan> spans, int64_t row_stride, int64_t offset, int64_t rows_per_pos,
                           RopeKind kind) {
-    for (const RopeSpan& s : spans) rope(s.x, s.rows, row_stride, offset, rows_per_pos, s.pos0, 1, kind, /*inverse=*/false);
+    for (const RopeSpan& s : spans)
+      rope(s.x, s.rows, row_stride, offset, rows_per_pos, s.pos0, 1, kind, /*inverse=*/false);
   }
 
   // RMSNorm of each row in place (gain gamma or none), then RoPE on channels [offset, dim) with row r at

@@ -43,6 +43,7 @@
 
 #include "cuda/common/check.h"
 #include "cuda/gemm/gemm.h"
+#include "cuda/gemm/tc_gemm.h"
 #endif
 
 namespace dsv4::test {
@@ -427,6 +428,56 @@ TEST(CudaGemmTc, Fp8GemvPairMatchesSingles) {
     EXPECT_EQ(to_host(fresh, outs[0], size_t(n * 1024)), to_host(fresh, outs[2], size_t(n * 1024)));
     EXPECT_EQ(to_host(fresh, outs[1], size_t(n * 512)), to_host(fresh, outs[3], size_t(n * 512)));
   }
+#endif
+}
+
+// An FP8 GEMV on x act_quant'ed once (gemv_codes, from tc_round_activations' codes and scales: wo_b's K and
+// wider) gives bit for bit what gemv_mma computes staging x itself; a strided odd shape (65 K blocks, padded x and
+// y rows, the padding left poisoned), wo_b, every activation-tile count; narrower K stays with gemv_mma.
+TEST(CudaGemmTc, Fp8GemvCodesMatchStaging) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  DSV4_REQUIRE_HOPPER();
+  ModelConfig config;
+  struct Shape {
+    int64_t rows, cols, ldx_pad, ldy_pad;
+  };
+  for (const Shape& sh : {Shape{4096, 8192, 0, 0}, Shape{272, 8320, 4, 2}})
+    for (int64_t n : {5, 8, 13, 16}) {
+      SCOPED_TRACE("[" + std::to_string(sh.rows) + ", " + std::to_string(sh.cols) + "] n " + std::to_string(n));
+      const HostWeight w = random_weight(DType::kF8E4M3, sh.rows, sh.cols, seed() + 31 + uint64_t(n));
+      CudaOps ops(config);
+      const cuda::DeviceWeight& dw = ops.upload(w.w);
+      const int64_t ldx = sh.cols + sh.ldx_pad, ldy = sh.rows + sh.ldy_pad;
+      float* x_d = upload_floats(ops, random_matrix(n, ldx, seed() + 32 + uint64_t(n)));
+      float* ys[2];
+      for (float*& y : ys) {
+        y = ops.alloc(size_t(n * ldy));
+        poison_on_stream(ops, y, size_t(n * ldy));
+      }
+      cuda::GemmParams p{x_d, ldx, dw, n, ys[0], ldy, 1};
+      p.quant_x = p.bf16_out = true;
+      ASSERT_TRUE(cuda::gemv_codes_covers(p) && cuda::tc_covers(p, ops));
+      const cuda::TcActivations a = cuda::tc_round_activations(p, ops);
+      cuda::gemv_codes(p, a.data, a.scale, a.scale_ld, ops.stream());
+      cuda::GemmParams staged = p;
+      staged.y = ys[1];
+      cuda::gemv(staged, {}, ops.stream());
+      const std::vector<float> got = to_host(ops, ys[0], size_t(n * ldy));
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t c = 0; c < ldy; ++c) {
+          const float v = got[size_t(r * ldy + c)];
+          if (c < sh.rows) ASSERT_TRUE(std::isfinite(v)) << "y[" << r << ", " << c << "] = " << v;
+          else ASSERT_TRUE(std::isnan(v)) << "padding y[" << r << ", " << c << "] overwritten with " << v;
+        }
+      EXPECT_EQ(got, to_host(ops, ys[1], size_t(n * ldy)));
+    }
+  const HostWeight narrow = random_weight(DType::kF8E4M3, 1024, 4096, seed() + 33);
+  CudaOps ops(config);
+  cuda::GemmParams p{nullptr, 4096, ops.upload(narrow.w), 8, nullptr, 1024, 1};
+  p.quant_x = p.bf16_out = true;
+  ASSERT_TRUE(cuda::gemv_mma_covers(p));
+  EXPECT_FALSE(cuda::gemv_codes_covers(p)) << "K = 4096 should keep gemv_mma's own staging";
 #endif
 }
 

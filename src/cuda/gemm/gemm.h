@@ -56,6 +56,13 @@ void gemv(const GemmParams& p, const GemvScratch& scratch, cudaStream_t stream);
 // gemv() runs this call on the tensor cores (gemv_mma.cu, fast numerics at 5 ≤ n ≤ 16: FP8 weights with quant_x
 // and bf16_out; BF16 weights, or FP8 ones without quant_x (wo_a), with bf16-valued x).
 bool gemv_mma_covers(const GemmParams& p);
+// An FP8 GEMV of gemv_mma's whose x is worth quantising once (K ≥ kGemvCodesMinCols): every block of gemv_mma
+// stages all of x, so at wo_b's K = 8192 its 256 blocks read 64 MB of fp32 x from L2 for 33.5 MB of weights.
+// gemv_codes multiplies codes act_quant'ed beforehand (tc_round_activations: [n, K] e4m3, scales [K / 128,
+// scale_ld]), the same values as gemv_mma's own staging.
+constexpr int64_t kGemvCodesMinCols = 8192;
+bool gemv_codes_covers(const GemmParams& p);
+void gemv_codes(const GemmParams& p, const void* codes, const float* scale, int64_t scale_ld, cudaStream_t stream);
 // Two projections of the same x (one group each, the same weight format and width) as one GEMV launch, where
 // the streaming kernel covers both (gemv_pair_covers); the caller runs them one by one otherwise.
 bool gemv_pair_covers(const GemmParams& a, const GemmParams& b);

@@ -66,6 +66,9 @@ struct MmaMatrix {
 struct MmaParams {
   const float* x = nullptr;  // [n, ldx], bf16-valued
   int64_t ldx = 0;
+  const uint8_t* codes = nullptr;  // or x act_quant'ed already: [n, cols] e4m3 (gemv_codes), x not read
+  const float* code_scale = nullptr;  // [cols / 128, code_scale_ld]
+  int64_t code_scale_ld = 0;
   int n = 0, cols = 0;       // cols a multiple of 128
   int x_stride = 0;          // bytes between staged rows of x: cols + 8, so B fragment reads are conflict-free
   MmaMatrix m[2];            // a linear_pair's matrices (tiles of m[0] first); m[1].tiles = 0 for one
@@ -120,9 +123,23 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const __grid_cons
   if (total > 1) next = load_chunk(p, tile_of(1), kb_of(1), lane);
   pdl_wait();
 
+  if (p.codes) {
+    // x act_quant'ed already: its codes copied 8 bytes at a time (staged rows start 8 bytes apart from 16-byte
+    // alignment), zero rows past n; the scales transposed to [row][K block].
+    const int units = p.cols / 8;
+    for (int i = int(threadIdx.x); i < NP * units; i += kMmaThreads) {
+      const int r = i / units, u = i % units;
+      const uint2 v = r < p.n ? *reinterpret_cast<const uint2*>(p.codes + int64_t(r) * p.cols + 8 * u) : make_uint2(0, 0);
+      *reinterpret_cast<uint2*>(xq + r * p.x_stride + 8 * u) = v;
+    }
+    for (int i = int(threadIdx.x); i < NP * KB; i += kMmaThreads) {
+      const int r = i / KB, kb = i % KB;
+      xscale[i] = r < p.n ? p.code_scale[kb * p.code_scale_ld + r] : 0.0f;
+    }
+  }
   // act_quant: one warp per (row, K block), 4 columns per lane; a warp's next kStageBatch items' loads are in
   // flight together (one item at a time left wo_b's 512 blocks of x as a chain of L2 round trips per warp).
-  for (int base = warp * kStageBatch; base < NP * KB; base += kMmaWarps * kStageBatch) {
+  for (int base = warp * kStageBatch; base < (p.codes ? 0 : NP * KB); base += kMmaWarps * kStageBatch) {
     float4 v[kStageBatch];
 #pragma unroll
     for (int u = 0; u < kStageBatch; ++u) {
@@ -425,6 +442,23 @@ MmaMatrix matrix_view(const GemmParams& p) {
   return MmaMatrix{p.w.data, p.w.scale_f32, p.w.scale_cols, p.y, p.ldy, int(p.w.rows / kTileRows)};
 }
 
+MmaParams mma_params(const GemmParams& p) {
+  MmaParams k;
+  k.x = p.x;
+  k.ldx = p.ldx;
+  k.n = int(p.n);
+  k.cols = int(p.w.cols);
+  k.x_stride = k.cols + 8;
+  k.bf16_out = p.bf16_out;
+  k.m[0] = matrix_view(p);
+  return k;
+}
+
+void launch_e4m3(const MmaParams& k, int tiles, cudaStream_t stream) {
+  if (k.n <= 8) launch_mma<1>(k, tiles, stream);
+  else launch_mma<2>(k, tiles, stream);
+}
+
 }  // namespace
 
 bool mma_pair_covers(const GemmParams& a, const GemmParams& b) {
@@ -438,17 +472,9 @@ void mma(const GemmParams& a, cudaStream_t stream, const GemmParams* b) {
              "] does not take the tensor-core GEMV");
   const int tiles = int(a.w.rows / kTileRows) + (b ? int(b->w.rows / kTileRows) : 0);
   if (e4m3_shape(a)) {
-    MmaParams k;
-    k.x = a.x;
-    k.ldx = a.ldx;
-    k.n = int(a.n);
-    k.cols = int(a.w.cols);
-    k.x_stride = k.cols + 8;
-    k.bf16_out = a.bf16_out;
-    k.m[0] = matrix_view(a);
+    MmaParams k = mma_params(a);
     if (b) k.m[1] = matrix_view(*b);
-    if (a.n <= 8) launch_mma<1>(k, tiles, stream);
-    else launch_mma<2>(k, tiles, stream);
+    launch_e4m3(k, tiles, stream);
     return;
   }
   Bf16Params k;
@@ -471,5 +497,19 @@ void mma(const GemmParams& a, cudaStream_t stream, const GemmParams* b) {
 namespace dsv4::cuda {
 
 bool gemv_mma_covers(const GemmParams& p) { return gemv_detail::mma_shape(p); }
+
+bool gemv_codes_covers(const GemmParams& p) {
+  return gemv_detail::e4m3_shape(p) && p.w.cols >= kGemvCodesMinCols;
+}
+
+void gemv_codes(const GemmParams& p, const void* codes, const float* scale, int64_t scale_ld, cudaStream_t stream) {
+  DSV4_CHECK(gemv_codes_covers(p) && codes && scale && scale_ld >= p.n, "gemv_codes: [", p.w.rows, ", ", p.w.cols,
+             "] at ", p.n, " rows does not take the pre-quantised GEMV");
+  gemv_detail::MmaParams k = gemv_detail::mma_params(p);
+  k.codes = static_cast<const uint8_t*>(codes);
+  k.code_scale = scale;
+  k.code_scale_ld = scale_ld;
+  gemv_detail::launch_e4m3(k, int(p.w.rows / gemv_detail::kTileRows), stream);
+}
 
 }  // namespace dsv4::cuda

@@ -13,6 +13,7 @@
 #include "cuda/common/check.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/gemm/gemm.h"
+#include "cuda/gemm/tc_gemm.h"
 
 namespace dsv4 {
 
@@ -48,6 +49,11 @@ cuda::GemvScratch gemv_scratch(const cuda::GemvScratchSize& need, CudaOps& ops) 
 void dispatch(const cuda::GemmParams& p, CudaOps& ops) {
   if (!check(p)) return;
   if (p.n <= cuda::kGemvMaxRows) {
+    if (cuda::gemv_codes_covers(p) && cuda::tc_covers(p, ops)) {  // x act_quant'ed once, not by every block
+      const cuda::TcActivations a = cuda::tc_round_activations(p, ops);
+      cuda::gemv_codes(p, a.data, a.scale, a.scale_ld, ops.stream());
+      return;
+    }
     cuda::gemv(p, gemv_scratch(cuda::gemv_scratch_size(p), ops), ops.stream());
     return;
   }

@@ -428,8 +428,9 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
   place_pairs(p, lo, hi, warp_counts[warp]);
 }
 
-// ---- route over many blocks (batched and prefill steps): route_kernel's work in three launches. One block serialised a
-// 4096-token step's 4096 tokens on one SM (1.4 ms a layer, H100); here a block takes route_block_tokens(n) tokens:
+// ---- route over many blocks (batched and prefill steps): route_kernel's work in three launches. One block
+// serialised a 4096-token step's 4096 tokens on one SM (1.4 ms a layer, H100); here a block takes
+// route_block_tokens(n) tokens:
 //   route_choose   per token (choose_token), then the block's pairs counted per expert → counts[b, E];
 //   route_offsets  one block: per expert, counts[·, e] to its exclusive prefix over the blocks plus the expert's
 //                  first pair; the chunk tables;
