@@ -28,6 +28,9 @@
 //    sums 128 exact e4m3 products per block (DeepGEMM promotes to fp32 at the same granularity).
 //  * Each warp keeps the next two (tile, K block) chunks of weights in flight while it multiplies one; the first
 //    two are requested before the PDL wait and the staging (weights do not depend on the predecessor).
+//  * gemv_codes (K ≥ kGemvCodesMinCols): x act_quant'ed once beforehand; the blocks copy its codes and scales
+//    instead of each reading and quantising the fp32 rows (wo_b at batch 8: 64 MB of L2 reads for 33.5 MB of
+//    weights).
 #include <cuda_fp8.h>
 
 #include <algorithm>
