@@ -132,37 +132,39 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const __grid_cons
     const int units = p.cols / 8;
     for (int i = int(threadIdx.x); i < NP * units; i += kMmaThreads) {
       const int r = i / units, u = i % units;
-      const uint2 v = r < p.n ? *reinterpret_cast<const uint2*>(p.codes + int64_t(r) * p.cols + 8 * u) : make_uint2(0, 0);
+      const uint2 v =
+          r < p.n ? *reinterpret_cast<const uint2*>(p.codes + int64_t(r) * p.cols + 8 * u) : make_uint2(0, 0);
       *reinterpret_cast<uint2*>(xq + r * p.x_stride + 8 * u) = v;
     }
     for (int i = int(threadIdx.x); i < NP * KB; i += kMmaThreads) {
       const int r = i / KB, kb = i % KB;
       xscale[i] = r < p.n ? p.code_scale[kb * p.code_scale_ld + r] : 0.0f;
     }
-  }
-  // act_quant: one warp per (row, K block), 4 columns per lane; a warp's next kStageBatch items' loads are in
-  // flight together (one item at a time left wo_b's 512 blocks of x as a chain of L2 round trips per warp).
-  for (int base = warp * kStageBatch; base < (p.codes ? 0 : NP * KB); base += kMmaWarps * kStageBatch) {
-    float4 v[kStageBatch];
+  } else {
+    // act_quant: one warp per (row, K block), 4 columns per lane; a warp's next kStageBatch items' loads are in
+    // flight together (one item at a time left wo_b's 512 blocks of x as a chain of L2 round trips per warp).
+    for (int base = warp * kStageBatch; base < NP * KB; base += kMmaWarps * kStageBatch) {
+      float4 v[kStageBatch];
 #pragma unroll
-    for (int u = 0; u < kStageBatch; ++u) {
-      const int item = base + u, r = item / KB, kb = item % KB;
-      v[u] = item < NP * KB && r < p.n ? reinterpret_cast<const float4*>(p.x + r * p.ldx + kb * kBlockK)[lane]
-                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+      for (int u = 0; u < kStageBatch; ++u) {
+        const int item = base + u, r = item / KB, kb = item % KB;
+        v[u] = item < NP * KB && r < p.n ? reinterpret_cast<const float4*>(p.x + r * p.ldx + kb * kBlockK)[lane]
+                                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
 #pragma unroll
-    for (int u = 0; u < kStageBatch; ++u) {
-      const int item = base + u, r = item / KB, kb = item % KB;
-      if (item >= NP * KB) break;  // warp-uniform
-      const int e = e4m3_block_exponent(warp_max_f32(abs_max4(v[u])));
-      const float down = __uint_as_float(uint32_t(127 - e) << 23);
-      const __nv_fp8x2_storage_t lo =
-          __nv_cvt_float2_to_fp8x2(make_float2(v[u].x * down, v[u].y * down), __NV_SATFINITE, __NV_E4M3);
-      const __nv_fp8x2_storage_t hi =
-          __nv_cvt_float2_to_fp8x2(make_float2(v[u].z * down, v[u].w * down), __NV_SATFINITE, __NV_E4M3);
-      *reinterpret_cast<uint32_t*>(xq + r * p.x_stride + kb * kBlockK + 4 * lane) =
-          uint32_t(lo) | (uint32_t(hi) << 16);
-      if (lane == 0) xscale[r * KB + kb] = r < p.n ? __uint_as_float(uint32_t(127 + e) << 23) : 0.0f;
+      for (int u = 0; u < kStageBatch; ++u) {
+        const int item = base + u, r = item / KB, kb = item % KB;
+        if (item >= NP * KB) break;  // warp-uniform
+        const int e = e4m3_block_exponent(warp_max_f32(abs_max4(v[u])));
+        const float down = __uint_as_float(uint32_t(127 - e) << 23);
+        const __nv_fp8x2_storage_t lo =
+            __nv_cvt_float2_to_fp8x2(make_float2(v[u].x * down, v[u].y * down), __NV_SATFINITE, __NV_E4M3);
+        const __nv_fp8x2_storage_t hi =
+            __nv_cvt_float2_to_fp8x2(make_float2(v[u].z * down, v[u].w * down), __NV_SATFINITE, __NV_E4M3);
+        *reinterpret_cast<uint32_t*>(xq + r * p.x_stride + kb * kBlockK + 4 * lane) =
+            uint32_t(lo) | (uint32_t(hi) << 16);
+        if (lane == 0) xscale[r * KB + kb] = r < p.n ? __uint_as_float(uint32_t(127 + e) << 23) : 0.0f;
+      }
     }
   }
   __syncthreads();
