@@ -21,6 +21,9 @@ void round_bf16(float* x, size_t count);
 // DeepSeek's act_quant of one row, dequantised: per block of `block` columns a power-of-two scale
 // s = 2^ceil_log2(max(amax, 1e-4) / 448), then v ← e4m3_RNE(clamp(v / s, ±448)) · s (exact in fp32).
 void fp8_round_trip(float* v, int64_t cols, int64_t block);
+// x's rows [rows, cols] (row stride ldx) act_quant'ed into q as codes and scales: their values are fp8_round_trip's
+// (block 128) of the same rows. cols a multiple of 128, rows ≤ q.rows.
+void act_quant_rows(const float* x, int64_t rows, int64_t cols, int64_t ldx, const E4m3Rows& q);
 // fp4_act_quant of one row, dequantised: per 32 columns s = 2^ceil_log2(max(amax, 6·2^-126) / 6), then
 // v ← e2m1_RNE(clamp(v / s, ±6)) · s. cols is a multiple of 32.
 void fp4_round_trip(float* v, int64_t cols);
@@ -57,11 +60,13 @@ class CpuOps final : public Ops {
                       int64_t top, std::span<TokenLogprobs> out) override;
   void ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) override;
 
-  void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) override;
+  void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
+              const E4m3Rows* xq = nullptr) override;
   void lm_head(const float* x, const Weight& head, int64_t n, float* logits) override;
   void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) override;
 
-  void rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y) override;
+  void rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y,
+                E4m3Rows* yq = nullptr) override;
   void rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, int64_t rows_per_pos, int64_t pos0,
             int64_t pos_stride, RopeKind kind, bool inverse) override;
 
@@ -91,7 +96,9 @@ class CpuOps final : public Ops {
   void linear_f32(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy);
   // A GEMM as fast numerics computes it (fast-numerics.md §1.4, §1.5): bf16 activations, act_quant'ed per 128
   // for FP8 / FP4 weights with fp32 partial sums per scale tile, and a bf16 output.
-  void linear_fast(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy);
+  // xq, where given, replaces the act_quant of x (the same values).
+  void linear_fast(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
+                   const E4m3Rows* xq);
   void rms_norm_bf16(const float* x, int64_t rows, int64_t dim, float* y);  // the gain-less q re-norm (§2.3)
 
   ModelConfig config_;

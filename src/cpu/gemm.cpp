@@ -91,10 +91,11 @@ void dequant_row(const Weight& w, int64_t r, float* out) {
 // Threads only pay off above a few hundred thousand multiply-adds; below that the fork/join dominates.
 constexpr int64_t kParallelWork = 1 << 18;
 
-void CpuOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
+void CpuOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
+                    const E4m3Rows* xq) {
   // DeepSeek's linear() picks the arithmetic by the weight's dtype; fp32 weights stay fp32.
   if (fast() && w.dtype != DType::kF32)
-    linear_fast(x, ldx, w, n, y, ldy);
+    linear_fast(x, ldx, w, n, y, ldy, xq);
   else
     linear_f32(x, ldx, w, n, y, ldy);
 }
@@ -120,14 +121,23 @@ void CpuOps::lm_head(const float* x, const Weight& head, int64_t n, float* logit
 // FP8 (128×128 scales) and FP4 (1×32 scales) weights: the fp8_gemm / fp4_gemm of §1.4 / §1.5. Each scale tile's
 // dot product in fp32, scaled by both powers of two (exact: here folded into the decoded values), the tiles
 // added in K order in fp32. Other weights (bf16): F.linear in bf16, fp32 accumulation. Output bf16.
-void CpuOps::linear_fast(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
+void CpuOps::linear_fast(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
+                         const E4m3Rows* xq) {
   const int64_t K = w.cols;
   const bool fp8_gemm = w.dtype == DType::kF8E4M3 || w.dtype == DType::kI8;
   const int64_t tile = fp8_gemm ? w.scale_block_cols : K;
+  if (fp8_gemm && xq)
+    DSV4_CHECK(xq->cols == K && xq->rows >= n, "linear: act_quant'ed rows [", xq->rows, ", ", xq->cols, "] for ", n,
+               " rows of ", K);
   thread_local std::vector<float> a;  // the activations as the GEMM reads them
   a.resize(size_t(n * K));
+  const auto& lut = e4m3_lut();
   for (int64_t i = 0; i < n; ++i) {
     float* ai = a.data() + i * K;
+    if (fp8_gemm && xq) {  // act_quant'ed by the producer: code · scale
+      for (int64_t k = 0; k < K; ++k) ai[k] = lut[xq->codes[i * K + k]] * xq->scales[(k / 128) * xq->scale_ld + i];
+      continue;
+    }
     std::copy(x + i * ldx, x + i * ldx + K, ai);
     round_bf16(ai, size_t(K));
     if (fp8_gemm) fp8_round_trip(ai, K, 128);  // act_quant: e4m3 with a ue8m0 scale per token per 128

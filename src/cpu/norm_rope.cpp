@@ -32,7 +32,12 @@ std::vector<float> rope_inv_freq(int64_t rope_dim, double theta, const YarnConfi
 
 // Fast numerics: the output is bf16 (RMSNorm.forward's `.to(dtype)`), and the gain-less norm, the per-head
 // query re-norm, is bf16 arithmetic throughout (rms_norm_bf16).
-void CpuOps::rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y) {
+void CpuOps::rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y,
+                      E4m3Rows* yq) {
+  if (yq) {  // the norm, then its rows act_quant'ed (the CUDA kernels do both in one pass)
+    rms_norm(x, gamma, rows, dim, y);
+    return act_quant_rows(y, rows, dim, dim, *yq);
+  }
   if (fast() && !gamma) return rms_norm_bf16(x, rows, dim, y);
   // NOTE: fp32 throughout, in the reference's order (mean of squares, rsqrt, x·inv, then γ·): the official
   // numerics round window/compressed KV to FP8 right after this norm, and an fp64 mean moves enough values

@@ -43,6 +43,21 @@ void fp8_round_trip(float* v, int64_t cols, int64_t block) {
   }
 }
 
+void act_quant_rows(const float* x, int64_t rows, int64_t cols, int64_t ldx, const E4m3Rows& q) {
+  DSV4_CHECK(cols % 128 == 0 && cols == q.cols && rows <= q.rows, "act_quant_rows: [", rows, ", ", cols,
+             "] into e4m3 rows [", q.rows, ", ", q.cols, "]");
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < cols / 128; ++b) {
+      const float* v = x + r * ldx + b * 128;
+      float amax = 1e-4f;
+      for (int64_t i = 0; i < 128; ++i) amax = std::max(amax, std::fabs(v[i]));
+      const int e = ceil_log2(amax / 448.0f);  // fp8_round_trip's scale and codes
+      for (int64_t i = 0; i < 128; ++i)
+        q.codes[r * cols + b * 128 + i] = f32_to_e4m3(std::clamp(std::ldexp(v[i], -e), -448.0f, 448.0f));
+      q.scales[b * q.scale_ld + r] = std::ldexp(1.0f, e);
+    }
+}
+
 void fp4_round_trip(float* v, int64_t cols) {
   const float min_amax = 6.0f * std::ldexp(1.0f, -126);
   for (int64_t b0 = 0; b0 < cols; b0 += 32) {

@@ -124,9 +124,10 @@ class CudaOps final : public Ops {
                       int64_t top, std::span<TokenLogprobs> out) override;
   void ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) override;
 
-  void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) override;
+  void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
+              const E4m3Rows* xq = nullptr) override;
   void linear_pair(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya, const Weight& wb,
-                   float* yb, int64_t ldyb) override;
+                   float* yb, int64_t ldyb, const E4m3Rows* xq = nullptr) override;
   void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) override;
   void lm_head(const float* x, const Weight& head, int64_t n, float* logits) override;
   // linear() in fp32 whatever the numerics: the projections DeepSeek keeps in fp32 (the compressor's; fast
@@ -138,7 +139,8 @@ class CudaOps final : public Ops {
   // recording (it throws there, and the step runs directly).
   const cuda::DeviceWeight& bf16_copy(const Weight& w);
 
-  void rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y) override;
+  void rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y,
+                E4m3Rows* yq = nullptr) override;
   void rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, int64_t rows_per_pos, int64_t pos0,
             int64_t pos_stride, RopeKind kind, bool inverse) override;
   void rope_spans(std::span<const RopeSpan> spans, int64_t row_stride, int64_t offset, int64_t rows_per_pos,
@@ -158,7 +160,7 @@ class CudaOps final : public Ops {
   void hc_post(const float* f, const float* post, const float* comb, int64_t n, float* X) override;
   void hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y) override;
   void hc_pre_norm(const float* X, const HcWeights& w, const std::vector<float>& gamma, int64_t n, int64_t dim,
-                   float* x, float* xn, float* post, float* comb) override;
+                   float* x, float* xn, float* post, float* comb, E4m3Rows* xnq = nullptr) override;
 
   void compressor(std::span<const CompressorParams> batch) override;
   void indexer_topk(std::span<const IndexerParams> batch) override;

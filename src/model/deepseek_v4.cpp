@@ -15,7 +15,8 @@ namespace dsv4 {
 
 namespace {
 
-Activations plan_activations(const ModelConfig& c, Ops& ops, int64_t n, bool several) {
+// quantised: fast numerics, whose FP8 GEMMs read xn and the normed qr act_quant'ed by their producers.
+Activations plan_activations(const ModelConfig& c, Ops& ops, int64_t n, bool several, bool quantised) {
   const auto f = [&](int64_t count) { return ops.alloc(size_t(n * count)); };
   Activations a;
   a.max_step = n;
@@ -25,6 +26,8 @@ Activations plan_activations(const ModelConfig& c, Ops& ops, int64_t n, bool sev
   a.X = f(c.hc_mult * c.dim);
   a.x = f(c.dim);
   a.xn = f(c.dim);
+  if (quantised && c.dim % 128 == 0) a.xnq = ops.alloc_e4m3(n, c.dim);
+  if (quantised && c.q_lora_rank % 128 == 0) a.qrq = ops.alloc_e4m3(n, c.q_lora_rank);
   a.post = f(c.hc_mult);
   a.comb = f(c.hc_mult * c.hc_mult);
   a.qr = f(c.q_lora_rank);
@@ -46,6 +49,9 @@ Activations plan_activations(const ModelConfig& c, Ops& ops, int64_t n, bool sev
 }
 
 RopeKind rope_kind(AttnType t) { return t == AttnType::kSliding ? RopeKind::kPlain : RopeKind::kCompressed; }
+
+// An activation's act_quant'ed rows where the plan made them, else nullptr (consumers quantise x themselves).
+E4m3Rows* planned(E4m3Rows& q) { return q.codes ? &q : nullptr; }
 
 }  // namespace
 
@@ -70,7 +76,7 @@ class DeepseekV4::Rank {
         reduce_attention_(heads_split),
         several_(ranks > 1),
         numerics_(numerics),
-        act_(plan_activations(model_.config, ops_, max_step, ranks > 1)),
+        act_(plan_activations(model_.config, ops_, max_step, ranks > 1, numerics == Numerics::kFast)),
         vocab0_(vocab0) {
     ops_.set_numerics(numerics);
   }
@@ -405,7 +411,7 @@ void DeepseekV4::Rank::block(const LayerWeights& l, size_t layer, bool mtp, int6
 // The streams X collapsed into the sub-block input and normed: xn, and the post / comb coefficients of the
 // sub-block's own post-mix.
 void DeepseekV4::Rank::hc_pre(const HcWeights& hc, const std::vector<float>& norm, int64_t n) {
-  ops_.hc_pre_norm(act_.X, hc, norm, n, model_.config.dim, act_.x, act_.xn, act_.post, act_.comb);
+  ops_.hc_pre_norm(act_.X, hc, norm, n, model_.config.dim, act_.x, act_.xn, act_.post, act_.comb, planned(act_.xnq));
 }
 
 // The sub-block's output sub_out mixed back into the streams X with the coefficients of its pre-mix.
@@ -419,7 +425,8 @@ void DeepseekV4::Rank::attention(const LayerWeights& l, size_t layer, bool mtp, 
   const RopeKind rope = rope_kind(l.attn_type);
   const bool reference = numerics_ != Numerics::kExact;  // kFast keeps the simulation points
   const int64_t H = c.n_heads, d = c.head_dim;
-  ops_.linear_pair(act_.xn, c.dim, n, w.wq_a, act_.qr, c.q_lora_rank, w.wkv, act_.kv, d);  // qr and kv of xn
+  ops_.linear_pair(act_.xn, c.dim, n, w.wq_a, act_.qr, c.q_lora_rank, w.wkv, act_.kv, d,  // qr and kv of xn
+                   planned(act_.xnq));
   query(w, n);
   finish_query_key_value(w, layer, mtp, rope);
   if (l.attn_type != AttnType::kSliding)
@@ -457,8 +464,8 @@ void DeepseekV4::Rank::attention(const LayerWeights& l, size_t layer, bool mtp, 
 // q = wq_b · RMSNorm(qr), qr = wq_a · x (attention()); the normed qr is kept for the indexer.
 void DeepseekV4::Rank::query(const AttentionWeights& w, int64_t n) {
   const ModelConfig& c = model_.config;
-  ops_.rms_norm(act_.qr, &w.q_norm, n, c.q_lora_rank, act_.qr);
-  ops_.linear(act_.qr, c.q_lora_rank, w.wq_b, n, act_.q, c.n_heads * c.head_dim);
+  ops_.rms_norm(act_.qr, &w.q_norm, n, c.q_lora_rank, act_.qr, planned(act_.qrq));
+  ops_.linear(act_.qr, c.q_lora_rank, w.wq_b, n, act_.q, c.n_heads * c.head_dim, planned(act_.qrq));
 }
 
 // Per sequence: the query heads' RMS norm and RoPE on the last rope_dim channels, and the single shared K = V
@@ -489,7 +496,7 @@ void DeepseekV4::Rank::compress(const CompressorWeights& w, size_t layer, bool m
 void DeepseekV4::Rank::indexer_query(const IndexerWeights& w, int64_t n) {
   const ModelConfig& c = model_.config;
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
-  ops_.linear(act_.qr, c.q_lora_rank, w.wq_b, n, act_.index_q, nI * dI);
+  ops_.linear(act_.qr, c.q_lora_rank, w.wq_b, n, act_.index_q, nI * dI, planned(act_.qrq));
   rope_batch_.clear();
   for (const Span& s : spans_) rope_batch_.push_back({act_.index_q + s.row0 * nI * dI, s.n * nI, s.pos0});
   ops_.rope_spans(rope_batch_, dI, dI - c.rope_dim, nI, RopeKind::kCompressed);

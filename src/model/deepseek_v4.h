@@ -23,9 +23,11 @@ struct Activations {
   float* X = nullptr;         // [n, hc, D] residual streams
   float* x = nullptr;         // [n, D] collapsed sub-block input
   float* xn = nullptr;        // [n, D] normed sub-block input
+  E4m3Rows xnq;               // [n, D] xn act_quant'ed for its FP8 GEMMs (fast numerics; codes = nullptr otherwise)
   float* post = nullptr;      // [n, hc]
   float* comb = nullptr;      // [n, hc, hc]
   float* qr = nullptr;        // [n, r_q]
+  E4m3Rows qrq;               // [n, r_q] the normed qr act_quant'ed, as xnq
   float* q = nullptr;         // [n, H, d]
   float* kv = nullptr;        // [n, d]
   float* o = nullptr;         // [n, H, d]

@@ -2,7 +2,8 @@
 // architecture's components. The forward pass (deepseek_v4.cpp) only talks to this interface; the CPU
 // reference (src/cpu) and the CUDA backend (src/cuda) implement it.
 //
-// All float pointers are backend memory obtained from alloc(); activations are fp32 row-major.
+// All float pointers are backend memory obtained from alloc(); activations are fp32 row-major (bf16-valued in fast
+// numerics), and where an FP8 GEMM consumes them, also act_quant'ed (E4m3Rows).
 // Shape letters: n = tokens in the step, D = hidden, hc = residual streams, H = heads, d = head_dim.
 //
 // A batched step concatenates several sequences' rows. Matrix ops run once over all rows; the per-sequence ops
@@ -48,6 +49,21 @@ enum class CacheFormat : uint8_t {
   kF32,
   kFp8Kv,    // [rows, dim]: channels [0, dim − rope_dim) e4m3 with an E8M0 scale per 64, rope channels fp32
   kFp4Keys,  // [rows, dim] indexer keys: e2m1 with an E8M0 scale per 32
+};
+
+// Rows act_quant'ed for an FP8 GEMM (fast numerics, docs/design/fast-numerics.md §1.4): per row and 128 columns
+// an e4m3 code per value and one power-of-two scale, value = code · scale exactly — what DeepSeek's act_quant hands
+// its FP8 GEMMs. The typed seam's first activation dtype (§9): a producer that owns whole 128-column blocks of
+// its rows writes them beside its bf16-valued fp32 output (rms_norm, hc_pre_norm, asked by a non-null pointer),
+// and a linear layer that act_quants its input (FP8 / FP4 weights, fast numerics) reads them instead of
+// quantising x itself; every other consumer reads x. Backend memory from Ops::alloc_e4m3.
+struct E4m3Rows {
+  uint8_t* codes = nullptr;  // [rows, cols]
+  float* scales = nullptr;   // [cols / 128, scale_ld]: row r's block b at b·scale_ld + r (the tensor-core GEMM
+                             // copies one block's scales of consecutive rows as one piece)
+  int64_t rows = 0;          // capacity
+  int64_t cols = 0;          // a multiple of 128
+  int64_t scale_ld = 0;      // rows rounded up to 4 (16-byte scale rows)
 };
 
 // What a compressor does to an entry after pooling, norm and RoPE.
@@ -121,6 +137,16 @@ class Ops {
   virtual float* alloc(size_t count) = 0;          // fp32 buffer, lives as long as the backend
   virtual int32_t* alloc_i32(size_t count) = 0;
   virtual float* alloc_cache(CacheFormat, int64_t rows, int64_t dim) { return alloc(size_t(rows * dim)); }
+  // Room for `rows` act_quant'ed rows of `cols` columns (a multiple of 128), in alloc() memory.
+  E4m3Rows alloc_e4m3(int64_t rows, int64_t cols) {
+    E4m3Rows q;
+    q.rows = rows;
+    q.cols = cols;
+    q.scale_ld = (rows + 3) / 4 * 4;
+    q.codes = reinterpret_cast<uint8_t*>(alloc(size_t((rows * cols + 3) / 4)));
+    q.scales = alloc(size_t(cols / 128 * q.scale_ld));
+    return q;
+  }
   virtual void fill(float* x, size_t count, float value) = 0;
   virtual void upload_i32(int32_t* dst, const int32_t* host, size_t count) = 0;
   virtual void download(float* host, const float* src, size_t count) = 0;
@@ -178,8 +204,10 @@ class Ops {
   // Writes rows x[i] to ring[(pos0 + i) % slots] (the sliding-window KV ring, a cache).
   virtual void ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) = 0;
 
-  // ---- gemm: y[r, ldy] = x[r, ldx] · Wᵀ for r < n (W is [out, in] in checkpoint storage)
-  virtual void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) = 0;
+  // ---- gemm: y[r, ldy] = x[r, ldx] · Wᵀ for r < n (W is [out, in] in checkpoint storage). xq, where given, holds
+  // x's rows act_quant'ed (rows ≥ n, cols = W's): a product that act_quants x reads them instead.
+  virtual void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
+                      const E4m3Rows* xq = nullptr) = 0;
   // The LM head: logits [n, V] = x [n, D] · headᵀ. Its own entry because fast numerics keep it fp32 (the widened
   // bf16 weight, fp32 logits) where other bf16 projections round their output.
   virtual void lm_head(const float* x, const Weight& head, int64_t n, float* logits) {
@@ -188,15 +216,17 @@ class Ops {
   // Two projections of the same rows: ya = x · Waᵀ, yb = x · Wbᵀ — one call, which a backend may run as one
   // pass (the attention's wq_a and wkv of xn; a compressor's wkv and wgate).
   virtual void linear_pair(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya,
-                           const Weight& wb, float* yb, int64_t ldyb) {
-    linear(x, ldx, wa, n, ya, ldya);
-    linear(x, ldx, wb, n, yb, ldyb);
+                           const Weight& wb, float* yb, int64_t ldyb, const E4m3Rows* xq = nullptr) {
+    linear(x, ldx, wa, n, ya, ldya, xq);
+    linear(x, ldx, wb, n, yb, ldyb, xq);
   }
   // Grouped projection: W is [G·out_g, in_g]; y[:, g·out_g ..] = x[:, g·in_g ..] · W_gᵀ. x [n, G·in_g].
   virtual void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) = 0;
 
   // ---- norm_rope
-  virtual void rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y) = 0;
+  // yq, where given: y's rows act_quant'ed as well (fast numerics; dim a multiple of 128).
+  virtual void rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y,
+                        E4m3Rows* yq = nullptr) = 0;
   // Rotates channels [offset, offset + rope_dim) of each row; the position of row r is
   // pos0 + (r / rows_per_pos) · pos_stride. inverse = rotate by −angle.
   virtual void rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, int64_t rows_per_pos,
@@ -255,11 +285,11 @@ class Ops {
   // The final collapse before the output norm (§5.4): y [n, D] = Σ_j pre[j]·X[j], pre from the head's weights.
   virtual void hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y) = 0;
   // hc_pre, then xn = RMSNorm(x) with gain gamma over the dim channels of each row: the two in one call,
-  // which a backend may fuse (every sub-block starts so).
+  // which a backend may fuse (every sub-block starts so). xnq, where given: xn act_quant'ed as well.
   virtual void hc_pre_norm(const float* X, const HcWeights& w, const std::vector<float>& gamma, int64_t n,
-                           int64_t dim, float* x, float* xn, float* post, float* comb) {
+                           int64_t dim, float* x, float* xn, float* post, float* comb, E4m3Rows* xnq = nullptr) {
     hc_pre(X, w, n, x, post, comb);
-    rms_norm(x, &gamma, n, dim, xn);
+    rms_norm(x, &gamma, n, dim, xn, xnq);
   }
 
   // ---- attention family

@@ -72,6 +72,34 @@ float* poisoned(CudaOps& ops, size_t count, size_t shift) {
   poison(p, count);
   return p;
 }
+
+E4m3Rows poisoned_e4m3(CudaOps& ops, int64_t rows, int64_t cols) {
+  const E4m3Rows q = ops.alloc_e4m3(rows, cols);
+  settle();
+  DSV4_CUDA_CHECK(cudaMemset(q.codes, 0x7F, size_t(rows * cols)));
+  poison(q.scales, size_t(cols / 128 * q.scale_ld));
+  return q;
+}
+
+::testing::AssertionResult e4m3_rows_match(CudaOps& ops, const E4m3Rows& q, const std::vector<float>& y, int64_t rows) {
+  std::vector<uint8_t> want_codes(size_t(rows * q.cols)), got_codes(want_codes.size());
+  std::vector<float> want_scales(size_t(q.cols / 128 * q.scale_ld), 0.0f);
+  act_quant_rows(y.data(), rows, q.cols, q.cols, E4m3Rows{want_codes.data(), want_scales.data(), rows, q.cols, q.scale_ld});
+  const std::vector<float> got_scales = to_host(ops, q.scales, want_scales.size());
+  settle();
+  DSV4_CUDA_CHECK(cudaMemcpy(got_codes.data(), q.codes, got_codes.size(), cudaMemcpyDeviceToHost));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < q.cols; ++c) {
+      const size_t i = size_t(r * q.cols + c), b = size_t(c / 128 * q.scale_ld + r);
+      if (got_codes[i] != want_codes[i])
+        return ::testing::AssertionFailure() << "code [" << r << ", " << c << "] " << int(got_codes[i]) << ", want "
+                                             << int(want_codes[i]) << " (y " << y[i] << ")";
+      if (c % 128 == 0 && !(got_scales[b] == want_scales[b]))
+        return ::testing::AssertionFailure() << "scale [" << r << ", block " << c / 128 << "] " << got_scales[b]
+                                             << ", want " << want_scales[b];
+    }
+  return ::testing::AssertionSuccess();
+}
 #endif
 
 }  // namespace dsv4::test

@@ -46,6 +46,11 @@ std::vector<int32_t> to_host(CudaOps& ops, const int32_t* device, size_t n);
 void poison(float* device, size_t n);    // every element NaN
 void poison(int32_t* device, size_t n);  // every element 0x7F7F7F7F (not a valid index, not −1)
 float* poisoned(CudaOps& ops, size_t count, size_t shift = 0);  // ops.alloc, `shift` in, then poison
+// ops.alloc_e4m3 with every code and scale poisoned (codes 0x7F, e4m3's NaN; scales NaN).
+E4m3Rows poisoned_e4m3(CudaOps& ops, int64_t rows, int64_t cols);
+// The first `rows` rows of a producer's act_quant'ed output q against the CPU's act_quant_rows of the fp32 rows y
+// it wrote beside them ([rows, q.cols], host): every code and scale bit for bit.
+::testing::AssertionResult e4m3_rows_match(CudaOps& ops, const E4m3Rows& q, const std::vector<float>& y, int64_t rows);
 #endif
 
 }  // namespace dsv4::test

@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/dtype.h"
 #include "cuda/gpu.h"
 #include "engine/backend.h"
 #include "harness/files.h"
@@ -162,15 +163,18 @@ class TeeOps final : public Ops {
     check("ring_store", 0.0, {{ring, size_t(slots * cols)}});
   }
 
-  void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) override {
-    cpu_.linear(x, ldx, w, n, y, ldy);
-    gpu_.linear(g(x), ldx, w, n, g(y), ldy);
+  void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
+              const E4m3Rows* xq) override {
+    cpu_.linear(x, ldx, w, n, y, ldy, xq);
+    const E4m3Rows gq = twin(xq);
+    gpu_.linear(g(x), ldx, w, n, g(y), ldy, xq ? &gq : nullptr);
     check("linear", tol(1e-4, 0x1p-7), strided(y, n, ldy, w.rows));
   }
   void linear_pair(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya, const Weight& wb,
-                   float* yb, int64_t ldyb) override {
-    cpu_.linear_pair(x, ldx, n, wa, ya, ldya, wb, yb, ldyb);
-    gpu_.linear_pair(g(x), ldx, n, wa, g(ya), ldya, wb, g(yb), ldyb);
+                   float* yb, int64_t ldyb, const E4m3Rows* xq) override {
+    cpu_.linear_pair(x, ldx, n, wa, ya, ldya, wb, yb, ldyb, xq);
+    const E4m3Rows gq = twin(xq);
+    gpu_.linear_pair(g(x), ldx, n, wa, g(ya), ldya, wb, g(yb), ldyb, xq ? &gq : nullptr);
     std::vector<Span> outs = strided(ya, n, ldya, wa.rows);
     for (const auto& o : strided(yb, n, ldyb, wb.rows)) outs.push_back(o);
     check("linear_pair", tol(1e-4, 0x1p-7), outs);
@@ -181,10 +185,13 @@ class TeeOps final : public Ops {
     check("linear_grouped", tol(1e-4, 0x1p-7), {{y, size_t(n * w.rows)}});
   }
 
-  void rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y) override {
-    cpu_.rms_norm(x, gamma, rows, dim, y);
-    gpu_.rms_norm(g(x), gamma, rows, dim, g(y));
+  void rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y,
+                E4m3Rows* yq) override {
+    cpu_.rms_norm(x, gamma, rows, dim, y, yq);
+    E4m3Rows gq = twin(yq);
+    gpu_.rms_norm(g(x), gamma, rows, dim, g(y), yq ? &gq : nullptr);
     check("rms_norm", tol(1e-5, 0x1p-7), {{y, size_t(rows * dim)}});
+    if (yq) check_e4m3("rms_norm_e4m3", *yq, rows);
   }
   void rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, int64_t rows_per_pos, int64_t pos0,
             int64_t pos_stride, RopeKind kind, bool inverse) override {
@@ -252,12 +259,14 @@ class TeeOps final : public Ops {
     check("hc_head", tol(1e-4, 0x1p-7), {{y, size_t(n * config_.dim)}});
   }
   void hc_pre_norm(const float* X, const HcWeights& w, const std::vector<float>& gamma, int64_t n, int64_t dim,
-                   float* x, float* xn, float* post, float* comb) override {
-    cpu_.hc_pre_norm(X, w, gamma, n, dim, x, xn, post, comb);
-    gpu_.hc_pre_norm(g(X), w, gamma, n, dim, g(x), g(xn), g(post), g(comb));
+                   float* x, float* xn, float* post, float* comb, E4m3Rows* xnq) override {
+    cpu_.hc_pre_norm(X, w, gamma, n, dim, x, xn, post, comb, xnq);
+    E4m3Rows gq = twin(xnq);
+    gpu_.hc_pre_norm(g(X), w, gamma, n, dim, g(x), g(xn), g(post), g(comb), xnq ? &gq : nullptr);
     const size_t hc = size_t(config_.hc_mult);
     check("hc_pre_norm", tol(1e-4, 0x1p-6), {{x, size_t(n * dim)}, {xn, size_t(n * dim)}, {post, size_t(n) * hc},
                                 {comb, size_t(n) * hc * hc}});
+    if (xnq) check_e4m3("hc_pre_norm_e4m3", *xnq, n);
   }
 
   void compressor(std::span<const CompressorParams> batch) override {
@@ -351,6 +360,44 @@ class TeeOps final : public Ops {
     if (!r) return cpu;
     const auto offset = reinterpret_cast<const char*>(cpu) - static_cast<const char*>(r->cpu);
     return reinterpret_cast<T*>(static_cast<char*>(r->gpu) + offset);
+  }
+
+  // The CUDA twin of act_quant'ed rows from alloc_e4m3 (codes and scales in alloc() regions).
+  E4m3Rows twin(const E4m3Rows* q) const {
+    if (!q) return {};
+    E4m3Rows t = *q;
+    t.codes = g(q->codes);
+    t.scales = g(q->scales);
+    return t;
+  }
+
+  // Judges act_quant'ed rows [0, rows) by their values (code · scale): a producer's output differing by a bf16 flip
+  // may move a code by one e4m3 step (2^-3 of the value, as kv_finish), then makes the CUDA bytes the CPU's.
+  void check_e4m3(const std::string& op, const E4m3Rows& q, int64_t rows) {
+    OpStats& s = stats_[op];
+    const int64_t call = s.calls++;
+    const size_t code_floats = size_t(q.rows * q.cols / 4), scale_floats = size_t(q.cols / 128 * q.scale_ld);
+    std::vector<float> codes(code_floats), scales(scale_floats);
+    float* codes_twin = g(reinterpret_cast<float*>(q.codes));
+    gpu_.read_cache(codes_twin, 1, int64_t(code_floats), codes.data());
+    gpu_.read_cache(g(q.scales), 1, int64_t(scale_floats), scales.data());
+    const auto* got = reinterpret_cast<const uint8_t*>(codes.data());
+    double diff = 0.0, scale = 0.0;
+    int64_t flipped = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < q.cols; ++c) {
+        const size_t b = size_t(c / 128 * q.scale_ld + r), i = size_t(r * q.cols + c);
+        const float want = e4m3_to_f32(q.codes[i]) * q.scales[b], have = e4m3_to_f32(got[i]) * scales[b];
+        scale = std::max(scale, double(std::fabs(want)));
+        diff = std::max(diff, double(std::fabs(have - want)));
+        flipped += want != have;
+      }
+    gpu_.write_cache(codes_twin, 1, int64_t(code_floats), reinterpret_cast<const float*>(q.codes));
+    gpu_.write_cache(g(q.scales), 1, int64_t(scale_floats), q.scales);
+    s.values += rows * q.cols;
+    s.flipped += flipped;
+    const double err = diff / std::max(scale, 1e-30);
+    record(s, call, err, err > 0x1p-3 || double(flipped) > kFastMaxFlipped * double(rows * q.cols));
   }
 
   std::vector<Span> strided(const float* y, int64_t rows, int64_t ld, int64_t cols) const {

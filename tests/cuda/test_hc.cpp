@@ -195,6 +195,49 @@ TEST(CudaHc, HcPreNormMatchesCpu) {
 #endif
 }
 
+// hc_pre_norm asked for xn act_quant'ed (fast numerics, model/ops.h's E4m3Rows): every code and scale is the CPU's
+// act_quant_rows of the xn it wrote, which is bit for bit the xn of the call without them; alone and fused with
+// a deferred hc_post (decode sizes, hc_post_mix), at V4 shapes (hc_finish: a warp's slice is one 128-column block).
+TEST(CudaHc, HcPreNormWritesActQuantRows) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  for (const Case& c : kCases) {
+    if (c.dim % 128 != 0 || c.shift != 0) continue;  // act_quant blocks of 128 columns, aligned rows
+    for (bool after_post : {false, true}) {
+      const ModelConfig cfg = hc_config(c.hc, c.dim);
+      CudaOps ops(cfg);
+      ops.set_numerics(Numerics::kFast);
+      const PreInputs in = pre_inputs(c, rng, ops);
+      const std::vector<float> gamma = random_floats(size_t(c.dim), rng, 0.5f, 1.5f);
+      ops.upload(gamma);
+      settle();
+      const PreOutputs like(c);
+      const DevicePreOutputs got = poisoned_outputs(ops, c, like), plain = poisoned_outputs(ops, c, like);
+      E4m3Rows q = poisoned_e4m3(ops, c.n + 3, c.dim);  // room for more rows than the step has
+      const auto f = random_floats(size_t(c.n * c.dim), rng);
+      const auto post = random_floats(like.post.size(), rng, 0.0f, 2.0f), comb = random_floats(like.comb.size(), rng);
+      // Both calls the same way from the same streams (a fused hc_post_mix sums the mixes in other chunks than
+      // hc_mix: its xn may differ in the last bit from an unfused call's).
+      const float *df = to_device(ops, f), *dpost = to_device(ops, post), *dcomb = to_device(ops, comb);
+      const auto run = [&](const DevicePreOutputs& out, E4m3Rows* xnq) {
+        float* dX = to_device(ops, in.X);
+        if (after_post) ops.hc_post(df, dpost, dcomb, c.n, dX);
+        ops.hc_pre_norm(dX, in.w, gamma, c.n, c.dim, out.x, out.xn, out.post, out.comb, xnq);
+      };
+      run(got, &q);
+      run(plain, nullptr);
+      const std::vector<float> xn = to_host(ops, got.xn, like.xn.size());
+      const std::string what = describe(c) + (after_post ? " after hc_post" : "");
+      EXPECT_EQ(std::memcmp(xn.data(), to_host(ops, plain.xn, like.xn.size()).data(), xn.size() * sizeof(float)), 0)
+          << what;
+      EXPECT_TRUE(e4m3_rows_match(ops, q, xn, c.n)) << what;
+    }
+  }
+#endif
+}
+
 TEST(CudaHc, HcHeadMatchesCpu) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA

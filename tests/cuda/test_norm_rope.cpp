@@ -2,6 +2,7 @@
 // at V4-Flash shapes and odd ones.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 
 #include "cuda/gpu.h"
@@ -85,6 +86,36 @@ TEST(CudaNormRope, RmsNormMatchesCpu) {
     EXPECT_TRUE(compare(to_host(ops, y, x.size()), want, tol,
                         cat("rms_norm rows=", c.rows, " dim=", c.dim, c.weighted ? " weighted" : " unweighted",
                             c.in_place ? " in place" : "", " shift=", c.shift)));
+  }
+#endif
+}
+
+// rms_norm asked for its rows act_quant'ed (fast numerics, model/ops.h's E4m3Rows): every code and scale is the
+// CPU's act_quant_rows of the y it wrote, which is bit for bit the y of the call without them; the q norm
+// (q_lora 1024) and the sub-block norms (4096, V4-Pro's 7168) at decode and prefill row counts, in place too.
+TEST(CudaNormRope, RmsNormWritesActQuantRows) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  const ModelConfig cfg = v4_config();
+  CudaOps ops(cfg);
+  ops.set_numerics(Numerics::kFast);
+  std::deque<std::vector<float>> gains;
+  struct Case { int64_t rows, dim; bool in_place; };
+  for (const Case& c : {Case{1, 1024, true}, Case{64, 1024, true}, Case{1, 4096, false}, Case{19, 4096, false},
+                        Case{3, 7168, false}}) {
+    const auto [x, g] = norm_inputs(c.rows, c.dim, true, rng, ops, gains);
+    float* dx = to_device(ops, x);
+    float* y = c.in_place ? dx : poisoned(ops, x.size());
+    float* plain = poisoned(ops, x.size());
+    ops.rms_norm(dx, g, c.rows, c.dim, plain);  // before an in-place call overwrites x
+    E4m3Rows q = poisoned_e4m3(ops, c.rows + 5, c.dim);
+    ops.rms_norm(dx, g, c.rows, c.dim, y, &q);
+    const std::vector<float> got = to_host(ops, y, x.size());
+    const std::string what = cat("rows=", c.rows, " dim=", c.dim, c.in_place ? " in place" : "");
+    EXPECT_EQ(std::memcmp(got.data(), to_host(ops, plain, x.size()).data(), got.size() * sizeof(float)), 0) << what;
+    EXPECT_TRUE(e4m3_rows_match(ops, q, got, c.rows)) << what;
   }
 #endif
 }

@@ -288,6 +288,58 @@ TEST(FastNumerics, Fp8LinearQuantisesActivationsAndRoundsOutput) {
       rng);
 }
 
+// The typed seam's act_quant'ed rows (model/ops.h's E4m3Rows): code · scale is fp8_round_trip's value, a fast
+// rms_norm writes them for the y it returns, and a fast FP8 linear reading them computes exactly what it computes
+// quantising x itself (here: x poisoned to NaN, so only the codes can give that answer).
+TEST(FastNumerics, ActQuantRowsFeedTheFp8Linear) {
+  const int64_t rows = 5, K = 384, ld = 8;
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> value(-3.0f, 3.0f);
+  std::vector<float> x(size_t(rows * K));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = round_bf16(value(rng) * (i % 128 == 5 ? 200.0f : 1.0f));
+  std::vector<uint8_t> codes(size_t(rows * K));
+  std::vector<float> scales(size_t(K / 128 * ld));
+  const E4m3Rows q{codes.data(), scales.data(), rows, K, ld};
+  act_quant_rows(x.data(), rows, K, K, q);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<float> want(x.begin() + r * K, x.begin() + (r + 1) * K);
+    fp8_round_trip(want.data(), K, 128);
+    for (int64_t k = 0; k < K; ++k)
+      ASSERT_EQ(e4m3_to_f32(codes[size_t(r * K + k)]) * scales[size_t(k / 128 * ld + r)], want[size_t(k)])
+          << r << "," << k;
+  }
+
+  ModelConfig config;
+  CpuOps ops(config);
+  ops.set_numerics(Numerics::kFast);
+  std::vector<float> gamma(static_cast<size_t>(K)), y(x.size()), yq_codes_from(x.size());
+  for (float& g : gamma) g = 0.5f + value(rng) / 6.0f;
+  std::vector<uint8_t> norm_codes(codes.size());
+  std::vector<float> norm_scales(scales.size());
+  E4m3Rows nq{norm_codes.data(), norm_scales.data(), rows, K, ld};
+  ops.rms_norm(x.data(), &gamma, rows, K, y.data(), &nq);
+  ops.rms_norm(x.data(), &gamma, rows, K, yq_codes_from.data());
+  EXPECT_EQ(y, yq_codes_from);
+  act_quant_rows(y.data(), rows, K, K, q);
+  EXPECT_EQ(norm_codes, codes);
+  EXPECT_EQ(norm_scales, scales);
+
+  std::vector<uint8_t> data(size_t(11 * K)), wscales(size_t(K / 128), 127);
+  std::uniform_int_distribution<int> code(0, 255);
+  for (uint8_t& b : data) {
+    do b = uint8_t(code(rng));
+    while ((b & 0x7F) == 0x7F);
+  }
+  const Weight w{.dtype = DType::kF8E4M3, .rows = 11, .cols = K, .data = data.data(), .row_stride = K,
+                 .scale = wscales.data(), .scale_dtype = DType::kF8E8M0, .scale_block_rows = 128,
+                 .scale_block_cols = 128, .scale_stride = K / 128};
+  std::vector<float> self(size_t(rows * 11)), from_codes(self.size());
+  ops.linear(y.data(), K, w, rows, self.data(), 11);
+  std::vector<float> poisoned(y.size(), std::numeric_limits<float>::quiet_NaN());
+  ops.linear(poisoned.data(), K, w, rows, from_codes.data(), 11, &nq);
+  EXPECT_EQ(from_codes, self);
+}
+
 // FP4 e2m1, two codes a byte (low nibble first), a ue8m0 scale per row and 32 columns (routed experts); K is not
 // a multiple of 128, so the activations' last act_quant block is short.
 TEST(FastNumerics, Fp4LinearQuantisesActivationsAndRoundsOutput) {

@@ -100,6 +100,19 @@ __device__ __forceinline__ float e4m3_round_trip(float v, int e) {
   return ldexpf(round_e4m3(clamp_like_std(ldexpf(v, -e), -448.0f, 448.0f)), e);
 }
 
+// One warp's 128 consecutive columns of a row act_quant'ed into E4m3Rows form (model/ops.h): lane l holds columns
+// 4l .. 4l + 3 of the block (v, bf16-valued); their codes go to codes[0 .. 3] (this lane's, 4-byte aligned) and the
+// block's scale 2^e to *scale (lane 0). The values code · 2^e are e4m3_round_trip's; the whole warp calls.
+__device__ __forceinline__ void act_quant_store_warp(const float (&v)[4], uint8_t* codes, float* scale) {
+  const float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+  const int e = e4m3_block_exponent(warp_max_f32(amax));
+  const float down = __uint_as_float(uint32_t(127 - e) << 23);
+  const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[0] * down, v[1] * down), __NV_SATFINITE, __NV_E4M3);
+  const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[2] * down, v[3] * down), __NV_SATFINITE, __NV_E4M3);
+  *reinterpret_cast<uint32_t*>(codes) = uint32_t(lo) | (uint32_t(hi) << 16);
+  if (threadIdx.x % 32 == 0) *scale = __uint_as_float(uint32_t(127 + e) << 23);
+}
+
 // 2^(byte − 127), the E8M0 scale (byte ≥ 1: the simulations never produce a smaller scale).
 __device__ __forceinline__ float e8m0_value(uint32_t byte) { return __uint_as_float(byte << 23); }
 

@@ -36,6 +36,12 @@ struct GemmParams {
   bool quant_x = false;
   bool bf16_out = false;
   bool x_bf16 = false;
+  // With quant_x, x's rows act_quant'ed already (model/ops.h's E4m3Rows: by their producer, or by
+  // tc_round_activations): codes [n, w.cols] e4m3, scales [w.cols / 128, x_scale_ld]. The GEMV and the tensor-core
+  // GEMM read them instead of quantising x (the same values); other paths read x. groups = 1.
+  const uint8_t* x_codes = nullptr;
+  const float* x_scales = nullptr;
+  int64_t x_scale_ld = 0;
 };
 
 constexpr int64_t kGemvMaxRows = 16;
@@ -56,13 +62,11 @@ void gemv(const GemmParams& p, const GemvScratch& scratch, cudaStream_t stream);
 // gemv() runs this call on the tensor cores (gemv_mma.cu, fast numerics at 5 ≤ n ≤ 16: FP8 weights with quant_x
 // and bf16_out; BF16 weights, or FP8 ones without quant_x (wo_a), with bf16-valued x).
 bool gemv_mma_covers(const GemmParams& p);
-// An FP8 GEMV of gemv_mma's whose x is worth quantising once (K ≥ kGemvCodesMinCols): every block of gemv_mma
-// stages all of x, so at wo_b's K = 8192 its 256 blocks read 64 MB of fp32 x from L2 for 33.5 MB of weights.
-// gemv_codes multiplies codes act_quant'ed beforehand (tc_round_activations: [n, K] e4m3, scales [K / 128,
-// scale_ld]), the same values as gemv_mma's own staging.
+// An FP8 GEMV of gemv_mma's whose x is worth quantising once when its producer did not (K ≥ kGemvCodesMinCols):
+// every block of gemv_mma stages all of x, so at wo_b's K = 8192 its 256 blocks read 64 MB of fp32 x from L2 for
+// 33.5 MB of weights. The caller then sets GemmParams::x_codes from tc_round_activations and calls gemv().
 constexpr int64_t kGemvCodesMinCols = 8192;
 bool gemv_codes_covers(const GemmParams& p);
-void gemv_codes(const GemmParams& p, const void* codes, const float* scale, int64_t scale_ld, cudaStream_t stream);
 // Two projections of the same x (one group each, the same weight format and width) as one GEMV launch, where
 // the streaming kernel covers both (gemv_pair_covers); the caller runs them one by one otherwise.
 bool gemv_pair_covers(const GemmParams& a, const GemmParams& b);

@@ -28,9 +28,9 @@
 //    sums 128 exact e4m3 products per block (DeepGEMM promotes to fp32 at the same granularity).
 //  * Each warp keeps the next two (tile, K block) chunks of weights in flight while it multiplies one; the first
 //    two are requested before the PDL wait and the staging (weights do not depend on the predecessor).
-//  * gemv_codes (K ≥ kGemvCodesMinCols): x act_quant'ed once beforehand; the blocks copy its codes and scales
-//    instead of each reading and quantising the fp32 rows (wo_b at batch 8: 64 MB of L2 reads for 33.5 MB of
-//    weights).
+//  * x act_quant'ed already (GemmParams::x_codes: by its producer, or once beforehand where K ≥
+//    kGemvCodesMinCols): the blocks copy its codes and scales instead of each reading and quantising the fp32
+//    rows (wo_b at batch 8: 64 MB of L2 reads for 33.5 MB of weights).
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -69,7 +69,7 @@ struct MmaMatrix {
 struct MmaParams {
   const float* x = nullptr;  // [n, ldx], bf16-valued
   int64_t ldx = 0;
-  const uint8_t* codes = nullptr;  // or x act_quant'ed already: [n, cols] e4m3 (gemv_codes), x not read
+  const uint8_t* codes = nullptr;  // or x act_quant'ed already: [n, cols] e4m3 (GemmParams::x_codes), x not read
   const float* code_scale = nullptr;  // [cols / 128, code_scale_ld]
   int64_t code_scale_ld = 0;
   int n = 0, cols = 0;       // cols a multiple of 128
@@ -456,6 +456,9 @@ MmaParams mma_params(const GemmParams& p) {
   k.x_stride = k.cols + 8;
   k.bf16_out = p.bf16_out;
   k.m[0] = matrix_view(p);
+  k.codes = p.x_codes;
+  k.code_scale = p.x_scales;
+  k.code_scale_ld = p.x_scale_ld;
   return k;
 }
 
@@ -467,7 +470,7 @@ void launch_e4m3(const MmaParams& k, int tiles, cudaStream_t stream) {
 }  // namespace
 
 bool mma_pair_covers(const GemmParams& a, const GemmParams& b) {
-  const bool same = a.x == b.x && a.ldx == b.ldx && a.n == b.n && a.w.cols == b.w.cols && a.groups == 1 &&
+  const bool same = a.x == b.x && a.ldx == b.ldx && a.x_codes == b.x_codes && a.n == b.n && a.w.cols == b.w.cols && a.groups == 1 &&
                     b.groups == 1 && a.w.format == b.w.format && a.bf16_out == b.bf16_out;
   return same && ((e4m3_shape(a) && e4m3_shape(b)) || (bf16_shape(a) && bf16_shape(b)));
 }
@@ -505,16 +508,6 @@ bool gemv_mma_covers(const GemmParams& p) { return gemv_detail::mma_shape(p); }
 
 bool gemv_codes_covers(const GemmParams& p) {
   return gemv_detail::e4m3_shape(p) && p.w.cols >= kGemvCodesMinCols;
-}
-
-void gemv_codes(const GemmParams& p, const void* codes, const float* scale, int64_t scale_ld, cudaStream_t stream) {
-  DSV4_CHECK(gemv_codes_covers(p) && codes && scale && scale_ld >= p.n, "gemv_codes: [", p.w.rows, ", ", p.w.cols,
-             "] at ", p.n, " rows does not take the pre-quantised GEMV");
-  gemv_detail::MmaParams k = gemv_detail::mma_params(p);
-  k.codes = static_cast<const uint8_t*>(codes);
-  k.code_scale = scale;
-  k.code_scale_ld = scale_ld;
-  gemv_detail::launch_e4m3(k, int(p.w.rows / gemv_detail::kTileRows), stream);
 }
 
 }  // namespace dsv4::cuda

@@ -13,7 +13,8 @@
 //    their row tiles in one task space, so the pair pays one launch, one ramp-up and one tail.
 //  * Fast numerics act_quant x for FP8 weights in the kernel (kQuant): the 8 lanes that hold one 128-column
 //    block of x (8 chunks of 16) find its amax by 3 shuffles, and each lane rounds the values it uses. K slices
-//    then start on block boundaries.
+//    then start on block boundaries. Where x's producer act_quant'ed it already (GemmParams::x_codes), the lanes
+//    read its codes and scales instead (kCodes): 16 bytes per chunk, not 64, and no shuffles.
 //  * Rows too few to occupy the GPU split K (tasks = row tiles × splits). Split partial sums go to scratch;
 //    the warp that completes a row tile last (an arrival counter per tile, fenced like the classic threadfence
 //    reduction) adds them in split order and resets the counter. No float atomics: results are the same
@@ -62,6 +63,9 @@ struct StreamParams {
   float* partials = nullptr;   // [splits, n, rows] when splits > 1
   int32_t* arrivals = nullptr;  // [tiles], zero between calls
   bool bf16_out = false;        // GemmParams::bf16_out (quant_x is the kernel's kQuant)
+  const uint8_t* codes = nullptr;  // GemmParams::x_codes (the kernel's kCodes): [n, w.cols], one group
+  const float* code_scale = nullptr;
+  int64_t code_scale_ld = 0;
 };
 
 template <WFormat F>
@@ -114,6 +118,42 @@ __device__ __forceinline__ void fma_column(const uint4 (&wv)[kRowsPerTask], floa
   }
 }
 
+// fma_column for x act_quant'ed already (kCodes, FP8 weights): chunk column c's 16 codes of each row (one 16-byte
+// load at xc + i·ldc) times the row's block scale (sc[i]): the values act_quant4 computes, in the same order.
+template <int NB>
+__device__ __forceinline__ void fma_codes(const uint4 (&wv)[kRowsPerTask], float scale, const uint8_t* xc, int64_t ldc,
+                                          const float* sc, int n, float (&acc)[kRowsPerTask][NB]) {
+  uint4 code[NB];
+  float s[NB];
+#pragma unroll
+  for (int i = 0; i < NB; ++i) {
+    code[i] = i < n ? __ldg(reinterpret_cast<const uint4*>(xc + i * ldc)) : make_uint4(0, 0, 0, 0);
+    s[i] = i < n ? __ldg(sc + i) : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < kGroupsPerChunk<WFormat::kFP8>; ++j) {
+    float4 xv[NB];
+#pragma unroll
+    for (int i = 0; i < NB; ++i) {
+      const uint32_t u = word(code[i], j);
+      const float2 a = e4m3x2_to_float2(u), b = e4m3x2_to_float2(u >> 16);
+      xv[i] = make_float4(a.x * s[i], a.y * s[i], b.x * s[i], b.y * s[i]);
+    }
+#pragma unroll
+    for (int r = 0; r < kRowsPerTask; ++r) {
+      float w[4];
+      decode_group<WFormat::kFP8>(wv[r], scale, j, w);
+#pragma unroll
+      for (int i = 0; i < NB; ++i) {
+        acc[r][i] = fmaf(xv[i].x, w[0], acc[r][i]);
+        acc[r][i] = fmaf(xv[i].y, w[1], acc[r][i]);
+        acc[r][i] = fmaf(xv[i].z, w[2], acc[r][i]);
+        acc[r][i] = fmaf(xv[i].w, w[3], acc[r][i]);
+      }
+    }
+  }
+}
+
 // Programmatic dependent launch: the first weight loads are issued before waiting for the predecessor
 // (weights are constants; x, y and the scratch are not), so they overlap its tail.
 template <int NB>
@@ -126,9 +166,10 @@ __device__ __forceinline__ void wait_once(bool& waited) {
 
 // Grid: ceil(tasks / kWarps) blocks; warp-global index = task. The chunk loop's trip count is uniform per warp
 // (the block exponents' shuffles need every lane); lanes past the slice's end load and add nothing.
-template <WFormat F, int NB, bool kQuant>
+template <WFormat F, int NB, bool kQuant, bool kCodes = false>
 __global__ void __launch_bounds__(kThreads, blocks_per_sm(NB)) gemv_stream_kernel(StreamParams p) {
   static_assert(!kQuant || F == WFormat::kFP8, "act_quant is for FP8 weights");
+  static_assert(!kCodes || (F == WFormat::kFP8 && !kQuant), "codes are act_quant'ed x for FP8 weights");
   constexpr int E = elems_per_chunk(F), V = kRowsPerTask * NB, kSpread = 32 / V;
   const int lane = int(threadIdx.x % 32);
   const int warps = int(gridDim.x) * kWarps;
@@ -166,6 +207,12 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(NB)) gemv_stream_kerne
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int cu = c + 32 * u;
+        if constexpr (kCodes) {
+          if (cu < c_end)
+            fma_codes<NB>(wv[u], wscale[u], p.codes + int64_t(cu) * E, p.w.cols,
+                          p.code_scale + int64_t(cu / kQuantChunks) * p.code_scale_ld, p.n, acc);
+          continue;
+        }
         int e[NB] = {};
         if constexpr (kQuant) block_exponents<NB>(xg + int64_t(cu) * E, p.ldx, p.n, cu < c_end, e);
         if (cu < c_end) fma_column<F, NB, kQuant>(wv[u], wscale[u], xg + int64_t(cu) * E, p.ldx, p.n, e, acc);
@@ -216,6 +263,11 @@ StreamParams plan(const GemmParams& gp, const GemmParams* second = nullptr) {
   p.y = gp.y;
   p.ldy = gp.ldy;
   p.bf16_out = gp.bf16_out;
+  if (gp.quant_x && gp.x_codes) {
+    p.codes = gp.x_codes;
+    p.code_scale = gp.x_scales;
+    p.code_scale_ld = gp.x_scale_ld;
+  }
   p.rows_a = p.rows = int(gp.w.rows);
   p.out_g = int(gp.w.rows / gp.groups);
   if (second) {
@@ -239,13 +291,13 @@ StreamParams plan(const GemmParams& gp, const GemmParams* second = nullptr) {
   return p;
 }
 
-template <WFormat F, bool kQuant = false>
+template <WFormat F, bool kQuant = false, bool kCodes = false>
 void launch(const StreamParams& p, bool pdl, cudaStream_t stream) {
   const dim3 blocks(unsigned(ceil_div(p.tasks, kWarps)));
   switch (p.n) {
-    case 1: launch_pdl(gemv_stream_kernel<F, 1, kQuant>, blocks, dim3(kThreads), 0, stream, pdl, p); break;
-    case 2: launch_pdl(gemv_stream_kernel<F, 2, kQuant>, blocks, dim3(kThreads), 0, stream, pdl, p); break;
-    default: launch_pdl(gemv_stream_kernel<F, 4, kQuant>, blocks, dim3(kThreads), 0, stream, pdl, p); break;
+    case 1: launch_pdl(gemv_stream_kernel<F, 1, kQuant, kCodes>, blocks, dim3(kThreads), 0, stream, pdl, p); break;
+    case 2: launch_pdl(gemv_stream_kernel<F, 2, kQuant, kCodes>, blocks, dim3(kThreads), 0, stream, pdl, p); break;
+    default: launch_pdl(gemv_stream_kernel<F, 4, kQuant, kCodes>, blocks, dim3(kThreads), 0, stream, pdl, p); break;
   }
 }
 
@@ -258,11 +310,14 @@ bool stream_covers(const GemmParams& p) {
   const int64_t out_g = p.w.rows / p.groups;
   return format && p.n >= 1 && p.n <= kStreamMaxRows && out_g % kRowsPerTask == 0 && p.w.row_bytes() % 16 == 0 &&
          reinterpret_cast<uintptr_t>(p.w.data) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
-         p.ldx % 4 == 0 && p.w.cols % 4 == 0 && p.w.rows / kRowsPerTask * 4 < (int64_t(1) << 31);
+         p.ldx % 4 == 0 && p.w.cols % 4 == 0 && p.w.rows / kRowsPerTask * 4 < (int64_t(1) << 31) &&
+         (!p.x_codes || (p.quant_x && p.groups == 1 && p.w.cols % 128 == 0 &&
+                         reinterpret_cast<uintptr_t>(p.x_codes) % 16 == 0));
 }
 
 bool stream_pair_covers(const GemmParams& a, const GemmParams& b) {
   return stream_covers(a) && stream_covers(b) && a.groups == 1 && b.groups == 1 && a.x == b.x && a.ldx == b.ldx &&
+         a.x_codes == b.x_codes &&
          a.n == b.n && a.w.format == b.w.format && a.w.cols == b.w.cols && a.quant_x == b.quant_x &&
          a.bf16_out == b.bf16_out &&
          (a.w.rows + b.w.rows) / kRowsPerTask * 4 < (int64_t(1) << 31);
@@ -287,7 +342,8 @@ void stream(const GemmParams& gp, const GemvScratch& scratch, cudaStream_t strea
   const bool pdl = device_info().cc_major >= 9;
   switch (gp.w.format) {
     case WFormat::kFP8:
-      if (gp.quant_x) launch<WFormat::kFP8, true>(p, pdl, stream);
+      if (p.codes) launch<WFormat::kFP8, false, true>(p, pdl, stream);
+      else if (gp.quant_x) launch<WFormat::kFP8, true>(p, pdl, stream);
       else launch<WFormat::kFP8>(p, pdl, stream);
       break;
     case WFormat::kBF16: launch<WFormat::kBF16>(p, pdl, stream); break;

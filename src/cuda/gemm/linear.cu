@@ -46,13 +46,14 @@ cuda::GemvScratch gemv_scratch(const cuda::GemvScratchSize& need, CudaOps& ops) 
   return scratch;
 }
 
-void dispatch(const cuda::GemmParams& p, CudaOps& ops) {
+void dispatch(cuda::GemmParams p, CudaOps& ops) {
   if (!check(p)) return;
   if (p.n <= cuda::kGemvMaxRows) {
-    if (cuda::gemv_codes_covers(p) && cuda::tc_covers(p, ops)) {  // x act_quant'ed once, not by every block
+    if (!p.x_codes && cuda::gemv_codes_covers(p) && cuda::tc_covers(p, ops)) {  // x act_quant'ed once, not by every block
       const cuda::TcActivations a = cuda::tc_round_activations(p, ops);
-      cuda::gemv_codes(p, a.data, a.scale, a.scale_ld, ops.stream());
-      return;
+      p.x_codes = static_cast<const uint8_t*>(a.data);
+      p.x_scales = a.scale;
+      p.x_scale_ld = a.scale_ld;
     }
     cuda::gemv(p, gemv_scratch(cuda::gemv_scratch_size(p), ops), ops.stream());
     return;
@@ -61,6 +62,10 @@ void dispatch(const cuda::GemmParams& p, CudaOps& ops) {
   const bool tc_function = p.w.format == cuda::WFormat::kFP8    ? p.quant_x && p.bf16_out
                            : p.w.format == cuda::WFormat::kBF16 ? !p.quant_x && (p.bf16_out || p.x_bf16)
                                                                 : false;
+  if (tc_function && p.x_codes && cuda::tc_covers(p, ops)) {  // x act_quant'ed by its producer
+    cuda::tc_gemm(p, {p.x_codes, p.x_scales, p.x_scale_ld}, ops);
+    return;
+  }
   if (!tc_function || !cuda::gemm_tensor_core(p, ops)) cuda::gemm_generic(p, ops.stream());
 }
 
@@ -80,21 +85,30 @@ __global__ void to_bf16_kernel(cuda::DeviceWeight w, __nv_bfloat16* out) {
 }
 
 // y = x · Wᵀ as the model's numerics compute this projection. groups > 1 is wo_a, which DeepSeek runs as a
-// bf16 einsum with the FP8 weight dequantised to bf16 (exact): no act_quant.
+// bf16 einsum with the FP8 weight dequantised to bf16 (exact): no act_quant. xq: x's rows act_quant'ed by their
+// producer, read where the product act_quants x.
 cuda::GemmParams params(const CudaOps& ops, const float* x, int64_t ldx, const Weight& w, int64_t n, float* y,
-                        int64_t ldy, int64_t groups) {
+                        int64_t ldy, int64_t groups, const E4m3Rows* xq = nullptr) {
   cuda::GemmParams p{x, ldx, ops.dev(w), n, y, ldy, groups};
   if (ops.fast() && p.w.format != cuda::WFormat::kF32) {
     p.quant_x = groups == 1 && (p.w.format == cuda::WFormat::kFP8 || p.w.format == cuda::WFormat::kFP4);
     p.bf16_out = true;
+  }
+  if (p.quant_x && xq) {
+    DSV4_CHECK(xq->cols == w.cols && xq->rows >= n && xq->cols % 128 == 0, "linear: act_quant'ed rows [", xq->rows,
+               ", ", xq->cols, "] for ", n, " rows of [", w.rows, ", ", w.cols, "]");
+    p.x_codes = xq->codes;
+    p.x_scales = xq->scales;
+    p.x_scale_ld = xq->scale_ld;
   }
   return p;
 }
 
 }  // namespace
 
-void CudaOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
-  dispatch(params(*this, x, ldx, w, n, y, ldy, 1), *this);
+void CudaOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
+                     const E4m3Rows* xq) {
+  dispatch(params(*this, x, ldx, w, n, y, ldy, 1, xq), *this);
 }
 
 void CudaOps::linear_f32(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
@@ -108,8 +122,8 @@ void CudaOps::lm_head(const float* x, const Weight& head, int64_t n, float* logi
 }
 
 void CudaOps::linear_pair(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya,
-                          const Weight& wb, float* yb, int64_t ldyb) {
-  dispatch_pair(params(*this, x, ldx, wa, n, ya, ldya, 1), params(*this, x, ldx, wb, n, yb, ldyb, 1), *this);
+                          const Weight& wb, float* yb, int64_t ldyb, const E4m3Rows* xq) {
+  dispatch_pair(params(*this, x, ldx, wa, n, ya, ldya, 1, xq), params(*this, x, ldx, wb, n, yb, ldyb, 1, xq), *this);
 }
 
 void CudaOps::linear_pair_f32(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya,

@@ -139,6 +139,10 @@ struct HcFinishParams {
   float* xn = nullptr;           // hc_pre_norm: [n, D]
   float rms_eps = 0.0f;
   bool bf16 = false;             // fast numerics: x and xn rounded to bf16
+  // hc_pre_norm, where asked (D a multiple of 128): xn act_quant'ed too, E4m3Rows' codes and scales.
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+  int64_t scale_ld = 0;
 };
 
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
@@ -312,6 +316,9 @@ __global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParam
 #pragma unroll
     for (int k = 0; k < N; ++k) y.v[k] = cuda::round_bf16_if(p.bf16, gain[s].v[k] * (acc[s].v[k] * inv));
     cuda::store_pack<N>(p.xn + t * p.D + c[s], y);
+    // A warp's slice is 128 aligned columns (N = 4): one act_quant block.
+    if constexpr (N == 4)
+      if (p.codes) cuda::act_quant_store_warp(y.v, p.codes + t * p.D + c[s], p.scales + c[s] / 128 * p.scale_ld + t);
   }
 }
 
@@ -465,7 +472,8 @@ int norm_slices(int64_t D) {
 // caller checked its conditions) and hc_head (M = hc, pre only).
 void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std::vector<float>& base,
                  const std::vector<float>& scale, int64_t n, float* x, float* post, float* comb, const char* what,
-                 const float* gamma = nullptr, float* xn = nullptr, const HcPostParams* pending = nullptr) {
+                 const float* gamma = nullptr, float* xn = nullptr, const HcPostParams* pending = nullptr,
+                 E4m3Rows* xnq = nullptr) {
   const ModelConfig& cfg = ops.config();
   const int64_t hc = cfg.hc_mult, D = cfg.dim, K = hc * D;
   const int64_t M = post ? (2 + hc) * hc : hc;
@@ -520,6 +528,13 @@ void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std:
     fin.gamma = gamma;
     fin.xn = xn;
     fin.rms_eps = float(cfg.norm_eps);
+    if (xnq) {
+      DSV4_CHECK(D % 128 == 0 && xnq->cols == D && xnq->rows >= n && cuda::aligned16(xnq->codes), what,
+                 ": act_quant'ed rows [", xnq->rows, ", ", xnq->cols, "] for ", n, " rows of ", D);
+      fin.codes = xnq->codes;
+      fin.scales = xnq->scales;
+      fin.scale_ld = xnq->scale_ld;
+    }
     const dim3 grid(1, unsigned(n));
     switch (norm_slices(D)) {
       case 1: launch_hc_finish<4, 1>(fin, grid, ops.stream(), ops.pdl()); break;
@@ -554,17 +569,17 @@ void CudaOps::hc_pre(const float* X, const HcWeights& w, int64_t n, float* x, fl
 }
 
 void CudaOps::hc_pre_norm(const float* X, const HcWeights& w, const std::vector<float>& gamma, int64_t n,
-                          int64_t dim, float* x, float* xn, float* post, float* comb) {
+                          int64_t dim, float* x, float* xn, float* post, float* comb, E4m3Rows* xnq) {
   const float* g = nullptr;
   if (!norm_fuses(*this, "hc_pre_norm", X, gamma, dim, x, xn, post, comb, &g))
-    return Ops::hc_pre_norm(X, w, gamma, n, dim, x, xn, post, comb);
+    return Ops::hc_pre_norm(X, w, gamma, n, dim, x, xn, post, comb, xnq);
   const DeferredPost d = deferred_post_;
   if (d.n > 0 && d.X == X && d.n == n && n <= kPostMixMaxTokens && cuda::aligned16(d.f)) {
     deferred_post_ = {};  // launched here, by hc_post_mix
     const HcPostParams pending{d.f, d.post, d.comb, d.X, n, dim, int(config_.hc_mult), fast()};
-    return hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn, &pending);
+    return hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn, &pending, xnq);
   }
-  hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn);
+  hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn, nullptr, xnq);
 }
 
 void CudaOps::hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y) {

@@ -44,6 +44,10 @@ struct RmsNormParams {
   int64_t dim;
   float eps;
   bool bf16;  // fast numerics
+  // Where asked (N = 4, dim a multiple of 128): y's rows act_quant'ed too, E4m3Rows' codes and scales.
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+  int64_t scale_ld = 0;
 };
 
 // Sum over the block of one value per thread; every thread gets the total. blockDim.x is a multiple of 32.
@@ -109,15 +113,23 @@ __global__ void __launch_bounds__(kNormMaxThreads) rms_norm_kernel(RmsNormParams
     }
     return v;
   };
+  // A warp's pack of 4 covers 128 aligned columns (step is a multiple of 128): one act_quant block.
+  const auto store = [&](int64_t c, const Pack<N>& v) {
+    cuda::store_pack<N>(y + c, v);
+    if constexpr (N == 4)
+      if (p.codes)
+        cuda::act_quant_store_warp(v.v, p.codes + int64_t(blockIdx.x) * p.dim + c,
+                                   p.scales + c / 128 * p.scale_ld + blockIdx.x);
+  };
 #pragma unroll
   for (int i = 0; i < kHeldPacks; ++i) {
     if (first + i * step >= p.dim) break;
-    cuda::store_pack<N>(y + first + i * step, normalize(held[i], gain[i]));
+    store(first + i * step, normalize(held[i], gain[i]));
   }
   for (int64_t c = first + kHeldPacks * step; c < p.dim; c += step) {
     Pack<N> g{};
     if (p.gamma) g = cuda::load_pack<N>(p.gamma + c);
-    cuda::store_pack<N>(y + c, normalize(cuda::load_pack<N>(x + c), g));
+    store(c, normalize(cuda::load_pack<N>(x + c), g));
   }
 }
 
@@ -219,14 +231,22 @@ __global__ void __launch_bounds__(kRopeThreads) rope_spans_kernel(const __grid_c
 
 }  // namespace
 
-void CudaOps::rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y) {
+void CudaOps::rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y,
+                       E4m3Rows* yq) {
   DSV4_CHECK(rows >= 0 && dim >= 1, "rms_norm: bad shape rows=", rows, " dim=", dim);
   DSV4_CHECK(!gamma || int64_t(gamma->size()) == dim, "rms_norm: gain has ", gamma ? gamma->size() : 0,
              " elements, the rows have ", dim);
   if (rows == 0) return;
   const float* g = gamma ? dev(*gamma) : nullptr;
-  const RmsNormParams p{x, g, y, dim, float(config_.norm_eps), fast()};
+  RmsNormParams p{x, g, y, dim, float(config_.norm_eps), fast()};
   const bool vec = dim % 4 == 0 && cuda::aligned16(x) && cuda::aligned16(y) && (!g || cuda::aligned16(g));
+  if (yq) {
+    DSV4_CHECK(vec && dim % 128 == 0 && yq->cols == dim && yq->rows >= rows && cuda::aligned16(yq->codes),
+               "rms_norm: act_quant'ed rows [", yq->rows, ", ", yq->cols, "] for ", rows, " aligned rows of ", dim);
+    p.codes = yq->codes;
+    p.scales = yq->scales;
+    p.scale_ld = yq->scale_ld;
+  }
   const int64_t packs = vec ? dim / 4 : dim;
   const int threads = int(std::clamp<int64_t>(cuda::ceil_div(packs, 32) * 32, 32, kNormMaxThreads));
   if (vec) cuda::launch_pdl(rms_norm_kernel<4>, dim3(unsigned(rows)), dim3(threads), 0, stream_, pdl(), p);
