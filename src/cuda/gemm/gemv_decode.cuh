@@ -30,17 +30,6 @@ __device__ __forceinline__ uint4 load_streaming(const uint8_t* p) {
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
-// Fast numerics' act_quant of 4 values of x sharing the block exponent e (fp_grid.cuh's e4m3_block_exponent):
-// v · 2^−e to e4m3 by the conversion instruction (round to nearest even, saturating at ±448 = the clamp) and
-// back, × 2^e — fp_grid.cuh's e4m3_round_trip, bit for bit, in a few instructions.
-__device__ __forceinline__ float4 act_quant4(float4 v, int e) {
-  const float down = __uint_as_float(uint32_t(127 - e) << 23), up = __uint_as_float(uint32_t(127 + e) << 23);
-  const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v.x * down, v.y * down), __NV_SATFINITE, __NV_E4M3);
-  const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v.z * down, v.w * down), __NV_SATFINITE, __NV_E4M3);
-  const float2 a = e4m3x2_to_float2(lo), b = e4m3x2_to_float2(hi);
-  return make_float4(a.x * up, a.y * up, b.x * up, b.y * up);
-}
-
 __device__ __forceinline__ float abs_max4(float4 v) { return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))); }
 
 // FP4 nibbles k and k+4 of a word (elements k and k+4 of its 8) as a half2 holding e2m1 · 2^−14, exactly:

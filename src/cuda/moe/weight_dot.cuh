@@ -286,9 +286,13 @@ __device__ __forceinline__ void act_quant_lanes(float (&v)[4]) {
     v[e] = round_bf16(v[e]);
     amax = fmaxf(amax, fabsf(v[e]));
   }
-  const int exponent = e4m3_block_exponent(warp_max_f32(amax));
-#pragma unroll
-  for (int e = 0; e < 4; ++e) v[e] = e4m3_round_trip(v[e], exponent);
+  // The conversion instruction, not e4m3_round_trip's arithmetic: expert_down's decode kernel stages its h rows
+  // act_quant'ed in a per-warp prologue before its first MMA (the same values, bit for bit).
+  const float4 q = act_quant4(make_float4(v[0], v[1], v[2], v[3]), e4m3_block_exponent(warp_max_f32(amax)));
+  v[0] = q.x;
+  v[1] = q.y;
+  v[2] = q.z;
+  v[3] = q.w;
 }
 
 // Four columns as `rounding` says; kActQuant as act_quant_lanes (the whole warp calls).
