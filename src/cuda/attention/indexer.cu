@@ -229,6 +229,8 @@ indexer_score_tc_kernel(const __grid_constant__ IndexerKernelParams p) {
   extern __shared__ __align__(16) uint8_t tc_smem[];
   __shared__ float w_s[kMaxIndexerHeads];
   __shared__ uint32_t hist_s[kBins];
+  __shared__ float e2m1_s[16];  // e2m1_value of each code: the keys' decode is a lookup and a multiply a value
+  if (threadIdx.x < 16) e2m1_s[threadIdx.x] = e2m1_value(threadIdx.x);
   pdl_wait();
   const int64_t r = blockIdx.y;
   const IndexerSequence& sq = sequence_of(p, r);
@@ -260,7 +262,7 @@ indexer_score_tc_kernel(const __grid_constant__ IndexerKernelParams p) {
 
   for (int64_t e0 = e_first; e0 < visible && e0 < e_first + p.entries; e0 += kTcTile) {
     const int n_keys = int(visible - e0 < kTcTile ? visible - e0 : kTcTile);
-    __syncthreads();  // the previous tile's keys and terms are consumed (and, first, q_s / w_s / hist_s written)
+    __syncthreads();  // the previous tile's keys and terms are consumed (and, first, q_s / w_s / hist_s / e2m1_s written)
     // Keys: 8 channels per item (4 bytes of e2m1 pairs, the low nibble first, and their 32-channel scale).
     for (int x = tid; x < kTcTile * chunks; x += kTcScoreWarps * 32) {
       const int el = x / chunks, ch = x % chunks;
@@ -271,7 +273,7 @@ indexer_score_tc_kernel(const __grid_constant__ IndexerKernelParams p) {
         const float s = e8m0_value(row[l.scales + ch / 4]);
         float f[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) f[j] = e2m1_value((codes >> (4 * j)) & 0xFu) * s;
+        for (int j = 0; j < 8; ++j) f[j] = e2m1_s[(codes >> (4 * j)) & 0xFu] * s;
         v = make_uint4(tc_bf16x2(f[0], f[1]), tc_bf16x2(f[2], f[3]), tc_bf16x2(f[4], f[5]), tc_bf16x2(f[6], f[7]));
       }
       *reinterpret_cast<uint4*>(k_s + tc_swz(el, ch, chunks)) = v;
