@@ -90,6 +90,25 @@ __device__ __forceinline__ void block_exponents(const float* xc, int64_t ldx, in
   }
 }
 
+// acc[r][i] += x[i] · W[row0 + r] over K group j of a chunk column: the task's rows' decoded weights times the
+// group's four activations of each x row (xv), in one fixed order.
+template <WFormat F, int NB>
+__device__ __forceinline__ void fma_group(const uint4 (&wv)[kRowsPerTask], float scale, int j, const float4 (&xv)[NB],
+                                          float (&acc)[kRowsPerTask][NB]) {
+#pragma unroll
+  for (int r = 0; r < kRowsPerTask; ++r) {
+    float w[4];
+    decode_group<F>(wv[r], scale, j, w);
+#pragma unroll
+    for (int i = 0; i < NB; ++i) {
+      acc[r][i] = fmaf(xv[i].x, w[0], acc[r][i]);
+      acc[r][i] = fmaf(xv[i].y, w[1], acc[r][i]);
+      acc[r][i] = fmaf(xv[i].z, w[2], acc[r][i]);
+      acc[r][i] = fmaf(xv[i].w, w[3], acc[r][i]);
+    }
+  }
+}
+
 // acc[r][i] += x[i, chunk c] · W[row0 + r, chunk c] for the kRowsPerTask rows of one chunk column; kQuant: x
 // act_quant'ed with the exponents e.
 template <WFormat F, int NB, bool kQuant>
@@ -103,18 +122,7 @@ __device__ __forceinline__ void fma_column(const uint4 (&wv)[kRowsPerTask], floa
       xv[i] = i < n ? __ldg(reinterpret_cast<const float4*>(xc + i * ldx) + j) : make_float4(0.f, 0.f, 0.f, 0.f);
       if constexpr (kQuant) xv[i] = act_quant4(xv[i], e[i]);
     }
-#pragma unroll
-    for (int r = 0; r < kRowsPerTask; ++r) {
-      float w[4];
-      decode_group<F>(wv[r], scale, j, w);
-#pragma unroll
-      for (int i = 0; i < NB; ++i) {
-        acc[r][i] = fmaf(xv[i].x, w[0], acc[r][i]);
-        acc[r][i] = fmaf(xv[i].y, w[1], acc[r][i]);
-        acc[r][i] = fmaf(xv[i].z, w[2], acc[r][i]);
-        acc[r][i] = fmaf(xv[i].w, w[3], acc[r][i]);
-      }
-    }
+    fma_group<F, NB>(wv, scale, j, xv, acc);
   }
 }
 
@@ -139,18 +147,7 @@ __device__ __forceinline__ void fma_codes(const uint4 (&wv)[kRowsPerTask], float
       const float2 a = e4m3x2_to_float2(u), b = e4m3x2_to_float2(u >> 16);
       xv[i] = make_float4(a.x * s[i], a.y * s[i], b.x * s[i], b.y * s[i]);
     }
-#pragma unroll
-    for (int r = 0; r < kRowsPerTask; ++r) {
-      float w[4];
-      decode_group<WFormat::kFP8>(wv[r], scale, j, w);
-#pragma unroll
-      for (int i = 0; i < NB; ++i) {
-        acc[r][i] = fmaf(xv[i].x, w[0], acc[r][i]);
-        acc[r][i] = fmaf(xv[i].y, w[1], acc[r][i]);
-        acc[r][i] = fmaf(xv[i].z, w[2], acc[r][i]);
-        acc[r][i] = fmaf(xv[i].w, w[3], acc[r][i]);
-      }
-    }
+    fma_group<WFormat::kFP8, NB>(wv, scale, j, xv, acc);
   }
 }
 
