@@ -24,6 +24,16 @@ void hadamard(float* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) v[i] *= s;
 }
 
+// act_quant's block scale 2^e of `count` values: e = ceil_log2(max(amax, 1e-4) / 448).
+int e4m3_block_exponent(const float* v, int64_t count) {
+  float amax = 1e-4f;
+  for (int64_t i = 0; i < count; ++i) amax = std::max(amax, std::fabs(v[i]));
+  return ceil_log2(amax / 448.0f);
+}
+
+// A value's e4m3 code in a block of exponent e: e4m3_RNE(clamp(v · 2^−e, ±448)).
+uint8_t e4m3_block_code(float v, int e) { return f32_to_e4m3(std::clamp(std::ldexp(v, -e), -448.0f, 448.0f)); }
+
 }  // namespace
 
 void round_bf16(float* x, size_t count) {
@@ -33,13 +43,8 @@ void round_bf16(float* x, size_t count) {
 void fp8_round_trip(float* v, int64_t cols, int64_t block) {
   for (int64_t b0 = 0; b0 < cols; b0 += block) {
     const int64_t b1 = std::min(cols, b0 + block);
-    float amax = 1e-4f;
-    for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(v[i]));
-    const int e = ceil_log2(amax / 448.0f);
-    for (int64_t i = b0; i < b1; ++i) {
-      const float q = std::clamp(std::ldexp(v[i], -e), -448.0f, 448.0f);
-      v[i] = std::ldexp(e4m3_to_f32(f32_to_e4m3(q)), e);
-    }
+    const int e = e4m3_block_exponent(v + b0, b1 - b0);
+    for (int64_t i = b0; i < b1; ++i) v[i] = std::ldexp(e4m3_to_f32(e4m3_block_code(v[i], e)), e);
   }
 }
 
@@ -49,11 +54,8 @@ void act_quant_rows(const float* x, int64_t rows, int64_t cols, int64_t ldx, con
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < cols / 128; ++b) {
       const float* v = x + r * ldx + b * 128;
-      float amax = 1e-4f;
-      for (int64_t i = 0; i < 128; ++i) amax = std::max(amax, std::fabs(v[i]));
-      const int e = ceil_log2(amax / 448.0f);  // fp8_round_trip's scale and codes
-      for (int64_t i = 0; i < 128; ++i)
-        q.codes[r * cols + b * 128 + i] = f32_to_e4m3(std::clamp(std::ldexp(v[i], -e), -448.0f, 448.0f));
+      const int e = e4m3_block_exponent(v, 128);
+      for (int64_t i = 0; i < 128; ++i) q.codes[r * cols + b * 128 + i] = e4m3_block_code(v[i], e);
       q.scales[b * q.scale_ld + r] = std::ldexp(1.0f, e);
     }
 }
