@@ -34,6 +34,7 @@
 
 #include "cuda/attention/attention.h"
 #include "cuda/attention/kv_cache.cuh"
+#include "cuda/common/barrier.cuh"
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/mma.cuh"
@@ -205,6 +206,9 @@ indexer_score_kernel(const __grid_constant__ IndexerKernelParams p) {
 constexpr int kTcTile = 64;       // entries per MMA tile: 8 n-tiles of 8
 constexpr int kTcScoreWarps = 4;  // warp w: heads 16w .. 16w + 15 (one MMA row tile)
 constexpr int kTcMaxTiles = 4;    // tiles per block: q staged once for up to 256 entries
+// A thread's key items (8 channels each) per tile, kTcTile · head_dim / 8 / threads: the kernel is instantiated for
+// head_dim ≤ 128 and ≤ 256, so that a small head does not hold (and spill) registers for the largest.
+constexpr int tc_key_items(int head_dim) { return kTcTile * (head_dim / 8) / (kTcScoreWarps * 32); }
 
 // Byte offset of 16-byte chunk c of row r in a matrix of `chunks` chunks per row (a multiple of 8), stored at
 // c ^ (r % 8): ldmatrix's 8 rows of one chunk column fall in 8 bank groups.
@@ -215,8 +219,11 @@ __device__ __forceinline__ uint32_t tc_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&b);
 }
 
+// The terms are bf16 values, kept as bf16: a row of kTcTermStride (33 words: a thread per entry reads its row
+// without bank conflicts). q_s, k_s and term_s then leave four blocks an SM room at head_dim 128.
+constexpr int kTcTermStride = kMaxIndexerHeads + 2;
 size_t tc_score_smem_bytes(int head_dim) {
-  return size_t(kMaxIndexerHeads + kTcTile) * size_t(head_dim) * 2 + sizeof(float) * kTcTile * (kMaxIndexerHeads + 1);
+  return size_t(kMaxIndexerHeads + kTcTile) * size_t(head_dim) * 2 + sizeof(__nv_bfloat16) * kTcTile * kTcTermStride;
 }
 
 // grid (ceil(visible_max / entries), rows of the launch), kTcScoreWarps warps, dynamic smem tc_score_smem_bytes;
@@ -224,6 +231,7 @@ size_t tc_score_smem_bytes(int head_dim) {
 // tile's FP4 rows decoded to bf16 in shared memory, S = q · keysᵀ [heads, 64] by mma.sync m16n8k16 (warp w one
 // row tile of 16 heads), each term bf16(w_h · relu(bf16(S))) into term_s, then a thread per entry sums its
 // terms in head order.
+template <int kTcKeyItems>
 __global__ void __launch_bounds__(kTcScoreWarps * 32)
 indexer_score_tc_kernel(const __grid_constant__ IndexerKernelParams p) {
   extern __shared__ __align__(16) uint8_t tc_smem[];
@@ -241,42 +249,73 @@ indexer_score_tc_kernel(const __grid_constant__ IndexerKernelParams p) {
   const int d = p.head_dim, chunks = d / 8, mtiles = (p.heads + 15) / 16;
   uint8_t* q_s = tc_smem;                                                             // [64 heads][d] bf16
   uint8_t* k_s = q_s + kMaxIndexerHeads * d * 2;                                      // [64 entries][d] bf16
-  float* term_s = reinterpret_cast<float*>(k_s + kTcTile * d * 2);                    // [64][heads + 1]
-  const int term_stride = kMaxIndexerHeads + 1;                                       // conflict-free columns
-  // q (FP4-simulated fp32) as bf16, exactly; heads past the last of the row tiles are not read.
+  __nv_bfloat16* term_s = reinterpret_cast<__nv_bfloat16*>(k_s + kTcTile * d * 2);   // [64][kTcTermStride]
+  // q (FP4-simulated fp32) as bf16, exactly; heads past the last of the row tiles are not read. A thread's items
+  // (8 channels each, as many as its key items) are loaded kTcQBatch at a time, all of a batch in flight at once.
   const float* q = sq.q + i * p.heads * d;
-  for (int x = tid; x < 16 * mtiles * chunks; x += kTcScoreWarps * 32) {
-    const int h = x / chunks, ch = x % chunks;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (h < p.heads) {
-      const float4 a = reinterpret_cast<const float4*>(q + h * d + 8 * ch)[0];
-      const float4 b = reinterpret_cast<const float4*>(q + h * d + 8 * ch)[1];
-      v = make_uint4(tc_bf16x2(a.x, a.y), tc_bf16x2(a.z, a.w), tc_bf16x2(b.x, b.y), tc_bf16x2(b.z, b.w));
+  constexpr int kTcQBatch = 4;
+  static_assert(kTcKeyItems % kTcQBatch == 0, "the q staging's batches cover a thread's items");
+#pragma unroll
+  for (int j0 = 0; j0 < kTcKeyItems; j0 += kTcQBatch) {
+    float4 qv[2 * kTcQBatch];
+#pragma unroll
+    for (int j = 0; j < kTcQBatch; ++j) {
+      const int x = tid + (j0 + j) * kTcScoreWarps * 32, h = x / chunks, ch = x % chunks;
+      qv[2 * j] = qv[2 * j + 1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (h < p.heads) {
+        qv[2 * j] = reinterpret_cast<const float4*>(q + h * d + 8 * ch)[0];
+        qv[2 * j + 1] = reinterpret_cast<const float4*>(q + h * d + 8 * ch)[1];
+      }
     }
-    *reinterpret_cast<uint4*>(q_s + tc_swz(h, ch, chunks)) = v;
+#pragma unroll
+    for (int j = 0; j < kTcQBatch; ++j) {
+      const int x = tid + (j0 + j) * kTcScoreWarps * 32, h = x / chunks, ch = x % chunks;
+      const float4 a = qv[2 * j], b = qv[2 * j + 1];
+      if (x < 16 * mtiles * chunks)
+        *reinterpret_cast<uint4*>(q_s + tc_swz(h, ch, chunks)) =
+            make_uint4(tc_bf16x2(a.x, a.y), tc_bf16x2(a.z, a.w), tc_bf16x2(b.x, b.y), tc_bf16x2(b.z, b.w));
+    }
   }
   for (int h = tid; h < p.heads; h += kTcScoreWarps * 32) w_s[h] = sq.weights[i * p.heads + h];
   for (int b = tid; b < kBins; b += kTcScoreWarps * 32) hist_s[b] = 0;
   const uint8_t* keys = reinterpret_cast<const uint8_t*>(sq.keys);
   const CacheLayout& l = p.key_layout;
-
+  // A tile's FP4 keys, loaded into registers one tile ahead: 8 channels per item (4 bytes of e2m1 pairs, the low
+  // nibble first, and their 32-channel scale byte), item x = tid + j · threads. All of a thread's loads are in
+  // flight at once, and the next tile's during this tile's MMAs (one load, then its use, per item cost a
+  // dependent L2 / HBM round trip each: 37% of the kernel's stall samples at batch 8, 32K).
+  const int items = kTcTile * chunks;
+  uint32_t codes[kTcKeyItems];
+  uint32_t scales[kTcKeyItems / 4] = {};  // item j's scale byte in byte j % 4 of word j / 4
+  const auto load_keys = [&](int64_t e0) {
+    const int n_keys = int(visible - e0 < kTcTile ? visible - e0 : kTcTile);
+#pragma unroll
+    for (int j = 0; j < kTcKeyItems; ++j) {
+      const int x = tid + j * kTcScoreWarps * 32, el = x / chunks, ch = x % chunks;
+      if (j % 4 == 0) scales[j / 4] = 0;
+      codes[j] = 0;
+      if (x < items && el < n_keys) {
+        const uint8_t* row = keys + (e0 + el) * l.row_bytes;
+        codes[j] = *reinterpret_cast<const uint32_t*>(row + 4 * ch);
+        scales[j / 4] |= uint32_t(row[l.scales + ch / 4]) << (8 * (j % 4));
+      }
+    }
+  };
   for (int64_t e0 = e_first; e0 < visible && e0 < e_first + p.entries; e0 += kTcTile) {
     const int n_keys = int(visible - e0 < kTcTile ? visible - e0 : kTcTile);
+    load_keys(e0);
     __syncthreads();  // the previous tile's keys and terms are consumed (and, first, q_s / w_s / hist_s / e2m1_s written)
-    // Keys: 8 channels per item (4 bytes of e2m1 pairs, the low nibble first, and their 32-channel scale).
-    for (int x = tid; x < kTcTile * chunks; x += kTcScoreWarps * 32) {
-      const int el = x / chunks, ch = x % chunks;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (el < n_keys) {
-        const uint8_t* row = keys + (e0 + el) * l.row_bytes;
-        const uint32_t codes = *reinterpret_cast<const uint32_t*>(row + 4 * ch);
-        const float s = e8m0_value(row[l.scales + ch / 4]);
-        float f[8];
+    // Past the tile's keys the items decode to zeros (codes 0).
 #pragma unroll
-        for (int j = 0; j < 8; ++j) f[j] = e2m1_s[(codes >> (4 * j)) & 0xFu] * s;
-        v = make_uint4(tc_bf16x2(f[0], f[1]), tc_bf16x2(f[2], f[3]), tc_bf16x2(f[4], f[5]), tc_bf16x2(f[6], f[7]));
-      }
-      *reinterpret_cast<uint4*>(k_s + tc_swz(el, ch, chunks)) = v;
+    for (int j = 0; j < kTcKeyItems; ++j) {
+      const int x = tid + j * kTcScoreWarps * 32, el = x / chunks, ch = x % chunks;
+      if (x >= items) break;
+      const float s = e8m0_value((scales[j / 4] >> (8 * (j % 4))) & 0xFFu);
+      float f[8];
+#pragma unroll
+      for (int b = 0; b < 8; ++b) f[b] = e2m1_s[(codes[j] >> (4 * b)) & 0xFu] * s;
+      *reinterpret_cast<uint4*>(k_s + tc_swz(el, ch, chunks)) =
+          make_uint4(tc_bf16x2(f[0], f[1]), tc_bf16x2(f[2], f[3]), tc_bf16x2(f[4], f[5]), tc_bf16x2(f[6], f[7]));
     }
     __syncthreads();
 
@@ -301,14 +340,14 @@ indexer_score_tc_kernel(const __grid_constant__ IndexerKernelParams p) {
           const int h = 16 * warp + g + 8 * (e / 2), el = 8 * nt + 2 * c + e % 2;
           if (h < p.heads) {
             const float dd = round_bf16(acc[nt][e]);
-            term_s[el * term_stride + h] = round_bf16(__fmul_rn(w_s[h], dd < 0.0f ? 0.0f : dd));
+            term_s[el * kTcTermStride + h] = __float2bfloat16_rn(__fmul_rn(w_s[h], dd < 0.0f ? 0.0f : dd));
           }
         }
     }
     __syncthreads();
     if (tid < n_keys) {
       float total = 0.0f;
-      for (int h = 0; h < p.heads; ++h) total = __fadd_rn(total, term_s[tid * term_stride + h]);
+      for (int h = 0; h < p.heads; ++h) total = __fadd_rn(total, __bfloat162float(term_s[tid * kTcTermStride + h]));
       const uint32_t key = order_key(round_bf16(total));
       p.score_keys[r * p.v_stride + e0 + tid] = key;
       atomicAdd(&hist_s[key >> kTopBitsShift], 1u);
@@ -457,24 +496,29 @@ indexer_select_kernel(const __grid_constant__ IndexerKernelParams p) {
   while (sorted < k) sorted <<= 1;
   int32_t* out = sq.selected + (r - sq.row0) * p.top_k;
   if (sorted <= kSelectThreads) {  // one element per thread, in a register
-    uint64_t v = tid < k ? sel_s[tid] : 0u;
-    for (int size = 2; size <= sorted; size <<= 1)
-      for (int stride = size / 2; stride > 0; stride >>= 1) {
-        // Partner tid ^ stride (in the same block of `size`); the lower index of the pair keeps the larger
-        // value in a descending block, the smaller in an ascending one.
-        uint64_t other;
-        if (stride >= 32) {  // across warps: through shared memory, two barriers
-          __syncthreads();  // the previous stage's reads are done
-          sel_s[tid] = v;
-          __syncthreads();
-          other = sel_s[tid ^ stride];
-        } else {  // within the warp: a shuffle, no barrier (the network's first 15 stages and 5 of each later size)
-          other = __shfl_xor_sync(0xffffffffu, v, stride);
+    // Only the network's own warps sort (the others would double its instructions at k = 512: half the select
+    // kernel's stall samples at batch 8, 32K were the sort); they meet at named barrier 1.
+    const int net = sorted < 32 ? 32 : sorted;
+    if (tid < net) {
+      uint64_t v = tid < k ? sel_s[tid] : 0u;
+      for (int size = 2; size <= sorted; size <<= 1)
+        for (int stride = size / 2; stride > 0; stride >>= 1) {
+          // Partner tid ^ stride (in the same block of `size`); the lower index of the pair keeps the larger
+          // value in a descending block, the smaller in an ascending one.
+          uint64_t other;
+          if (stride >= 32) {  // across warps: through shared memory, two barriers
+            barrier_sync(1, net);  // the previous stage's reads are done
+            sel_s[tid] = v;
+            barrier_sync(1, net);
+            other = sel_s[tid ^ stride];
+          } else {  // within the warp: a shuffle, no barrier (the network's first 15 stages and 5 of each later size)
+            other = __shfl_xor_sync(0xffffffffu, v, stride);
+          }
+          const bool keep_larger = ((tid & stride) == 0) == ((tid & size) == 0);
+          v = keep_larger ? (v > other ? v : other) : (v < other ? v : other);
         }
-        const bool keep_larger = ((tid & stride) == 0) == ((tid & size) == 0);
-        v = keep_larger ? (v > other ? v : other) : (v < other ? v : other);
-      }
-    if (tid < k) out[tid] = composite_index(v);
+      if (tid < k) out[tid] = composite_index(v);
+    }
     for (int64_t j = k + tid; j < p.top_k; j += kSelectThreads) out[j] = -1;
     return;
   }
@@ -562,8 +606,9 @@ void launch_batch(CudaOps& ops, std::span<const IndexerParams> batch) {
   // The tensor-core scores: fast numerics on compact FP4 keys, head_dim a multiple of 64 (whole swizzle groups).
   const bool tc = k.fast && key_layout && p0.head_dim % 64 == 0;
   if (tc)
-    allow_dynamic_smem(reinterpret_cast<const void*>(indexer_score_tc_kernel),
-                       int(tc_score_smem_bytes(kMaxIndexerHeadDim)));
+    for (const void* kernel : {reinterpret_cast<const void*>(indexer_score_tc_kernel<tc_key_items(128)>),
+                               reinterpret_cast<const void*>(indexer_score_tc_kernel<tc_key_items(kMaxIndexerHeadDim)>)})
+      allow_dynamic_smem(kernel, int(tc_score_smem_bytes(kMaxIndexerHeadDim)));
   int64_t rows = 0;  // of the launch being filled
   const auto launch = [&] {
     if (rows == 0) return;
@@ -577,7 +622,9 @@ void launch_batch(CudaOps& ops, std::span<const IndexerParams> batch) {
         tiles /= 2;
       k.entries = kTcTile * tiles;
       const dim3 grid(unsigned(ceil_div(visible_max, int64_t(k.entries))), unsigned(rows));
-      launch_pdl(indexer_score_tc_kernel, grid, dim3(kTcScoreWarps * 32), tc_score_smem_bytes(k.head_dim),
+      const auto kernel = k.head_dim <= 128 ? indexer_score_tc_kernel<tc_key_items(128)>
+                                            : indexer_score_tc_kernel<tc_key_items(kMaxIndexerHeadDim)>;
+      launch_pdl(kernel, grid, dim3(kTcScoreWarps * 32), tc_score_smem_bytes(k.head_dim),
                  ops.stream(), pdl, k);
     } else if (visible_max > 0) {
       const bool decode = rows <= kDecodeMaxRows;

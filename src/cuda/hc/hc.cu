@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "cuda/common/barrier.cuh"
 #include "cuda/common/check.h"
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
@@ -35,6 +36,7 @@ namespace dsv4 {
 
 namespace {
 
+using cuda::barrier_sync;
 using cuda::Pack;
 
 constexpr int kMaxHc = 4;                 // comb has hc² ≤ 32 entries: one warp lane each
@@ -194,12 +196,6 @@ __device__ float sinkhorn_entry(float logit, int hc, int iters, float eps) {
     c = c / (col_sum(c) + eps);
   }
   return c;
-}
-
-// A named barrier (`threads` a multiple of 32): the warp-specialised kernel's warps meet at different places in
-// the code, which __syncthreads does not allow.
-__device__ __forceinline__ void barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // kSlices: slices of kCollapseThreads·N columns per block (grid.x · kSlices slices cover D); with p.xn set the
