@@ -1,6 +1,6 @@
 // Shared by the CUDA benchmarks: calls enqueued on a stream, timed between two CUDA events, with the L2 flushed
 // before each where a benchmark measures the decode step's real case (its weights and caches do not stay in L2),
-// and a call captured once as a CUDA graph (the way the decode step replays its kernels: no host launch cost).
+// and a call captured once as a CUDA graph (no host launch cost between its kernels, as under PDL in a step).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -4,8 +4,8 @@
 // the shared expert and the gate), the achieved GB/s and its share of the copy bandwidth measured in the same
 // process (measure_copy_bandwidth, as dsv4 bench: 2 GiB device to device, read + write, best of 5).
 //
-// Also: the call replayed as a one-call CUDA graph (as the decode step runs it: no host launch cost between
-// the kernels; flushed likewise), the same call back to back without the flush (L2 warm where it fits) and
+// Also: the call replayed as a one-call CUDA graph (no host launch cost between the kernels, as in a decode
+// step whose launches run ahead under PDL; flushed likewise), the same call back to back without the flush (L2 warm where it fits) and
 // the host time per call.
 //
 // Each n runs on the item kernels (the shared expert on them too: "items"; or alone on the grouped GEMMs:

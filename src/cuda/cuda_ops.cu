@@ -1,9 +1,7 @@
 // CudaOps: device, stream, memory and weight upload. The op families live in their own folders.
 #include <algorithm>
 #include <bit>
-#include <cstdlib>
 #include <cstring>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -34,7 +32,6 @@ CudaOps::CudaOps(const ModelConfig& config, int device, std::shared_ptr<cuda::Nc
   };
   inv_freq_plain_ = constants(rope_inv_freq(config.rope_dim, config.rope_theta, nullptr));
   inv_freq_compressed_ = constants(rope_inv_freq(config.rope_dim, config.compress_rope_theta, &config.yarn));
-  if (const char* env = std::getenv("DSV4_CUDA_GRAPHS")) graphs_enabled_ = std::string(env) == "1";
 }
 
 CudaOps::~CudaOps() {
@@ -42,10 +39,8 @@ CudaOps::~CudaOps() {
   // deferred hc_post is dropped: nobody can observe its X any more.
   deferred_post_ = {};
   cudaSetDevice(device_);
-  if (capturing_) abort_graph();
   cudaStream_t stream = stream_.handle();
   if (stream) cudaStreamSynchronize(stream);
-  for (auto& [nodes, exec] : graph_execs_) cudaGraphExecDestroy(exec);
   for (void* p : allocations_) cudaFree(p);
   for (auto& [p, bytes] : workspaces_) cudaFree(p);
   for (auto& [p, bytes] : pinned_) cudaFreeHost(p);
@@ -237,8 +232,6 @@ void* CudaOps::workspace(int slot, size_t bytes, bool zeroed) {
   if (workspaces_.size() <= size_t(slot)) workspaces_.resize(size_t(slot) + 1, {nullptr, 0});
   auto& [p, size] = workspaces_[size_t(slot)];
   if (size < bytes) {
-    // Cannot allocate inside a recording: the caller aborts it and runs the step directly, which grows it.
-    DSV4_CHECK(!capturing_, "workspace ", slot, " must grow to ", bytes, " bytes during a graph recording");
     // Growth happens on the first steps only; the stream must be idle before the old buffer goes.
     DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (p) DSV4_CUDA_CHECK(cudaFree(p));
@@ -249,58 +242,6 @@ void* CudaOps::workspace(int slot, size_t bytes, bool zeroed) {
     size = bytes;
   }
   return p;
-}
-
-// ---- step graphs
-
-bool CudaOps::begin_graph() {
-  if (!graphs_enabled_) return false;
-  DSV4_ASSERT(!capturing_);
-  DSV4_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  capturing_ = true;
-  return true;
-}
-
-void CudaOps::abort_graph() {
-  DSV4_ASSERT(capturing_);
-  capturing_ = false;
-  deferred_post_ = {};  // recorded, not run, like the rest of the step (begin_graph flushed the one before it)
-  cudaGraph_t graph = nullptr;
-  cudaStreamEndCapture(stream_, &graph);  // fails when an unrecordable call invalidated the capture: fine
-  if (graph) cudaGraphDestroy(graph);
-  cudaGetLastError();  // clear the capture error so the direct run starts clean
-  ++graph_stats_.aborted;
-}
-
-void CudaOps::end_graph() {
-  DSV4_ASSERT(capturing_);
-  capturing_ = false;
-  cudaGraph_t graph = nullptr;
-  DSV4_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-  size_t nodes = 0;
-  DSV4_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
-  auto it = graph_execs_.find(nodes);
-  bool updated = false;
-  if (it != graph_execs_.end()) {
-    cudaGraphExecUpdateResultInfo info{};
-    updated = cudaGraphExecUpdate(it->second, graph, &info) == cudaSuccess;
-    if (!updated) {
-      cudaGetLastError();
-      DSV4_CUDA_CHECK(cudaGraphExecDestroy(it->second));
-      graph_execs_.erase(it);
-    }
-  }
-  if (updated) {
-    ++graph_stats_.updated;
-  } else {
-    cudaGraphExec_t exec = nullptr;
-    DSV4_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    it = graph_execs_.emplace(nodes, exec).first;
-    ++graph_stats_.instantiated;
-  }
-  DSV4_CUDA_CHECK(cudaGraphDestroy(graph));
-  DSV4_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
-  ++graph_stats_.launched;
 }
 
 // ---- upload

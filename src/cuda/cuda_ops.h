@@ -77,14 +77,10 @@ class CudaOps final : public Ops {
   const int32_t* upload(const std::vector<int32_t>& v);
   // Reorders an uploaded FP4 / FP8 matrix in place into the MoE expert kernels' MMA tile order
   // (moe/weight_mma.cuh; rows a multiple of 16, rows of whole 64-byte K groups), once; afterwards only those
-  // kernels may read it. Called by moe on a layer's first call, outside graph recording.
+  // kernels may read it. Called by moe on a layer's first call.
   const cuda::DeviceWeight& tile_for_mma(const Weight& w);
 
   // ---- Ops
-  // Decode steps are recorded (stream capture) and replayed as one CUDA graph: the executable graph of the
-  // last step with the same node count is updated in place (cudaGraphExecUpdate: kernel arguments such as
-  // positions change every token, the topology rarely does), else instantiated. Off unless DSV4_CUDA_GRAPHS=1:
-  // re-recording every token measured slower than launching directly (docs/PERFORMANCE.md, §1).
   void set_numerics(Numerics numerics) override { numerics_ = numerics; }
   void bind_thread() override;
   void all_reduce(float* x, size_t count) override;
@@ -93,13 +89,6 @@ class CudaOps final : public Ops {
   // Fast numerics round where DeepSeek's GPU code does (docs/design/fast-numerics.md §7): each family's
   // kernels take it as a flag in their params.
   bool fast() const { return numerics_ == Numerics::kFast; }
-  bool begin_graph() override;
-  void end_graph() override;
-  void abort_graph() override;
-  struct GraphStats {
-    int64_t launched = 0, updated = 0, instantiated = 0, aborted = 0;
-  };
-  const GraphStats& graph_stats() const { return graph_stats_; }
 
   float* alloc(size_t count) override;
   int32_t* alloc_i32(size_t count) override;
@@ -135,8 +124,7 @@ class CudaOps final : public Ops {
   void linear_f32(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy);
   void linear_pair_f32(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya,
                        const Weight& wb, float* yb, int64_t ldyb);
-  // An uploaded matrix in BF16 (for the tensor cores), made on its first use and kept; never during a graph
-  // recording (it throws there, and the step runs directly).
+  // An uploaded matrix in BF16 (for the tensor cores), made on its first use and kept.
   const cuda::DeviceWeight& bf16_copy(const Weight& w);
 
   void rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y,
@@ -187,7 +175,7 @@ class CudaOps final : public Ops {
   // points do). For tests; synchronous.
   void read_cache(const float* cache, int64_t rows, int64_t dim, float* host);
   void write_cache(float* cache, int64_t rows, int64_t dim, const float* host);
-  // Device workspace `slot` of at least `bytes`, grown on first use (never inside a graph capture). A zeroed
+  // Device workspace `slot` of at least `bytes`, grown on first use (the stream synchronised first). A zeroed
   // slot is all zero bytes when (re)allocated; its users must leave it so.
   void* workspace(int slot, size_t bytes, bool zeroed = false);
   // Page-locked host memory of at least `bytes` for slot (PinnedSlot): copies from it are asynchronous, where a
@@ -252,10 +240,6 @@ class CudaOps final : public Ops {
   float* inv_freq_plain_ = nullptr;
   float* inv_freq_compressed_ = nullptr;
   Numerics numerics_ = Numerics::kReference;
-  bool graphs_enabled_ = false;
-  bool capturing_ = false;
-  std::unordered_map<size_t, cudaGraphExec_t> graph_execs_;  // by node count
-  GraphStats graph_stats_;
   cuda::moe::TablesPtr moe_tables_ = cuda::moe::make_tables();  // moe's per-layer expert tables (moe/moe.cu)
 };
 

@@ -355,27 +355,10 @@ void DeepseekV4::Rank::step(std::span<const StepInput> batch, std::span<const Sp
   const ModelConfig& c = model_.config;
   spans_ = spans;
   for (size_t i = 0; i < batch.size(); ++i) ops_.upload_i32(act_.tokens + spans_[i].row0, batch[i].tokens, size_t(batch[i].n));
-  const auto forward = [&] {
-    ops_.embed(model_.embed, act_.tokens, n, act_.x);
-    ops_.broadcast_streams(act_.x, n, c.hc_mult, c.dim, act_.X);
-    for (size_t i = 0; i < model_.layers.size(); ++i) block(model_.layers[i], i, /*mtp=*/false, n);
-    return head(model_.hc_head, model_.norm, batch, n);
-  };
-  // Decode steps (one token per sequence) repeat the same op sequence every token: worth recording as a graph.
-  const bool decode = n == int64_t(batch.size());
-  int64_t rows = 0;
-  if (decode && ops_.begin_graph()) {
-    try {
-      rows = forward();
-      ops_.end_graph();
-    } catch (const Error&) {
-      ops_.abort_graph();  // an op could not be recorded: nothing ran, run the step directly
-      rows = forward();
-    }
-  } else {
-    rows = forward();
-  }
-  collect(batch, rows);
+  ops_.embed(model_.embed, act_.tokens, n, act_.x);
+  ops_.broadcast_streams(act_.x, n, c.hc_mult, c.dim, act_.X);
+  for (size_t i = 0; i < model_.layers.size(); ++i) block(model_.layers[i], i, /*mtp=*/false, n);
+  collect(batch, head(model_.hc_head, model_.norm, batch, n));
 }
 
 void DeepseekV4::Rank::mtp_step(SequenceState& sequence, std::span<const StepInput> batch, int64_t n) {

@@ -174,14 +174,6 @@ class Ops {
   // This rank failed mid-step: the group's collectives, on every rank, now fail instead of waiting for it.
   virtual void abort_group() {}
 
-  // ---- step graphs (optional). Between begin_graph() returning true and end_graph(), a backend may record
-  // the ops instead of running them, then run the recording as one unit (CUDA graphs: one launch instead of
-  // hundreds). An op that cannot be recorded throws; the caller then calls abort_graph() and re-runs the ops
-  // directly. Host-visible effects (download) never happen inside a recording.
-  virtual bool begin_graph() { return false; }
-  virtual void end_graph() {}
-  virtual void abort_graph() {}
-
   // ---- elementwise / small
   virtual void embed(const Weight& table, const int32_t* tokens, int64_t n, float* out) = 0;  // out [n, D]
   virtual void broadcast_streams(const float* x, int64_t n, int64_t hc, int64_t dim, float* X) = 0;  // X [n, hc, D]
@@ -278,8 +270,8 @@ class Ops {
   virtual void hc_pre(const float* X, const HcWeights& w, int64_t n, float* x, float* post, float* comb) = 0;
   // Post-mix of a sub-block's output f [n, D] into the streams, in place: X[k] ← post[k]·f + Σ_j C[j][k]·X[j].
   // NOTE: a backend may defer it, to run it fused with the hc_pre_norm or hc_head that follows on the same X (the
-  // CUDA backend fuses it into hc_pre_norm at decode). Everything else that follows — any other op, a download,
-  // a graph's end — sees X as if it had run at once: a deferring backend runs it first. The next hc_pre_norm may
+  // CUDA backend fuses it into hc_pre_norm at decode). Everything else that follows — any other op, a
+  // download — sees X as if it had run at once: a deferring backend runs it first. The next hc_pre_norm may
   // write its post and comb over this call's (the model reuses the buffers): a fused backend reads them first.
   virtual void hc_post(const float* f, const float* post, const float* comb, int64_t n, float* X) = 0;
   // The final collapse before the output norm (§5.4): y [n, D] = Σ_j pre[j]·X[j], pre from the head's weights.

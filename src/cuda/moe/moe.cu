@@ -241,15 +241,14 @@ LayerTables build_layer(CudaOps& ops, const MoeWeights& w, int64_t D, int64_t I,
   return t;
 }
 
-// The layer's tables and its device entries, built and uploaded on the layer's first call (outside a graph
-// recording, like every workspace growth).
+// The layer's tables and its device entries, built and uploaded on the layer's first call.
 LayerTables layer_tables(CudaOps& ops, cuda::moe::Tables& tables, const MoeWeights& w, int64_t D, int64_t I,
                          const ExpertPtrs** entries) {
   auto it = tables.layers.find(&w);
   if (it == tables.layers.end() || !(it->second.identity == identify(w))) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     DSV4_CUDA_CHECK(cudaStreamIsCapturing(ops.stream(), &capture));
-    // Nothing changes before this check: the caller aborts the recording and runs the step directly.
+    // Benchmarks replay calls as CUDA graphs: the first call of a layer must run directly.
     DSV4_CHECK(capture == cudaStreamCaptureStatusNone, "moe: a layer's expert table is built on its first call, "
                "which cannot happen inside a graph recording");
     const size_t first = tables.host.size();
