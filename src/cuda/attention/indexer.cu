@@ -462,10 +462,21 @@ indexer_select_kernel(const __grid_constant__ IndexerKernelParams p) {
       uint64_t prefix = uint64_t(top.bin) << 53, mask = ~uint64_t(0) << 53;
       uint32_t need = top.need;
       constexpr int kShift[5] = {42, 32, 21, 10, 0}, kWidth[5] = {11, 10, 11, 11, 10};
+      // Two digits are often the same for every candidate, so their bits are set without a pass: in fast
+      // numerics the scores are bf16, so a key's low 16 bits (digit 1's) are all zero for a positive score and
+      // all ones for a negative one (order_key inverts them; the top bin fixes the sign); and entries below
+      // 2^21 leave the inverted index's bits 21..31 (digit 2's) all ones. Bf16 scores tie often among thousands
+      // of entries, and then the resolution ran through all five digits.
+      const uint64_t known_key_bits = (top.bin >> 10) ? 0 : ~uint64_t(0);  // top.bin bit 10: the key's sign bit
 #pragma unroll
       for (int digit = 0; digit < 5; ++digit) {
         const int shift = kShift[digit];
         const uint64_t digit_mask = (uint64_t(1) << kWidth[digit]) - 1;
+        if ((digit == 1 && p.fast) || (digit == 2 && visible <= (int64_t(1) << 21))) {
+          prefix |= (digit == 1 ? known_key_bits & digit_mask : digit_mask) << shift;
+          mask |= digit_mask << shift;
+          continue;
+        }
         for (int b = tid; b < kBins; b += kSelectThreads) hist_s[b] = 0;
         __syncthreads();
         for (int64_t c = tid; c < n_cand; c += kSelectThreads) {
