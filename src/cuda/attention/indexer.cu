@@ -280,10 +280,10 @@ indexer_score_tc_kernel(const __grid_constant__ IndexerKernelParams p) {
   for (int b = tid; b < kBins; b += kTcScoreWarps * 32) hist_s[b] = 0;
   const uint8_t* keys = reinterpret_cast<const uint8_t*>(sq.keys);
   const CacheLayout& l = p.key_layout;
-  // A tile's FP4 keys, loaded into registers one tile ahead: 8 channels per item (4 bytes of e2m1 pairs, the low
-  // nibble first, and their 32-channel scale byte), item x = tid + j · threads. All of a thread's loads are in
-  // flight at once, and the next tile's during this tile's MMAs (one load, then its use, per item cost a
-  // dependent L2 / HBM round trip each: 37% of the kernel's stall samples at batch 8, 32K).
+  // A tile's FP4 keys, loaded into registers before any is decoded: 8 channels per item (4 bytes of e2m1 pairs,
+  // the low nibble first, and their 32-channel scale byte), item x = tid + j · threads, all of a thread's loads
+  // in flight at once (one load, then its use, per item cost a dependent L2 / HBM round trip each: 37% of the
+  // kernel's stall samples at batch 8, 32K).
   const int items = kTcTile * chunks;
   uint32_t codes[kTcKeyItems];
   uint32_t scales[kTcKeyItems / 4] = {};  // item j's scale byte in byte j % 4 of word j / 4
