@@ -9,16 +9,18 @@
 // the host time per call.
 //
 // Each n runs on the item kernels (the shared expert on them too: "items"; or alone on the grouped GEMMs:
-// "items + shared grouped") and on the grouped FP8 GEMM path (experts_grouped.cu), each forced (moe_grouped.h),
-// for the crossovers; the grouped rows also give the FLOP
-// floor: 2 × (n·k + n) pairs × 3 × D × I at the dense FP8 peak of an H100 SXM (990 TFLOP/s).
+// "items + shared grouped") and on the grouped FP8 GEMM path (experts_grouped.cu): "grouped" with its default
+// routed tiles, "grouped, tiles of 64" with routed tiles of kGroupedTokens pairs at every n; each forced
+// (moe_grouped.h), for the crossovers. --paths picks some of them (a comma list of their numbers 0..3 in that
+// order). The grouped rows also give the FLOP floor: 2 × (n·k + n) pairs × 3 × D × I at the dense FP8 peak of an
+// H100 SXM (990 TFLOP/s).
 //
 // --inter N gives the experts width N instead (a rank's slice under tensor parallelism: 1024 at --tp 2, 512
 // at --tp 4), shared expert included. --ep R runs the layer as rank r (--rank, default 0) of R expert-parallel
 // ranks: routed experts [r·E/R, (r+1)·E/R), and the shared expert on rank 0 only (model/parallel.h); the byte
 // count takes only those.
 //
-//   bench_moe [--inter N] [--ep R [--rank r]] [iterations=50] [n ...=1 8 64]
+//   bench_moe [--inter N] [--ep R [--rank r]] [--paths 0,1,2,3] [iterations=50] [n ...=1 8 64]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -144,6 +146,8 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   int64_t inter = 2048, ranks = 1, rank = 0;
+  constexpr int kPaths = 4;
+  bool run_path[kPaths] = {true, true, true, true};
   int first = 1;
   for (; first + 1 < argc && std::strncmp(argv[first], "--", 2) == 0; first += 2) {
     const std::string name = argv[first];
@@ -154,6 +158,16 @@ int main(int argc, char** argv) {
       ranks = v;
     } else if (name == "--rank") {
       rank = v;
+    } else if (name == "--paths") {
+      std::fill(std::begin(run_path), std::end(run_path), false);
+      for (const char* c = argv[first + 1]; *c; ++c) {
+        if (*c == ',') continue;
+        if (*c < '0' || *c >= '0' + kPaths) {
+          std::fprintf(stderr, "bench_moe: --paths takes path numbers 0..%d, got %s\n", kPaths - 1, argv[first + 1]);
+          return 1;
+        }
+        run_path[*c - '0'] = true;
+      }
     } else {
       std::fprintf(stderr, "bench_moe: unknown option %s\n", argv[first]);
       return 1;
@@ -233,16 +247,22 @@ int main(int argc, char** argv) {
     std::printf("| n | path | µs (median of %d) | distinct experts | MB read | GB/s | %% of copy | µs in a graph | %% of copy "
                 "in a graph | µs back to back | host µs | TFLOP/s | FLOP floor µs (990 TFLOP/s) | × floor |\n", iterations);
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    static const char* const kPathNames[kPaths] = {"items", "items + shared grouped", "grouped",
+                                                   "grouped, tiles of 64"};
     for (int64_t n : steps)
-    for (int path = 0; path < 3; ++path) {
-      constexpr int64_t kNever = int64_t(1) << 40;
-      cuda::moe::set_grouped_min_tokens(path == 2 ? 1 : kNever);
-      cuda::moe::set_shared_grouped_min_tokens(path == 1 ? 1 : kNever);
+    for (int path = 0; path < kPaths; ++path) {
       static std::vector<float> x;  // the same step on every path
+      static size_t experts = 0;
       if (path == 0) {
         x.resize(size_t(n * D));
         for (float& v : x) v = x_dist(rng);
+        experts = distinct_experts(w, x, n, D, E, k, e0, e1);
       }
+      if (!run_path[path]) continue;
+      constexpr int64_t kNever = int64_t(1) << 40;
+      cuda::moe::set_grouped_min_tokens(path >= 2 ? 1 : kNever);
+      cuda::moe::set_shared_grouped_min_tokens(path == 1 ? 1 : kNever);
+      cuda::moe::set_grouped_small_tile_max_pairs(path == 3 ? 0 : -1);
       float* dx = ops.alloc(x.size());
       float* dout = ops.alloc(x.size());
       DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -261,15 +281,13 @@ int main(int argc, char** argv) {
       const double host_us =
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iterations;
       const double chain_ms = timer.stop_ms(s);
-      static size_t experts = 0;
-      if (path == 0) experts = distinct_experts(w, x, n, D, E, k, e0, e1);
       const double bytes = double(experts * expert_bytes + shared_bytes + gate_bytes);
       const double gbs = bytes / (us * 1e-6) / 1e9;
       const double graph_gbs = bytes / (graph_us * 1e-6) / 1e9;
       const double flop = 2.0 * double(n * k + n) * 3.0 * double(D) * double(I);
       const double floor_us = flop / 990e12 * 1e6;
       std::printf("| %lld | %s | %.1f | %zu | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
-                  (long long)n, path == 0 ? "items" : path == 1 ? "items + shared grouped" : "grouped", us, experts, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs,
+                  (long long)n, kPathNames[path], us, experts, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs,
                   graph_us, 100.0 * graph_gbs / copy_gbs, chain_ms * 1e3 / iterations, host_us, flop / (us * 1e-6) / 1e12,
                   floor_us, us / floor_us);
       std::fflush(stdout);

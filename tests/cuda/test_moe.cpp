@@ -378,6 +378,13 @@ struct GroupedFrom {
   ~GroupedFrom() { cuda::moe::set_grouped_min_tokens(0); }
 };
 
+// The grouped path's small routed tiles (moe_grouped.h) up to `pairs` an expert on average: 0 never, kAlways always.
+struct SmallTilesUpTo {
+  static constexpr int64_t kAlways = int64_t(1) << 40;
+  explicit SmallTilesUpTo(int64_t pairs) { cuda::moe::set_grouped_small_tile_max_pairs(pairs); }
+  ~SmallTilesUpTo() { cuda::moe::set_grouped_small_tile_max_pairs(-1); }
+};
+
 // The same for the shared expert alone on the grouped path (the routed ones on the item kernels).
 struct SharedGroupedFrom {
   explicit SharedGroupedFrom(int64_t n) { cuda::moe::set_shared_grouped_min_tokens(n); }
@@ -390,7 +397,8 @@ struct SharedGroupedFrom {
 // of w1 / w3, a partial 256-row block of w2), I 256 (2 K blocks of w2: a ring stage holds fewer than 4), odd
 // token counts; n = 1 leaves 6 of 9 experts with no token and 3 with one, n = 7 and 33 odd counts per expert,
 // 130 a tile of 64 and a partial one for several experts. Every format pair the path takes (FP4 or FP8 routed
-// and shared), both routings. Reference numerics on the same layer stay on the item kernels.
+// and shared), both routings; FP4 routed experts in tiles of 64 and in small tiles (of 24: 130 cuts experts into
+// several) at every n. Reference numerics on the same layer stay on the item kernels.
 TEST(CudaMoe, FastGroupedOddTokenCounts) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -403,7 +411,11 @@ TEST(CudaMoe, FastGroupedOddTokenCounts) {
       const HostMoe m(shape, f, hash, 1000, rng());
       CudaOps ops(m.config);
       m.upload_to(ops);
-      for (int64_t n : {1, 2, 7, 33, 130}) check_step_fast(m, ops, n, rng, describe(shape, f, hash) + " grouped");
+      for (const int64_t small : {int64_t(0), SmallTilesUpTo::kAlways}) {
+        const SmallTilesUpTo tiles(small);
+        for (int64_t n : {1, 2, 7, 33, 130})
+          check_step_fast(m, ops, n, rng, describe(shape, f, hash) + (small ? " grouped, small tiles" : " grouped"));
+      }
       check_step(m, ops, 33, rng, describe(shape, f, hash));
     }
 #endif
@@ -693,11 +705,15 @@ TEST(CudaMoe, V4FlashDecode) {
     // 64 tokens by default: the routed experts on the item kernels, the shared expert alone on the grouped GEMMs
     // with their K split over 8 blocks (one tile × 16 row blocks each on 132 SMs) and the finish launches.
     check_step_fast(m, ops, 64, rng, describe(shape, f, hash) + " fast, shared grouped");
-    // The grouped FP8 path on the real shape, forced: 33 tokens (most experts 0 or 1 token) and, scored, 100
-    // (a few experts past one 64-pair tile).
+    // The grouped FP8 path on the real shape, forced: 33 tokens (most experts 0 or 1 token) and, scored, 100,
+    // in small routed tiles as by default at these sizes; 100 in tiles of 64 too.
     const GroupedFrom forced(1);
     check_step_fast(m, ops, 33, rng, describe(shape, f, hash) + " fast grouped");
-    if (!hash) check_step_fast(m, ops, 100, rng, describe(shape, f, hash) + " fast grouped");
+    if (!hash) {
+      check_step_fast(m, ops, 100, rng, describe(shape, f, hash) + " fast grouped");
+      const SmallTilesUpTo never(0);
+      check_step_fast(m, ops, 100, rng, describe(shape, f, hash) + " fast grouped, tiles of 64");
+    }
   }
 #endif
 }

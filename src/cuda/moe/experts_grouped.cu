@@ -27,9 +27,10 @@
 // 128-column block, 16 bytes per (step j, lane c) at byte (4j + c)·16, the b0, b1 of the first MMA then of the
 // second — one 16-byte shared-memory load per token per step.
 //
-// Work: a block owns one tile (≤ kGroupedTokens pairs of one expert) × one block of output rows; its 8 warps own
-// 2 row tiles each (up: the same 16 rows of w1 and w3, so the SwiGLU stays in registers; down: 32 rows of w2)
-// over all the tile's pairs. Each warp decodes its weights once per K block from registers (loads one block
+// Work: a block owns one tile (≤ kGroupedTokens pairs of one expert; routed FP4 tiles of ≤ kGroupedSmallTokens
+// where experts hold few pairs, on a kernel of 128 registers: grouped_routed_tile) × one block of output rows;
+// its 8 warps own 2 row tiles each (up: the same 16 rows of w1 and w3, so the SwiGLU stays in registers; down:
+// 32 rows of w2) over all the tile's pairs. Each warp decodes its weights once per K block from registers (loads one block
 // ahead: a shared-memory ring for them measured 8% slower) and reuses them over the tile's 8-pair MMA columns;
 // the pairs' activations come through a two-stage cp.async ring in shared memory that all 8 warps read. The shared expert alone (launch_shared_grouped) has one to
 // three tiles: 16 row blocks of w1 / w3 at I = 2048 (8 at a tensor-parallel rank's 1024) would leave most SMs
@@ -60,10 +61,12 @@ constexpr int kGStageBytes = kGBlockBytes * kGStageBlocks;
 // lane) in the two halves of a 128-byte bank window: a 16-byte load per lane takes four wavefronts, the least.
 constexpr int kGRowStride = kGStageBytes + 64;
 constexpr int kGWarps = 8, kGThreads = kGWarps * 32;
-constexpr int kGTokenTiles = kGroupedTokens / 8;
 constexpr int kGUpRows = kGWarps * 16;    // up: each warp 16 rows of w1 and of w3
 constexpr int kGDownRows = kGWarps * 32;  // down: each warp 32 rows of w2
-constexpr size_t kGSmemBytes = 2 * (size_t(kGroupedTokens) * kGRowStride + kGStageBlocks * kGroupedTokens * 4);
+// The ring of a kernel whose tiles hold `tokens` pairs: two stages of rows and scales.
+constexpr size_t grouped_smem_bytes(int tokens) {
+  return 2 * (size_t(tokens) * kGRowStride + kGStageBlocks * size_t(tokens) * 4);
+}
 
 // Floats of one (tile, split)'s partial sums: up [w1 | w3][I][tokens], down [D][tokens].
 __host__ __device__ inline int64_t split_slab(const ExpertParams& p, bool up) {
@@ -83,6 +86,9 @@ constexpr int64_t kGroupedMinTokensAt2048 = 192;
 constexpr int64_t kSharedGroupedMinTokens = 32, kSharedGroupedMinInter = 1024;
 std::atomic<int64_t> g_min_tokens{0};  // 0: the default (set_grouped_min_tokens)
 std::atomic<int64_t> g_shared_min_tokens{0};
+// Small routed tiles up to this many pairs an expert on average (docs/design/moe.md, "Small routed tiles").
+constexpr int64_t kSmallTileMaxPairs = 16;
+std::atomic<int64_t> g_small_tile_max_pairs{-1};  // < 0: the default
 
 // ---- fragment order
 
@@ -138,7 +144,8 @@ __global__ void __launch_bounds__(256) grouped_quant_kernel(QuantParams p) {
   }
 }
 
-// ---- grouped_tiles: the plan's expert segments (contiguous pairs) cut into tiles of ≤ kGroupedTokens pairs
+// ---- grouped_tiles: the plan's expert segments (contiguous pairs) cut into tiles: the shared expert's of
+// ≤ kGroupedTokens pairs first, then the routed ones' of ≤ g.routed_tile
 
 // One block. The routed chunks of the plan are consecutive pairs of one expert, experts ascending; an expert's
 // segment starts at its smallest chunk pair and holds the sum of its chunks' counts.
@@ -150,7 +157,7 @@ __global__ void __launch_bounds__(1024) grouped_tiles_kernel(ExpertParams p, Gro
     count[e] = 0;
   }
   __syncthreads();
-  const int chunks = g.routed ? p.plan.counters[0] : 0;
+  const int chunks = g.routed ? p.plan.counters[0] : 0, N = g.routed_tile;
   for (int c = shared_chunks(n, p.shared_items) + int(threadIdx.x); c < chunks; c += blockDim.x) {
     const int e = p.plan.chunk_expert[c];
     atomicMin(&first[e], p.plan.chunk_pair[c]);
@@ -162,7 +169,7 @@ __global__ void __launch_bounds__(1024) grouped_tiles_kernel(ExpertParams p, Gro
   const int lane = int(threadIdx.x), per = (E + 31) / 32;
   const int e0 = min(E, lane * per), e1 = min(E, e0 + per);
   int mine = 0;
-  for (int e = e0; e < e1; ++e) mine += (count[e] + kGroupedTokens - 1) / kGroupedTokens;
+  for (int e = e0; e < e1; ++e) mine += (count[e] + N - 1) / N;
   int before = mine;
   for (int off = 1; off < 32; off <<= 1) {
     const int v = __shfl_up_sync(0xFFFFFFFFu, before, off);
@@ -178,10 +185,10 @@ __global__ void __launch_bounds__(1024) grouped_tiles_kernel(ExpertParams p, Gro
   }
   int t = shared_tiles + before;
   for (int e = e0; e < e1; ++e)
-    for (int q = 0; q < count[e]; q += kGroupedTokens, ++t) {
+    for (int q = 0; q < count[e]; q += N, ++t) {
       g.tile_expert[t] = e;
       g.tile_pair0[t] = first[e] + q;
-      g.tile_count[t] = min(kGroupedTokens, count[e] - q);
+      g.tile_count[t] = min(N, count[e] - q);
     }
   if (lane == 0) g.tiles[0] = shared_tiles + total;
 }
@@ -198,16 +205,18 @@ struct RawBlock {
   float block_scale[2];      // FP8: the tile's 128 x 128 block scale
 };
 
-// Lane (g, c)'s addresses in K group 0 of its warp's two row tiles (weight_mma.cuh's tile order: a tile's K
-// group G lies kTileBytesPerGroup·G further, its FP4 scale bytes, one per 16-byte unit, kTileUnitsPerGroup·G
-// further), computed once rather than by 64-bit index arithmetic at every load.
+// Lane (g, c)'s addresses in K group 0 of row half 0 of its warp's two row tiles (weight_mma.cuh's tile order: a
+// tile's K group G lies kTileBytesPerGroup·G further, its row half h kHalfUnits·h units further; the FP4 scale
+// bytes, one per 16-byte unit, as many units further), computed once rather than by 64-bit index arithmetic at
+// every load. One pointer a tile, not one a row half: the small-tile kernel's 128 registers.
 struct WarpTiles {
-  const uint8_t* unit[2][2];   // [tile][row half]: the lane's 16-byte unit
-  const uint8_t* scale[2][2];  // FP4: the u32 of its row's four chunk scales; FP8: [tile][0] the tile's block scale
+  const uint8_t* unit[2];   // [tile]: the lane's 16-byte unit
+  const uint8_t* scale[2];  // FP4: the u32 of its row's four chunk scales; FP8: the tile's block scale
   bool live[2];
 };
 constexpr int64_t kTileBytesPerGroup = kTileRows * kTileGroupBytes;  // a 16-row tile's K group
 constexpr int64_t kTileUnitsPerGroup = kTileBytesPerGroup / 16;
+constexpr int64_t kHalfUnits = mma_tile_unit(0, 0, 1, 0, 1);
 
 template <WFormat F>
 __device__ __forceinline__ void load_block(const WarpTiles& w, int64_t kb, RawBlock<F>& r) {
@@ -218,13 +227,16 @@ __device__ __forceinline__ void load_block(const WarpTiles& w, int64_t kb, RawBl
 #pragma unroll
       for (int u = 0; u < RawBlock<F>::kUnits; ++u) {
         const int64_t G = kb * RawBlock<F>::kUnits + u;
-        r.unit[i][h][u] = w.live[i] ? load_stream16(w.unit[i][h] + kTileBytesPerGroup * G) : make_uint4(0, 0, 0, 0);
+        r.unit[i][h][u] =
+            w.live[i] ? load_stream16(w.unit[i] + 16 * kHalfUnits * h + kTileBytesPerGroup * G) : make_uint4(0, 0, 0, 0);
       }
       if constexpr (F == WFormat::kFP4)
-        r.scales[i][h] = w.live[i] ? __ldg(reinterpret_cast<const uint32_t*>(w.scale[i][h] + kTileUnitsPerGroup * kb)) : 0x7F7F7F7Fu;
+        r.scales[i][h] = w.live[i] ? __ldg(reinterpret_cast<const uint32_t*>(w.scale[i] + kHalfUnits * h +
+                                                                               kTileUnitsPerGroup * kb))
+                                   : 0x7F7F7F7Fu;
     }
     if constexpr (F == WFormat::kFP8)
-      r.block_scale[i] = w.live[i] ? __ldg(reinterpret_cast<const float*>(w.scale[i][0]) + kb) : 0.0f;
+      r.block_scale[i] = w.live[i] ? __ldg(reinterpret_cast<const float*>(w.scale[i]) + kb) : 0.0f;
   }
 }
 
@@ -275,19 +287,21 @@ __device__ __forceinline__ void decode_block(const RawBlock<F>& r, int lane, uin
   }
 }
 
-// The ring: stage s holds K blocks [4s, 4s + 4) of the tile's kGroupedTokens activation rows and their scales.
+// The ring of a kernel of kTokens-pair tiles: stage s holds K blocks [4s, 4s + 4) of the tile's activation rows
+// and their scales.
 struct Ring {
-  uint8_t* rows;   // [2][kGroupedTokens][kGRowStride] f16 codes
-  float* scales;   // [2][kGStageBlocks][kGroupedTokens]
+  uint8_t* rows;   // [2][kTokens][kGRowStride] f16 codes
+  float* scales;   // [2][kGStageBlocks][kTokens]
 };
 
 // Stage `stage` of the K blocks [kb_begin, kb_end): blocks kb_begin + 4·stage .., of the first `rows` tokens.
+template <int kTokens>
 __device__ __forceinline__ void load_stage(const Ring& ring, int buf, int64_t stage, int64_t kb_begin, int64_t kb_end,
                                            int64_t K, const uint16_t* act, const float* act_scale,
                                            const int* row_index, int rows) {
   const int64_t kb0 = kb_begin + stage * kGStageBlocks;
   const int nb = int(std::min<int64_t>(kGStageBlocks, kb_end - kb0));
-  uint8_t* stage_rows = ring.rows + size_t(buf) * kGroupedTokens * kGRowStride;
+  uint8_t* stage_rows = ring.rows + size_t(buf) * kTokens * kGRowStride;
   const int row16 = nb * (kGBlockBytes / 16);  // 16-byte pieces of a token's stage row
   for (int i = int(threadIdx.x); i < rows * row16; i += kGThreads) {
     const int m = i / row16, col16 = i % row16;
@@ -295,7 +309,7 @@ __device__ __forceinline__ void load_stage(const Ring& ring, int buf, int64_t st
   }
   for (int i = int(threadIdx.x); i < nb * rows; i += kGThreads) {
     const int kb = i / rows, m = i % rows;
-    cp_async4(ring.scales + (buf * kGStageBlocks + kb) * kGroupedTokens + m,
+    cp_async4(ring.scales + (buf * kGStageBlocks + kb) * kTokens + m,
               act_scale + int64_t(row_index[m]) * (K / kGBlockK) + kb0 + kb);
   }
   cp_async_commit();
@@ -305,9 +319,9 @@ __device__ __forceinline__ void load_stage(const Ring& ring, int buf, int64_t st
 // MMAs into a cleared fragment, then scaled by weight × activation scale into acc. NT is a constant so that the
 // loop is one basic block: with a run-time bound per token tile (a branch each) the compiler could not overlap
 // one tile's dependent MMAs with the next tile's.
-template <int NT>
+template <int NT, int kTT>
 __device__ __forceinline__ void mma_block(const uint32_t (&a)[2][4][8], const float (&sw)[2][2], const uint8_t* xb,
-                                          const float* sb, float (&acc)[2][kGTokenTiles][4]) {
+                                          const float* sb, float (&acc)[2][kTT][4]) {
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     float part[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
@@ -333,11 +347,11 @@ __device__ __forceinline__ void mma_block(const uint32_t (&a)[2][4][8], const fl
 
 // One block: tile `tile` × row block `rb` of a GEMM (kUp: w1 and w3 of I rows over K = D; else w2, D rows over
 // K = I), over the K blocks [kb_begin, kb_end); leaves acc[tile i][token tile][fragment] in units of the output.
-template <bool kUp, WFormat F>
-__device__ __forceinline__ void gemm_tile(const ExpertParams& p, const GroupedBuffers& g, const WarpTiles& w,
-                                          int count, const uint16_t* act, const float* act_scale, const int* row_index,
-                                          const Ring& ring, int64_t kb_begin, int64_t kb_end,
-                                          float (&acc)[2][kGTokenTiles][4]) {
+template <bool kUp, WFormat F, int kTokens>
+__device__ __forceinline__ void gemm_tile(const ExpertParams& p, const WarpTiles& w, int count, const uint16_t* act,
+                                          const float* act_scale, const int* row_index, const Ring& ring,
+                                          int64_t kb_begin, int64_t kb_end, float (&acc)[2][kTokens / 8][4]) {
+  constexpr int kTT = kTokens / 8;  // token tiles
   const int lane = int(threadIdx.x % 32), g8 = lane / 4, c = lane % 4;
   const int64_t K = kUp ? p.D : p.I;
   const int64_t stages = (kb_end - kb_begin + kGStageBlocks - 1) / kGStageBlocks;
@@ -345,23 +359,24 @@ __device__ __forceinline__ void gemm_tile(const ExpertParams& p, const GroupedBu
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int t = 0; t < kGTokenTiles; ++t)
+    for (int t = 0; t < kTT; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][t][e] = 0.0f;
   RawBlock<F> raw;
   load_block<F>(w, kb_begin, raw);
-  load_stage(ring, 0, 0, kb_begin, kb_end, K, act, act_scale, row_index, 8 * token_tiles);
+  load_stage<kTokens>(ring, 0, 0, kb_begin, kb_end, K, act, act_scale, row_index, 8 * token_tiles);
   const bool any = w.live[0] || w.live[1];
   for (int64_t s = 0; s < stages; ++s) {
     if (s + 1 < stages) {
-      load_stage(ring, int((s + 1) % 2), s + 1, kb_begin, kb_end, K, act, act_scale, row_index, 8 * token_tiles);
+      load_stage<kTokens>(ring, int((s + 1) % 2), s + 1, kb_begin, kb_end, K, act, act_scale, row_index,
+                          8 * token_tiles);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    const uint8_t* rows = ring.rows + size_t(s % 2) * kGroupedTokens * kGRowStride;
-    const float* scales = ring.scales + (s % 2) * kGStageBlocks * kGroupedTokens;
+    const uint8_t* rows = ring.rows + size_t(s % 2) * kTokens * kGRowStride;
+    const float* scales = ring.scales + (s % 2) * kGStageBlocks * kTokens;
     const int nb = int(std::min<int64_t>(kGStageBlocks, kb_end - kb_begin - s * kGStageBlocks));
     if (any) {
       for (int kbl = 0; kbl < nb; ++kbl) {
@@ -371,16 +386,23 @@ __device__ __forceinline__ void gemm_tile(const ExpertParams& p, const GroupedBu
         decode_block<F>(raw, lane, a, sw);
         if (kb + 1 < kb_end) load_block<F>(w, kb + 1, raw);  // the next block's loads fly over the MMAs
         const uint8_t* xb = rows + g8 * kGRowStride + kbl * kGBlockBytes + c * 16;
-        const float* sb = scales + kbl * kGroupedTokens + 2 * c;
-        switch (token_tiles) {  // straight-line code: the MMAs of all token tiles interleave
-          case 1: mma_block<1>(a, sw, xb, sb, acc); break;
-          case 2: mma_block<2>(a, sw, xb, sb, acc); break;
-          case 3: mma_block<3>(a, sw, xb, sb, acc); break;
-          case 4: mma_block<4>(a, sw, xb, sb, acc); break;
-          case 5: mma_block<5>(a, sw, xb, sb, acc); break;
-          case 6: mma_block<6>(a, sw, xb, sb, acc); break;
-          case 7: mma_block<7>(a, sw, xb, sb, acc); break;
-          default: mma_block<kGTokenTiles>(a, sw, xb, sb, acc); break;
+        const float* sb = scales + kbl * kTokens + 2 * c;
+        if constexpr (kTT == 3) {
+          if (token_tiles == 1) mma_block<1>(a, sw, xb, sb, acc);
+          else if (token_tiles == 2) mma_block<2>(a, sw, xb, sb, acc);
+          else mma_block<3>(a, sw, xb, sb, acc);
+        } else {
+          static_assert(kTT == 8);
+          switch (token_tiles) {  // straight-line code: the MMAs of all token tiles interleave
+            case 1: mma_block<1>(a, sw, xb, sb, acc); break;
+            case 2: mma_block<2>(a, sw, xb, sb, acc); break;
+            case 3: mma_block<3>(a, sw, xb, sb, acc); break;
+            case 4: mma_block<4>(a, sw, xb, sb, acc); break;
+            case 5: mma_block<5>(a, sw, xb, sb, acc); break;
+            case 6: mma_block<6>(a, sw, xb, sb, acc); break;
+            case 7: mma_block<7>(a, sw, xb, sb, acc); break;
+            default: mma_block<8>(a, sw, xb, sb, acc); break;
+          }
         }
       }
     }
@@ -388,16 +410,23 @@ __device__ __forceinline__ void gemm_tile(const ExpertParams& p, const GroupedBu
   }
 }
 
-template <bool kUp>
-__global__ void __launch_bounds__(kGThreads, 1) grouped_gemm_kernel(ExpertParams p, GroupedBuffers g) {
+// Tiles [tile_begin, g.tiles[0]) of kTokens pairs or fewer. kTokens = kGroupedTokens: any format, K split over
+// blocks where g asks; kGroupedSmallTokens: routed FP4 tiles only (grouped_routed_tile), unsplit, in ≤ 128 registers
+// so that two blocks share an SM — at ~12 pairs an expert a 64-pair kernel's 255 registers left two warps a
+// scheduler, each waiting on its own decode → MMA → scaling chain (docs/design/moe.md, "Small routed tiles").
+template <bool kUp, int kTokens>
+__global__ void __launch_bounds__(kGThreads, kTokens == kGroupedTokens ? 1 : 2)
+    grouped_gemm_kernel(ExpertParams p, GroupedBuffers g, int tile_begin) {
+  constexpr bool kSmall = kTokens < kGroupedTokens;
+  constexpr int kTT = kTokens / 8;
   extern __shared__ __align__(16) uint8_t smem_grouped[];
-  __shared__ int row_index[kGroupedTokens];
+  __shared__ int row_index[kTokens];
   const int64_t out_rows = kUp ? p.I : p.D;
   const int block_rows = kUp ? kGUpRows : kGDownRows;
   const int row_blocks = int((out_rows + block_rows - 1) / block_rows);
-  const int splits = kUp ? g.up_splits : g.down_splits;
+  const int splits = kSmall ? 1 : kUp ? g.up_splits : g.down_splits;
   const int split = int(blockIdx.x) % splits, item = int(blockIdx.x) / splits;
-  const int tile = item / row_blocks, rb = item % row_blocks;
+  const int tile = tile_begin + item / row_blocks, rb = item % row_blocks;
   if (tile >= g.tiles[0]) return;
   const int expert = g.tile_expert[tile], pair0 = g.tile_pair0[tile], count = g.tile_count[tile];
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
@@ -424,17 +453,13 @@ __global__ void __launch_bounds__(kGThreads, 1) grouped_gemm_kernel(ExpertParams
   for (int i = 0; i < 2; ++i) {
     const int64_t r = kUp ? row0 : row0 + 16 * i, tile_index = r / 16;
     w.live[i] = r < out_rows;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t unit = mma_tile_unit(tile_index, 0, h, lane, groups);
-      w.unit[i][h] = data[i] + 16 * unit;
-      w.scale[i][h] = fmt.format == WFormat::kFP4
-                          ? static_cast<const uint8_t*>(scale[i]) + (unit - lane % 4)
-                          : reinterpret_cast<const uint8_t*>(static_cast<const float*>(scale[i]) +
-                                                             (tile_index * 16 / 128) * fmt.scale_cols);
-    }
+    const int64_t unit = mma_tile_unit(tile_index, 0, 0, lane, groups);
+    w.unit[i] = data[i] + 16 * unit;
+    w.scale[i] = fmt.format == WFormat::kFP4 ? static_cast<const uint8_t*>(scale[i]) + (unit - lane % 4)
+                                             : reinterpret_cast<const uint8_t*>(static_cast<const float*>(scale[i]) +
+                                                                                (tile_index * 16 / 128) * fmt.scale_cols);
   }
-  if (threadIdx.x < kGroupedTokens) {  // clamped: columns past count compute on a real row and are dropped
+  if (threadIdx.x < kTokens) {  // clamped: columns past count compute on a real row and are dropped
     const int pair = pair0 + min(int(threadIdx.x), count - 1);
     row_index[threadIdx.x] = kUp ? p.plan.pair_token[pair] : pair;
   }
@@ -442,18 +467,19 @@ __global__ void __launch_bounds__(kGThreads, 1) grouped_gemm_kernel(ExpertParams
   const bool fp4 = fmt.format == WFormat::kFP4;
   const uint16_t* act = kUp ? (expert < 0 ? g.xq_shared : g.xq_routed) : g.hq;
   const float* act_scale = kUp ? g.xs : g.hs;
-  Ring ring{smem_grouped, reinterpret_cast<float*>(smem_grouped + 2 * size_t(kGroupedTokens) * kGRowStride)};
-  float acc[2][kGTokenTiles][4];
+  Ring ring{smem_grouped, reinterpret_cast<float*>(smem_grouped + 2 * size_t(kTokens) * kGRowStride)};
+  float acc[2][kTT][4];
   const int64_t kblocks = (kUp ? p.D : p.I) / kGBlockK;
   const int64_t kb_begin = kblocks * split / splits, kb_end = kblocks * (split + 1) / splits;
-  if (fp4) gemm_tile<kUp, WFormat::kFP4>(p, g, w, count, act, act_scale, row_index, ring, kb_begin, kb_end, acc);
-  else gemm_tile<kUp, WFormat::kFP8>(p, g, w, count, act, act_scale, row_index, ring, kb_begin, kb_end, acc);
+  if (fp4) gemm_tile<kUp, WFormat::kFP4, kTokens>(p, w, count, act, act_scale, row_index, ring, kb_begin, kb_end, acc);
+  else if constexpr (!kSmall)
+    gemm_tile<kUp, WFormat::kFP8, kTokens>(p, w, count, act, act_scale, row_index, ring, kb_begin, kb_end, acc);
 
   const int g8 = lane / 4, c = lane % 4;
-  if (splits > 1) {  // this split's fp32 partial sums: grouped_finish_kernel adds them up
+  if (!kSmall && splits > 1) {  // this split's fp32 partial sums: grouped_finish_kernel adds them up
     float* slab = g.partials + (int64_t(tile) * splits + split) * split_slab(p, kUp);
 #pragma unroll
-    for (int t = 0; t < kGTokenTiles; ++t)
+    for (int t = 0; t < kTT; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int m = t * 8 + 2 * c + (e % 2);
@@ -469,7 +495,7 @@ __global__ void __launch_bounds__(kGThreads, 1) grouped_gemm_kernel(ExpertParams
     return;
   }
 #pragma unroll
-  for (int t = 0; t < kGTokenTiles; ++t)
+  for (int t = 0; t < kTT; ++t)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int m = t * 8 + 2 * c + (e % 2);
@@ -531,6 +557,36 @@ void launch_quant(const QuantParams& q, cudaStream_t stream) {
   DSV4_CUDA_CHECK(cudaGetLastError());
 }
 
+// One GEMM (up or down) on the kernel of kTokens-pair tiles over tiles [tile_begin, tile_end) of the plan, K split
+// over `splits` blocks.
+template <bool kUp, int kTokens>
+void launch_gemm(const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin, int64_t tile_end, int splits,
+                 cudaStream_t stream) {
+  const auto kernel = grouped_gemm_kernel<kUp, kTokens>;
+  constexpr int smem = int(grouped_smem_bytes(kTokens));
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+  const int64_t blocks = (tile_end - tile_begin) * ceil_div(kUp ? p.I : p.D, kUp ? kGUpRows : kGDownRows) * splits;
+  DSV4_CHECK(blocks < (int64_t(1) << 31), "moe: too many grouped tiles");
+  if (blocks == 0) return;
+  kernel<<<unsigned(blocks), kGThreads, smem, stream>>>(p, g, int(tile_begin));
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
+// Up or down over every tile: the shared expert's tiles (the first shared_tiles) and the routed ones on one kernel,
+// or, with small routed tiles, each on its own.
+template <bool kUp>
+void launch_gemm_all(const ExpertParams& p, const GroupedBuffers& g, int64_t shared_tiles, int64_t max_tiles,
+                     cudaStream_t stream) {
+  const int splits = kUp ? g.up_splits : g.down_splits;
+  if (g.routed_tile == kGroupedTokens) {
+    launch_gemm<kUp, kGroupedTokens>(p, g, 0, max_tiles, splits, stream);
+    return;
+  }
+  DSV4_CHECK(g.routed_tile == kGroupedSmallTokens && splits == 1, "moe: small routed tiles are never split");
+  launch_gemm<kUp, kGroupedTokens>(p, g, 0, shared_tiles, 1, stream);
+  launch_gemm<kUp, kGroupedSmallTokens>(p, g, shared_tiles, max_tiles, 1, stream);
+}
+
 // The launches between the plan and the combine: x's quantisation (qx), the tiles, up, h's quantisation (qh),
 // down; at most max_tiles tiles.
 void launch_gemms(const ExpertParams& p, const GroupedBuffers& g, const QuantParams& qx, const QuantParams& qh,
@@ -538,23 +594,15 @@ void launch_gemms(const ExpertParams& p, const GroupedBuffers& g, const QuantPar
   launch_quant(qx, stream);
   grouped_tiles_kernel<<<1, 1024, 0, stream>>>(p, g);
   DSV4_CUDA_CHECK(cudaGetLastError());
-  for (const void* k : {reinterpret_cast<const void*>(grouped_gemm_kernel<true>),
-                        reinterpret_cast<const void*>(grouped_gemm_kernel<false>)})
-    allow_dynamic_smem(k, int(kGSmemBytes));
-  const int64_t up_blocks = max_tiles * ((p.I + kGUpRows - 1) / kGUpRows);
-  const int64_t down_blocks = max_tiles * ((p.D + kGDownRows - 1) / kGDownRows);
-  DSV4_CHECK(up_blocks * g.up_splits < (int64_t(1) << 31) && down_blocks * g.down_splits < (int64_t(1) << 31),
-             "moe: too many grouped tiles");
-  grouped_gemm_kernel<true><<<unsigned(up_blocks * g.up_splits), kGThreads, kGSmemBytes, stream>>>(p, g);
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  const int64_t shared_tiles = p.has_shared ? ceil_div(p.n, int64_t(kGroupedTokens)) : 0;
+  launch_gemm_all<true>(p, g, shared_tiles, max_tiles, stream);
   const auto finish_grid = [&](int64_t rows) { return unsigned(ceil_div(max_tiles * rows * kGroupedTokens, 256)); };
   if (g.up_splits > 1) {
     grouped_finish_kernel<true><<<finish_grid(p.I), 256, 0, stream>>>(p, g);
     DSV4_CUDA_CHECK(cudaGetLastError());
   }
   launch_quant(qh, stream);
-  grouped_gemm_kernel<false><<<unsigned(down_blocks * g.down_splits), kGThreads, kGSmemBytes, stream>>>(p, g);
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  launch_gemm_all<false>(p, g, shared_tiles, max_tiles, stream);
   if (g.down_splits > 1) {
     grouped_finish_kernel<false><<<finish_grid(p.D), 256, 0, stream>>>(p, g);
     DSV4_CUDA_CHECK(cudaGetLastError());
@@ -581,6 +629,19 @@ int64_t shared_grouped_min_tokens(int64_t I) {
 
 void set_shared_grouped_min_tokens(int64_t n) {
   g_shared_min_tokens.store(n > 0 ? n : 0, std::memory_order_relaxed);
+}
+
+int64_t grouped_small_tile_max_pairs() {
+  const int64_t v = g_small_tile_max_pairs.load(std::memory_order_relaxed);
+  return v < 0 ? kSmallTileMaxPairs : v;
+}
+
+void set_grouped_small_tile_max_pairs(int64_t pairs) {
+  g_small_tile_max_pairs.store(pairs < 0 ? -1 : pairs, std::memory_order_relaxed);
+}
+
+int grouped_routed_tile(int64_t n, int64_t k, int64_t E, bool routed_fp4) {
+  return routed_fp4 && n * k <= grouped_small_tile_max_pairs() * E ? kGroupedSmallTokens : kGroupedTokens;
 }
 
 bool grouped_fits(const ExpertParams& p) {
@@ -628,6 +689,7 @@ void launch_shared_grouped(const ExpertParams& p, const GroupedBuffers& g, int s
                                     p.shared_down.format == WFormat::kFP4, g.hs + P * (p.I / kGBlockK));
   GroupedBuffers shared = g;
   shared.routed = false;
+  shared.routed_tile = kGroupedTokens;
   const int64_t tiles = (p.n + kGroupedTokens - 1) / kGroupedTokens;
   shared.up_splits = grouped_splits(tiles, p.I, kGUpRows, p.D, sm_count);
   shared.down_splits = grouped_splits(tiles, p.D, kGDownRows, p.I, sm_count);

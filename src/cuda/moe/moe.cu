@@ -291,12 +291,13 @@ class Carve {
 
 // The grouped path's buffers (moe_kernels.h), after the plan.
 cuda::moe::GroupedBuffers carve_grouped(Carve& c, int64_t n, int64_t E, int64_t k, int64_t D, int64_t I,
-                                        int64_t partial_floats) {
+                                        int64_t partial_floats, int routed_tile) {
   const int64_t P = n * k;
   cuda::moe::GroupedBuffers g;
   g.partials = partial_floats > 0 ? c.take<float>(partial_floats) : nullptr;
   g.partial_floats = partial_floats;
-  g.max_tiles = cuda::moe::grouped_max_tiles(n, k, E);
+  g.routed_tile = routed_tile;
+  g.max_tiles = cuda::moe::grouped_max_tiles(n, k, E, routed_tile);
   g.xq_routed = c.take<uint16_t>(n * D);
   g.xq_shared = c.take<uint16_t>(n * D);
   g.xs = c.take<float>(n * (D / 128));
@@ -396,11 +397,14 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
   carve_plan(carve, n, E, k, D, I);  // sizes only
   const int sms = props_.multiProcessorCount;
   const int64_t split_floats = shared_grouped ? cuda::moe::shared_split_floats(n, D, I, sms) : 0;
-  if (grouped || shared_grouped) carve_grouped(carve, n, E, k, D, I, split_floats);
+  const int routed_tile = cuda::moe::grouped_routed_tile(
+      n, k, E, grouped && layer.routed_up.format == WFormat::kFP4 && layer.routed_down.format == WFormat::kFP4);
+  if (grouped || shared_grouped) carve_grouped(carve, n, E, k, D, I, split_floats, routed_tile);
   carve.set_base(workspace(cuda::kWsMoeStep, carve.used()));
   const cuda::moe::Plan plan = carve_plan(carve, n, E, k, D, I);
-  const cuda::moe::GroupedBuffers gbuf =
-      grouped || shared_grouped ? carve_grouped(carve, n, E, k, D, I, split_floats) : cuda::moe::GroupedBuffers{};
+  const cuda::moe::GroupedBuffers gbuf = grouped || shared_grouped
+                                             ? carve_grouped(carve, n, E, k, D, I, split_floats, routed_tile)
+                                             : cuda::moe::GroupedBuffers{};
 
   const bool pdl = props_.major >= 9;
   // The gate's logits, fp32 (DeepSeek: an f32 SGEMM of the widened bf16 x and gate). `grouped` implies fast

@@ -11,6 +11,12 @@ namespace dsv4::cuda::moe {
 int64_t grouped_min_tokens(int64_t I);
 void set_grouped_min_tokens(int64_t n);  // n ≤ 0: the default again
 
+// Routed tiles of kGroupedSmallTokens pairs (moe_kernels.h) up to this many pairs per expert on average (n·k / E),
+// of kGroupedTokens beyond: at ~12 pairs an expert (512 tokens of V4-Flash) a 64-pair tile is mostly empty and its
+// kernel's 255 registers leave two warps a scheduler (docs/design/moe.md, "Small routed tiles").
+int64_t grouped_small_tile_max_pairs();
+void set_grouped_small_tile_max_pairs(int64_t pairs);  // < 0: the default again; 0: never small tiles
+
 // Below grouped_min_tokens(I), the token count from which the shared expert alone takes the grouped path
 // (launch_shared_grouped, moe_kernels.h) while the routed ones stay on the item kernels.
 int64_t shared_grouped_min_tokens(int64_t I);

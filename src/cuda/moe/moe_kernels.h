@@ -192,6 +192,9 @@ void launch_combine(const ExpertParams& p, bool pdl, cudaStream_t stream);
 //   SwiGLU, weight → h), grouped_quant (h), grouped_down (w2 → y), combine (y → out in the CPU's order,
 //   launch_combine).
 constexpr int kGroupedTokens = 64;     // pairs of one expert per tile: the GEMM's N
+// Routed FP4 tiles where experts hold few pairs (grouped_routed_tile): a kernel of ≤ 128 registers, two blocks an
+// SM (experts_grouped.cu).
+constexpr int kGroupedSmallTokens = 24;
 constexpr int kGroupedScaleSpan = 9;   // FP4: max − min of a row's four E8M0 scales in one 128-column block
 
 struct GroupedBuffers {
@@ -214,13 +217,18 @@ struct GroupedBuffers {
   float* partials = nullptr;
   int64_t partial_floats = 0;
   int up_splits = 1, down_splits = 1;
+  int routed_tile = kGroupedTokens;  // pairs per routed tile: kGroupedTokens or kGroupedSmallTokens
 };
 
-// Upper bound of the tiles of a step of n tokens (ceil(n / N) shared, Σ ceil(count_e / N) ≤ P / N + min(E, P)).
-inline int64_t grouped_max_tiles(int64_t n, int64_t k, int64_t E) {
+// Upper bound of the tiles of a step of n tokens (ceil(n / kGroupedTokens) shared, Σ ceil(count_e / N) ≤ P / N +
+// min(E, P) routed for routed tiles of N pairs).
+inline int64_t grouped_max_tiles(int64_t n, int64_t k, int64_t E, int routed_tile) {
   const int64_t P = n * k;
-  return (n + kGroupedTokens - 1) / kGroupedTokens + (P + kGroupedTokens - 1) / kGroupedTokens + std::min(E, P);
+  return (n + kGroupedTokens - 1) / kGroupedTokens + (P + routed_tile - 1) / routed_tile + std::min(E, P);
 }
+// The routed tiles' size for a step (GroupedBuffers::routed_tile): kGroupedSmallTokens where every routed matrix
+// is FP4 and the experts hold few pairs on average (moe_grouped.h), else kGroupedTokens.
+int grouped_routed_tile(int64_t n, int64_t k, int64_t E, bool routed_fp4);
 bool grouped_fits(const ExpertParams& p);
 void launch_experts_grouped(const ExpertParams& p, const GroupedBuffers& g, cudaStream_t stream);
 
