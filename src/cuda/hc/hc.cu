@@ -4,6 +4,8 @@
 //   hc_mix     split-K over the flattened streams v = X[t] (K = hc·D columns): block (chunk, 8-token tile), each
 //              warp owns a few rows of fn plus, as the extra row M, Σ v²; lanes stride the chunk with 16-byte
 //              loads, so fn is read once per token tile and X once. Writes per-chunk partials [chunks, n, M+1].
+//              From kMixStagedMinTokens tokens (prefill) hc_mix_staged: the same sums, X's tile through a
+//              cp.async ring in shared memory and the warps' fn columns one sweep ahead in registers.
 //   hc_finish  block (token, D slice): 8 collapse warps sum the partials over the chunks (fp64, fixed order);
 //              the coefficient warp computes rinv in fp64 as the CPU does and pre, hands pre over at a named
 //              barrier, then computes post and the Sinkhorn–Knopp projection of comb (one lane per matrix entry,
@@ -27,6 +29,7 @@
 
 #include "cuda/common/barrier.cuh"
 #include "cuda/common/check.h"
+#include "cuda/common/cp_async.cuh"
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/cuda_ops.h"
@@ -37,7 +40,12 @@ namespace dsv4 {
 namespace {
 
 using cuda::barrier_sync;
+using cuda::cp_async16;
+using cuda::cp_async_commit;
+using cuda::cp_async_wait;
+using cuda::load_pack;
 using cuda::Pack;
+using cuda::store_pack;
 
 constexpr int kMaxHc = 4;                 // comb has hc² ≤ 32 entries: one warp lane each
 constexpr int kMixWarps = 8;
@@ -51,6 +59,11 @@ constexpr int kBarrierSums = 1, kBarrierPre = 2, kBarrierCollapse = 3;
 constexpr int kPostThreads = 128;
 constexpr int kPostMixCols = 32 * 4;      // hc_post_mix: columns of D per block, a pack of 4 per lane
 constexpr int64_t kPostMixMaxTokens = 8;  // hc_post_mix re-reads fn per token: decode-sized steps only
+// hc_mix_staged: from this many tokens; its ring of kMixStages sweeps (8 tokens × 128 columns, 4 KiB each); the
+// blocks it aims at per SM (about three waves of two blocks an SM: a short last wave).
+constexpr int64_t kMixStagedMinTokens = 64;
+constexpr int kMixStages = 4;
+constexpr int kMixStagedBlocksPerSm = 6;
 
 // ---- hc_mix: partial fn·v and Σ v² per column chunk
 
@@ -62,6 +75,22 @@ struct HcMixParams {
   int M;
   int64_t chunk_cols;     // columns per block, a multiple of 32·N
 };
+
+// The warp's rows' sums over its lanes, into the block's chunk of the partials.
+template <int kRows>
+__device__ __forceinline__ void write_mix_partials(const HcMixParams& p, const float (&acc)[kRows][kMixTokens],
+                                                   int warp, int lane, int64_t t0) {
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int r = warp + kMixWarps * i;
+#pragma unroll
+    for (int tt = 0; tt < kMixTokens; ++tt) {
+      float v = acc[i][tt];
+      for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+      if (lane == 0 && r <= p.M && t0 + tt < p.n) p.partial[(int64_t(blockIdx.x) * p.n + t0 + tt) * (p.M + 1) + r] = v;
+    }
+  }
+}
 
 // kRows: rows per warp, ≥ ceil((M + 1) / kMixWarps); warp w owns rows w, w + kMixWarps, ... ≤ M. Two blocks an SM
 // (≤ 128 registers; 76 bytes spilled at <4, 4>): at 168 registers one block fit an SM and a 64-token step's 256
@@ -110,16 +139,79 @@ __global__ void __launch_bounds__(kMixWarps * 32, 2) hc_mix_kernel(HcMixParams p
       }
     }
   }
+  write_mix_partials<kRows>(p, acc, warp, lane, t0);
+}
+
+// hc_mix at prefill sizes. hc_mix_kernel waits on its loads once per sweep: at 512 tokens (64 token tiles × 5
+// chunks of 26 sweeps, 1.2 waves of two blocks an SM) it took 84 µs a launch where X's 33.5 MB take 11 µs at the
+// copy bandwidth (H100 trace, docs/design/hc.md). Here the block's 8 tokens × 128 columns of a sweep come by
+// cp.async kMixStages − 1 sweeps ahead (thread i copies token i / 32's 16 bytes at lane i % 32), the warps read
+// them from shared memory, and each warp loads its fn packs for the next sweep before the current one's FMAs.
+// Each lane's sums run over the same columns in the same order as hc_mix_kernel's for the same chunk_cols.
+// Requires N = 4 packs (K % 4 == 0, X 16-byte aligned) and chunk_cols a multiple of 128.
+template <int kRows>
+__global__ void __launch_bounds__(kMixWarps * 32, 2) hc_mix_staged_kernel(HcMixParams p) {
+  static_assert(kMixWarps == kMixTokens, "one copy per thread: a warp's 32 lanes × 16 bytes per token");
+  __shared__ __align__(16) float ring[kMixStages][kMixTokens][32 * 4];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t0 = int64_t(blockIdx.y) * kMixTokens;
+  const int64_t c_begin = int64_t(blockIdx.x) * p.chunk_cols;
+  const int64_t c_end = min(p.K, c_begin + p.chunk_cols);
+  const int sweeps = int((c_end - c_begin + 127) / 128);
+  const auto col = [&](int sweep) { return c_begin + int64_t(sweep) * 128 + 4 * lane; };
+  cuda::pdl_wait();
+  // Stage `sweep` of the ring: this thread's 16 bytes (token `warp`, columns col(sweep)), zeros past n and K.
+  const auto copy = [&](int sweep) {
+    if (sweep < sweeps) {
+      float* dst = &ring[sweep % kMixStages][warp][4 * lane];
+      const int64_t c = col(sweep);
+      if (t0 + warp < p.n && c < c_end) cp_async16(dst, p.X + (t0 + warp) * p.K + c);
+      else store_pack<4>(dst, Pack<4>{});
+    }
+    cp_async_commit();  // an empty group past the last sweep keeps the wait counts uniform
+  };
 #pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    const int r = warp + kMixWarps * i;
+  for (int s = 0; s < kMixStages - 1; ++s) copy(s);
+  Pack<4> w[kRows];
+  const auto load_fn = [&](int sweep) {
+    const int64_t c = col(sweep);
 #pragma unroll
-    for (int tt = 0; tt < kMixTokens; ++tt) {
-      float v = acc[i][tt];
-      for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-      if (lane == 0 && r <= p.M && t0 + tt < p.n) p.partial[(int64_t(blockIdx.x) * p.n + t0 + tt) * (p.M + 1) + r] = v;
+    for (int i = 0; i < kRows; ++i) {
+      const int r = warp + kMixWarps * i;
+      if (r < p.M && sweep < sweeps && c < c_end) w[i] = cuda::weight_pack<4>(p.fn, r, c);
+    }
+  };
+  load_fn(0);
+  float acc[kRows][kMixTokens] = {};
+  for (int s = 0; s < sweeps; ++s) {
+    cp_async_wait<kMixStages - 2>();
+    __syncthreads();             // sweep s has landed for every thread; every warp is done with sweep s − 1
+    copy(s + kMixStages - 1);    // into sweep s − 1's stage
+    Pack<4> xv[kMixTokens];
+#pragma unroll
+    for (int tt = 0; tt < kMixTokens; ++tt) xv[tt] = load_pack<4>(&ring[s % kMixStages][tt][4 * lane]);
+    Pack<4> wc[kRows];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) wc[i] = w[i];
+    load_fn(s + 1);
+    if (col(s) >= c_end) continue;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int r = warp + kMixWarps * i;
+      if (r < p.M) {
+#pragma unroll
+        for (int tt = 0; tt < kMixTokens; ++tt)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) acc[i][tt] += wc[i].v[k] * xv[tt].v[k];
+      } else if (r == p.M) {
+#pragma unroll
+        for (int tt = 0; tt < kMixTokens; ++tt)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) acc[i][tt] += xv[tt].v[k] * xv[tt].v[k];
+      }
     }
   }
+  write_mix_partials<kRows>(p, acc, warp, lane, t0);
 }
 
 // ---- hc_finish: coefficients and the collapse x = Σ_j pre[j]·X[j]
@@ -442,6 +534,14 @@ __global__ void __launch_bounds__(kMixWarps * 32) hc_post_mix_kernel(HcPostMixPa
 
 // ---- launchers
 
+void launch_hc_mix_staged(const HcMixParams& p, int rows_per_warp, dim3 grid, cudaStream_t stream, bool pdl) {
+  switch (rows_per_warp) {
+    case 1: cuda::launch_pdl(hc_mix_staged_kernel<1>, dim3(grid), dim3(kMixWarps * 32), 0, stream, pdl, p); break;
+    case 2: cuda::launch_pdl(hc_mix_staged_kernel<2>, dim3(grid), dim3(kMixWarps * 32), 0, stream, pdl, p); break;
+    default: cuda::launch_pdl(hc_mix_staged_kernel<4>, dim3(grid), dim3(kMixWarps * 32), 0, stream, pdl, p); break;
+  }
+}
+
 template <int N>
 void launch_hc_mix(const HcMixParams& p, int rows_per_warp, dim3 grid, cudaStream_t stream, bool pdl) {
   switch (rows_per_warp) {
@@ -503,16 +603,20 @@ void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std:
       default: cuda::launch_pdl(hc_post_mix_kernel<4>, grid, block, 0, ops.stream(), ops.pdl(), mix); break;
     }
   } else {
-    // Split K so that chunks × token tiles fills the GPU about twice; each chunk a whole number of lane sweeps.
+    // Split K so that chunks × token tiles fills the GPU about twice (hc_mix_staged: kMixStagedBlocksPerSm
+    // blocks an SM); each chunk a whole number of lane sweeps.
+    const bool staged = vec && n >= kMixStagedMinTokens;
     const int64_t pack = vec ? 4 : 1, tiles = cuda::ceil_div(n, kMixTokens);
-    const int64_t target_chunks = cuda::ceil_div(2 * int64_t(ops.props().multiProcessorCount), tiles);
+    const int64_t blocks = (staged ? kMixStagedBlocksPerSm : 2) * int64_t(ops.props().multiProcessorCount);
+    const int64_t target_chunks = cuda::ceil_div(blocks, tiles);
     const int64_t sweeps = std::max<int64_t>(1, cuda::ceil_div(cuda::ceil_div(K, 32 * pack), target_chunks));
     const int64_t chunk_cols = 32 * pack * sweeps;
     chunks = cuda::ceil_div(K, chunk_cols);
     partial = partials();
     const HcMixParams mix{X, fn, partial, n, K, int(M), chunk_cols};
     const dim3 mix_grid{unsigned(chunks), unsigned(tiles)};
-    if (vec) launch_hc_mix<4>(mix, rows_per_warp, mix_grid, ops.stream(), ops.pdl());
+    if (staged) launch_hc_mix_staged(mix, rows_per_warp, mix_grid, ops.stream(), ops.pdl());
+    else if (vec) launch_hc_mix<4>(mix, rows_per_warp, mix_grid, ops.stream(), ops.pdl());
     else launch_hc_mix<1>(mix, rows_per_warp, mix_grid, ops.stream(), ops.pdl());
   }
 
