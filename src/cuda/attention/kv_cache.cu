@@ -97,6 +97,12 @@ __global__ void __launch_bounds__(kNormRopeThreads) kv_finish_kernel(KvFinishPar
 }
 
 constexpr int kMaxQueryKvSequences = 64;  // per launch: the table stays within 4 KB of kernel parameters
+// From this many tokens in a sequence (prefill) a block norms kQueryWarpRows query rows, one a warp
+// (norm_rope_row_warp): at 512 tokens × 64 heads, a block per row took 102 µs a layer for rows whose 134 MB read
+// and written take 44 µs (H100 trace), each block's serial partial sums keeping few rows in flight. Decode
+// keeps a block per row and its constants gathered before the wait.
+constexpr int64_t kQueryWarpMinTokens = 16;
+constexpr int kQueryWarpRows = kNormRopeThreads / 32;
 
 // One sequence of a query_kv_finish launch: its blocks are the launch's [block0, block0 + n·heads + n − first).
 struct QueryKvSequence {
@@ -113,19 +119,31 @@ struct QueryKvFinishParams {
   CacheLayout layout;  // kFp8Kv, dim channels
   int64_t heads, slots;
   int sequences;
+  int query_rows;  // query rows a block: 1 or kQueryWarpRows
   QueryKvSequence seq[kMaxQueryKvSequences];
 };
 static_assert(sizeof(QueryKvFinishParams) <= 4096, "query_kv_finish: the kernel parameters exceed 4 KB");
 
-// query_kv_finish over a batch of sequences: per sequence, n·heads blocks norm and rotate a query head's row each
-// (norm_rope), then n − first blocks finish a K = V row each (kv_finish_row). One launch for the two and for
-// every sequence: at decode each is a short chain after a PDL wait.
+// query_kv_finish over a batch of sequences: per sequence, ceil(n·heads / query_rows) blocks norm and rotate
+// query_rows query head rows each (norm_rope; one a warp when query_rows > 1), then n − first blocks finish a
+// K = V row each (kv_finish_row). One launch for the two and for every sequence: at decode each is a short chain
+// after a PDL wait.
 __global__ void __launch_bounds__(kNormRopeThreads) query_kv_finish_kernel(const __grid_constant__ QueryKvFinishParams p) {
-  extern __shared__ float row_s[];  // [dim]
+  extern __shared__ float row_s[];  // [query_rows, dim]
   const QueryKvSequence& sq = sequence_at(p.seq, p.sequences, blockIdx.x, &QueryKvSequence::block0);
   const int64_t b = int64_t(blockIdx.x) - sq.block0, q_rows = int64_t(sq.n) * p.heads;
-  const bool query = b < q_rows;  // block-uniform
-  const int64_t i = query ? b : sq.first + (b - q_rows);
+  const int64_t q_blocks = (q_rows + p.query_rows - 1) / p.query_rows;
+  const bool query = b < q_blocks;  // block-uniform
+  if (query && p.query_rows > 1) {
+    const int warp = int(threadIdx.x / 32);
+    const int64_t i = b * p.query_rows + warp;
+    pdl_wait();
+    if (i >= q_rows) return;  // warp-uniform
+    float* x = sq.q + i * p.q_norm.dim;
+    norm_rope_row_warp(p.q_norm, x, sq.pos0 + i / p.heads, row_s + warp * p.q_norm.dim, x);
+    return;
+  }
+  const int64_t i = query ? b : sq.first + (b - q_blocks);
   const int64_t pos = sq.pos0 + (query ? i / p.heads : i);
   const NormRopeRowConsts consts = norm_rope_row_consts(query ? p.q_norm : p.kv_norm, pos);
   pdl_wait();
@@ -210,10 +228,14 @@ void CudaOps::query_kv_finish(std::span<const QueryKvParams> batch) {
   cuda::QueryKvFinishParams k{};
   std::optional<cuda::KvFinishParams> first_kv;
   int64_t blocks = 0;
+  k.query_rows = 1;
+  for (const QueryKvParams& b : batch)
+    if (b.n >= cuda::kQueryWarpMinTokens && b.dim * cuda::kQueryWarpRows <= cuda::kNormRopeMaxDim)
+      k.query_rows = cuda::kQueryWarpRows;  // the warps' rows in the dynamic shared memory of one
   const auto launch = [&] {
     if (blocks > 0)
       cuda::launch_pdl(cuda::query_kv_finish_kernel, dim3(unsigned(blocks)), dim3(cuda::kNormRopeThreads),
-                       size_t(k.q_norm.dim) * sizeof(float), stream_, pdl(), k);
+                       size_t(k.query_rows * k.q_norm.dim) * sizeof(float), stream_, pdl(), k);
     blocks = 0;
     k.sequences = 0;
   };
@@ -238,7 +260,7 @@ void CudaOps::query_kv_finish(std::span<const QueryKvParams> batch) {
                    kv_p->norm.gamma == k.kv_norm.gamma && kv_p->norm.inv_freq == k.kv_norm.inv_freq &&
                    kv_p->layout.row_bytes == k.layout.row_bytes,
                "query_kv_finish: the sequences of one batch differ in more than their rows, positions and caches");
-    const int64_t seq_blocks = b.n * b.heads + (b.n - kv_p->first);
+    const int64_t seq_blocks = cuda::ceil_div(b.n * b.heads, k.query_rows) + (b.n - kv_p->first);
     if (seq_blocks == 0) continue;
     if (k.sequences == cuda::kMaxQueryKvSequences || blocks + seq_blocks > int64_t(INT32_MAX) / 2) launch();
     k.seq[k.sequences++] = {b.q, b.kv, kv_p->ring, b.pos0, int32_t(b.n), int32_t(kv_p->first), int32_t(blocks)};

@@ -57,6 +57,51 @@ __device__ __forceinline__ NormRopeRowConsts norm_rope_row_consts(const NormRope
   return k;
 }
 
+// x² of channel value v: bf16 arithmetic (bf16_math) squares a bf16 v and rounds the product.
+__device__ __forceinline__ float row_square(float v, bool bf16_math) {
+  if (!bf16_math) return __fmul_rn(v, v);
+  v = round_bf16(v);
+  return round_bf16(__fmul_rn(v, v));
+}
+
+// The row's sum of squares from its kNormLanes partial sums (the CPU's pairwise tree), the channels past the
+// partials' body added in order, and inv = 1 / sqrt(sum / dim + eps), each step rounded under bf16_math.
+__device__ __forceinline__ float row_inv_rms(const NormRopeRow& p, const float (&a)[kNormLanes], const float* row_s,
+                                             int64_t body, bool bf16_math) {
+  float sum = __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[1]), __fadd_rn(a[2], a[3])),
+                        __fadd_rn(__fadd_rn(a[4], a[5]), __fadd_rn(a[6], a[7])));
+  for (int64_t i = body; i < p.dim; ++i) sum = __fadd_rn(sum, row_square(row_s[i], bf16_math));
+  if (bf16_math)
+    return round_bf16(__fdiv_rn(1.0f, __fsqrt_rn(round_bf16(__fadd_rn(round_bf16(__fdiv_rn(sum, float(p.dim))), p.eps)))));
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, float(p.dim)), p.eps)));
+}
+
+// Channels c, c + 1 of row_s normed by inv, scaled by γ, rotated past the rope offset (each rounded to bf16 in
+// fast numerics), back into row_s and into out when it is not null.
+__device__ __forceinline__ void finish_row_pair(const NormRopeRow& p, float inv, bool bf16_math, int64_t c,
+                                                const PairConsts& pc, float* row_s, float* out) {
+  const float x0 = bf16_math ? round_bf16(row_s[c]) : row_s[c];
+  const float x1 = c + 1 < p.dim ? (bf16_math ? round_bf16(row_s[c + 1]) : row_s[c + 1]) : 0.0f;
+  float a = __fmul_rn(x0, inv), b = __fmul_rn(x1, inv);
+  if (p.gamma) {
+    a = __fmul_rn(pc.gamma.x, a);
+    b = __fmul_rn(pc.gamma.y, b);
+  }
+  a = round_bf16_if(p.bf16, a);
+  b = round_bf16_if(p.bf16, b);
+  if (c >= p.offset) {
+    rotate(a, b, pc.cs);
+    a = round_bf16_if(p.bf16, a);
+    b = round_bf16_if(p.bf16, b);
+  }
+  row_s[c] = a;
+  if (c + 1 < p.dim) row_s[c + 1] = b;
+  if (out) {
+    out[c] = a;
+    if (c + 1 < p.dim) out[c + 1] = b;
+  }
+}
+
 // x [dim] → row_s [dim] (shared memory): γ·(x·inv), inv = 1 / sqrt(Σx²/dim + eps), channels [offset, dim)
 // rotated at position pos (k = norm_rope_row_consts(p, pos)); also into out [dim] when out is not null (out may
 // alias x). Thread t owns the channel pairs row_pair_channel(i) of row_s and out: a rope pair stays with one
@@ -69,58 +114,49 @@ __device__ __forceinline__ void norm_rope_row(const NormRopeRow& p, const NormRo
   __syncthreads();
   const int64_t body = p.dim / kNormLanes * kNormLanes;
   const bool bf16_math = p.bf16 && !p.gamma;  // block-uniform
-  // x² of channel i: bf16 arithmetic squares a bf16 x and rounds the product.
-  const auto square = [&](int64_t i) {
-    if (!bf16_math) return __fmul_rn(row_s[i], row_s[i]);
-    const float v = round_bf16(row_s[i]);
-    return round_bf16(__fmul_rn(v, v));
-  };
   if (threadIdx.x < kNormLanes) {
     float acc = 0.0f;
 #pragma unroll 8
-    for (int64_t i = threadIdx.x; i < body; i += kNormLanes) acc = __fadd_rn(acc, square(i));
+    for (int64_t i = threadIdx.x; i < body; i += kNormLanes) acc = __fadd_rn(acc, row_square(row_s[i], bf16_math));
     partial[threadIdx.x] = acc;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    const float* a = partial;
-    float sum = __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[1]), __fadd_rn(a[2], a[3])),
-                          __fadd_rn(__fadd_rn(a[4], a[5]), __fadd_rn(a[6], a[7])));
-    for (int64_t i = body; i < p.dim; ++i) sum = __fadd_rn(sum, square(i));
-    if (bf16_math)
-      inv_s = round_bf16(__fdiv_rn(1.0f, __fsqrt_rn(round_bf16(__fadd_rn(round_bf16(__fdiv_rn(sum, float(p.dim))), p.eps)))));
-    else
-      inv_s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, float(p.dim)), p.eps)));
+    float a[kNormLanes];
+#pragma unroll
+    for (int l = 0; l < kNormLanes; ++l) a[l] = partial[l];
+    inv_s = row_inv_rms(p, a, row_s, body, bf16_math);
   }
   __syncthreads();
   const float inv = inv_s;
-  const auto finish_pair = [&](int64_t c, const PairConsts& pc) {
-    const float x0 = bf16_math ? round_bf16(row_s[c]) : row_s[c];
-    const float x1 = c + 1 < p.dim ? (bf16_math ? round_bf16(row_s[c + 1]) : row_s[c + 1]) : 0.0f;
-    float a = __fmul_rn(x0, inv), b = __fmul_rn(x1, inv);
-    if (p.gamma) {
-      a = __fmul_rn(pc.gamma.x, a);
-      b = __fmul_rn(pc.gamma.y, b);
-    }
-    a = round_bf16_if(p.bf16, a);
-    b = round_bf16_if(p.bf16, b);
-    if (c >= p.offset) {
-      rotate(a, b, pc.cs);
-      a = round_bf16_if(p.bf16, a);
-      b = round_bf16_if(p.bf16, b);
-    }
-    row_s[c] = a;
-    if (c + 1 < p.dim) row_s[c + 1] = b;
-    if (out) {
-      out[c] = a;
-      if (c + 1 < p.dim) out[c + 1] = b;
-    }
-  };
 #pragma unroll
   for (int i = 0; i < kRowPrefetch; ++i)
-    if (row_pair_channel(i) < p.dim) finish_pair(row_pair_channel(i), k.pair[i]);
+    if (row_pair_channel(i) < p.dim) finish_row_pair(p, inv, bf16_math, row_pair_channel(i), k.pair[i], row_s, out);
   for (int64_t c = row_pair_channel(kRowPrefetch); c < p.dim; c += 2 * kNormRopeThreads)
-    finish_pair(c, row_pair_consts(p, c, pos));
+    finish_row_pair(p, inv, bf16_math, c, row_pair_consts(p, c, pos), row_s, out);
+}
+
+// norm_rope_row on one warp, for kernels that give each warp a row (many rows: a block's 128 threads per row
+// leave its serial partial sums too few rows in flight). The same arithmetic in the same order; row_s is the
+// warp's own [dim], its constants gathered here. Lane l owns the channel pairs 2l + 64i.
+__device__ __forceinline__ void norm_rope_row_warp(const NormRopeRow& p, const float* x, int64_t pos, float* row_s,
+                                                   float* out) {
+  const int lane = int(threadIdx.x % 32);
+  for (int64_t c = lane; c < p.dim; c += 32) row_s[c] = x[c];
+  __syncwarp();
+  const int64_t body = p.dim / kNormLanes * kNormLanes;
+  const bool bf16_math = p.bf16 && !p.gamma;
+  float acc = 0.0f;
+  if (lane < kNormLanes) {
+#pragma unroll 8
+    for (int64_t i = lane; i < body; i += kNormLanes) acc = __fadd_rn(acc, row_square(row_s[i], bf16_math));
+  }
+  float a[kNormLanes];
+#pragma unroll
+  for (int l = 0; l < kNormLanes; ++l) a[l] = __shfl_sync(0xFFFFFFFFu, acc, l);
+  const float inv = row_inv_rms(p, a, row_s, body, bf16_math);
+  for (int64_t c = 2 * lane; c < p.dim; c += 64)
+    finish_row_pair(p, inv, bf16_math, c, row_pair_consts(p, c, pos), row_s, out);
 }
 
 }  // namespace dsv4::cuda
