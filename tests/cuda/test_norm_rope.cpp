@@ -315,7 +315,7 @@ TEST(CudaNormRope, KvFinishMatchesCpu) {
 // (normed channels bit-identical, rope channels 1e-6), the ring as KvFinishMatchesCpu; odd head counts, a row, a
 // wrap of the ring, position 0, V4's 64 heads at prefill sizes. Also in fast numerics (the query norm in bf16
 // arithmetic, every output rounded to bf16): the same bits where the rotation's fp64 sin/cos round alike on both
-// sides; where they do not (rare) a rope channel's bf16 rounding may flip, one bf16 step (2^-8 relative).
+// sides; where they do not (rare) a rope channel's bf16 rounding may flip: one bf16 step, up to 2^-7 of the value.
 TEST(CudaNormRope, QueryKvFinishMatchesCpu) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -342,7 +342,7 @@ TEST(CudaNormRope, QueryKvFinishMatchesCpu) {
     k.ops.query_kv_finish({&gpu_p, 1});
     const std::string what = cat("query_kv_finish n=", c.n, " pos0=", c.pos0, " heads=", c.heads, fast ? " fast" : "");
     expect_rows_match(to_host(k.ops, dq, q.size()), q_cpu, c.n * c.heads, k.d, k.nope, what + " q",
-                      fast ? Tolerance{0.0, 0x1p-8} : Tolerance{1e-6, 0.0});
+                      fast ? Tolerance{0.0, 0x1p-7} : Tolerance{1e-6, 0.0});
     k.expect_rings_match(rings, what + " ring");
   }
 #endif
