@@ -582,7 +582,10 @@ void launch_gemm_all(const ExpertParams& p, const GroupedBuffers& g, int64_t sha
     launch_gemm<kUp, kGroupedTokens>(p, g, 0, max_tiles, splits, stream);
     return;
   }
-  DSV4_CHECK(g.routed_tile == kGroupedSmallTokens && splits == 1, "moe: small routed tiles are never split");
+  // The small-tile kernel compiles the FP4 path only: another format would leave its sums unset.
+  DSV4_CHECK(g.routed_tile == kGroupedSmallTokens && splits == 1 && p.routed_up.format == WFormat::kFP4 &&
+                 p.routed_down.format == WFormat::kFP4,
+             "moe: small routed tiles are FP4 and never split");
   launch_gemm<kUp, kGroupedTokens>(p, g, 0, shared_tiles, 1, stream);
   launch_gemm<kUp, kGroupedSmallTokens>(p, g, shared_tiles, max_tiles, 1, stream);
 }
