@@ -10,17 +10,18 @@
 //
 // Each n runs on the item kernels (the shared expert on them too: "items"; or alone on the grouped GEMMs:
 // "items + shared grouped") and on the grouped FP8 GEMM path (experts_grouped.cu): "grouped" with its default
-// routed tiles, "grouped, tiles of 64" with routed tiles of kGroupedTokens pairs at every n; each forced
-// (moe_grouped.h), for the crossovers. --paths picks some of them (a comma list of their numbers 0..3 in that
-// order). The grouped rows also give the FLOP floor: 2 × (n·k + n) pairs × 3 × D × I at the dense FP8 peak of an
-// H100 SXM (990 TFLOP/s).
+// routed tiles (and wgmma where grouped_takes_wgmma: experts_wgmma.cu), "grouped, tiles of 64" with routed tiles of
+// kGroupedTokens pairs on wgmma at every n, and the same two on mma.sync alone ("..., mma.sync"); each forced
+// (moe_grouped.h), for
+// the crossovers. --paths picks some of them (a comma list of their numbers 0..5 in that order). The grouped rows
+// also give the FLOP floor: 2 × (n·k + n) pairs × 3 × D × I at the dense FP8 peak of an H100 SXM (1979 TFLOP/s).
 //
 // --inter N gives the experts width N instead (a rank's slice under tensor parallelism: 1024 at --tp 2, 512
 // at --tp 4), shared expert included. --ep R runs the layer as rank r (--rank, default 0) of R expert-parallel
 // ranks: routed experts [r·E/R, (r+1)·E/R), and the shared expert on rank 0 only (model/parallel.h); the byte
 // count takes only those.
 //
-//   bench_moe [--inter N] [--ep R [--rank r]] [--paths 0,1,2,3] [iterations=50] [n ...=1 8 64]
+//   bench_moe [--inter N] [--ep R [--rank r]] [--paths 0,1,2,3,4,5] [iterations=50] [n ...=1 8 64]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -146,8 +147,8 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   int64_t inter = 2048, ranks = 1, rank = 0;
-  constexpr int kPaths = 4;
-  bool run_path[kPaths] = {true, true, true, true};
+  constexpr int kPaths = 6;
+  bool run_path[kPaths] = {true, true, true, true, true, true};
   int first = 1;
   for (; first + 1 < argc && std::strncmp(argv[first], "--", 2) == 0; first += 2) {
     const std::string name = argv[first];
@@ -245,10 +246,11 @@ int main(int argc, char** argv) {
                 (long long)I, (long long)(e1 - e0), (long long)E, rank == 0 ? " and the shared one" : "",
                 ops.props().name, ops.props().multiProcessorCount, copy_gbs);
     std::printf("| n | path | µs (median of %d) | distinct experts | MB read | GB/s | %% of copy | µs in a graph | %% of copy "
-                "in a graph | µs back to back | host µs | TFLOP/s | FLOP floor µs (990 TFLOP/s) | × floor |\n", iterations);
+                "in a graph | µs back to back | host µs | TFLOP/s | FLOP floor µs (1979 TFLOP/s) | × floor |\n", iterations);
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     static const char* const kPathNames[kPaths] = {"items", "items + shared grouped", "grouped",
-                                                   "grouped, tiles of 64"};
+                                                   "grouped, tiles of 64", "grouped, tiles of 64, mma.sync",
+                                                   "grouped, mma.sync"};
     for (int64_t n : steps)
     for (int path = 0; path < kPaths; ++path) {
       static std::vector<float> x;  // the same step on every path
@@ -262,7 +264,9 @@ int main(int argc, char** argv) {
       constexpr int64_t kNever = int64_t(1) << 40;
       cuda::moe::set_grouped_min_tokens(path >= 2 ? 1 : kNever);
       cuda::moe::set_shared_grouped_min_tokens(path == 1 ? 1 : kNever);
-      cuda::moe::set_grouped_small_tile_max_pairs(path == 3 ? 0 : -1);
+      cuda::moe::set_grouped_small_tile_max_pairs(path == 3 || path == 4 ? 0 : -1);
+      cuda::moe::set_grouped_wgmma(path < 4);
+      cuda::moe::set_grouped_wgmma_min_pairs(path == 3 ? 1 : 0);
       float* dx = ops.alloc(x.size());
       float* dout = ops.alloc(x.size());
       DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -285,7 +289,7 @@ int main(int argc, char** argv) {
       const double gbs = bytes / (us * 1e-6) / 1e9;
       const double graph_gbs = bytes / (graph_us * 1e-6) / 1e9;
       const double flop = 2.0 * double(n * k + n) * 3.0 * double(D) * double(I);
-      const double floor_us = flop / 990e12 * 1e6;
+      const double floor_us = flop / 1979e12 * 1e6;
       std::printf("| %lld | %s | %.1f | %zu | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
                   (long long)n, kPathNames[path], us, experts, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs,
                   graph_us, 100.0 * graph_gbs / copy_gbs, chain_ms * 1e3 / iterations, host_us, flop / (us * 1e-6) / 1e12,

@@ -31,6 +31,16 @@
 //     step (one e4m3 flip), ≤ 164 of 65536 at D 1024, n 64. A missing or extra rounding point changes 60–97% of
 //     them, also where its size stays below the bounds (a missing final rounding: < 2^-8·M) — a count of outputs
 //     beyond 2^-8·M, the other candidate, would miss that.
+// Steps whose grouped GEMMs ran on wgmma (experts_wgmma.cu; told by grouped_wgmma_launches) sum each 128-column
+// K block in the FP8 tensor core's ~14-bit accumulator: ≈ 4e-4 relative error per GEMM (test_gemm_tc's FP8
+// estimate). That flips ~10–15% of the w1 / w3 outputs' bf16 roundings (4e-4 against a bf16 spacing of
+// 2^-8..2^-9 of a value), so h moves by ~1e-3 and ~1–2% of its e4m3 values round to the other neighbour (a step
+// of 2^-4..2^-3 of them): an output relative L2 error of ~5e-3, and most outputs differ. Measured over 37 such
+// steps (H200, 2026-11-28): ≤ 6.0e-3, max|diff| ≤ 2^-4.6·M (large h values under swiglu_limit 10). Bounds:
+//   - every output a bf16 value, as above;
+//   - ‖got − want‖ ≤ 1e-2·‖want‖: a missing act_quant of x or h (e4m3's ~2.4e-2 RMS relative error) or a wrong
+//     scale, row or pair (O(1)) fails it;
+//   - max|got − want| ≤ 2^-3·M: the flips of one token's h add up in its outputs (~30 of them at I 2048).
 // Vocabulary sizes differ from D and I: CpuOps::linear takes a matrix with vocab rows for the LM head (fp32).
 #include <cuda_runtime.h>
 
@@ -334,9 +344,15 @@ std::vector<float> check_step(const HostMoe& m, CudaOps& ops, int64_t n, std::mt
   return got;
 }
 
-// One step of n tokens on both backends in fast numerics, against the bounds of the file comment.
+// The bounds of a step on the grouped path's wgmma kernels (file comment): relative L2 error, max|diff| / max|want|.
+constexpr double kWgmmaRelative = 1e-2, kWgmmaMax = 0x1p-3;
+
+// One step of n tokens on both backends in fast numerics, against the bounds of the file comment: those of
+// wgmma's sums where the step launched the grouped path's wgmma kernels.
 void check_step_fast(const HostMoe& m, CudaOps& ops, int64_t n, std::mt19937_64& rng, const std::string& what) {
+  const int64_t wgmma_before = cuda::moe::grouped_wgmma_launches();
   const Step step = run_step(m, ops, n, rng, Numerics::kFast, false);
+  const bool wgmma = cuda::moe::grouped_wgmma_launches() != wgmma_before;
   const std::vector<float>& got = step.got;
   const std::vector<float>& want = step.want;
   const int64_t D = m.config.dim;
@@ -349,13 +365,21 @@ void check_step_fast(const HostMoe& m, CudaOps& ops, int64_t n, std::mt19937_64&
   }
   const size_t unequal_allowed = size_t(0.05 * double(got.size())) + size_t(D);
   const Diff d = diff(got.data(), want.data(), got.size());
-  std::printf("[moe fast] %-53s n=%-4lld max|want| %.4g  max|diff| %.3g (2^%.2f of it) at %zu  unequal %zu of %zu\n",
+  double err2 = 0.0, want2 = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    err2 += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    want2 += double(want[i]) * want[i];
+  }
+  const double relative = std::sqrt(err2 / std::max(want2, 1e-300));
+  std::printf("[moe fast] %-53s n=%-4lld max|want| %.4g  max|diff| %.3g (2^%.2f of it) at %zu  unequal %zu of %zu  "
+              "rel %.2e%s\n",
               what.c_str(), (long long)n, max_want, d.max_abs, std::log2(d.max_abs / max_want), d.worst, unequal,
-              got.size());
+              got.size(), relative, wgmma ? "  (wgmma)" : "");
   EXPECT_EQ(off_grid, 0u) << what << ", n = " << n << ": outputs that are not bf16 values";
-  EXPECT_LE(d.max_abs, 0x1p-6 * max_want) << what << ", n = " << n << ": element " << d.worst << " got "
-                                          << got[d.worst] << ", want " << want[d.worst];
-  EXPECT_LE(unequal, unequal_allowed) << what << ", n = " << n << ": outputs that differ from the CPU's";
+  EXPECT_LE(d.max_abs, (wgmma ? kWgmmaMax : 0x1p-6) * max_want) << what << ", n = " << n << ": element " << d.worst
+                                                               << " got " << got[d.worst] << ", want " << want[d.worst];
+  if (wgmma) EXPECT_LE(relative, kWgmmaRelative) << what << ", n = " << n << ": relative error of the wgmma sums";
+  else EXPECT_LE(unequal, unequal_allowed) << what << ", n = " << n << ": outputs that differ from the CPU's";
 }
 
 std::string describe(const Shape& s, const Formats& f, bool hash) {
@@ -385,6 +409,19 @@ struct SmallTilesUpTo {
   ~SmallTilesUpTo() { cuda::moe::set_grouped_small_tile_max_pairs(-1); }
 };
 
+// The grouped path's wgmma kernels (moe_grouped.h) for a scope: on at every step that takes tiles of
+// kGroupedTokens, or off; then the default again.
+struct Wgmma {
+  explicit Wgmma(bool on) {
+    cuda::moe::set_grouped_wgmma(on);
+    cuda::moe::set_grouped_wgmma_min_pairs(on ? 1 : 0);
+  }
+  ~Wgmma() {
+    cuda::moe::set_grouped_wgmma(true);
+    cuda::moe::set_grouped_wgmma_min_pairs(0);
+  }
+};
+
 // The same for the shared expert alone on the grouped path (the routed ones on the item kernels).
 struct SharedGroupedFrom {
   explicit SharedGroupedFrom(int64_t n) { cuda::moe::set_shared_grouped_min_tokens(n); }
@@ -411,11 +448,15 @@ TEST(CudaMoe, FastGroupedOddTokenCounts) {
       const HostMoe m(shape, f, hash, 1000, rng());
       CudaOps ops(m.config);
       m.upload_to(ops);
-      for (const int64_t small : {int64_t(0), SmallTilesUpTo::kAlways}) {
-        const SmallTilesUpTo tiles(small);
-        for (int64_t n : {1, 2, 7, 33, 130})
-          check_step_fast(m, ops, n, rng, describe(shape, f, hash) + (small ? " grouped, small tiles" : " grouped"));
-      }
+      for (const bool wgmma : {true, false})
+        for (const int64_t small : {int64_t(0), SmallTilesUpTo::kAlways}) {
+          if (wgmma && small) continue;  // small tiles run on mma.sync
+          const Wgmma kernels(wgmma);
+          const SmallTilesUpTo tiles(small);
+          for (int64_t n : {1, 2, 7, 33, 130})
+            check_step_fast(m, ops, n, rng, describe(shape, f, hash) +
+                                                (small ? " grouped, small tiles" : wgmma ? " grouped, wgmma" : " grouped"));
+        }
       check_step(m, ops, 33, rng, describe(shape, f, hash));
     }
 #endif
@@ -712,7 +753,10 @@ TEST(CudaMoe, V4FlashDecode) {
     if (!hash) {
       check_step_fast(m, ops, 100, rng, describe(shape, f, hash) + " fast grouped");
       const SmallTilesUpTo never(0);
-      check_step_fast(m, ops, 100, rng, describe(shape, f, hash) + " fast grouped, tiles of 64");
+      for (const bool wgmma : {false, true}) {
+        const Wgmma kernels(wgmma);
+        check_step_fast(m, ops, 100, rng, describe(shape, f, hash) + " fast grouped, tiles of 64" + (wgmma ? ", wgmma" : ""));
+      }
     }
   }
 #endif

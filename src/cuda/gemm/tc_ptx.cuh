@@ -92,6 +92,12 @@ __device__ __forceinline__ void fence_registers(float (&r)[kCount]) {
 #pragma unroll
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
+// The same for wgmma operands held in registers (A fragments): live and unchanged until the wait.
+template <int kCount>
+__device__ __forceinline__ void fence_registers(uint32_t (&r)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
 
 // Descriptor of a K-major operand tile in shared memory written by TMA with 128-byte swizzle: rows of
 // 128 bytes, 8-row swizzle atoms 1024 bytes apart (stride byte offset), the leading byte offset unused for

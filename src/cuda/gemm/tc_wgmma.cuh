@@ -1,5 +1,6 @@
-// gemm family, tensor-core path: the wgmma instructions it issues, one wrapper per shape. Both operands come
-// from shared memory through descriptors (tc_ptx.cuh: smem_descriptor_sw128), K-major, no transposition.
+// gemm family, tensor-core path: the wgmma instructions it issues, one wrapper per shape (and one that moe's
+// grouped GEMMs issue, A from registers). B, and A unless said, come from shared memory through descriptors
+// (tc_ptx.cuh: smem_descriptor_sw128), K-major, no transposition.
 // `accumulate` = 0 overwrites the accumulators (first K step of a tile), 1 adds to them.
 //
 // Accumulator layout, per thread of the warpgroup (warp w = 0..3 of the group, lane l): d[4j + 2h + e] holds
@@ -95,6 +96,28 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t d
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// D[64×64] (+)= A[64×32] · B[64×32]ᵀ, e4m3 operands, A from registers, fp32 accumulators (~14 bits kept, as
+// above). A fragment, per thread (warp w of the group, lane l): a[0] row 16w + l/4, k 4(l%4) .. + 3 (byte i =
+// k + i); a[1] the same k of row + 8; a[2], a[3] those rows at k 16 + 4(l%4) .. (moe's experts_wgmma.cu). The
+// registers are read while the wgmma runs: the caller keeps them unchanged and live until its wgmma_wait.
+__device__ __forceinline__ void wgmma_m64n64k32_e4m3_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                                        uint32_t accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},"
+      " {%32, %33, %34, %35}, %36, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

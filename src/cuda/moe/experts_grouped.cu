@@ -26,6 +26,8 @@
 // The activations are written once (grouped_quant) as f16 codes in the matching "fragment order": per
 // 128-column block, 16 bytes per (step j, lane c) at byte (4j + c)·16, the b0, b1 of the first MMA then of the
 // second — one 16-byte shared-memory load per token per step.
+// From grouped_wgmma_min_pairs() pairs an expert on average the tiles of kGroupedTokens run on wgmma instead
+// (experts_wgmma.cu, GroupedBuffers::wgmma), and grouped_quant writes their activations as e4m3 bytes in its order.
 //
 // Work: a block owns one tile (≤ kGroupedTokens pairs of one expert; routed FP4 tiles of ≤ kGroupedSmallTokens
 // where experts hold few pairs, on a kernel of 128 registers: grouped_routed_tile) × one block of output rows;
@@ -68,11 +70,6 @@ constexpr size_t grouped_smem_bytes(int tokens) {
   return 2 * (size_t(tokens) * kGRowStride + kGStageBlocks * size_t(tokens) * 4);
 }
 
-// Floats of one (tile, split)'s partial sums: up [w1 | w3][I][tokens], down [D][tokens].
-__host__ __device__ inline int64_t split_slab(const ExpertParams& p, bool up) {
-  return (up ? 2 * p.I : p.D) * kGroupedTokens;
-}
-
 // Blocks a GEMM's K splits into: enough (tile, row block, split) blocks for one per SM, at most one K block each.
 int grouped_splits(int64_t tiles, int64_t out_rows, int block_rows, int64_t K, int sm_count) {
   const int64_t blocks = tiles * ((out_rows + block_rows - 1) / block_rows);
@@ -89,6 +86,10 @@ std::atomic<int64_t> g_shared_min_tokens{0};
 // Small routed tiles up to this many pairs an expert on average (docs/design/moe.md, "Small routed tiles").
 constexpr int64_t kSmallTileMaxPairs = 16;
 std::atomic<int64_t> g_small_tile_max_pairs{-1};  // < 0: the default
+std::atomic<bool> g_wgmma{true};
+// wgmma from this many pairs an expert on average (docs/design/moe.md, "wgmma").
+constexpr int64_t kWgmmaMinPairs = 32;
+std::atomic<int64_t> g_wgmma_min_pairs{0};  // 0: the default
 
 // ---- fragment order
 
@@ -105,20 +106,27 @@ __device__ __forceinline__ int fragment_pos(bool fp4, int col) {
 
 // ---- grouped_quant: act_quant of rows into e4m3 in fragment order
 
+// Which GEMM kernel reads the rows, for which weight format: mma.sync's f16 codes in fragment_pos order, or wgmma's
+// e4m3 bytes in wgmma_pos order (moe_kernels.h).
+struct ActOrder {
+  bool wgmma = false;
+  bool fp4 = false;
+};
+
 struct QuantParams {
   const float* src = nullptr;  // [rows, K]
   int64_t rows = 0, K = 0;
-  uint16_t* out0 = nullptr;  // rows [0, end0) in order fp4_0
+  uint16_t* out0 = nullptr;  // rows [0, end0) in order0
   int64_t end0 = 0;
-  bool fp4_0 = false;
-  uint16_t* out1 = nullptr;  // rows [begin1, rows) in order fp4_1 (nullptr: none)
+  ActOrder order0;
+  uint16_t* out1 = nullptr;  // rows [begin1, rows) in order1 (nullptr: none)
   int64_t begin1 = 0;
-  bool fp4_1 = false;
+  ActOrder order1;
   float* scale = nullptr;  // [rows, K / 128] 2^e
 };
 
 // One warp per (row, K block): lane l holds columns 4l .. 4l + 3; src/cpu/quant.cpp's fp8_round_trip of the
-// bf16-rounded row, as act_quant_lanes; the e4m3 values written as f16 codes (exact).
+// bf16-rounded row, as act_quant_lanes; the e4m3 values written as f16 codes (exact) or as e4m3 bytes.
 __global__ void __launch_bounds__(256) grouped_quant_kernel(QuantParams p) {
   const int lane = int(threadIdx.x % 32);
   const int64_t kblocks = p.K / kGBlockK;
@@ -129,17 +137,22 @@ __global__ void __launch_bounds__(256) grouped_quant_kernel(QuantParams p) {
     float v[4] = {round_bf16(v4.x), round_bf16(v4.y), round_bf16(v4.z), round_bf16(v4.w)};
     const float amax = warp_max_f32(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
     const int e = e4m3_block_exponent(amax);
-    uint16_t code[4];
+    float q[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      code[i] = __half_as_ushort(__float2half_rn(round_e4m3(clamp_like_std(ldexpf(v[i], -e), -448.0f, 448.0f))));
-    const auto write = [&](uint16_t* out, bool fp4) {
-      uint16_t* block = out + row * p.K + kb * kGBlockK;
+    for (int i = 0; i < 4; ++i) q[i] = round_e4m3(clamp_like_std(ldexpf(v[i], -e), -448.0f, 448.0f));
+    // A row takes 2K bytes in either order (moe_kernels.h: GroupedBuffers::wgmma), so that rows of both can share
+    // a buffer.
+    const auto write = [&](uint16_t* out, ActOrder order) {
+      uint16_t* const row_start = out + row * p.K;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) block[fragment_pos(fp4, 4 * lane + i)] = code[i];
+      for (int i = 0; i < 4; ++i) {
+        if (order.wgmma)
+          reinterpret_cast<uint8_t*>(row_start)[kb * kGBlockK + wgmma_pos(order.fp4, 4 * lane + i)] = e4m3_code(q[i]);
+        else row_start[kb * kGBlockK + fragment_pos(order.fp4, 4 * lane + i)] = __half_as_ushort(__float2half_rn(q[i]));
+      }
     };
-    if (row < p.end0) write(p.out0, p.fp4_0);
-    if (p.out1 && row >= p.begin1) write(p.out1, p.fp4_1);
+    if (row < p.end0) write(p.out0, p.order0);
+    if (p.out1 && row >= p.begin1) write(p.out1, p.order1);
     if (lane == 0) p.scale[row * kblocks + kb] = ldexpf(1.0f, e);
   }
 }
@@ -214,9 +227,6 @@ struct WarpTiles {
   const uint8_t* scale[2];  // FP4: the u32 of its row's four chunk scales; FP8: the tile's block scale
   bool live[2];
 };
-constexpr int64_t kTileBytesPerGroup = kTileRows * kTileGroupBytes;  // a 16-row tile's K group
-constexpr int64_t kTileUnitsPerGroup = kTileBytesPerGroup / 16;
-constexpr int64_t kHalfUnits = mma_tile_unit(0, 0, 1, 0, 1);
 
 template <WFormat F>
 __device__ __forceinline__ void load_block(const WarpTiles& w, int64_t kb, RawBlock<F>& r) {
@@ -477,7 +487,7 @@ __global__ void __launch_bounds__(kGThreads, kTokens == kGroupedTokens ? 1 : 2)
 
   const int g8 = lane / 4, c = lane % 4;
   if (!kSmall && splits > 1) {  // this split's fp32 partial sums: grouped_finish_kernel adds them up
-    float* slab = g.partials + (int64_t(tile) * splits + split) * split_slab(p, kUp);
+    float* slab = g.partials + (int64_t(tile) * splits + split) * grouped_split_slab(p, kUp);
 #pragma unroll
     for (int t = 0; t < kTT; ++t)
 #pragma unroll
@@ -527,11 +537,11 @@ __global__ void __launch_bounds__(256) grouped_finish_kernel(ExpertParams p, Gro
   const int m = int(i % kGroupedTokens);
   if (tile >= g.tiles[0] || m >= g.tile_count[tile]) return;
   const int pair = g.tile_pair0[tile] + m;
-  const float* slab = g.partials + int64_t(tile) * splits * split_slab(p, kUp) + row * kGroupedTokens + m;
+  const float* slab = g.partials + int64_t(tile) * splits * grouped_split_slab(p, kUp) + row * kGroupedTokens + m;
   float a = 0.0f, b = 0.0f;
   for (int s = 0; s < splits; ++s) {
-    a += slab[s * split_slab(p, kUp)];
-    if constexpr (kUp) b += slab[s * split_slab(p, kUp) + out_rows * kGroupedTokens];
+    a += slab[s * grouped_split_slab(p, kUp)];
+    if constexpr (kUp) b += slab[s * grouped_split_slab(p, kUp) + out_rows * kGroupedTokens];
   }
   if constexpr (kUp) {
     const int expert = g.tile_expert[tile];
@@ -545,12 +555,18 @@ __global__ void __launch_bounds__(256) grouped_finish_kernel(ExpertParams p, Gro
 
 int quant_grid(int64_t warps) { return int(std::min<int64_t>((warps + 7) / 8, 132 * 16)); }
 
-// Rows [0, end0) of src [rows, K] in format fp4_0's fragment order into out0, their scales into scale (rows
-// [begin1, rows) also into out1 where the caller sets it).
-QuantParams quant_rows(const float* src, int64_t rows, int64_t K, uint16_t* out0, int64_t end0, bool fp4_0,
+// Rows [0, end0) of src [rows, K] in order0 into out0, their scales into scale (rows [begin1, rows) also into out1
+// where the caller sets it).
+QuantParams quant_rows(const float* src, int64_t rows, int64_t K, uint16_t* out0, int64_t end0, ActOrder order0,
                        float* scale) {
-  return {.src = src, .rows = rows, .K = K, .out0 = out0, .end0 = end0, .fp4_0 = fp4_0, .scale = scale};
+  return {.src = src, .rows = rows, .K = K, .out0 = out0, .end0 = end0, .order0 = order0, .scale = scale};
 }
+
+// The order of the activations of a GEMM in format f on tiles of `tile` pairs.
+ActOrder order_of(const GroupedBuffers& g, WFormat f, int tile) {
+  return {g.wgmma && tile == kGroupedTokens, f == WFormat::kFP4};
+}
+
 
 void launch_quant(const QuantParams& q, cudaStream_t stream) {
   grouped_quant_kernel<<<quant_grid(q.rows * (q.K / kGBlockK)), 256, 0, stream>>>(q);
@@ -562,6 +578,10 @@ void launch_quant(const QuantParams& q, cudaStream_t stream) {
 template <bool kUp, int kTokens>
 void launch_gemm(const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin, int64_t tile_end, int splits,
                  cudaStream_t stream) {
+  if (kTokens == kGroupedTokens && g.wgmma) {
+    launch_grouped_wgmma(kUp, p, g, tile_begin, tile_end, splits, stream);
+    return;
+  }
   const auto kernel = grouped_gemm_kernel<kUp, kTokens>;
   constexpr int smem = int(grouped_smem_bytes(kTokens));
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
@@ -583,9 +603,9 @@ void launch_gemm_all(const ExpertParams& p, const GroupedBuffers& g, int64_t sha
     return;
   }
   // The small-tile kernel compiles the FP4 path only: another format would leave its sums unset.
-  DSV4_CHECK(g.routed_tile == kGroupedSmallTokens && splits == 1 && p.routed_up.format == WFormat::kFP4 &&
+  DSV4_CHECK(g.routed_tile == kGroupedSmallTokens && splits == 1 && !g.wgmma && p.routed_up.format == WFormat::kFP4 &&
                  p.routed_down.format == WFormat::kFP4,
-             "moe: small routed tiles are FP4 and never split");
+             "moe: small routed tiles are FP4, never split, on mma.sync");
   launch_gemm<kUp, kGroupedTokens>(p, g, 0, shared_tiles, 1, stream);
   launch_gemm<kUp, kGroupedSmallTokens>(p, g, shared_tiles, max_tiles, 1, stream);
 }
@@ -643,8 +663,25 @@ void set_grouped_small_tile_max_pairs(int64_t pairs) {
   g_small_tile_max_pairs.store(pairs < 0 ? -1 : pairs, std::memory_order_relaxed);
 }
 
+bool grouped_wgmma() { return g_wgmma.load(std::memory_order_relaxed); }
+
+void set_grouped_wgmma(bool on) { g_wgmma.store(on, std::memory_order_relaxed); }
+
+int64_t grouped_wgmma_min_pairs() {
+  const int64_t v = g_wgmma_min_pairs.load(std::memory_order_relaxed);
+  return v > 0 ? v : kWgmmaMinPairs;
+}
+
+void set_grouped_wgmma_min_pairs(int64_t pairs) {
+  g_wgmma_min_pairs.store(pairs > 0 ? pairs : 0, std::memory_order_relaxed);
+}
+
 int grouped_routed_tile(int64_t n, int64_t k, int64_t E, bool routed_fp4) {
   return routed_fp4 && n * k <= grouped_small_tile_max_pairs() * E ? kGroupedSmallTokens : kGroupedTokens;
+}
+
+bool grouped_takes_wgmma(int64_t n, int64_t k, int64_t E, int routed_tile, int cc_major) {
+  return cc_major == 9 && grouped_wgmma() && routed_tile == kGroupedTokens && n * k >= grouped_wgmma_min_pairs() * E;
 }
 
 bool grouped_fits(const ExpertParams& p) {
@@ -657,15 +694,15 @@ void launch_experts_grouped(const ExpertParams& p, const GroupedBuffers& g, cuda
   DSV4_CHECK(p.shared_items == p.has_shared, "moe: the grouped path computes the shared expert itself");
   const int64_t P = p.n * p.k;
   // x in both fragment orders; every pair's h: the routed ones' rows, then the shared expert's.
-  QuantParams qx = quant_rows(p.x, p.n, p.D, g.xq_routed, p.n, p.routed_up.format == WFormat::kFP4, g.xs);
+  QuantParams qx = quant_rows(p.x, p.n, p.D, g.xq_routed, p.n, order_of(g, p.routed_up.format, g.routed_tile), g.xs);
   qx.out1 = p.has_shared ? g.xq_shared : nullptr;
   qx.begin1 = 0;
-  qx.fp4_1 = p.shared_up.format == WFormat::kFP4;
+  qx.order1 = order_of(g, p.shared_up.format, kGroupedTokens);
   QuantParams qh = quant_rows(p.plan.h, p.has_shared ? P + p.n : P, p.I, g.hq, P,
-                              p.routed_down.format == WFormat::kFP4, g.hs);
+                              order_of(g, p.routed_down.format, g.routed_tile), g.hs);
   qh.out1 = g.hq;
   qh.begin1 = P;
-  qh.fp4_1 = p.shared_down.format == WFormat::kFP4;
+  qh.order1 = order_of(g, p.shared_down.format, kGroupedTokens);
   launch_gemms(p, g, qx, qh, g.max_tiles, stream);
   launch_combine(p, /*pdl=*/false, stream);
 }
@@ -687,9 +724,10 @@ void launch_shared_grouped(const ExpertParams& p, const GroupedBuffers& g, int s
   DSV4_CHECK(shared_grouped_fits(p) && !p.shared_items, "moe: the shared expert cannot take the grouped path here");
   const int64_t P = p.n * p.k;
   // x in the shared expert's fragment order; the shared pairs' h rows P .. P + n − 1, at the same rows of hq, hs.
-  const QuantParams qx = quant_rows(p.x, p.n, p.D, g.xq_shared, p.n, p.shared_up.format == WFormat::kFP4, g.xs);
+  const QuantParams qx = quant_rows(p.x, p.n, p.D, g.xq_shared, p.n, order_of(g, p.shared_up.format, kGroupedTokens),
+                                    g.xs);
   const QuantParams qh = quant_rows(p.plan.h + P * p.I, p.n, p.I, g.hq + P * p.I, p.n,
-                                    p.shared_down.format == WFormat::kFP4, g.hs + P * (p.I / kGBlockK));
+                                    order_of(g, p.shared_down.format, kGroupedTokens), g.hs + P * (p.I / kGBlockK));
   GroupedBuffers shared = g;
   shared.routed = false;
   shared.routed_tile = kGroupedTokens;

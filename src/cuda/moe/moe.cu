@@ -402,9 +402,10 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
   if (grouped || shared_grouped) carve_grouped(carve, n, E, k, D, I, split_floats, routed_tile);
   carve.set_base(workspace(cuda::kWsMoeStep, carve.used()));
   const cuda::moe::Plan plan = carve_plan(carve, n, E, k, D, I);
-  const cuda::moe::GroupedBuffers gbuf = grouped || shared_grouped
-                                             ? carve_grouped(carve, n, E, k, D, I, split_floats, routed_tile)
-                                             : cuda::moe::GroupedBuffers{};
+  cuda::moe::GroupedBuffers gbuf = grouped || shared_grouped
+                                       ? carve_grouped(carve, n, E, k, D, I, split_floats, routed_tile)
+                                       : cuda::moe::GroupedBuffers{};
+  gbuf.wgmma = grouped && cuda::moe::grouped_takes_wgmma(n, k, E, routed_tile, props_.major);
 
   const bool pdl = props_.major >= 9;
   // The gate's logits, fp32 (DeepSeek: an f32 SGEMM of the widened bf16 x and gate). `grouped` implies fast

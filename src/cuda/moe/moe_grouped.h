@@ -17,6 +17,17 @@ void set_grouped_min_tokens(int64_t n);  // n ≤ 0: the default again
 int64_t grouped_small_tile_max_pairs();
 void set_grouped_small_tile_max_pairs(int64_t pairs);  // < 0: the default again; 0: never small tiles
 
+
+// The grouped path's tiles of kGroupedTokens pairs on wgmma (experts_wgmma.cu, sm_90a) rather than mma.sync from
+// this many pairs an expert on average (n·k / E): below it the mma.sync kernel is faster (docs/design/moe.md,
+// "wgmma"). Tests and benchmarks move it; set_grouped_wgmma(false) turns wgmma off.
+int64_t grouped_wgmma_min_pairs();
+void set_grouped_wgmma_min_pairs(int64_t pairs);  // ≤ 0: the default again
+bool grouped_wgmma();
+void set_grouped_wgmma(bool on);
+// launch_grouped_wgmma's launches so far in this process: tests tell by it which arithmetic a step took.
+int64_t grouped_wgmma_launches();
+
 // Below grouped_min_tokens(I), the token count from which the shared expert alone takes the grouped path
 // (launch_shared_grouped, moe_kernels.h) while the routed ones stay on the item kernels.
 int64_t shared_grouped_min_tokens(int64_t I);

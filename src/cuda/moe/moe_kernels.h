@@ -186,8 +186,10 @@ void launch_combine(const ExpertParams& p, bool pdl, cudaStream_t stream);
 // every expert matrix is `grouped`. Per expert a real GEMM over its tokens: e4m3 weights (FP4 e2m1 widened, its
 // scales folded as below) × act_quant'ed e4m3 activations, as exact f16 operands of mma.sync m16n8k16 (sm_90
 // emulates the e4m3 form), fp32 accumulation, the weight and activation scales applied per 128-column K block in
-// fp32. Launches, after route:
-//   grouped_quant (x → its e4m3 values as f16, in the MMA fragment order, + a power-of-two scale per 128 columns),
+// fp32 — or, from grouped_wgmma_min_pairs() pairs an expert (moe_grouped.h), the e4m3 values on wgmma
+// (experts_wgmma.cu; GroupedBuffers::wgmma). Launches, after route:
+//   grouped_quant (x → its e4m3 values as f16 or bytes, in the kernel's order, + a power-of-two scale per 128
+//   columns),
 //   grouped_tiles (the plan's expert segments cut into tiles of ≤ kGroupedTokens pairs), grouped_up (w1, w3,
 //   SwiGLU, weight → h), grouped_quant (h), grouped_down (w2 → y), combine (y → out in the CPU's order,
 //   launch_combine).
@@ -211,14 +213,41 @@ struct GroupedBuffers {
   int64_t max_tiles = 0;
   bool routed = true;  // grouped_tiles: the routed experts' tiles too; false: the shared expert's alone
   // K split over up_splits / down_splits blocks (the shared expert alone: its few tiles would leave most SMs idle),
-  // their fp32 sums in partials [tile][split][split_slab floats] and added up by a finish launch. The split count
+  // their fp32 sums in partials [tile][split][grouped_split_slab floats] and added up by a finish launch. The split count
   // follows the SM count: each device's results are deterministic, but the sums' order (so their last bits)
   // differs between GPUs with different SM counts.
   float* partials = nullptr;
   int64_t partial_floats = 0;
   int up_splits = 1, down_splits = 1;
   int routed_tile = kGroupedTokens;  // pairs per routed tile: kGroupedTokens or kGroupedSmallTokens
+  // Tiles of kGroupedTokens pairs on wgmma (experts_wgmma.cu; moe_grouped.h says when): their activations are then
+  // e4m3 bytes in the wgmma order (wgmma_pos), each row in the first K bytes of its 2K-byte row of the buffers above
+  // (so that a buffer could hold rows of both kinds).
+  bool wgmma = false;
 };
+
+// The wgmma kernels' activation order (experts_wgmma.cu): in each 128-column K block the e4m3 code of column col
+// lies at byte wgmma_pos(fp4, col), so that k slot 32s + 16u + 4c + i of the block (wgmma step s, half u of the
+// A fragment, lane c of a quad) holds the column that the weight decode hands lane c for that slot:
+//   FP4  col = 32c + 8s + 4u + i           (lane c's 16-byte unit is the 32 columns of chunk c);
+//   FP8  col = 64(s / 2) + 16c + 8(s % 2) + 4u + i   (two 64-column K groups, 16 columns a lane).
+__host__ __device__ constexpr int wgmma_pos(bool fp4, int col) {
+  const int i = col % 4, u = (col / 4) % 2;
+  const int c = fp4 ? col / 32 : (col / 16) % 4;
+  const int s = fp4 ? (col / 8) % 4 : 2 * (col / 64) + (col / 8) % 2;
+  return 32 * s + 16 * u + 4 * c + i;
+}
+
+// The GEMM (up: w1 and w3 with the SwiGLU into h; else w2 into y) of tiles [tile_begin, tile_end) of ≤
+// kGroupedTokens pairs on wgmma, K split over `splits` blocks as the mma.sync kernel splits it (experts_wgmma.cu).
+// Requires an sm_90a device and D, I multiples of 128.
+void launch_grouped_wgmma(bool up, const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin,
+                          int64_t tile_end, int splits, cudaStream_t stream);
+
+// Floats of one (tile, split)'s partial sums: up [w1 | w3][I][kGroupedTokens], down [D][kGroupedTokens].
+__host__ __device__ inline int64_t grouped_split_slab(const ExpertParams& p, bool up) {
+  return (up ? 2 * p.I : p.D) * kGroupedTokens;
+}
 
 // Upper bound of the tiles of a step of n tokens (ceil(n / kGroupedTokens) shared, Σ ceil(count_e / N) ≤ P / N +
 // min(E, P) routed for routed tiles of N pairs).
@@ -229,6 +258,9 @@ inline int64_t grouped_max_tiles(int64_t n, int64_t k, int64_t E, int routed_til
 // The routed tiles' size for a step (GroupedBuffers::routed_tile): kGroupedSmallTokens where every routed matrix
 // is FP4 and the experts hold few pairs on average (moe_grouped.h), else kGroupedTokens.
 int grouped_routed_tile(int64_t n, int64_t k, int64_t E, bool routed_fp4);
+// Whether a step of the grouped path with routed tiles of routed_tile pairs runs its GEMMs on wgmma (moe_grouped.h):
+// on sm_90a (major 9), tiles of kGroupedTokens, from grouped_wgmma_min_pairs() pairs an expert on average.
+bool grouped_takes_wgmma(int64_t n, int64_t k, int64_t E, int routed_tile, int cc_major);
 bool grouped_fits(const ExpertParams& p);
 void launch_experts_grouped(const ExpertParams& p, const GroupedBuffers& g, cudaStream_t stream);
 

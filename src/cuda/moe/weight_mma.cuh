@@ -52,6 +52,9 @@ __host__ __device__ constexpr bool mma_tiles_fit(int64_t rows, int64_t row_bytes
 __host__ __device__ constexpr int64_t mma_tile_unit(int64_t tile, int64_t group, int h, int lane, int64_t groups) {
   return ((tile * groups + group) * 2 + h) * 32 + lane;
 }
+constexpr int64_t kTileBytesPerGroup = kTileRows * kTileGroupBytes;  // a 16-row tile's K group
+constexpr int64_t kTileUnitsPerGroup = kTileBytesPerGroup / 16;
+constexpr int64_t kHalfUnits = mma_tile_unit(0, 0, 1, 0, 1);  // row half 1 of a (tile, group), in units
 
 // Staged row stride in uint4 for `cols` columns: one uint4 per (group, MMA, lane) plus 4 so that token rows
 // n and n + 1 (read in the same phase of a 128-bit load) fall on different banks.

@@ -1,0 +1,433 @@
+// moe family (CUDA): the grouped path's GEMMs of tiles of kGroupedTokens pairs on wgmma, Hopper's native FP8
+// tensor-core instruction (sm_90a). The same function as grouped_gemm_kernel<kUp, kGroupedTokens>
+// (experts_grouped.cu: its file comment gives the arithmetic and the tile plan), which multiplies the e4m3 values
+// as f16 operands of mma.sync: sm_90 has no e4m3 mma.sync, and the f16 one runs at a quarter of the e4m3 wgmma's
+// dense rate at best. CudaOps::moe takes this kernel from grouped_wgmma_min_pairs() pairs an expert on average
+// (moe_grouped.h): 0.88× the mma.sync kernel's time at 4096 tokens of V4-Flash, 1.31× at 512, where the instruction
+// issue that bounds both weighs more (docs/design/moe.md, "wgmma").
+//
+// Roles: the weights are wgmma's A, 64 rows a warpgroup, from registers: each warp decodes its 16-row tile's K
+// block to e4m3 (FP4 by prmt tables, FP8 as stored), lane (g, c) holding rows g, g + 8 at the k slots of its own
+// 16-byte unit of the MMA tile order (weight_mma.cuh). The tile's 64 pairs are B: K-major e4m3 rows in shared
+// memory, 128-byte swizzle, copied by cp.async from the rows grouped_quant wrote in wgmma_pos order — the order
+// of those k slots (moe_kernels.h).
+//   up:   a block owns 64 output rows: warpgroup 0 multiplies w1's, warpgroup 1 w3's, and the SwiGLU meets their
+//         sums through shared memory;
+//   down: a block owns 128 rows of w2, 64 a warpgroup.
+// Precision: the FP8 tensor core keeps ~14 significant bits of its accumulator (tc_wgmma.cuh), so each K block
+// (four wgmma steps of 32) is summed into cleared registers and promoted into the fp32 total with the weight and
+// activation scales, as DeepSeek's own FP8 kernels promote every 128 columns. The mma.sync kernel sums exact f16
+// products in fp32 instead; tests/cuda/test_moe.cpp bounds the difference.
+// FP4: a row's 32-column chunk of E8M0 scale b decodes to e2m1 · 2^(b − b_max + kLift), b_max the largest of the
+// row's four chunk scales in the K block — a normal e4m3 for b_max − b ≤ kGroupedScaleSpan (checked on the host),
+// so exact — and 2^(b_max − 127 − kLift) joins the promotion's scale. FP8: the 128 × 128 block scale.
+// Pipeline: the weights, their scales, the activation rows and their scales come through one cp.async ring of
+// kStages stages of kStageBlocks K blocks that all 256 threads fill, up to six K blocks ahead (the weights one
+// block ahead in registers waited on memory: a K block's wgmmas are far shorter than a load's latency). Per stage
+// each warpgroup issues K block 0's wgmmas, decodes block 1 while they run, issues block 1's, and promotes block 0
+// while those run.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "cuda/common/check.h"
+#include "cuda/common/cp_async.cuh"
+#include "cuda/common/fp_grid.cuh"
+#include "cuda/common/smem.h"
+#include "cuda/gemm/tc_ptx.cuh"
+#include "cuda/gemm/tc_wgmma.cuh"
+#include "cuda/moe/experts.cuh"
+#include "cuda/moe/moe_grouped.h"
+
+namespace dsv4::cuda::moe {
+
+namespace {
+
+constexpr int kThreads = 256;                  // two warpgroups
+constexpr int kBlockK = 128;                   // one act_quant block: four wgmma steps of 32
+constexpr int kUpRows = 64, kDownRows = 128;  // output rows of a block
+// The ring: stages of kStageBlocks K blocks, each [activation tiles | weights | weight scales | activation
+// scales]. Weights: per (warpgroup, K block, warp) its 16-row tile's K groups (FP4 one, FP8 two) of 1 KB, as they
+// lie in the MMA tile order; FP4 scales 64 bytes per (warpgroup, K block, warp), FP8 one float per (warpgroup,
+// K block). Up to kStages − 1 stages in flight: the weights arrive 4–6 K blocks ahead of their use.
+constexpr int kStageBlocks = 2;
+constexpr int kWarpChunk = kTileRows * kTileGroupBytes;  // a warp tile's K group
+constexpr int kWeightBytes = 2 * kStageBlocks * 4 * 2 * kWarpChunk;
+constexpr int kWScaleBytes = 2 * kStageBlocks * 4 * 64;
+
+constexpr int kTokens = kGroupedTokens;        // the wgmma's N: a tile's pairs
+constexpr int kTileBytes = kTokens * kBlockK;  // a K block of the tile's rows: swizzled 128-byte rows
+constexpr int kAcc = kTokens / 2;              // accumulators a thread: 64 rows × kTokens / 128 threads
+constexpr int kStages = 4;
+constexpr int kActBytes = kStageBlocks * kTileBytes;
+constexpr int kXScaleBytes = kStageBlocks * kTokens * 4;
+constexpr int kStageBytes = (kActBytes + kWeightBytes + kWScaleBytes + kXScaleBytes + 1023) / 1024 * 1024;
+constexpr int kSmemBytes = 1024 + kStages * kStageBytes;  // + the 1024-byte alignment
+static_assert(kAcc * 128 * 4 <= kStageBytes, "the up kernel's w3 sums pass through the ring");
+
+constexpr int kLift = 6;
+static_assert(0.5 * (1 << kLift) / (1 << kGroupedScaleSpan) >= 1.0 / 64 && (6 << kLift) <= 448,
+              "the lifted e2m1 magnitudes must be normal e4m3 values");
+constexpr uint32_t kE2m1CodesLo = 0x3C383000u;  // e4m3 codes of 0, 0.5, 1, 1.5
+constexpr uint32_t kE2m1CodesHi = 0x4C484440u;  // of 2, 3, 4, 6
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Eight e2m1 codes (element 0 in the low nibble) → eight e4m3 codes, lo elements 0..3, hi 4..7. A normal e4m3's
+// code moves by 8 a power of two, so the eight magnitudes at one scale are the table at lift 0 plus 8 · lift
+// each (0 stays 0): prmt looks up four 3-bit magnitudes at once, a second prmt spreads their signs to bit 7.
+__device__ __forceinline__ void fp4_to_e4m3(uint32_t w, uint32_t tab_lo, uint32_t tab_hi, uint32_t& lo,
+                                            uint32_t& hi) {
+  const uint32_t mag = w & 0x77777777u, sign = (w >> 3) & 0x11111111u;  // prmt reads a selector's low 16 bits
+  lo = __byte_perm(tab_lo, tab_hi, mag) | __byte_perm(0x8000u, 0u, sign);
+  hi = __byte_perm(tab_lo, tab_hi, mag >> 16) | __byte_perm(0x8000u, 0u, sign >> 16);
+}
+
+// 2^(e − 127) for E8M0-style e ≥ −22 (subnormal below e = 1).
+__device__ __forceinline__ float pow2_biased(int e) {
+  return __uint_as_float(e >= 1 ? uint32_t(e) << 23 : 1u << (e + 22));
+}
+
+// The two warpgroups' matrices: warpgroup w multiplies the 16-row tiles tile0[w] .. + 3 of data[w] (MMA tile
+// order, `groups` 64-byte K groups a row), with scales scale[w] (FP4: E8M0 in the same order; FP8: 128 × 128 block
+// scales, scale_cols a row).
+// Offsets within one matrix fit 32 bits (an expert matrix is a few MB; launch_grouped_wgmma checks).
+struct Mats {
+  const uint8_t* data[2];
+  const uint8_t* scale[2];
+  int tile0[2];
+  int groups, scale_cols;
+};
+
+// The tile's activation rows (rows past its count repeat its last pair: computed on, never stored): byte offset
+// of each row (2K bytes a row: moe_kernels.h) and of its first scale, in shared memory.
+struct Rows {
+  uint32_t bytes[kTokens];
+  uint32_t scales[kTokens];
+};
+
+// One K block of a warp's tile, lane (g, c).
+template <WFormat F>
+struct Raw {
+  static constexpr int kUnits = F == WFormat::kFP4 ? 1 : 2;  // K groups (64 bytes of a row) in a K block
+  uint4 unit[2][kUnits];  // [row half][group]
+  uint32_t scales[2];     // FP4: rows g, g + 8
+  float block_scale;      // FP8
+};
+
+// The A fragments of the K block's four wgmma steps (a[step][0..3]: tc_wgmma.cuh's order) and the weight factor of
+// rows g, g + 8. Lane c's unit gives step s the columns of wgmma_pos (moe_kernels.h): FP4 word s of its 32-column
+// chunk, FP8 words 2(s % 2), 2(s % 2) + 1 of K group s / 2.
+template <WFormat F>
+__device__ __forceinline__ void decode(const Raw<F>& r, int c, uint32_t (&a)[4][4], float (&sw)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if constexpr (F == WFormat::kFP4) {
+      const uint32_t s = r.scales[h];
+      const uint32_t mx = __vmaxu4(s, s >> 16);
+      const int bmax = int(max(mx & 0xFFu, (mx >> 8) & 0xFFu));
+      const int b = int((s >> (8 * c)) & 0xFFu);
+      // lift ≥ 8·(kLift − kGroupedScaleSpan) = −24 and every nonzero table byte ≥ 0x30: no byte borrows.
+      const uint32_t lift = uint32_t(b - bmax + kLift) * 8u;
+      const uint32_t tab_lo = kE2m1CodesLo + lift * 0x01010100u, tab_hi = kE2m1CodesHi + lift * 0x01010101u;
+      sw[h] = pow2_biased(bmax - kLift);
+      const uint4 v = r.unit[h][0];
+      fp4_to_e4m3(v.x, tab_lo, tab_hi, a[0][h], a[0][2 + h]);
+      fp4_to_e4m3(v.y, tab_lo, tab_hi, a[1][h], a[1][2 + h]);
+      fp4_to_e4m3(v.z, tab_lo, tab_hi, a[2][h], a[2][2 + h]);
+      fp4_to_e4m3(v.w, tab_lo, tab_hi, a[3][h], a[3][2 + h]);
+    } else {
+      sw[h] = r.block_scale;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const uint4 v = r.unit[h][u];
+        a[2 * u][h] = v.x;
+        a[2 * u][2 + h] = v.y;
+        a[2 * u + 1][h] = v.z;
+        a[2 * u + 1][2 + h] = v.w;
+      }
+    }
+  }
+}
+
+// K blocks [kb0, kb0 + nb) into ring stage `buf` (the layout above; ring a shared-memory address). K block kbl's
+// activation tile is kTokens rows of 128 bytes, 16-byte chunk q of row m at chunk q ^ (m % 8) (the 128-byte
+// swizzle the descriptor names); its scales go in the order promote reads: column m at c·kTokens/4 + 2(m / 8) +
+// m % 2, c = (m % 8) / 2, so that a thread's columns lie together.
+template <WFormat F>
+__device__ __forceinline__ void load_stage(uint32_t ring, int buf, int kb0, int nb, const uint8_t* act,
+                                           const float* act_scale, const Rows& rows, const Mats& w) {
+  constexpr int kUnits = Raw<F>::kUnits;
+  const uint32_t st = ring + buf * kStageBytes;
+  const int tid = int(threadIdx.x);
+  // Loops of constant trip counts (shifts, not divisions), a stage's missing last block skipped.
+#pragma unroll
+  for (int j = 0; j < kStageBlocks * kTokens * 8 / kThreads; ++j) {
+    const int i = j * kThreads + tid;
+    const int kbl = i / (kTokens * 8), m = (i / 8) % kTokens, q = i % 8;
+    if (kbl < nb)
+      cp_async16(st + kbl * kTileBytes + m * kBlockK + 16 * (q ^ (m % 8)),
+                 act + rows.bytes[m] + uint32_t((kb0 + kbl) * kBlockK + 16 * q));
+  }
+#pragma unroll
+  for (int j = 0; j < 2 * kStageBlocks * 4 * kUnits * 64 / kThreads; ++j) {
+    const int i = j * kThreads + tid;
+    const int piece = i % 64, u = (i / 64) % kUnits, t = (i / (64 * kUnits)) % 4;
+    const int kbl = (i / (256 * kUnits)) % kStageBlocks, wg = i / (256 * kUnits * kStageBlocks);
+    if (kbl < nb)
+      cp_async16(st + kActBytes + (((wg * kStageBlocks + kbl) * 4 + t) * 2 + u) * kWarpChunk + 16 * piece,
+                 (wg ? w.data[1] : w.data[0]) +
+                     uint32_t((((wg ? w.tile0[1] : w.tile0[0]) + t) * w.groups + (kb0 + kbl) * kUnits + u) * kWarpChunk +
+                              16 * piece));
+  }
+  if constexpr (F == WFormat::kFP4) {
+    static_assert(2 * kStageBlocks * 4 * 4 <= kThreads);
+    const int piece = tid % 4, t = (tid / 4) % 4, kbl = (tid / 16) % kStageBlocks, wg = tid / (16 * kStageBlocks);
+    if (wg < 2 && kbl < nb)
+      cp_async16(st + kActBytes + kWeightBytes + ((wg * kStageBlocks + kbl) * 4 + t) * 64 + 16 * piece,
+                 (wg ? w.scale[1] : w.scale[0]) +
+                     uint32_t((((wg ? w.tile0[1] : w.tile0[0]) + t) * w.groups + kb0 + kbl) * 64 + 16 * piece));
+  } else {
+    const int kbl = tid % kStageBlocks, wg = tid / kStageBlocks;
+    if (wg < 2 && kbl < nb)
+      cp_async4(st + kActBytes + kWeightBytes + 4 * (wg * kStageBlocks + kbl),
+                reinterpret_cast<const float*>(wg ? w.scale[1] : w.scale[0]) +
+                    uint32_t((wg ? w.tile0[1] : w.tile0[0]) * kTileRows / 128 * w.scale_cols + kb0 + kbl));
+  }
+  static_assert(kStageBlocks * kTokens <= kThreads);  // one activation scale a thread at most
+  {
+    const int kbl = tid / kTokens, m = tid % kTokens;
+    if (kbl < nb && tid < kStageBlocks * kTokens)
+      cp_async4(st + kActBytes + kWeightBytes + kWScaleBytes +
+                    4 * (kbl * kTokens + (m % 8) / 2 * (kTokens / 4) + 2 * (m / 8) + m % 2),
+                act_scale + rows.scales[m] + uint32_t(kb0 + kbl));
+  }
+}
+
+// Lane (g, c) of warp `warp` in warpgroup wg: its raw bytes of K block kbl of stage st, decoded.
+template <WFormat F>
+__device__ __forceinline__ void decode_stage(const uint8_t* st, int wg, int kbl, int warp, int lane,
+                                             uint32_t (&a)[4][4], float (&sw)[2]) {
+  Raw<F> r;
+  const int chunk = (wg * kStageBlocks + kbl) * 4 + warp;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int u = 0; u < Raw<F>::kUnits; ++u)
+      r.unit[h][u] = *reinterpret_cast<const uint4*>(st + kActBytes + (chunk * 2 + u) * kWarpChunk + 16 * (32 * h + lane));
+    if constexpr (F == WFormat::kFP4)
+      r.scales[h] = *reinterpret_cast<const uint32_t*>(st + kActBytes + kWeightBytes + chunk * 64 + 32 * h + lane - lane % 4);
+  }
+  if constexpr (F == WFormat::kFP8)
+    r.block_scale = reinterpret_cast<const float*>(st + kActBytes + kWeightBytes)[wg * kStageBlocks + kbl];
+  decode<F>(r, lane % 4, a, sw);
+}
+
+// total[4j + 2h + e] (row g + 8h, column 8j + 2c + e: tc_wgmma.cuh) += part · sw[h] · sx[column]; sx the K
+// block's scales in load_stage's order: this thread's at sx + c·kAcc/2, columns 8j + 2c, + 1 at 2j, 2j + 1.
+__device__ __forceinline__ void promote(float (&total)[kAcc], const float (&part)[kAcc], const float (&sw)[2],
+                                        const float* sx, int c) {
+  const auto add = [&](int j, float x0, float x1) {
+    total[4 * j] = fmaf(part[4 * j], sw[0] * x0, total[4 * j]);
+    total[4 * j + 1] = fmaf(part[4 * j + 1], sw[0] * x1, total[4 * j + 1]);
+    total[4 * j + 2] = fmaf(part[4 * j + 2], sw[1] * x0, total[4 * j + 2]);
+    total[4 * j + 3] = fmaf(part[4 * j + 3], sw[1] * x1, total[4 * j + 3]);
+  };
+#pragma unroll
+  for (int jj = 0; jj < kAcc / 8; ++jj) {
+    const float4 x = *reinterpret_cast<const float4*>(sx + c * (kAcc / 2) + 4 * jj);
+    add(2 * jj, x.x, x.y);
+    add(2 * jj + 1, x.z, x.w);
+  }
+}
+
+// Issues K block kbl of stage st: its four wgmma steps into part (a cleared start), as one commit group.
+__device__ __forceinline__ void issue(const uint8_t* st, int kbl, const uint32_t (&a)[4][4], float (&part)[kAcc]) {
+  using namespace tc;
+  const uint64_t desc = smem_descriptor_sw128(st + kbl * kTileBytes);
+  wgmma_fence();  // a was just written
+#pragma unroll
+  for (int step = 0; step < 4; ++step)  // 32 bytes of K a step: 2 descriptor units
+    wgmma_m64n64k32_e4m3_rs(part, a[step], desc + 2 * step, step > 0 ? 1u : 0u);
+  wgmma_commit();
+}
+
+// The warpgroup's 64 rows × the tile's 64 pairs over K blocks [kb_begin, kb_end), in units of the output. Per
+// stage: K block 0's wgmmas run while block 1 is decoded, block 1's while block 0 is promoted.
+template <WFormat F>
+__device__ __forceinline__ void gemm_tile(const Mats& w, const uint8_t* act, const float* act_scale,
+                                          const Rows& rows, int kb_begin, int kb_end, uint8_t* ring,
+                                          float (&total)[kAcc]) {
+  using namespace tc;
+  const int wg = int(threadIdx.x / 128), warp = int(threadIdx.x / 32) % 4, lane = int(threadIdx.x % 32);
+  const int c = lane % 4;
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) total[i] = 0.0f;
+  const int blocks = kb_end - kb_begin, stages = (blocks + kStageBlocks - 1) / kStageBlocks;
+  const uint32_t ring_address = smem_address(ring);
+  const auto load = [&](int stage) {
+    const int kb0 = kb_begin + stage * kStageBlocks;
+    load_stage<F>(ring_address, stage % kStages, kb0, min(kStageBlocks, kb_end - kb0), act, act_scale,
+                           rows, w);
+  };
+  for (int i = 0; i < kStages - 1; ++i) {  // one commit group a stage, empty past the end
+    if (i < stages) load(i);
+    cp_async_commit();
+  }
+  for (int s = 0; s < stages; ++s) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage s has landed for all threads, and stage s − 1 is read: its buffer takes the next
+    if (s + kStages - 1 < stages) load(s + kStages - 1);
+    cp_async_commit();
+    const uint8_t* st = ring + (s % kStages) * kStageBytes;
+    const float* xs = reinterpret_cast<const float*>(st + kActBytes + kWeightBytes + kWScaleBytes);
+    // A stage's second block is issued whether or not it exists (the last stage of an odd count): its wgmmas
+    // then run on stale stage bytes and are not promoted. No branch around the wgmmas, so ptxas sees which group
+    // each wait completes.
+    const bool second = s * kStageBlocks + 1 < blocks;
+    uint32_t a0[4][4], a1[4][4];
+    float sw0[2], sw1[2], part0[kAcc], part1[kAcc];
+    decode_stage<F>(st, wg, 0, warp, lane, a0, sw0);
+    issue(st, 0, a0, part0);
+    decode_stage<F>(st, wg, 1, warp, lane, a1, sw1);
+    issue(st, 1, a1, part1);
+    wgmma_wait<1>();
+    fence_registers(part0);
+#pragma unroll
+    for (int step = 0; step < 4; ++step) fence_registers(a0[step]);
+    promote(total, part0, sw0, xs, c);
+    wgmma_wait<0>();
+    fence_registers(part1);
+#pragma unroll
+    for (int step = 0; step < 4; ++step) fence_registers(a1[step]);
+    if (second) promote(total, part1, sw1, xs + kTokens, c);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every stage is read: the caller may reuse the ring
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// Block (tile, row block, split): tile tile_begin + item / row_blocks of the plan, K blocks of split `split`.
+template <bool kUp>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_wgmma_kernel(ExpertParams p, GroupedBuffers g, int tile_begin, int splits) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_wgmma[];
+  // NOTE: swizzled tiles start on 1024-byte boundaries (the 128-byte swizzle repeats every 8 rows).
+  uint8_t* const ring = smem_wgmma + ((1024 - (tc::smem_address(smem_wgmma) & 1023)) & 1023);
+  __shared__ Rows rows;
+  const int64_t out_rows = kUp ? p.I : p.D;
+  const int row_blocks = int(out_rows / (kUp ? kUpRows : kDownRows));
+  const int split = int(blockIdx.x) % splits, item = int(blockIdx.x) / splits;
+  const int tile = tile_begin + item / row_blocks, rb = item % row_blocks;
+  if (tile >= g.tiles[0]) return;
+  const int expert = g.tile_expert[tile], pair0 = g.tile_pair0[tile], count = g.tile_count[tile];
+  const int wg = int(threadIdx.x / 128), warp = int(threadIdx.x / 32) % 4, lane = int(threadIdx.x % 32);
+  const MatFormat& fmt = expert < 0 ? (kUp ? p.shared_up : p.shared_down) : (kUp ? p.routed_up : p.routed_down);
+  // up: both warpgroups the block's 64 rows, warpgroup 0 of w1, 1 of w3; down: 64 rows of w2 each.
+  Mats w;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint8_t* data;
+    const void* scale;
+    if (expert < 0) {
+      const MatView m = kUp ? (i == 0 ? p.shared_w1 : p.shared_w3) : p.shared_w2;
+      data = m.data;
+      scale = m.scale;
+    } else {
+      const ExpertPtrs e = p.experts[expert];
+      data = kUp ? (i == 0 ? e.w1 : e.w3) : e.w2;
+      scale = kUp ? (i == 0 ? e.s1 : e.s3) : e.s2;
+    }
+    w.data[i] = data;
+    w.scale[i] = static_cast<const uint8_t*>(scale);
+    w.tile0[i] = (rb * (kUp ? kUpRows : kDownRows) + (kUp ? 0 : 64 * i)) / kTileRows;
+  }
+  w.groups = int(fmt.row_bytes / kTileGroupBytes);
+  w.scale_cols = int(fmt.scale_cols);
+  const int64_t row0 = (wg ? w.tile0[1] : w.tile0[0]) * kTileRows;  // the warpgroup's first row
+  const int K = int(kUp ? p.D : p.I), kblocks = K / kBlockK;
+  if (threadIdx.x < kTokens) {
+    const int pair = pair0 + min(int(threadIdx.x), count - 1);
+    const uint32_t row = uint32_t(kUp ? p.plan.pair_token[pair] : pair);
+    rows.bytes[threadIdx.x] = row * 2 * uint32_t(K);
+    rows.scales[threadIdx.x] = row * uint32_t(kblocks);
+  }
+  __syncthreads();
+  const auto* act = reinterpret_cast<const uint8_t*>(kUp ? (expert < 0 ? g.xq_shared : g.xq_routed) : g.hq);
+  const float* act_scale = kUp ? g.xs : g.hs;
+  const int kb_begin = kblocks * split / splits, kb_end = kblocks * (split + 1) / splits;
+  float total[kAcc];
+  if (fmt.format == WFormat::kFP4) gemm_tile<WFormat::kFP4>(w, act, act_scale, rows, kb_begin, kb_end, ring, total);
+  else gemm_tile<WFormat::kFP8>(w, act, act_scale, rows, kb_begin, kb_end, ring, total);
+
+  const int g8 = lane / 4, c = lane % 4;
+  const int64_t row = row0 + 16 * warp + g8;  // this thread's rows: row, row + 8
+  if (splits > 1) {  // this split's fp32 partial sums: grouped_finish_kernel adds them up
+    float* slab = g.partials + (int64_t(tile) * splits + split) * grouped_split_slab(p, kUp) +
+                  (kUp ? wg * out_rows : 0) * kTokens;  // up: [w1 | w3][I][tokens]; down: [D][tokens]
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      const int m = 8 * (i / 4) + 2 * c + i % 2;
+      if (m < count) slab[(row + 8 * ((i / 2) % 2)) * kTokens + m] = total[i];
+    }
+    return;
+  }
+  if constexpr (kUp) {
+    float* const w3_sums = reinterpret_cast<float*>(ring);  // the ring is drained: gemm_tile ends in a barrier
+    const int t = int(threadIdx.x % 128);
+    if (wg == 1)
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) w3_sums[i * 128 + t] = total[i];
+    __syncthreads();
+    if (wg == 1) return;
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      const int m = 8 * (i / 4) + 2 * c + i % 2;
+      if (m >= count) continue;
+      const int pair = pair0 + m;
+      const float weight = expert < 0 ? 1.0f : p.plan.pair_weight[pair];
+      p.plan.h[int64_t(pair) * p.I + row + 8 * ((i / 2) % 2)] =
+          hidden(p, fmt.format, total[i], w3_sums[i * 128 + t], weight);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      const int m = 8 * (i / 4) + 2 * c + i % 2;
+      if (m < count)
+        p.plan.y[int64_t(p.plan.pair_out[pair0 + m]) * p.D + row + 8 * ((i / 2) % 2)] = round_bf16(total[i]);
+    }
+  }
+#endif  // NOTE: other architectures get an empty body; CudaOps::moe sets GroupedBuffers::wgmma on sm_90 only
+}
+
+std::atomic<int64_t> g_launches{0};
+
+}  // namespace
+
+int64_t grouped_wgmma_launches() { return g_launches.load(std::memory_order_relaxed); }
+
+void launch_grouped_wgmma(bool up, const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin,
+                          int64_t tile_end, int splits, cudaStream_t stream) {
+  const int64_t out_rows = up ? p.I : p.D;
+  const int block_rows = up ? kUpRows : kDownRows;
+  DSV4_CHECK(out_rows % block_rows == 0 && p.D % kBlockK == 0 && p.I % kBlockK == 0 && splits >= 1,
+             "moe: the wgmma grouped GEMMs need D and I multiples of 128 (D ", p.D, ", I ", p.I, ")");
+  // 32-bit offsets (Mats, Rows): activation rows of 2K bytes, matrices of rows × row_bytes.
+  const int64_t act_rows = p.n * (p.k + 1);
+  DSV4_CHECK(act_rows * 2 * std::max(p.D, p.I) < (int64_t(1) << 32) && p.I * p.D < (int64_t(1) << 31),
+             "moe: a step of ", p.n, " tokens is too large for the wgmma grouped GEMMs' 32-bit offsets");
+  const auto kernel = up ? grouped_wgmma_kernel<true> : grouped_wgmma_kernel<false>;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmemBytes);
+  const int64_t blocks = (tile_end - tile_begin) * (out_rows / block_rows) * splits;
+  DSV4_CHECK(blocks < (int64_t(1) << 31), "moe: too many grouped tiles");
+  if (blocks == 0) return;
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  kernel<<<unsigned(blocks), kThreads, kSmemBytes, stream>>>(p, g, int(tile_begin), splits);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace dsv4::cuda::moe
