@@ -70,6 +70,11 @@ constexpr size_t grouped_smem_bytes(int tokens) {
   return 2 * (size_t(tokens) * kGRowStride + kGStageBlocks * size_t(tokens) * 4);
 }
 
+// Floats of one (tile, split)'s partial sums: up [w1 | w3][I][tokens], down [D][tokens].
+__host__ __device__ inline int64_t split_slab(const ExpertParams& p, bool up) {
+  return (up ? 2 * p.I : p.D) * kGroupedTokens;
+}
+
 // Blocks a GEMM's K splits into: enough (tile, row block, split) blocks for one per SM, at most one K block each.
 int grouped_splits(int64_t tiles, int64_t out_rows, int block_rows, int64_t K, int sm_count) {
   const int64_t blocks = tiles * ((out_rows + block_rows - 1) / block_rows);
@@ -487,7 +492,7 @@ __global__ void __launch_bounds__(kGThreads, kTokens == kGroupedTokens ? 1 : 2)
 
   const int g8 = lane / 4, c = lane % 4;
   if (!kSmall && splits > 1) {  // this split's fp32 partial sums: grouped_finish_kernel adds them up
-    float* slab = g.partials + (int64_t(tile) * splits + split) * grouped_split_slab(p, kUp);
+    float* slab = g.partials + (int64_t(tile) * splits + split) * split_slab(p, kUp);
 #pragma unroll
     for (int t = 0; t < kTT; ++t)
 #pragma unroll
@@ -537,11 +542,11 @@ __global__ void __launch_bounds__(256) grouped_finish_kernel(ExpertParams p, Gro
   const int m = int(i % kGroupedTokens);
   if (tile >= g.tiles[0] || m >= g.tile_count[tile]) return;
   const int pair = g.tile_pair0[tile] + m;
-  const float* slab = g.partials + int64_t(tile) * splits * grouped_split_slab(p, kUp) + row * kGroupedTokens + m;
+  const float* slab = g.partials + int64_t(tile) * splits * split_slab(p, kUp) + row * kGroupedTokens + m;
   float a = 0.0f, b = 0.0f;
   for (int s = 0; s < splits; ++s) {
-    a += slab[s * grouped_split_slab(p, kUp)];
-    if constexpr (kUp) b += slab[s * grouped_split_slab(p, kUp) + out_rows * kGroupedTokens];
+    a += slab[s * split_slab(p, kUp)];
+    if constexpr (kUp) b += slab[s * split_slab(p, kUp) + out_rows * kGroupedTokens];
   }
   if constexpr (kUp) {
     const int expert = g.tile_expert[tile];
@@ -579,7 +584,8 @@ template <bool kUp, int kTokens>
 void launch_gemm(const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin, int64_t tile_end, int splits,
                  cudaStream_t stream) {
   if (kTokens == kGroupedTokens && g.wgmma) {
-    launch_grouped_wgmma(kUp, p, g, tile_begin, tile_end, splits, stream);
+    DSV4_CHECK(splits == 1, "moe: the wgmma grouped GEMMs do not split K");
+    launch_grouped_wgmma(kUp, p, g, tile_begin, tile_end, stream);
     return;
   }
   const auto kernel = grouped_gemm_kernel<kUp, kTokens>;

@@ -310,10 +310,10 @@ __device__ __forceinline__ void gemm_tile(const Mats& w, const uint8_t* act, con
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// Block (tile, row block, split): tile tile_begin + item / row_blocks of the plan, K blocks of split `split`.
+// Block (tile, row block): tile tile_begin + blockIdx.x / row_blocks of the plan, all of K.
 template <bool kUp>
 __global__ void __launch_bounds__(kThreads, 1)
-    grouped_wgmma_kernel(ExpertParams p, GroupedBuffers g, int tile_begin, int splits) {
+    grouped_wgmma_kernel(ExpertParams p, GroupedBuffers g, int tile_begin) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_wgmma[];
   // NOTE: swizzled tiles start on 1024-byte boundaries (the 128-byte swizzle repeats every 8 rows).
@@ -321,8 +321,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ Rows rows;
   const int64_t out_rows = kUp ? p.I : p.D;
   const int row_blocks = int(out_rows / (kUp ? kUpRows : kDownRows));
-  const int split = int(blockIdx.x) % splits, item = int(blockIdx.x) / splits;
-  const int tile = tile_begin + item / row_blocks, rb = item % row_blocks;
+  const int tile = tile_begin + int(blockIdx.x) / row_blocks, rb = int(blockIdx.x) % row_blocks;
   if (tile >= g.tiles[0]) return;
   const int expert = g.tile_expert[tile], pair0 = g.tile_pair0[tile], count = g.tile_count[tile];
   const int wg = int(threadIdx.x / 128), warp = int(threadIdx.x / 32) % 4, lane = int(threadIdx.x % 32);
@@ -359,23 +358,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   const auto* act = reinterpret_cast<const uint8_t*>(kUp ? (expert < 0 ? g.xq_shared : g.xq_routed) : g.hq);
   const float* act_scale = kUp ? g.xs : g.hs;
-  const int kb_begin = kblocks * split / splits, kb_end = kblocks * (split + 1) / splits;
   float total[kAcc];
-  if (fmt.format == WFormat::kFP4) gemm_tile<WFormat::kFP4>(w, act, act_scale, rows, kb_begin, kb_end, ring, total);
-  else gemm_tile<WFormat::kFP8>(w, act, act_scale, rows, kb_begin, kb_end, ring, total);
+  if (fmt.format == WFormat::kFP4) gemm_tile<WFormat::kFP4>(w, act, act_scale, rows, 0, kblocks, ring, total);
+  else gemm_tile<WFormat::kFP8>(w, act, act_scale, rows, 0, kblocks, ring, total);
 
   const int g8 = lane / 4, c = lane % 4;
   const int64_t row = row0 + 16 * warp + g8;  // this thread's rows: row, row + 8
-  if (splits > 1) {  // this split's fp32 partial sums: grouped_finish_kernel adds them up
-    float* slab = g.partials + (int64_t(tile) * splits + split) * grouped_split_slab(p, kUp) +
-                  (kUp ? wg * out_rows : 0) * kTokens;  // up: [w1 | w3][I][tokens]; down: [D][tokens]
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) {
-      const int m = 8 * (i / 4) + 2 * c + i % 2;
-      if (m < count) slab[(row + 8 * ((i / 2) % 2)) * kTokens + m] = total[i];
-    }
-    return;
-  }
   if constexpr (kUp) {
     float* const w3_sums = reinterpret_cast<float*>(ring);  // the ring is drained: gemm_tile ends in a barrier
     const int t = int(threadIdx.x % 128);
@@ -411,10 +399,10 @@ std::atomic<int64_t> g_launches{0};
 int64_t grouped_wgmma_launches() { return g_launches.load(std::memory_order_relaxed); }
 
 void launch_grouped_wgmma(bool up, const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin,
-                          int64_t tile_end, int splits, cudaStream_t stream) {
+                          int64_t tile_end, cudaStream_t stream) {
   const int64_t out_rows = up ? p.I : p.D;
   const int block_rows = up ? kUpRows : kDownRows;
-  DSV4_CHECK(out_rows % block_rows == 0 && p.D % kBlockK == 0 && p.I % kBlockK == 0 && splits >= 1,
+  DSV4_CHECK(out_rows % block_rows == 0 && p.D % kBlockK == 0 && p.I % kBlockK == 0,
              "moe: the wgmma grouped GEMMs need D and I multiples of 128 (D ", p.D, ", I ", p.I, ")");
   // 32-bit offsets (Mats, Rows): activation rows of 2K bytes, matrices of rows × row_bytes.
   const int64_t act_rows = p.n * (p.k + 1);
@@ -422,11 +410,11 @@ void launch_grouped_wgmma(bool up, const ExpertParams& p, const GroupedBuffers& 
              "moe: a step of ", p.n, " tokens is too large for the wgmma grouped GEMMs' 32-bit offsets");
   const auto kernel = up ? grouped_wgmma_kernel<true> : grouped_wgmma_kernel<false>;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmemBytes);
-  const int64_t blocks = (tile_end - tile_begin) * (out_rows / block_rows) * splits;
+  const int64_t blocks = (tile_end - tile_begin) * (out_rows / block_rows);
   DSV4_CHECK(blocks < (int64_t(1) << 31), "moe: too many grouped tiles");
   if (blocks == 0) return;
   g_launches.fetch_add(1, std::memory_order_relaxed);
-  kernel<<<unsigned(blocks), kThreads, kSmemBytes, stream>>>(p, g, int(tile_begin), splits);
+  kernel<<<unsigned(blocks), kThreads, kSmemBytes, stream>>>(p, g, int(tile_begin));
   DSV4_CUDA_CHECK(cudaGetLastError());
 }
 

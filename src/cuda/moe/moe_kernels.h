@@ -213,7 +213,7 @@ struct GroupedBuffers {
   int64_t max_tiles = 0;
   bool routed = true;  // grouped_tiles: the routed experts' tiles too; false: the shared expert's alone
   // K split over up_splits / down_splits blocks (the shared expert alone: its few tiles would leave most SMs idle),
-  // their fp32 sums in partials [tile][split][grouped_split_slab floats] and added up by a finish launch. The split count
+  // their fp32 sums in partials [tile][split][split_slab floats] and added up by a finish launch. The split count
   // follows the SM count: each device's results are deterministic, but the sums' order (so their last bits)
   // differs between GPUs with different SM counts.
   float* partials = nullptr;
@@ -239,15 +239,10 @@ __host__ __device__ constexpr int wgmma_pos(bool fp4, int col) {
 }
 
 // The GEMM (up: w1 and w3 with the SwiGLU into h; else w2 into y) of tiles [tile_begin, tile_end) of ≤
-// kGroupedTokens pairs on wgmma, K split over `splits` blocks as the mma.sync kernel splits it (experts_wgmma.cu).
+// kGroupedTokens pairs on wgmma, K unsplit (experts_wgmma.cu; only the shared expert alone splits K, on mma.sync).
 // Requires an sm_90a device and D, I multiples of 128.
 void launch_grouped_wgmma(bool up, const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin,
-                          int64_t tile_end, int splits, cudaStream_t stream);
-
-// Floats of one (tile, split)'s partial sums: up [w1 | w3][I][kGroupedTokens], down [D][kGroupedTokens].
-__host__ __device__ inline int64_t grouped_split_slab(const ExpertParams& p, bool up) {
-  return (up ? 2 * p.I : p.D) * kGroupedTokens;
-}
+                          int64_t tile_end, cudaStream_t stream);
 
 // Upper bound of the tiles of a step of n tokens (ceil(n / kGroupedTokens) shared, Σ ceil(count_e / N) ≤ P / N +
 // min(E, P) routed for routed tiles of N pairs).
