@@ -221,8 +221,9 @@ struct GroupedBuffers {
   int up_splits = 1, down_splits = 1;
   int routed_tile = kGroupedTokens;  // pairs per routed tile: kGroupedTokens or kGroupedSmallTokens
   // Tiles of kGroupedTokens pairs on wgmma (experts_wgmma.cu; moe_grouped.h says when): their activations are then
-  // e4m3 bytes in the wgmma order (wgmma_pos), each row in the first K bytes of its 2K-byte row of the buffers above
-  // (so that a buffer could hold rows of both kinds).
+  // e4m3 bytes in the wgmma order (wgmma_pos), each row in the first K bytes of its 2K-byte row of the buffers above:
+  // row r starts where its f16 codes would, so grouped_quant addresses rows one way for both kernels. A step takes
+  // one order for all its tiles (grouped_takes_wgmma needs routed tiles of kGroupedTokens), never a mix.
   bool wgmma = false;
 };
 
