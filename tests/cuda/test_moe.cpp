@@ -435,7 +435,8 @@ struct SharedGroupedFrom {
 // token counts; n = 1 leaves 6 of 9 experts with no token and 3 with one, n = 7 and 33 odd counts per expert,
 // 130 a tile of 64 and a partial one for several experts. Every format pair the path takes (FP4 or FP8 routed
 // and shared), both routings; FP4 routed experts in tiles of 64 and in small tiles (of 24: 130 cuts experts into
-// several) at every n. Reference numerics on the same layer stay on the item kernels.
+// several) at every n, each with the tiles of 64 on wgmma and on mma.sync. Reference numerics on the same layer stay
+// on the item kernels.
 TEST(CudaMoe, FastGroupedOddTokenCounts) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -450,12 +451,11 @@ TEST(CudaMoe, FastGroupedOddTokenCounts) {
       m.upload_to(ops);
       for (const bool wgmma : {true, false})
         for (const int64_t small : {int64_t(0), SmallTilesUpTo::kAlways}) {
-          if (wgmma && small) continue;  // small tiles run on mma.sync
+          // Small routed tiles run on mma.sync; with wgmma on, the shared expert's tiles of 64 run on it.
           const Wgmma kernels(wgmma);
           const SmallTilesUpTo tiles(small);
-          for (int64_t n : {1, 2, 7, 33, 130})
-            check_step_fast(m, ops, n, rng, describe(shape, f, hash) +
-                                                (small ? " grouped, small tiles" : wgmma ? " grouped, wgmma" : " grouped"));
+          const std::string path = std::string(small ? " grouped, small tiles" : " grouped") + (wgmma ? ", wgmma" : "");
+          for (int64_t n : {1, 2, 7, 33, 130}) check_step_fast(m, ops, n, rng, describe(shape, f, hash) + path);
         }
       check_step(m, ops, 33, rng, describe(shape, f, hash));
     }

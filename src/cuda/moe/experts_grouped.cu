@@ -609,7 +609,7 @@ void launch_gemm_all(const ExpertParams& p, const GroupedBuffers& g, int64_t sha
     return;
   }
   // The small-tile kernel compiles the FP4 path only: another format would leave its sums unset.
-  DSV4_CHECK(g.routed_tile == kGroupedSmallTokens && splits == 1 && !g.wgmma && p.routed_up.format == WFormat::kFP4 &&
+  DSV4_CHECK(g.routed_tile == kGroupedSmallTokens && splits == 1 && p.routed_up.format == WFormat::kFP4 &&
                  p.routed_down.format == WFormat::kFP4,
              "moe: small routed tiles are FP4, never split, on mma.sync");
   launch_gemm<kUp, kGroupedTokens>(p, g, 0, shared_tiles, 1, stream);
@@ -687,7 +687,8 @@ int grouped_routed_tile(int64_t n, int64_t k, int64_t E, bool routed_fp4) {
 }
 
 bool grouped_takes_wgmma(int64_t n, int64_t k, int64_t E, int routed_tile, int cc_major) {
-  return cc_major == 9 && grouped_wgmma() && routed_tile == kGroupedTokens && n * k >= grouped_wgmma_min_pairs() * E;
+  if (cc_major != 9 || !grouped_wgmma()) return false;
+  return routed_tile == kGroupedSmallTokens || n * k >= grouped_wgmma_min_pairs() * E;
 }
 
 bool grouped_fits(const ExpertParams& p) {

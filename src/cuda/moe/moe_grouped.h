@@ -20,7 +20,9 @@ void set_grouped_small_tile_max_pairs(int64_t pairs);  // < 0: the default again
 
 // The grouped path's tiles of kGroupedTokens pairs on wgmma (experts_wgmma.cu, sm_90a) rather than mma.sync from
 // this many pairs an expert on average (n·k / E): below it the mma.sync kernel is faster (docs/design/moe.md,
-// "wgmma"). Tests and benchmarks move it; set_grouped_wgmma(false) turns wgmma off.
+// "wgmma"). Where routed tiles are small (fewer pairs still), the shared expert's full tiles of 64 take wgmma:
+// FP8 as stored, no FP4 decode (1.8 ms → 1.77 ms a V4-Flash layer at 512 tokens). Tests and benchmarks move the
+// threshold; set_grouped_wgmma(false) turns wgmma off.
 int64_t grouped_wgmma_min_pairs();
 void set_grouped_wgmma_min_pairs(int64_t pairs);  // ≤ 0: the default again
 bool grouped_wgmma();

@@ -222,8 +222,8 @@ struct GroupedBuffers {
   int routed_tile = kGroupedTokens;  // pairs per routed tile: kGroupedTokens or kGroupedSmallTokens
   // Tiles of kGroupedTokens pairs on wgmma (experts_wgmma.cu; moe_grouped.h says when): their activations are then
   // e4m3 bytes in the wgmma order (wgmma_pos), each row in the first K bytes of its 2K-byte row of the buffers above:
-  // row r starts where its f16 codes would, so grouped_quant addresses rows one way for both kernels. A step takes
-  // one order for all its tiles (grouped_takes_wgmma needs routed tiles of kGroupedTokens), never a mix.
+  // row r starts where its f16 codes would, so grouped_quant addresses rows one way for both kernels. Small routed
+  // tiles stay on mma.sync in the f16 fragment order: with them only the shared expert's tiles take wgmma.
   bool wgmma = false;
 };
 
@@ -254,8 +254,9 @@ inline int64_t grouped_max_tiles(int64_t n, int64_t k, int64_t E, int routed_til
 // The routed tiles' size for a step (GroupedBuffers::routed_tile): kGroupedSmallTokens where every routed matrix
 // is FP4 and the experts hold few pairs on average (moe_grouped.h), else kGroupedTokens.
 int grouped_routed_tile(int64_t n, int64_t k, int64_t E, bool routed_fp4);
-// Whether a step of the grouped path with routed tiles of routed_tile pairs runs its GEMMs on wgmma (moe_grouped.h):
-// on sm_90a (major 9), tiles of kGroupedTokens, from grouped_wgmma_min_pairs() pairs an expert on average.
+// Whether a step of the grouped path with routed tiles of routed_tile pairs runs its tiles of kGroupedTokens on wgmma
+// (moe_grouped.h), on sm_90a (major 9): all of them from grouped_wgmma_min_pairs() pairs an expert on average; the
+// shared expert's beside small routed tiles.
 bool grouped_takes_wgmma(int64_t n, int64_t k, int64_t E, int routed_tile, int cc_major);
 bool grouped_fits(const ExpertParams& p);
 void launch_experts_grouped(const ExpertParams& p, const GroupedBuffers& g, cudaStream_t stream);
