@@ -201,7 +201,8 @@ TEST(CudaHc, HcPreNormMatchesCpu) {
 
 // hc_pre_norm asked for xn act_quant'ed (fast numerics, model/ops.h's E4m3Rows): every code and scale is the CPU's
 // act_quant_rows of the xn it wrote, which is bit for bit the xn of the call without them; alone and fused with
-// a deferred hc_post (decode sizes, hc_post_mix), at V4 shapes (hc_finish: a warp's slice is one 128-column block).
+// a deferred hc_post (hc_post_mix, hc_post_mix_tiled), at V4 shapes (hc_finish: a warp's slice is one 128-column
+// block).
 TEST(CudaHc, HcPreNormWritesActQuantRows) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -290,8 +291,9 @@ TEST(CudaHc, HcPostMatchesCpu) {
 
 // hc_post then hc_pre_norm on the same streams, as every sub-block after a step's first: X as hc_post leaves it
 // (the same operations: 1e-6 absolute), then hc_pre_norm's outputs on that X within hc_pre_norm's tolerances.
-// post and comb are read and written through the same buffers, as the model calls it. Decode-sized cases (n ≤ 8,
-// dim % 4 == 0, aligned) take the fused kernel, the others hc_post's own.
+// post and comb are read and written through the same buffers, as the model calls it. Cases with dim % 4 == 0 and
+// aligned buffers take a fused kernel (hc_post_mix up to 8 tokens, hc_post_mix_tiled beyond), the others hc_post's
+// own.
 TEST(CudaHc, HcPostThenPreNormMatchesCpu) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -321,6 +323,62 @@ TEST(CudaHc, HcPostThenPreNormMatchesCpu) {
     ops.hc_pre_norm(dX, in.w, gamma, c.n, c.dim, got.x, got.xn, got.post, got.comb);
     EXPECT_TRUE(compare(to_host(ops, dX, X.size()), X, Tolerance{1e-6, 0.0}, "X " + describe(c)));
     expect_pre_outputs(ops, cpu, c, &gamma, got, want);
+  }
+#endif
+}
+
+// The fused hc_post + hc_pre_norm of a prefill-sized step (hc_post_mix_tiled: tiles of tokens a block) gives bit for
+// bit what the same rows give one token a call (hc_post_mix: a block a token): the same X', the same mixing
+// partials in the same order, so the same x, xn, post and comb. Steps of several token tiles and a partial one,
+// rows of a partial 128-column slice (dim 260), and a run of tiles a block (200 tokens).
+TEST(CudaHc, HcPostMixTiledMatchesPerToken) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  for (const Case& c : kCases) {
+    if (c.n <= 8 || c.dim % 4 != 0 || c.shift != 0) continue;  // the tiled kernel's cases
+    const ModelConfig cfg = hc_config(c.hc, c.dim);
+    CudaOps ops(cfg);
+    ops.set_numerics(Numerics::kFast);
+    const PreInputs in = pre_inputs(c, rng, ops);
+    const std::vector<float> gamma = random_floats(size_t(c.dim), rng, 0.5f, 1.5f);
+    ops.upload(gamma);
+    settle();
+    const PreOutputs like(c);
+    const auto f = random_floats(size_t(c.n * c.dim), rng);
+    const auto post = random_floats(like.post.size(), rng, 0.0f, 2.0f), comb = random_floats(like.comb.size(), rng);
+    const float* df = to_device(ops, f);
+    // Each run from the same streams and coefficients, post and comb rewritten in place as the model does.
+    struct Run {
+      float* X;
+      DevicePreOutputs out;
+    };
+    const auto fresh = [&] {
+      Run r{to_device(ops, in.X), poisoned_outputs(ops, c, like)};
+      r.out.post = to_device(ops, post);
+      r.out.comb = to_device(ops, comb);
+      return r;
+    };
+    const Run tiled = fresh(), single = fresh();
+    const int64_t D = c.dim, hc = c.hc;
+    ops.hc_post(df, tiled.out.post, tiled.out.comb, c.n, tiled.X);
+    ops.hc_pre_norm(tiled.X, in.w, gamma, c.n, D, tiled.out.x, tiled.out.xn, tiled.out.post, tiled.out.comb);
+    for (int64_t t = 0; t < c.n; ++t) {
+      float* X = single.X + t * hc * D;
+      float *p = single.out.post + t * hc, *C = single.out.comb + t * hc * hc;
+      ops.hc_post(df + t * D, p, C, 1, X);
+      ops.hc_pre_norm(X, in.w, gamma, 1, D, single.out.x + t * D, single.out.xn + t * D, p, C);
+    }
+    const auto same = [&](const float* a, const float* b, size_t count, const char* what) {
+      const std::vector<float> ha = to_host(ops, a, count), hb = to_host(ops, b, count);
+      EXPECT_EQ(std::memcmp(ha.data(), hb.data(), count * sizeof(float)), 0) << what << " " << describe(c);
+    };
+    same(tiled.X, single.X, in.X.size(), "X");
+    same(tiled.out.x, single.out.x, like.x.size(), "x");
+    same(tiled.out.xn, single.out.xn, like.xn.size(), "xn");
+    same(tiled.out.post, single.out.post, like.post.size(), "post");
+    same(tiled.out.comb, single.out.comb, like.comb.size(), "comb");
   }
 #endif
 }
@@ -422,9 +480,9 @@ size_t kernels_enqueued(CudaOps& ops, const std::function<void()>& calls) {
 }
 #endif
 
-// Deferring hc_post costs no launch: hc_post then hc_pre_norm is as many kernels as hc_pre_norm alone at decode
-// (hc_post_mix takes hc_mix's place), and as the two apart in a prefill; before hc_head, or last, it is its own
-// kernel. So a decode step launches what it did when the seam had a fused hc_post_pre_norm op.
+// Deferring hc_post costs no launch: hc_post then hc_pre_norm is as many kernels as hc_pre_norm alone (hc_post_mix
+// or hc_post_mix_tiled takes hc_mix's place); before hc_head, or last, it is its own kernel. So a step launches
+// what it did when the seam had a fused hc_post_pre_norm op.
 TEST(CudaHc, DeferredHcPostAddsNoLaunch) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -454,7 +512,7 @@ TEST(CudaHc, DeferredHcPostAddsNoLaunch) {
       hc_post();
       pre_norm();
     });
-    EXPECT_EQ(fused, c.n <= 8 ? pre_norm_alone : post_alone + pre_norm_alone) << what;
+    EXPECT_EQ(fused, pre_norm_alone) << what;
     const size_t before_head = kernels_enqueued(ops, [&] {
       hc_post();
       hc_head();

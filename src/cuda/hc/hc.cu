@@ -20,10 +20,10 @@
 // new streams are rounded to bf16 as they are written (docs/design/fast-numerics.md §7, steps 2, 12, 18).
 // hc_post: block (D slice, token), post and comb in shared memory, X'[k] = post[k]·f + Σ_j C[j][k]·X[j] in place.
 // CudaOps::hc_post only records its arguments (DeferredPost); the next use of the stream launches it (flush_post),
-// unless the next op is hc_pre_norm on the same X at decode (n ≤ kPostMixMaxTokens): then hc_post_mix replaces
-// hc_post + hc_mix — block (128-column slice of D, token) computes X' over its slice of every stream as hc_post
-// does, writes it, and dots it with its warps' fn rows (loaded before waiting for the predecessor): the partials
-// hc_finish sums, one launch less.
+// unless the next op is hc_pre_norm on the same X: then hc_post_mix replaces hc_post + hc_mix — block (128-column
+// slice of D, token) computes X' over its slice of every stream as hc_post does, writes it, and dots it with its
+// warps' fn rows (loaded before waiting for the predecessor): the partials hc_finish sums, one launch less and X
+// read once. Beyond kPostMixMaxTokens tokens hc_post_mix_tiled does the same for tiles of tokens a block.
 #include <algorithm>
 #include <utility>
 
@@ -58,7 +58,11 @@ constexpr int kFinishThreads = kCollapseThreads + 32;
 constexpr int kBarrierSums = 1, kBarrierPre = 2, kBarrierCollapse = 3;
 constexpr int kPostThreads = 128;
 constexpr int kPostMixCols = 32 * 4;      // hc_post_mix: columns of D per block, a pack of 4 per lane
-constexpr int64_t kPostMixMaxTokens = 8;  // hc_post_mix re-reads fn per token: decode-sized steps only
+// hc_post_mix_kernel loads its fn rows once per token: up to this many tokens; beyond, hc_post_mix_tiled_kernel
+// loads them once per block of kPostMixTileTokens-token tiles (one wave of kPostMixBlocksPerSm blocks an SM).
+constexpr int64_t kPostMixMaxTokens = 8;
+constexpr int kPostMixTileTokens = 8;
+constexpr int kPostMixBlocksPerSm = 2;
 // hc_mix_staged: from this many tokens; its ring of kMixStages sweeps (8 tokens × 128 columns, 4 KiB each); the
 // blocks it aims at per SM (about three waves of two blocks an SM: a short last wave).
 constexpr int64_t kMixStagedMinTokens = 64;
@@ -475,7 +479,36 @@ struct HcPostMixParams {
   cuda::DeviceWeight fn;  // [M, hc·D]
   float* partial;         // [chunks, n, M + 1], chunk b = columns [b·kPostMixCols, (b+1)·kPostMixCols) of each stream
   int M;
+  int tiles = 1;          // hc_post_mix_tiled_kernel: token tiles per block
 };
+
+// This warp's fn rows (w, w + kMixWarps, ... < M) at the lane's columns c of every stream (both hc_post_mix kernels).
+template <int kRows>
+__device__ __forceinline__ void load_post_mix_fn(const HcPostMixParams& p, int warp, int64_t c,
+                                                 Pack<4> (&w)[kRows][kMaxHc]) {
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int r = warp + kMixWarps * i;
+#pragma unroll
+    for (int j = 0; j < kMaxHc; ++j)
+      if (r < p.M && j < p.post.hc && c < p.post.D) w[i][j] = cuda::weight_pack<4>(p.fn, r, j * p.post.D + c);
+  }
+}
+
+// The lane's term of mixing row r (r < M: fn row r · X'; r = M: Σ X'²) over its pack of every stream, summed in
+// one fixed order (both hc_post_mix kernels).
+template <int kRows>
+__device__ __forceinline__ float post_mix_term(const Pack<4> (&w)[kRows][kMaxHc], int i, bool sum_squares,
+                                               const Pack<4> (&out)[kMaxHc], int hc) {
+  float v = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxHc; ++j) {
+    if (j >= hc) break;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v += sum_squares ? out[j].v[e] * out[j].v[e] : w[i][j].v[e] * out[j].v[e];
+  }
+  return v;
+}
 
 // grid (ceil(D / kPostMixCols), n), kMixWarps warps; warp w owns rows w, w + kMixWarps, ... ≤ M (row M: Σ v²).
 // Every warp computes the lane's pack of X' (cheap next to the fn loads); warp 0 stores it.
@@ -486,15 +519,8 @@ __global__ void __launch_bounds__(kMixWarps * 32) hc_post_mix_kernel(HcPostMixPa
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = blockIdx.y, c = int64_t(blockIdx.x) * kPostMixCols + lane * 4;
   const bool live = c < q.D;
-  // This warp's fn rows at the lane's columns of every stream: constants, in flight before the wait.
   Pack<4> w[kRows][kMaxHc];
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    const int r = warp + kMixWarps * i;
-#pragma unroll
-    for (int j = 0; j < kMaxHc; ++j)
-      if (r < p.M && j < q.hc && live) w[i][j] = cuda::weight_pack<4>(p.fn, r, j * q.D + c);
-  }
+  load_post_mix_fn(p, warp, c, w);  // constants, in flight before the wait
   cuda::pdl_wait();
   stage_post_coefficients(q, t, post, C);
   float* Xt = q.X + t * q.hc * q.D;
@@ -518,17 +544,125 @@ __global__ void __launch_bounds__(kMixWarps * 32) hc_post_mix_kernel(HcPostMixPa
   for (int i = 0; i < kRows; ++i) {
     const int r = warp + kMixWarps * i;
     if (r > p.M) break;  // warp-uniform
-    float v = 0.0f;
-    if (live) {
-#pragma unroll
-      for (int j = 0; j < kMaxHc; ++j) {
-        if (j >= q.hc) break;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) v += r < p.M ? w[i][j].v[e] * out[j].v[e] : out[j].v[e] * out[j].v[e];
-      }
-    }
+    float v = live ? post_mix_term(w, i, r == p.M, out, q.hc) : 0.0f;
     for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
     if (lane == 0) p.partial[(int64_t(blockIdx.x) * q.n + t) * (p.M + 1) + r] = v;
+  }
+}
+
+// K warp sums at once (K a power of two ≤ 32; v[i] the lane's term of sum i), each in the order of the xor tree
+// above (offsets 16, 8, ..., 1), so bit for bit its total: at the first log2(K) offsets each lane keeps half of its
+// sums and hands its partner the other half (K − 1 shuffles, not 5·K). Returns sum lane / (32 / K)'s total.
+template <int K>
+__device__ __forceinline__ float warp_sums_transposed(float (&v)[K]) {
+  static_assert(K >= 1 && K <= 32 && (K & (K - 1)) == 0, "K a power of two ≤ 32");
+  const int lane = threadIdx.x % 32;
+  int offset = 16;
+#pragma unroll
+  for (int half = K / 2; half >= 1; half /= 2, offset /= 2) {
+    const bool upper = (lane & offset) != 0;  // keeps sums [half, 2·half) of those left
+#pragma unroll
+    for (int i = 0; i < half; ++i) {
+      const float send = upper ? v[i] : v[i + half], keep = upper ? v[i + half] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+    }
+  }
+  float total = v[0];
+  for (; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
+  return total;
+}
+
+// hc_post_mix at prefill sizes: the same X' and partials as hc_post_mix_kernel, bit for bit, with the warps' fn
+// rows loaded once per block instead of once per token (at 512 tokens hc_post + hc_mix_staged took 22 + 40 µs a
+// sub-block boundary, H100 trace: docs/design/hc.md). grid (ceil(D / kPostMixCols), runs of p.tiles token tiles).
+// Per tile of kPostMixTileTokens tokens, thread (warp w, lane) stages token w's f and streams at its pack by
+// cp.async a tile ahead, computes X' from them as hc_post does, and stores it to X and over its staged streams; then
+// each warp reads every token's X' there once, forms its rows' terms and sums them over the lanes for all tokens at
+// once (warp_sums_transposed). kFnRows ≥ ceil(M / kMixWarps): warp w's fn rows are w, w + kMixWarps, ... < M; row
+// M (Σ X'²) is warp M % kMixWarps's too (an fn-free row: no registers held for it).
+template <int kFnRows>
+__global__ void __launch_bounds__(kMixWarps * 32, 2) hc_post_mix_tiled_kernel(HcPostMixParams p) {
+  static_assert(kMixWarps == kPostMixTileTokens, "a warp a token in the post phase");
+  constexpr int kTile = kPostMixTileTokens;
+  // [tile parity][token][stream j < hc, then f at kMaxHc][pack]: each thread's own 16 bytes until the post phase's
+  // barrier, every token's X' after it.
+  __shared__ __align__(16) float stage_s[2][kTile][kMaxHc + 1][kPostMixCols];
+  __shared__ float post_s[kTile][kMaxHc], C_s[kTile][kMaxHc * kMaxHc];
+  const HcPostParams& q = p.post;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t c = int64_t(blockIdx.x) * kPostMixCols + lane * 4;
+  const bool live = c < q.D, squares = warp == p.M % kMixWarps;
+  Pack<4> w[kFnRows][kMaxHc];
+  load_post_mix_fn(p, warp, c, w);  // constants, in flight before the wait
+  cuda::pdl_wait();
+  const int64_t first = int64_t(blockIdx.y) * p.tiles * kTile;
+  const auto stage = [&](int tile) {  // this thread's token of the tile, if any, into its parity's stage
+    const int64_t t = first + int64_t(tile) * kTile + warp;
+    if (tile < p.tiles && t < q.n && live) {
+      float(*dst)[kPostMixCols] = stage_s[tile % 2][warp];
+#pragma unroll
+      for (int j = 0; j < kMaxHc; ++j)
+        if (j < q.hc) cp_async16(&dst[j][4 * lane], q.X + (t * q.hc + j) * q.D + c);
+      cp_async16(&dst[kMaxHc][4 * lane], q.f + t * q.D + c);
+    }
+    cp_async_commit();  // possibly empty: the wait counts stay uniform
+  };
+  stage(0);
+  for (int tile = 0; tile < p.tiles; ++tile) {
+    const int64_t t0 = first + int64_t(tile) * kTile;
+    if (t0 >= q.n) break;  // block-uniform
+    stage(tile + 1);     // copies only below n: none outlives the loop
+    cp_async_wait<1>();  // this thread's copies of the tile have landed
+    float(*tok)[kPostMixCols] = stage_s[tile % 2][warp];
+    // The post phase: token t0 + warp.
+    const int64_t t = t0 + warp;
+    Pack<4> out[kMaxHc] = {};
+    if (t < q.n) {
+      if (lane < q.hc) post_s[warp][lane] = q.post[t * q.hc + lane];
+      if (lane < q.hc * q.hc) C_s[warp][lane] = q.comb[t * q.hc * q.hc + lane];
+      __syncwarp();
+      if (live) {
+        Pack<4> streams[kMaxHc];
+#pragma unroll
+        for (int j = 0; j < kMaxHc; ++j)
+          if (j < q.hc) streams[j] = cuda::load_pack<4>(&tok[j][4 * lane]);
+        post_streams(cuda::load_pack<4>(&tok[kMaxHc][4 * lane]), streams, post_s[warp], C_s[warp], q.hc, q.bf16, out);
+        float* Xt = q.X + t * q.hc * q.D;
+#pragma unroll
+        for (int k = 0; k < kMaxHc; ++k)
+          if (k < q.hc) cuda::store_pack<4>(Xt + k * q.D + c, out[k]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kMaxHc; ++k) cuda::store_pack<4>(&tok[k][4 * lane], out[k]);
+    __syncthreads();  // the tile's X' is in shared memory
+    // The mix phase: this warp's rows over the tile's tokens (v[kFnRows]: row M), each token's X' read once.
+    float v[kFnRows + 1][kTile];
+#pragma unroll
+    for (int tt = 0; tt < kTile; ++tt) {
+      Pack<4> x[kMaxHc];
+#pragma unroll
+      for (int j = 0; j < kMaxHc; ++j) x[j] = cuda::load_pack<4>(&stage_s[tile % 2][tt][j][4 * lane]);
+#pragma unroll
+      for (int i = 0; i < kFnRows; ++i)
+        v[i][tt] = live && warp + kMixWarps * i < p.M ? post_mix_term(w, i, false, x, q.hc) : 0.0f;
+      v[kFnRows][tt] = live && squares ? post_mix_term(w, 0, true, x, q.hc) : 0.0f;
+    }
+    __syncthreads();  // every warp has read the stage before the next tile's copies refill it
+    const int64_t tt = lane / (32 / kTile);
+    const bool writes = lane % (32 / kTile) == 0 && t0 + tt < q.n;
+    float* partial = p.partial + (int64_t(blockIdx.x) * q.n + t0 + tt) * (p.M + 1);
+#pragma unroll
+    for (int i = 0; i < kFnRows; ++i) {
+      const int r = warp + kMixWarps * i;
+      if (r >= p.M) break;  // warp-uniform
+      const float total = warp_sums_transposed(v[i]);
+      if (writes) partial[r] = total;
+    }
+    if (squares) {
+      const float total = warp_sums_transposed(v[kFnRows]);
+      if (writes) partial[p.M] = total;
+    }
   }
 }
 
@@ -592,15 +726,30 @@ void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std:
     return static_cast<float*>(ops.workspace(cuda::kWsHcPartials, size_t(chunks * n * (M + 1)) * sizeof(float)));
   };
   if (pending) {
-    DSV4_ASSERT(vec_d && n <= kPostMixMaxTokens);
+    DSV4_ASSERT(vec_d);
     chunks = cuda::ceil_div(D, kPostMixCols);
     partial = partials();
-    const HcPostMixParams mix{*pending, fn, partial, int(M)};
-    const dim3 grid{unsigned(chunks), unsigned(n)}, block{kMixWarps * 32};
-    switch (rows_per_warp) {
-      case 1: cuda::launch_pdl(hc_post_mix_kernel<1>, grid, block, 0, ops.stream(), ops.pdl(), mix); break;
-      case 2: cuda::launch_pdl(hc_post_mix_kernel<2>, grid, block, 0, ops.stream(), ops.pdl(), mix); break;
-      default: cuda::launch_pdl(hc_post_mix_kernel<4>, grid, block, 0, ops.stream(), ops.pdl(), mix); break;
+    HcPostMixParams mix{*pending, fn, partial, int(M)};
+    const dim3 block{kMixWarps * 32};
+    if (n <= kPostMixMaxTokens) {
+      const dim3 grid{unsigned(chunks), unsigned(n)};
+      switch (rows_per_warp) {
+        case 1: cuda::launch_pdl(hc_post_mix_kernel<1>, grid, block, 0, ops.stream(), ops.pdl(), mix); break;
+        case 2: cuda::launch_pdl(hc_post_mix_kernel<2>, grid, block, 0, ops.stream(), ops.pdl(), mix); break;
+        default: cuda::launch_pdl(hc_post_mix_kernel<4>, grid, block, 0, ops.stream(), ops.pdl(), mix); break;
+      }
+    } else {
+      // Runs of tiles for one wave of kPostMixBlocksPerSm blocks an SM: fn is loaded once per block.
+      const int64_t tiles = cuda::ceil_div(n, int64_t(kPostMixTileTokens));
+      const int64_t runs = std::clamp<int64_t>(kPostMixBlocksPerSm * ops.props().multiProcessorCount / chunks, 1, tiles);
+      mix.tiles = int(cuda::ceil_div(tiles, runs));
+      DSV4_ASSERT(cuda::ceil_div(M, int64_t(kMixWarps)) <= 3);  // hc ≤ 4: M ≤ 24
+      const dim3 grid{unsigned(chunks), unsigned(cuda::ceil_div(tiles, int64_t(mix.tiles)))};
+      switch (cuda::ceil_div(M, kMixWarps)) {  // fn rows a warp
+        case 1: cuda::launch_pdl(hc_post_mix_tiled_kernel<1>, grid, block, 0, ops.stream(), ops.pdl(), mix); break;
+        case 2: cuda::launch_pdl(hc_post_mix_tiled_kernel<2>, grid, block, 0, ops.stream(), ops.pdl(), mix); break;
+        default: cuda::launch_pdl(hc_post_mix_tiled_kernel<3>, grid, block, 0, ops.stream(), ops.pdl(), mix); break;
+      }
     }
   } else {
     // Split K so that chunks × token tiles fills the GPU about twice (hc_mix_staged: kMixStagedBlocksPerSm
@@ -674,7 +823,7 @@ void CudaOps::hc_pre_norm(const float* X, const HcWeights& w, const std::vector<
   if (!norm_fuses(*this, "hc_pre_norm", X, gamma, dim, x, xn, post, comb, &g))
     return Ops::hc_pre_norm(X, w, gamma, n, dim, x, xn, post, comb, xnq);
   const DeferredPost d = deferred_post_;
-  if (d.n > 0 && d.X == X && d.n == n && n <= kPostMixMaxTokens && cuda::aligned16(d.f)) {
+  if (d.n > 0 && d.X == X && d.n == n && cuda::aligned16(d.f)) {
     deferred_post_ = {};  // launched here, by hc_post_mix
     const HcPostParams pending{d.f, d.post, d.comb, d.X, n, dim, int(config_.hc_mult), fast()};
     return hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn, &pending, xnq);
