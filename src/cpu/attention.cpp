@@ -154,7 +154,12 @@ void attend_fast(const float* q, const std::vector<const float*>& keys, float sc
 
 void CpuOps::attention(const AttentionParams& p) {
   DSV4_CHECK(!p.entries || p.ratio >= 1, "attention: compressed entries need ratio >= 1, got ", p.ratio);
+  DSV4_CHECK(!p.out_bf16 || fast(), "attention: a bf16 output outside fast numerics");
   const int64_t d = p.head_dim;
+  // A bf16 output is computed in fp32 here first, then rounded (after the derotation, as the GPU rounds it).
+  thread_local std::vector<float> staged;
+  if (p.out_bf16) staged.resize(size_t(p.n * p.heads * d));
+  float* const out_f32 = p.out_bf16 ? staged.data() : p.out;
 #pragma omp parallel for collapse(2) schedule(static) if (p.n * p.heads > 8)
   for (int64_t i = 0; i < p.n; ++i) {
     for (int64_t h = 0; h < p.heads; ++h) {
@@ -174,7 +179,7 @@ void CpuOps::attention(const AttentionParams& p) {
         for (int64_t e = 0; e < (t + 1) / p.ratio; ++e) keys.push_back(p.entries + e * d);
       }
       logit.resize(keys.size());
-      float* out = p.out + (i * p.heads + h) * d;
+      float* out = out_f32 + (i * p.heads + h) * d;
       std::fill(out, out + d, 0.0f);
       if (fast()) {
         attend_fast(q, keys, p.scale, p.sinks[h], d, logit.data(), out);
@@ -198,7 +203,9 @@ void CpuOps::attention(const AttentionParams& p) {
       for (int64_t c = 0; c < d; ++c) out[c] /= denom;
     }
   }
-  if (p.derotate) rope(p.out, p.n * p.heads, d, d - config_.rope_dim, p.heads, p.pos0, 1, p.rope, /*inverse=*/true);
+  if (p.derotate) rope(out_f32, p.n * p.heads, d, d - config_.rope_dim, p.heads, p.pos0, 1, p.rope, /*inverse=*/true);
+  if (p.out_bf16)
+    for (size_t i = 0; i < staged.size(); ++i) p.out_bf16[i] = f32_to_bf16(staged[i]);
 }
 
 }  // namespace dsv4

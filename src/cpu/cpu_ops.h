@@ -63,7 +63,8 @@ class CpuOps final : public Ops {
   void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
               const E4m3Rows* xq = nullptr) override;
   void lm_head(const float* x, const Weight& head, int64_t n, float* logits) override;
-  void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) override;
+  void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y,
+                      const Bf16Rows* xb = nullptr) override;
 
   void rms_norm(const float* x, const std::vector<float>* gamma, int64_t rows, int64_t dim, float* y,
                 E4m3Rows* yq = nullptr) override;

@@ -160,10 +160,17 @@ void CpuOps::linear_fast(const float* x, int64_t ldx, const Weight& w, int64_t n
 }
 
 // wo_a: a bf16 einsum in fast numerics (the FP8 weight dequantised to bf16 is exact), bf16 in and out.
-void CpuOps::linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) {
+void CpuOps::linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y,
+                            const Bf16Rows* xb) {
   const int64_t out_g = w.rows / groups, in_g = w.cols;
-  thread_local std::vector<float> rounded;
-  if (fast()) {
+  DSV4_CHECK(!xb || (fast() && xb->cols == groups * in_g && xb->rows >= n), "linear_grouped: bf16 rows [",
+             xb ? xb->rows : 0, ", ", xb ? xb->cols : 0, "] for ", n, " rows of ", groups * in_g);
+  thread_local std::vector<float> rounded;  // x as the product reads it: bf16 values
+  if (xb) {
+    rounded.resize(size_t(n * groups * in_g));
+    for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = bf16_to_f32(xb->data[i]);
+    x = rounded.data();
+  } else if (fast()) {
     rounded.assign(x, x + n * groups * in_g);
     round_bf16(rounded.data(), rounded.size());
     x = rounded.data();

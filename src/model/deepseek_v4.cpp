@@ -15,7 +15,8 @@ namespace dsv4 {
 
 namespace {
 
-// quantised: fast numerics, whose FP8 GEMMs read xn and the normed qr act_quant'ed by their producers.
+// quantised: fast numerics, whose FP8 GEMMs read xn and the normed qr act_quant'ed by their producers, and wo_a the
+// attention's output in bf16.
 Activations plan_activations(const ModelConfig& c, Ops& ops, int64_t n, bool several, bool quantised) {
   const auto f = [&](int64_t count) { return ops.alloc(size_t(n * count)); };
   Activations a;
@@ -45,6 +46,7 @@ Activations plan_activations(const ModelConfig& c, Ops& ops, int64_t n, bool sev
   if (several) a.logits_full = f(c.vocab_size);
   a.mtp_e = f(c.dim);
   a.mtp_h = f(c.hc_mult * c.dim);
+  if (quantised) a.ob = ops.alloc_bf16(n, c.n_heads * c.head_dim);
   return a;
 }
 
@@ -113,6 +115,8 @@ class DeepseekV4::Rank {
   void indexer_query(const IndexerWeights& w, int64_t n);
   void indexer(const IndexerWeights& w, size_t layer, bool mtp);
   void output_projection(const AttentionWeights& w, int64_t n);
+  // Whether a step of n rows hands the attention's output to wo_a as bf16 rows (Activations::ob).
+  bool attention_bf16(int64_t n) const { return act_.ob.data && ops_.bf16_rows_pay(n); }
   void moe(const LayerWeights& l, int64_t n);
   // Logits of the rows the batch asked for, on the device (returns how many rows).
   int64_t head(const HcHeadWeights& hc, const std::vector<float>& norm, std::span<const StepInput> batch, int64_t n);
@@ -419,6 +423,7 @@ void DeepseekV4::Rank::attention(const LayerWeights& l, size_t layer, bool mtp, 
     indexer(w.indexer, layer, mtp);
   }
   attention_batch_.clear();
+  const bool bf16_o = attention_bf16(n);
   for (const Span& s : spans_) {
     AttentionParams p;
     p.q = act_.q + s.row0 * H * d;
@@ -435,7 +440,8 @@ void DeepseekV4::Rank::attention(const LayerWeights& l, size_t layer, bool mtp, 
     p.heads = H;
     p.head_dim = d;
     p.scale = float(1.0 / std::sqrt(double(d)));
-    p.out = act_.o + s.row0 * H * d;
+    if (bf16_o) p.out_bf16 = act_.ob.data + s.row0 * H * d;
+    else p.out = act_.o + s.row0 * H * d;
     p.derotate = true;  // K = V carries RoPE: the output's rope channels turn back at the query position (§6.5)
     p.rope = rope;
     attention_batch_.push_back(p);
@@ -516,7 +522,8 @@ void DeepseekV4::Rank::indexer(const IndexerWeights& w, size_t layer, bool mtp) 
 // Grouped low-rank output projection (spec §6.6): o [n, H·d] → z [n, G·r_o] → sub_out [n, D].
 void DeepseekV4::Rank::output_projection(const AttentionWeights& w, int64_t n) {
   const ModelConfig& c = model_.config;
-  ops_.linear_grouped(act_.o, w.wo_a, c.o_groups, n, act_.z);
+  const bool bf16_o = attention_bf16(n);
+  ops_.linear_grouped(bf16_o ? nullptr : act_.o, w.wo_a, c.o_groups, n, act_.z, bf16_o ? &act_.ob : nullptr);
   ops_.linear(act_.z, c.o_groups * c.o_lora_rank, w.wo_b, n, act_.sub_out, c.dim);
   if (reduce_attention_) ops_.all_reduce(act_.sub_out, size_t(n * c.dim));  // each rank's heads' share
 }

@@ -31,6 +31,8 @@ struct Activations {
   float* q = nullptr;         // [n, H, d]
   float* kv = nullptr;        // [n, d]
   float* o = nullptr;         // [n, H, d]
+  Bf16Rows ob;                // [n, H, d] the attention's output in bf16, instead of o where the backend takes it
+                              // (fast numerics, Ops::bf16_rows_pay; data = nullptr otherwise)
   float* z = nullptr;         // [n, G·r_o]
   float* sub_out = nullptr;   // [n, D] attention or MoE output
   float* index_q = nullptr;   // [n, n_I, d_I]

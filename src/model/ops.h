@@ -3,7 +3,8 @@
 // reference (src/cpu) and the CUDA backend (src/cuda) implement it.
 //
 // All float pointers are backend memory obtained from alloc(); activations are fp32 row-major (bf16-valued in fast
-// numerics), and where an FP8 GEMM consumes them, also act_quant'ed (E4m3Rows).
+// numerics), and where an FP8 GEMM consumes them, also act_quant'ed (E4m3Rows); the attention's output reaches wo_a
+// as bf16 rows (Bf16Rows) where the backend says that pays.
 // Shape letters: n = tokens in the step, D = hidden, hc = residual streams, H = heads, d = head_dim.
 //
 // A batched step concatenates several sequences' rows. Matrix ops run once over all rows; the per-sequence ops
@@ -66,6 +67,16 @@ struct E4m3Rows {
   int64_t scale_ld = 0;      // rows rounded up to 4 (16-byte scale rows)
 };
 
+// Rows of bf16 values (fast numerics: DeepSeek's dtype between ops), as uint16 bit patterns: the typed seam's
+// second activation dtype (docs/design/fast-numerics.md §9). A producer asked for them writes them instead of its
+// fp32 output, and the consumer reads them instead of fp32 x — the attention's output into wo_a, where its fp32
+// round trip through memory cost more than the attention's own output. Backend memory from Ops::alloc_bf16.
+struct Bf16Rows {
+  uint16_t* data = nullptr;  // [rows, cols]
+  int64_t rows = 0;          // capacity
+  int64_t cols = 0;
+};
+
 // What a compressor does to an entry after pooling, norm and RoPE.
 enum class EntrySim : uint8_t { kNone, kFp8NoPe, kHadamardFp4 };
 
@@ -85,6 +96,7 @@ struct AttentionParams {
   int64_t pos0 = 0, n = 0, heads = 0, head_dim = 0;
   float scale = 0.0f;
   float* out = nullptr;            // [n, H, d]
+  uint16_t* out_bf16 = nullptr;    // fast numerics, where set: the output as bf16 here instead of out (then null)
   // K = V carries RoPE, so the output's last rope_dim channels are rotated back by the query position's
   // angle (spec §6.5) when set; part of the op so a backend can do it before the output leaves registers.
   bool derotate = false;
@@ -146,6 +158,10 @@ class Ops {
     q.codes = reinterpret_cast<uint8_t*>(alloc(size_t((rows * cols + 3) / 4)));
     q.scales = alloc(size_t(cols / 128 * q.scale_ld));
     return q;
+  }
+  // Room for `rows` bf16 rows of `cols` columns, in alloc() memory.
+  Bf16Rows alloc_bf16(int64_t rows, int64_t cols) {
+    return {reinterpret_cast<uint16_t*>(alloc(size_t((rows * cols + 1) / 2))), rows, cols};
   }
   virtual void fill(float* x, size_t count, float value) = 0;
   virtual void upload_i32(int32_t* dst, const int32_t* host, size_t count) = 0;
@@ -212,8 +228,13 @@ class Ops {
     linear(x, ldx, wa, n, ya, ldya, xq);
     linear(x, ldx, wb, n, yb, ldyb, xq);
   }
-  // Grouped projection: W is [G·out_g, in_g]; y[:, g·out_g ..] = x[:, g·in_g ..] · W_gᵀ. x [n, G·in_g].
-  virtual void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) = 0;
+  // Grouped projection: W is [G·out_g, in_g]; y[:, g·out_g ..] = x[:, g·in_g ..] · W_gᵀ. x [n, G·in_g]; or xb,
+  // where given, holds x as bf16 (rows ≥ n, cols = G·in_g; fast numerics) and x is null. bf16_rows_pay(n): whether
+  // a step of n rows should hand the attention's output to it as bf16 rather than fp32 (where this backend's
+  // product reads bf16 rows as they are; elsewhere they cost a widening pass).
+  virtual void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y,
+                              const Bf16Rows* xb = nullptr) = 0;
+  virtual bool bf16_rows_pay(int64_t n) const { return n > 0; }
 
   // ---- norm_rope
   // yq, where given: y's rows act_quant'ed as well (fast numerics; dim a multiple of 128).

@@ -198,6 +198,21 @@ void check_attention_batch(const std::vector<AttnCase>& cases, Numerics numerics
     on_cpu.push_back(pc);
   }
   cpu.attention(on_cpu);
+  if (fast) {  // the CPU writing bf16 (AttentionParams::out_bf16): its fp32 output rounded, after the derotation
+    std::vector<std::vector<uint16_t>> bits(cases.size());
+    std::vector<AttentionParams> as_bf16 = on_cpu;
+    for (size_t si = 0; si < cases.size(); ++si) {
+      bits[si].assign(seqs[si].want.size(), 0xFFFF);
+      as_bf16[si].out = nullptr;
+      as_bf16[si].out_bf16 = bits[si].data();
+    }
+    cpu.attention(as_bf16);
+    for (size_t si = 0; si < cases.size(); ++si) {
+      size_t unequal = 0;
+      for (size_t i = 0; i < bits[si].size(); ++i) unequal += bits[si][i] != f32_to_bf16(seqs[si].want[i]);
+      EXPECT_EQ(unequal, 0u) << cases[si].name << ": the CPU's bf16 outputs are not its fp32 call's values";
+    }
+  }
 
   CudaOps gpu(config);
   gpu.set_numerics(numerics);
@@ -252,6 +267,27 @@ void check_attention_batch(const std::vector<AttnCase>& cases, Numerics numerics
       const Diff dd = diff(got[si].data(), want.data(), got[si].size());
       std::printf("%-46s: max |diff| %.3g at %zu, cosine %.9f\n", what.c_str(), dd.max_abs, dd.worst, dd.cosine);
       EXPECT_TRUE(compare(got[si], want, kAttnTol, c.name));
+    }
+    if (fast) {  // the same call writing bf16 (AttentionParams::out_bf16): the same values, as bf16 bits
+      std::vector<AttentionParams> as_bf16 = on_gpu;
+      std::vector<Bf16Rows> rows;
+      for (size_t si = 0; si < cases.size(); ++si) {
+        const int64_t count = int64_t(seqs[si].want.size());
+        rows.push_back(gpu.alloc_bf16(cases[si].n, H * d));
+        poison(reinterpret_cast<float*>(rows.back().data), size_t(count / 2));
+        as_bf16[si].out = nullptr;
+        as_bf16[si].out_bf16 = rows.back().data;
+      }
+      if (splits == 0) gpu.attention(as_bf16);
+      else cuda::attention_split_kv(gpu, as_bf16, splits);
+      for (size_t si = 0; si < cases.size(); ++si) {
+        const std::vector<float> words = to_host(gpu, reinterpret_cast<float*>(rows[si].data), got[si].size() / 2);
+        std::vector<uint16_t> bits(got[si].size());
+        std::memcpy(bits.data(), words.data(), bits.size() * sizeof(uint16_t));
+        size_t unequal = 0;
+        for (size_t i = 0; i < bits.size(); ++i) unequal += bits[i] != f32_to_bf16(got[si][i]);
+        EXPECT_EQ(unequal, 0u) << cases[si].name << ": bf16 outputs that are not the fp32 call's values";
+      }
     }
     if (splits == 1 && cases.size() > 1) {
       for (size_t si = 0; si < cases.size(); ++si) {

@@ -179,9 +179,12 @@ class TeeOps final : public Ops {
     for (const auto& o : strided(yb, n, ldyb, wb.rows)) outs.push_back(o);
     check("linear_pair", tol(1e-4, 0x1p-7), outs);
   }
-  void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) override {
-    cpu_.linear_grouped(x, w, groups, n, y);
-    gpu_.linear_grouped(g(x), w, groups, n, g(y));
+  void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y,
+                      const Bf16Rows* xb) override {
+    cpu_.linear_grouped(x, w, groups, n, y, xb);
+    Bf16Rows gb;
+    if (xb) gb = {g(xb->data), xb->rows, xb->cols};
+    gpu_.linear_grouped(g(x), w, groups, n, g(y), xb ? &gb : nullptr);
     check("linear_grouped", tol(1e-4, 0x1p-7), {{y, size_t(n * w.rows)}});
   }
 
@@ -316,12 +319,16 @@ class TeeOps final : public Ops {
       q.entries = g(q.entries);
       q.selected = g(q.selected);
       q.out = g(q.out);
+      q.out_bf16 = g(q.out_bf16);
     }
     gpu_.attention(on_gpu);
     // Both backends round P against an integer maximum in base-2 units, so the same values whatever the
     // partition (src/cpu/attention.cpp, attend_fast): only summation order flips an output's rounding.
-    for (const AttentionParams& p : batch)
-      check("attention", tol(1e-4, 0x1p-6), {{p.out, size_t(p.n * p.heads * p.head_dim)}});
+    for (const AttentionParams& p : batch) {
+      const size_t count = size_t(p.n * p.heads * p.head_dim);
+      if (p.out_bf16) check_bf16("attention", tol(1e-4, 0x1p-6), p.out_bf16, count);
+      else check("attention", tol(1e-4, 0x1p-6), {{p.out, count}});
+    }
   }
 
   void moe(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) override {
@@ -413,12 +420,7 @@ class TeeOps final : public Ops {
   // Fast numerics also fail an op when more than max_flipped of its values are off by a bf16 step or more.
   void check(const std::string& op, double tolerance, const std::vector<Span>& outputs,
              double max_flipped = kFastMaxFlipped) {
-    OpStats& s = stats_[op];
-    const int64_t call = s.calls++;
-    double diff = 0.0, scale = 0.0;
-    std::vector<std::pair<float, float>> off;  // (cpu, cuda) of the values that differ
-    size_t total = 0;
-    bool nan_mismatch = false;
+    std::vector<float> want, have;
     for (const Span& o : outputs) {
       if (o.count == 0) continue;
       // A cache is read and rewritten as fp32 rows (write_cache quantises as the store does: lossless for
@@ -426,34 +428,60 @@ class TeeOps final : public Ops {
       const Region* r = region(o.cpu);
       const int64_t dim = r && r->cache_dim > 0 ? r->cache_dim : int64_t(o.count), rows = int64_t(o.count) / dim;
       float* twin = g(const_cast<float*>(o.cpu));
-      std::vector<float> got(o.count);
-      gpu_.read_cache(twin, rows, dim, got.data());
-      total += o.count;
-      for (size_t i = 0; i < o.count; ++i) {
-        const float want = o.cpu[i], have = got[i];
-        if (std::isfinite(want)) scale = std::max(scale, double(std::fabs(want)));
-        if (std::isnan(want) || std::isnan(have)) {
-          nan_mismatch |= std::isnan(want) != std::isnan(have);
-          continue;
-        }
-        if (want == have) continue;  // also equal infinities (empty compressor scores are −inf)
-        if (std::isinf(want) || std::isinf(have)) {
-          nan_mismatch = true;
-          continue;
-        }
-        diff = std::max(diff, double(std::fabs(have - want)));
-        off.emplace_back(want, have);
-      }
+      const size_t at = have.size();
+      have.resize(at + o.count);
+      gpu_.read_cache(twin, rows, dim, have.data() + at);
+      want.insert(want.end(), o.cpu, o.cpu + o.count);
       gpu_.write_cache(twin, rows, dim, o.cpu);
+    }
+    judge(op, tolerance, want, have, max_flipped);
+  }
+
+  // check() for bf16 rows (Bf16Rows, count values from cpu on): compared as values, then the CUDA bits made the
+  // CPU's. count is even (rows of H·d values).
+  void check_bf16(const std::string& op, double tolerance, const uint16_t* cpu, size_t count) {
+    std::vector<float> raw(count / 2), want(count), have(count);
+    float* twin = g(reinterpret_cast<float*>(const_cast<uint16_t*>(cpu)));
+    gpu_.read_cache(twin, 1, int64_t(raw.size()), raw.data());
+    const auto* bits = reinterpret_cast<const uint16_t*>(raw.data());
+    for (size_t i = 0; i < count; ++i) {
+      want[i] = bf16_to_f32(cpu[i]);
+      have[i] = bf16_to_f32(bits[i]);
+    }
+    gpu_.write_cache(twin, 1, int64_t(raw.size()), reinterpret_cast<const float*>(cpu));
+    judge(op, tolerance, want, have, kFastMaxFlipped);
+  }
+
+  // Records the error of the CUDA values `have` against the CPU's `want` (check's judgement).
+  void judge(const std::string& op, double tolerance, const std::vector<float>& want, const std::vector<float>& have,
+             double max_flipped) {
+    OpStats& s = stats_[op];
+    const int64_t call = s.calls++;
+    double diff = 0.0, scale = 0.0;
+    std::vector<std::pair<float, float>> off;  // (cpu, cuda) of the values that differ
+    bool nan_mismatch = false;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const float w = want[i], h = have[i];
+      if (std::isfinite(w)) scale = std::max(scale, double(std::fabs(w)));
+      if (std::isnan(w) || std::isnan(h)) {
+        nan_mismatch |= std::isnan(w) != std::isnan(h);
+        continue;
+      }
+      if (w == h) continue;  // also equal infinities (empty compressor scores are −inf)
+      if (std::isinf(w) || std::isinf(h)) {
+        nan_mismatch = true;
+        continue;
+      }
+      diff = std::max(diff, double(std::fabs(h - w)));
+      off.emplace_back(w, h);
     }
     const double err = nan_mismatch ? INFINITY : diff / std::max(scale, 1e-30);
     // A bf16 step is ≥ 2^-8 of a value; fp32 summation noise stays orders of magnitude below 2^-10.
     size_t flipped = 0;
-    for (const auto& [want, have] : off)
-      flipped += std::fabs(have - want) > std::max(0x1p-10 * std::fabs(want), 1e-6 * scale);
-    s.values += int64_t(total);
+    for (const auto& [w, h] : off) flipped += std::fabs(h - w) > std::max(0x1p-10 * std::fabs(w), 1e-6 * scale);
+    s.values += int64_t(want.size());
     s.flipped += int64_t(flipped);
-    const bool too_many = fast_ && tolerance > 0 && double(flipped) > max_flipped * double(total);
+    const bool too_many = fast_ && tolerance > 0 && double(flipped) > max_flipped * double(want.size());
     record(s, call, err, err > tolerance || too_many);
   }
 

@@ -503,6 +503,49 @@ TEST(CudaGemmTc, Fp8LinearReadsActQuantRows) {
 #endif
 }
 
+// linear_grouped reading x as bf16 rows (Bf16Rows: the attention's output into wo_a in fast numerics) gives bit for
+// bit what it gives from the same values in fp32: on the tensor cores from the rows as they are (n > 16, wo_a's
+// BF16 copy), and widened for the GEMV (n ≤ 16). An FP8 wo_a-like weight of 8 groups, and BF16 groups of 384.
+TEST(CudaGemmTc, GroupedLinearReadsBf16Rows) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  DSV4_REQUIRE_HOPPER();
+  ModelConfig config;
+  struct Shape {
+    DType dtype;
+    int64_t rows, cols, groups;
+  };
+  for (const Shape& sh : {Shape{DType::kF8E4M3, 8192, 4096, 8}, Shape{DType::kBF16, 768, 384, 2}})
+    for (int64_t n : {1, 5, 16, 17, 100, 512}) {
+      SCOPED_TRACE("[" + std::to_string(sh.rows) + ", " + std::to_string(sh.cols) + "] × " + std::to_string(sh.groups) +
+                   " groups, n " + std::to_string(n));
+      const int64_t K = sh.groups * sh.cols;
+      const HostWeight w = random_weight(sh.dtype, sh.rows, sh.cols, seed() + 41 + uint64_t(n));
+      CudaOps ops(config);
+      ops.set_numerics(Numerics::kFast);
+      ops.upload(w.w);
+      std::vector<float> x = random_matrix(n, K, seed() + 42 + uint64_t(n));
+      std::vector<uint16_t> bits(x.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        bits[i] = f32_to_bf16(x[i]);
+        x[i] = bf16_to_f32(bits[i]);
+      }
+      std::vector<float> words(bits.size() / 2);
+      std::memcpy(words.data(), bits.data(), bits.size() * sizeof(uint16_t));
+      const Bf16Rows xb{reinterpret_cast<uint16_t*>(upload_floats(ops, words)), n, K};
+      float* x_d = upload_floats(ops, x);
+      float *y_bf16 = ops.alloc(size_t(n * sh.rows)), *y_f32 = ops.alloc(size_t(n * sh.rows));
+      poison_on_stream(ops, y_bf16, size_t(n * sh.rows));
+      poison_on_stream(ops, y_f32, size_t(n * sh.rows));
+      ops.linear_grouped(nullptr, w.w, sh.groups, n, y_bf16, &xb);
+      ops.linear_grouped(x_d, w.w, sh.groups, n, y_f32);
+      const std::vector<float> got = to_host(ops, y_bf16, size_t(n * sh.rows));
+      for (float v : got) ASSERT_TRUE(std::isfinite(v));
+      EXPECT_EQ(std::memcmp(got.data(), to_host(ops, y_f32, got.size()).data(), got.size() * sizeof(float)), 0);
+    }
+#endif
+}
+
 // The same for the bf16 tensor-core GEMV: a compressor's wkv and wgate (BF16, fp32 outputs: linear_pair_f32).
 TEST(CudaGemmTc, Bf16GemvPairMatchesSingles) {
   DSV4_REQUIRE_GPU();

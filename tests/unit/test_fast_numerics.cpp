@@ -340,6 +340,57 @@ TEST(FastNumerics, ActQuantRowsFeedTheFp8Linear) {
   EXPECT_EQ(from_codes, self);
 }
 
+// The attention's output as bf16 rows into wo_a (Bf16Rows, fast numerics): attention writes its fp32 output's
+// values rounded to bf16 (after the derotation), and linear_grouped reads them as the same values in fp32 — bit
+// for bit. A sliding-window step of 3 queries × 2 heads of 64 channels, the last 16 rotated back.
+TEST(FastNumerics, AttentionFeedsWoAAsBf16Rows) {
+  ModelConfig config;
+  config.rope_dim = 16;
+  CpuOps ops(config);
+  ops.set_numerics(Numerics::kFast);
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> value(-2.0f, 2.0f);
+  const auto bf16_values = [&](size_t count) {
+    std::vector<float> v(count);
+    for (float& f : v) f = round_bf16(value(rng));
+    return v;
+  };
+  const int64_t n = 3, H = 2, d = 64, slots = 8, groups = 2;
+  const std::vector<float> q = bf16_values(size_t(n * H * d)), ring = bf16_values(size_t(slots * d));
+  const std::vector<float> sinks = {0.5f, -1.0f};
+  AttentionParams p;
+  p.q = q.data();
+  p.window = ring.data();
+  p.ring_slots = slots;
+  p.window_size = 4;
+  p.sinks = sinks.data();
+  p.pos0 = 5;
+  p.n = n;
+  p.heads = H;
+  p.head_dim = d;
+  p.scale = 0.125f;
+  p.derotate = true;
+  std::vector<float> out(size_t(n * H * d));
+  p.out = out.data();
+  ops.attention(std::span<const AttentionParams>(&p, 1));
+  std::vector<uint16_t> out_bits(out.size(), 0xFFFF);
+  p.out = nullptr;
+  p.out_bf16 = out_bits.data();
+  ops.attention(std::span<const AttentionParams>(&p, 1));
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out_bits[i], f32_to_bf16(out[i])) << i;
+
+  // wo_a-like: 2 groups of 64 inputs → 2 × 5 outputs, BF16 weights.
+  std::vector<uint16_t> wdata(size_t(2 * 5 * d));
+  for (uint16_t& b : wdata) b = f32_to_bf16(value(rng));
+  const Weight w{.dtype = DType::kBF16, .rows = 2 * 5, .cols = d, .data = reinterpret_cast<const uint8_t*>(wdata.data()),
+                 .row_stride = 2 * d};
+  const Bf16Rows ob{out_bits.data(), n, H * d};
+  std::vector<float> from_bits(size_t(n * 2 * 5)), from_f32(from_bits.size());
+  ops.linear_grouped(nullptr, w, groups, n, from_bits.data(), &ob);
+  ops.linear_grouped(out.data(), w, groups, n, from_f32.data());
+  EXPECT_EQ(from_bits, from_f32);
+}
+
 // FP4 e2m1, two codes a byte (low nibble first), a ue8m0 scale per row and 32 columns (routed experts); K is not
 // a multiple of 128, so the activations' last act_quant block is short.
 TEST(FastNumerics, Fp4LinearQuantisesActivationsAndRoundsOutput) {

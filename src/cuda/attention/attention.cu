@@ -220,12 +220,12 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(const __gri
       const float sink = softmax_unit(p.fast, p.sinks[head0 + head]), big = fmaxf(m, sink);
       const float keep = m == -INFINITY ? 0.0f : softmax_exp(p.fast, m - big);
       const float factor = keep / (l * keep + softmax_exp(p.fast, sink - big));
-      float4* out4 = reinterpret_cast<float4*>(sq.out + (i * p.heads + head0 + head) * p.head_dim);
+      const int64_t out = (i * p.heads + head0 + head) * p.head_dim;
       for (int r = 0; r < 2; ++r) {
         const int f = pv_col + 64 * r;
         if (f < d4)
-          out4[f] = output_column(p, rot_s, f, make_float4(acc[a][r].x * factor, acc[a][r].y * factor,
-                                                           acc[a][r].z * factor, acc[a][r].w * factor));
+          store_output(p, sq, out + 4 * f, output_column(p, rot_s, f, make_float4(acc[a][r].x * factor, acc[a][r].y * factor,
+                                                                              acc[a][r].z * factor, acc[a][r].w * factor)));
       }
     } else {
       const int64_t part = (int64_t(r) * p.splits + split) * p.heads + head0 + head;  // [rows, splits, H]
@@ -284,8 +284,8 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(const __g
   }
   if (f >= d4) return;
   const float inv = 1.0f / denom;
-  reinterpret_cast<float4*>(sq.out + (i * p.heads + h) * p.head_dim)[f] =
-      output_column(p, rot_s, f, make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv));
+  store_output(p, sq, (i * p.heads + h) * p.head_dim + 4 * f,
+               output_column(p, rot_s, f, make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv)));
 }
 
 size_t attn_smem_bytes(int64_t head_dim) {
@@ -366,13 +366,16 @@ const CacheLayout* check_sequence(const CudaOps& ops, const AttentionParams& p, 
              p.ring_slots, " slots cannot hold window ", p.window_size, " for a step of ", p.n, " tokens");
   DSV4_CHECK(!p.entries || p.ratio >= 1, "attention: compressed entries need ratio >= 1, got ", p.ratio);
   DSV4_CHECK(!p.entries || !p.selected || p.top_k >= 0, "attention: top_k ", p.top_k);
-  DSV4_CHECK(p.q && p.window && p.sinks && p.out, "attention: q, window, sinks and out are required");
-  DSV4_CHECK(aligned16(p.q) && aligned16(p.window) && aligned16(p.out) && (!p.entries || aligned16(p.entries)),
+  DSV4_CHECK(p.q && p.window && p.sinks && (p.out != nullptr) != (p.out_bf16 != nullptr),
+             "attention: q, window, sinks and one output (out or out_bf16) are required");
+  DSV4_CHECK(!p.out_bf16 || ops.fast(), "attention: a bf16 output outside fast numerics");
+  DSV4_CHECK(aligned16(p.q) && aligned16(p.window) && aligned16(p.out) && aligned16(p.out_bf16) &&
+                 (!p.entries || aligned16(p.entries)),
              "attention: q, window, entries and out must be 16-byte aligned");
   DSV4_CHECK(p.heads == first.heads && p.head_dim == first.head_dim && p.ring_slots == first.ring_slots &&
                  p.window_size == first.window_size && p.top_k == first.top_k && p.ratio == first.ratio &&
                  p.sinks == first.sinks && p.scale == first.scale && p.derotate == first.derotate &&
-                 p.rope == first.rope,
+                 p.rope == first.rope && (p.out_bf16 != nullptr) == (first.out_bf16 != nullptr),
              "attention: the sequences of one batch differ in more than their rows, positions and caches");
   DSV4_CHECK(p.n <= 65535, "attention: ", p.n, " query rows of one sequence in one step (at most 65535)");
   // The window and the entries are both compact (reference numerics) or both fp32.
@@ -425,6 +428,7 @@ void attention_split_kv(CudaOps& ops, std::span<const AttentionParams> batch, in
   k.keys_per_split = int(keys_per_split);
   k.scale = p0.scale;
   k.fast = ops.fast();
+  k.out_bf16 = p0.out_bf16 != nullptr;
   k.tc_heads = int(hb);
   if (p0.derotate) {
     const int64_t rope_dim = ops.config().rope_dim;
@@ -467,7 +471,8 @@ void attention_split_kv(CudaOps& ops, std::span<const AttentionParams> batch, in
   for (const AttentionParams& p : batch) {
     if (p.n == 0) continue;
     if (k.sequences == kMaxSequences || k.rows + p.n > max_rows) launch();
-    k.seq[k.sequences++] = {p.q, p.out, p.entries ? p.selected : nullptr, reinterpret_cast<const uint8_t*>(p.window),
+    void* out = p.out_bf16 ? static_cast<void*>(p.out_bf16) : static_cast<void*>(p.out);
+    k.seq[k.sequences++] = {p.q, out, p.entries ? p.selected : nullptr, reinterpret_cast<const uint8_t*>(p.window),
                             reinterpret_cast<const uint8_t*>(p.entries), p.pos0, k.rows, int32_t(p.n)};
     k.rows += int(p.n);
   }

@@ -23,7 +23,7 @@ constexpr int kMaxSequences = 64;  // per launch: the table stays within the 4 K
 // One sequence of a launch: its query rows are the launch's rows [row0, row0 + n).
 struct AttnSequence {
   const float* q;           // [n, H, d]
-  float* out;               // [n, H, d]
+  void* out;                // [n, H, d] fp32, or bf16 where AttnKernelParams::out_bf16
   const int32_t* selected;  // [n, top_k] or nullptr (HCA: every visible entry)
   const uint8_t* window;    // [ring_slots, d] fp32 rows, or a compact kFp8Kv cache (kv.format)
   const uint8_t* entries;   // [*, d] like the window, or nullptr (sliding layers)
@@ -44,6 +44,7 @@ struct AttnKernelParams {
   int rope_offset;          // a multiple of 4
   int tc_heads;             // heads per block of the tensor-core kernel: 16 or 64 (kTcHeads)
   bool fast;                // fast numerics: base-2 softmax, P·V with bf16 P, bf16 output (attention.cu's top)
+  bool out_bf16;            // the sequences' outputs are bf16 (AttentionParams::out_bf16), not fp32
   int sequences;
   AttnSequence seq[kMaxSequences];
 };
@@ -76,6 +77,35 @@ __device__ __forceinline__ float4 round_bf16_if4(bool fast, float4 v) {
 
 // The output's float4 column f, derotated with the table when asked (AttentionParams::derotate). Fast numerics:
 // the attention output is bf16, and the derotation (CpuOps::rope) rounds what it turns to bf16 again.
+// Output values at element offset `at` of the sequence's output (a multiple of N; N = 2 or 4): fp32, or bf16 (the
+// values are bf16 already: output_column rounds them in fast numerics, the only numerics that ask for bf16).
+template <int N>
+__device__ __forceinline__ void store_output_n(const AttnKernelParams& p, const AttnSequence& sq, int64_t at,
+                                               const float (&v)[N]) {
+  static_assert(N == 2 || N == 4, "pairs or quads");
+  if (p.out_bf16) {
+    uint32_t w[N / 2];
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+      const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+      w[k] = *reinterpret_cast<const uint32_t*>(&b);
+    }
+    uint16_t* out = static_cast<uint16_t*>(sq.out) + at;
+    if constexpr (N == 4) *reinterpret_cast<uint2*>(out) = make_uint2(w[0], w[1]);
+    else *reinterpret_cast<uint32_t*>(out) = w[0];
+  } else {
+    float* out = static_cast<float*>(sq.out) + at;
+    if constexpr (N == 4) *reinterpret_cast<float4*>(out) = make_float4(v[0], v[1], v[2], v[3]);
+    else *reinterpret_cast<float2*>(out) = make_float2(v[0], v[1]);
+  }
+}
+__device__ __forceinline__ void store_output(const AttnKernelParams& p, const AttnSequence& sq, int64_t at, float4 v) {
+  store_output_n<4>(p, sq, at, {v.x, v.y, v.z, v.w});
+}
+__device__ __forceinline__ void store_output(const AttnKernelParams& p, const AttnSequence& sq, int64_t at, float2 v) {
+  store_output_n<2>(p, sq, at, {v.x, v.y});
+}
+
 __device__ __forceinline__ float4 output_column(const AttnKernelParams& p, const float2* rot_s, int f, float4 v) {
   v = round_bf16_if4(p.fast, v);
   if (p.inv_freq && 4 * f >= p.rope_offset) {

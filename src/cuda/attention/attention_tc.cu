@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) attn_tc_kernel(const __grid_con
         const float sink = softmax_unit(true, p.sinks[head0 + head]), big = fmaxf(m, sink);
         const float keep = m == -INFINITY ? 0.0f : exp2f(m - big);
         const float factor = keep / (l * keep + exp2f(sink - big));
-        float* out = sq.out + (i * p.heads + head0 + head) * d;
+        const int64_t out = (i * p.heads + head0 + head) * d;
 #pragma unroll
         for (int nt = 0; nt < kNt; ++nt) {
           if (nt >= nt_count) break;
@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) attn_tc_kernel(const __grid_con
             x = round_bf16(x);
             y = round_bf16(y);
           }
-          *reinterpret_cast<float2*>(out + ch) = make_float2(x, y);
+          store_output(p, sq, out + ch, make_float2(x, y));
         }
       } else {
         const int64_t part = (int64_t(r) * p.splits + split) * p.heads + head0 + head;  // [rows, splits, H]

@@ -11,6 +11,7 @@
 
 #include "cuda/common/dequant.cuh"
 #include "cuda/common/check.h"
+#include "cuda/common/launch.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/gemm/gemm.h"
 #include "cuda/gemm/tc_gemm.h"
@@ -78,6 +79,19 @@ void dispatch_pair(const cuda::GemmParams& a, const cuda::GemmParams& b, CudaOps
   dispatch(b, ops);
 }
 
+// out[i] = the bf16 value of bits[i], for i < count. Launched under programmatic dependent launch: at decode it
+// sits between the attention and wo_a's GEMV, whose weight loads start before it ends.
+struct WidenParams {
+  const uint16_t* bits;
+  int64_t count;
+  float* out;
+};
+__global__ void widen_bf16_kernel(WidenParams p) {
+  cuda::pdl_wait();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < p.count) p.out[i] = __uint_as_float(uint32_t(p.bits[i]) << 16);
+}
+
 // W [rows, cols] in BF16, from any format (one thread per element; once per weight).
 __global__ void to_bf16_kernel(cuda::DeviceWeight w, __nv_bfloat16* out) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -133,11 +147,29 @@ void CudaOps::linear_pair_f32(const float* x, int64_t ldx, int64_t n, const Weig
   dispatch_pair(a, b, *this);
 }
 
-void CudaOps::linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y) {
-  cuda::GemmParams p = params(*this, x, groups * w.cols, w, n, y, w.rows, groups);
+void CudaOps::linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y,
+                             const Bf16Rows* xb) {
+  const int64_t K = groups * w.cols;
+  DSV4_CHECK(!xb || (fast() && xb->data && xb->cols == K && xb->rows >= n), "linear_grouped: bf16 rows [",
+             xb ? xb->rows : 0, ", ", xb ? xb->cols : 0, "] for ", n, " rows of ", K);
+  cuda::GemmParams p = params(*this, x, K, w, n, y, w.rows, groups);
   if (fast() && n > cuda::kGemvMaxRows && p.w.format == cuda::WFormat::kFP8 && props_.major == 9) p.w = bf16_copy(w);
+  if (xb && n > 0) {
+    // The tensor-core GEMM (dispatch's choice above kGemvMaxRows rows) reads bf16 x as it is (BF16 weights: wo_a's
+    // copy); the other paths read fp32.
+    if (n > cuda::kGemvMaxRows && p.w.format == cuda::WFormat::kBF16 && !p.quant_x && cuda::tc_covers(p, *this)) {
+      cuda::tc_gemm(p, {xb->data}, *this);
+      return;
+    }
+    auto* wide = static_cast<float*>(workspace(cuda::kWsGemmWidened, size_t(n * K) * sizeof(float)));
+    cuda::launch_pdl(widen_bf16_kernel, dim3(unsigned(cuda::ceil_div(n * K, int64_t(256)))), dim3(256), 0, stream_,
+                     pdl(), WidenParams{xb->data, n * K, wide});
+    p.x = wide;
+  }
   dispatch(p, *this);
 }
+
+bool CudaOps::bf16_rows_pay(int64_t n) const { return n > cuda::kGemvMaxRows && props_.major == 9; }
 
 const cuda::DeviceWeight& CudaOps::bf16_copy(const Weight& w) {
   const auto it = bf16_copies_.find(w.data);
