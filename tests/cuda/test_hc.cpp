@@ -139,6 +139,24 @@ DevicePreOutputs poisoned_outputs(CudaOps& ops, const Case& c, const PreOutputs&
           poisoned(ops, like.post.size(), 0), poisoned(ops, like.comb.size(), 0)};
 }
 
+// A sub-block boundary's inputs (fast numerics): hc_pre_norm's (uploaded) and a gain, then the previous sub-block's
+// output f and its coefficients post and comb for a deferred hc_post, on the host.
+struct PostStep {
+  PreInputs in;
+  std::vector<float> gamma, f, post, comb;
+};
+PostStep post_step(const Case& c, std::mt19937_64& rng, CudaOps& ops) {
+  PostStep s;
+  s.in = pre_inputs(c, rng, ops);
+  s.gamma = random_floats(size_t(c.dim), rng, 0.5f, 1.5f);
+  ops.upload(s.gamma);
+  settle();
+  s.f = random_floats(size_t(c.n * c.dim), rng);
+  s.post = random_floats(size_t(c.n * c.hc), rng, 0.0f, 2.0f);
+  s.comb = random_floats(size_t(c.n * c.hc * c.hc), rng);
+  return s;
+}
+
 // post and comb within kCoefTol, x within kCollapseTol; with a gain, xn the RMSNorm of the GPU's own x (the
 // CPU's rms_norm of it, to the norm's summation-order tolerance of test_norm_rope: 1e-6 absolute, 1e-5
 // relative).
@@ -211,21 +229,17 @@ TEST(CudaHc, HcPreNormWritesActQuantRows) {
   for (const Case& c : kCases) {
     if (c.dim % 128 != 0 || c.shift != 0) continue;  // act_quant blocks of 128 columns, aligned rows
     for (bool after_post : {false, true}) {
-      const ModelConfig cfg = hc_config(c.hc, c.dim);
-      CudaOps ops(cfg);
+      CudaOps ops(hc_config(c.hc, c.dim));
       ops.set_numerics(Numerics::kFast);
-      const PreInputs in = pre_inputs(c, rng, ops);
-      const std::vector<float> gamma = random_floats(size_t(c.dim), rng, 0.5f, 1.5f);
-      ops.upload(gamma);
-      settle();
+      const PostStep step = post_step(c, rng, ops);
+      const PreInputs& in = step.in;
+      const std::vector<float>& gamma = step.gamma;
       const PreOutputs like(c);
       const DevicePreOutputs got = poisoned_outputs(ops, c, like), plain = poisoned_outputs(ops, c, like);
       E4m3Rows q = poisoned_e4m3(ops, c.n + 3, c.dim);  // room for more rows than the step has
-      const auto f = random_floats(size_t(c.n * c.dim), rng);
-      const auto post = random_floats(like.post.size(), rng, 0.0f, 2.0f), comb = random_floats(like.comb.size(), rng);
       // Both calls the same way from the same streams (a fused hc_post_mix sums the mixes in other chunks than
       // hc_mix: its xn may differ in the last bit from an unfused call's).
-      const float *df = to_device(ops, f), *dpost = to_device(ops, post), *dcomb = to_device(ops, comb);
+      const float *df = to_device(ops, step.f), *dpost = to_device(ops, step.post), *dcomb = to_device(ops, step.comb);
       const auto run = [&](const DevicePreOutputs& out, E4m3Rows* xnq) {
         float* dX = to_device(ops, in.X);
         if (after_post) ops.hc_post(df, dpost, dcomb, c.n, dX);
@@ -338,17 +352,13 @@ TEST(CudaHc, HcPostMixTiledMatchesPerToken) {
   SCOPED_TRACE(seed());
   for (const Case& c : kCases) {
     if (c.n <= 8 || c.dim % 4 != 0 || c.shift != 0) continue;  // the tiled kernel's cases
-    const ModelConfig cfg = hc_config(c.hc, c.dim);
-    CudaOps ops(cfg);
+    CudaOps ops(hc_config(c.hc, c.dim));
     ops.set_numerics(Numerics::kFast);
-    const PreInputs in = pre_inputs(c, rng, ops);
-    const std::vector<float> gamma = random_floats(size_t(c.dim), rng, 0.5f, 1.5f);
-    ops.upload(gamma);
-    settle();
+    const PostStep step = post_step(c, rng, ops);
+    const PreInputs& in = step.in;
+    const std::vector<float>& gamma = step.gamma;
     const PreOutputs like(c);
-    const auto f = random_floats(size_t(c.n * c.dim), rng);
-    const auto post = random_floats(like.post.size(), rng, 0.0f, 2.0f), comb = random_floats(like.comb.size(), rng);
-    const float* df = to_device(ops, f);
+    const float* df = to_device(ops, step.f);
     // Each run from the same streams and coefficients, post and comb rewritten in place as the model does.
     struct Run {
       float* X;
@@ -356,8 +366,8 @@ TEST(CudaHc, HcPostMixTiledMatchesPerToken) {
     };
     const auto fresh = [&] {
       Run r{to_device(ops, in.X), poisoned_outputs(ops, c, like)};
-      r.out.post = to_device(ops, post);
-      r.out.comb = to_device(ops, comb);
+      r.out.post = to_device(ops, step.post);
+      r.out.comb = to_device(ops, step.comb);
       return r;
     };
     const Run tiled = fresh(), single = fresh();
