@@ -234,7 +234,10 @@ class Ops {
   // product reads bf16 rows as they are; elsewhere they cost a widening pass).
   virtual void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y,
                               const Bf16Rows* xb = nullptr) = 0;
-  virtual bool bf16_rows_pay(int64_t n) const { return n > 0; }
+  virtual bool bf16_rows_pay(int64_t n) const {
+    (void)n;
+    return true;
+  }
 
   // ---- norm_rope
   // yq, where given: y's rows act_quant'ed as well (fast numerics; dim a multiple of 128).

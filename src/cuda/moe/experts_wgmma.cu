@@ -4,7 +4,8 @@
 // as f16 operands of mma.sync: sm_90 has no e4m3 mma.sync, and the f16 one runs at a quarter of the e4m3 wgmma's
 // dense rate at best. CudaOps::moe takes this kernel from grouped_wgmma_min_pairs() pairs an expert on average
 // (moe_grouped.h): 0.88× the mma.sync kernel's time at 4096 tokens of V4-Flash, 1.31× at 512, where the instruction
-// issue that bounds both weighs more (docs/design/moe.md, "wgmma").
+// issue that bounds both weighs more (docs/design/moe.md, "wgmma"); below that, for the shared expert's FP8 tiles
+// beside small routed tiles, which have no FP4 decode to pay.
 //
 // Roles: the weights are wgmma's A, 64 rows a warpgroup, from registers: each warp decodes its 16-row tile's K
 // block to e4m3 (FP4 by prmt tables, FP8 as stored), lane (g, c) holding rows g, g + 8 at the k slots of its own
