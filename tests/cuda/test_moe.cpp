@@ -462,6 +462,30 @@ TEST(CudaMoe, FastGroupedOddTokenCounts) {
 #endif
 }
 
+// The wgmma kernels' cp.async ring (experts_wgmma.cu: kStages buffers of two K blocks) on a shape other than
+// V4's where a GEMM runs past its buffers: D = I = 1152 is 9 K blocks for up and for down, 5 stages over 4
+// buffers, the last one's second block absent. 33 and 130 pairs: tiles of 64 with 1–3 and 14–15 pairs an expert.
+TEST(CudaMoe, FastGroupedWgmmaRingWraps) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  SCOPED_TRACE(seed());
+  std::mt19937_64 rng(seed());
+  const Shape shape{1152, 1152, 9, 3, 1.0f, 1.5};
+  const Formats f{Fmt::kBF16, Fmt::kFP4, Fmt::kFP8};
+  const GroupedFrom forced(1);
+  const Wgmma kernels(true);
+  const SmallTilesUpTo tiles(0);  // the routed FP4 experts in tiles of 64 too
+  const HostMoe m(shape, f, false, 1000, rng());
+  CudaOps ops(m.config);
+  m.upload_to(ops);
+  for (int64_t n : {33, 130}) {
+    const int64_t before = cuda::moe::grouped_wgmma_launches();
+    check_step_fast(m, ops, n, rng, describe(shape, f, false) + " grouped, wgmma");
+    EXPECT_GT(cuda::moe::grouped_wgmma_launches(), before) << "n = " << n << ": the step did not run on wgmma";
+  }
+#endif
+}
+
 // Both sides of the default crossover (moe_grouped.h) on one layer: the item kernels below it, the grouped path
 // from it on, against the same oracle.
 TEST(CudaMoe, FastAcrossTheCrossover) {
