@@ -75,8 +75,6 @@ __device__ __forceinline__ float4 round_bf16_if4(bool fast, float4 v) {
                      round_bf16_if(fast, v.w));
 }
 
-// The output's float4 column f, derotated with the table when asked (AttentionParams::derotate). Fast numerics:
-// the attention output is bf16, and the derotation (CpuOps::rope) rounds what it turns to bf16 again.
 // Output values at element offset `at` of the sequence's output (a multiple of N; N = 2 or 4): fp32, or bf16 (the
 // values are bf16 already: output_column rounds them in fast numerics, the only numerics that ask for bf16).
 template <int N>
@@ -106,6 +104,8 @@ __device__ __forceinline__ void store_output(const AttnKernelParams& p, const At
   store_output_n<2>(p, sq, at, {v.x, v.y});
 }
 
+// The output's float4 column f, derotated with the table when asked (AttentionParams::derotate). Fast numerics:
+// the attention output is bf16, and the derotation (CpuOps::rope) rounds what it turns to bf16 again.
 __device__ __forceinline__ float4 output_column(const AttnKernelParams& p, const float2* rot_s, int f, float4 v) {
   v = round_bf16_if4(p.fast, v);
   if (p.inv_freq && 4 * f >= p.rope_offset) {
