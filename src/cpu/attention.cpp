@@ -155,7 +155,14 @@ void attend_fast(const float* q, const std::vector<const float*>& keys, float sc
 void CpuOps::attention(const AttentionParams& p) {
   DSV4_CHECK(!p.entries || p.ratio >= 1, "attention: compressed entries need ratio >= 1, got ", p.ratio);
   DSV4_CHECK(!p.out_bf16 || fast(), "attention: a bf16 output outside fast numerics");
+  DSV4_CHECK(!p.q_bf16 || (fast() && !p.q), "attention: bf16 query heads outside fast numerics, or beside fp32 ones");
   const int64_t d = p.head_dim;
+  thread_local std::vector<float> wide_q;  // bf16 query heads widened (exact)
+  if (p.q_bf16) {
+    wide_q.resize(size_t(p.n * p.heads * d));
+    for (size_t i = 0; i < wide_q.size(); ++i) wide_q[i] = bf16_to_f32(p.q_bf16[i]);
+  }
+  const float* const q_rows = p.q_bf16 ? wide_q.data() : p.q;
   // A bf16 output is computed in fp32 here first, then rounded (after the derotation, as the GPU rounds it).
   thread_local std::vector<float> staged;
   if (p.out_bf16) staged.resize(size_t(p.n * p.heads * d));
@@ -164,7 +171,7 @@ void CpuOps::attention(const AttentionParams& p) {
   for (int64_t i = 0; i < p.n; ++i) {
     for (int64_t h = 0; h < p.heads; ++h) {
       const int64_t t = p.pos0 + i;
-      const float* q = p.q + (i * p.heads + h) * d;
+      const float* q = q_rows + (i * p.heads + h) * d;
       thread_local std::vector<const float*> keys;
       thread_local std::vector<float> logit;
       keys.clear();

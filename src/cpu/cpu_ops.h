@@ -61,7 +61,7 @@ class CpuOps final : public Ops {
   void ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) override;
 
   void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
-              const E4m3Rows* xq = nullptr) override;
+              const E4m3Rows* xq = nullptr, Bf16Rows* yb = nullptr) override;
   void lm_head(const float* x, const Weight& head, int64_t n, float* logits) override;
   void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y,
                       const Bf16Rows* xb = nullptr) override;
@@ -70,6 +70,10 @@ class CpuOps final : public Ops {
                 E4m3Rows* yq = nullptr) override;
   void rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, int64_t rows_per_pos, int64_t pos0,
             int64_t pos_stride, RopeKind kind, bool inverse) override;
+
+  // bf16 query heads (QueryKvParams::q_bf16) widened, normed and rotated in fp32 as fp32 ones, then narrowed: the
+  // values are bf16 already (fast numerics round the norm and the rotation).
+  void query_kv_finish(std::span<const QueryKvParams> batch) override;
 
   void sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block) override;
   void hadamard_sim_fp4(float* x, int64_t rows, int64_t dim) override;

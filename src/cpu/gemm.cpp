@@ -92,12 +92,23 @@ void dequant_row(const Weight& w, int64_t r, float* out) {
 constexpr int64_t kParallelWork = 1 << 18;
 
 void CpuOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
-                    const E4m3Rows* xq) {
+                    const E4m3Rows* xq, Bf16Rows* yb) {
+  DSV4_CHECK(!yb || (fast() && w.dtype != DType::kF32 && !y && ldy == w.rows && yb->cols == w.rows && yb->rows >= n),
+             "linear: bf16 rows [", yb ? yb->rows : 0, ", ", yb ? yb->cols : 0, "] for ", n, " rows of [", w.rows, ", ",
+             w.cols, "] (fast numerics, bf16-rounding products only)");
+  // A bf16 output is the fast product's (bf16-valued) fp32 output, narrowed.
+  thread_local std::vector<float> staged;
+  if (yb) {
+    staged.resize(size_t(n * w.rows));
+    y = staged.data();
+  }
   // DeepSeek's linear() picks the arithmetic by the weight's dtype; fp32 weights stay fp32.
   if (fast() && w.dtype != DType::kF32)
     linear_fast(x, ldx, w, n, y, ldy, xq);
   else
     linear_f32(x, ldx, w, n, y, ldy);
+  if (yb)
+    for (size_t i = 0; i < staged.size(); ++i) yb->data[i] = f32_to_bf16(staged[i]);
 }
 
 void CpuOps::linear_f32(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "cpu/cpu_ops.h"
 
 namespace dsv4 {
@@ -60,8 +61,10 @@ void CpuOps::rms_norm(const float* x, const std::vector<float>* gamma, int64_t r
 }
 
 // DeepSeek's q *= torch.rsqrt(q.square().mean(-1, keepdim=True) + eps) on a bf16 q: every elementwise step
-// rounds to bf16; the mean accumulates in fp32 (fast-numerics.md §2.3, checklist step 5), here in rms_norm's
-// order (8 strided partial sums, then their tree), which the CUDA kernels reproduce.
+// rounds to bf16; the mean accumulates in fp32 (fast-numerics.md §2.3, checklist step 5) in an order PyTorch does
+// not fix. Here a warp's, which the CUDA kernels reproduce with all 32 lanes of a row: 32 partial sums, partial l
+// over channel pairs l, l + 32, l + 64, ... (channel 2q, then 2q + 1, of pair q), then a tree that adds partials 16
+// apart, then 8, 4, 2, 1 (norm_rope_row.cuh, row_inv_rms_bf16_warp).
 void CpuOps::rms_norm_bf16(const float* x, int64_t rows, int64_t dim, float* y) {
   const float eps = float(config_.norm_eps);
 #pragma omp parallel for schedule(static) if (rows > 64)
@@ -69,12 +72,15 @@ void CpuOps::rms_norm_bf16(const float* x, int64_t rows, int64_t dim, float* y) 
     const float* xr = x + r * dim;
     float* yr = y + r * dim;
     const auto square = [&](int64_t i) { return round_bf16(round_bf16(xr[i]) * round_bf16(xr[i])); };
-    float acc[8] = {};
-    int64_t i = 0;
-    for (; i + 8 <= dim; i += 8)
-      for (int k = 0; k < 8; ++k) acc[k] += square(i + k);
-    float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; i < dim; ++i) sum += square(i);
+    float acc[32] = {};
+    for (int64_t c = 0; c < dim; c += 2) {
+      float& a = acc[(c / 2) % 32];
+      a += square(c);
+      if (c + 1 < dim) a += square(c + 1);
+    }
+    for (int d = 16; d >= 1; d /= 2)
+      for (int l = 0; l < d; ++l) acc[l] += acc[l + d];
+    const float sum = acc[0];
     const float mean = round_bf16(sum / float(dim));
     const float inv = round_bf16(1.0f / std::sqrt(round_bf16(mean + eps)));
     for (int64_t j = 0; j < dim; ++j) yr[j] = round_bf16(round_bf16(xr[j]) * inv);
@@ -98,6 +104,24 @@ void CpuOps::rope(float* x, int64_t rows, int64_t row_stride, int64_t offset, in
       v[2 * i + 1] = a * s + b * c;
     }
     if (fast()) round_bf16(v, size_t(2 * pairs));  // apply_rotary_emb writes back into the bf16 tensor
+  }
+}
+
+void CpuOps::query_kv_finish(std::span<const QueryKvParams> batch) {
+  for (const QueryKvParams& p : batch) {
+    if (!p.q_bf16) {
+      Ops::query_kv_finish({&p, 1});
+      continue;
+    }
+    DSV4_CHECK(fast() && !p.q, "query_kv_finish: bf16 query heads outside fast numerics, or beside fp32 ones");
+    const size_t count = size_t(p.n * p.heads * p.dim);
+    std::vector<float>& wide = scratch(8, count);
+    for (size_t i = 0; i < count; ++i) wide[i] = bf16_to_f32(p.q_bf16[i]);
+    QueryKvParams f = p;
+    f.q = wide.data();
+    f.q_bf16 = nullptr;
+    Ops::query_kv_finish({&f, 1});
+    for (size_t i = 0; i < count; ++i) p.q_bf16[i] = f32_to_bf16(wide[i]);
   }
 }
 

@@ -46,7 +46,8 @@ enum WorkspaceSlot : int {
   kWsSampleInputs,          // sample_tokens: the rows' draws, edits and masks, one upload
   kWsSampleWork,            // sample_tokens: the edited copies of rows with edits
   kWsLogprobs,              // token_logprobs: the rows in, the normalisers, chosen and top logits out
-  kWsGemmWidened,           // linear_grouped: bf16 x widened to fp32 for the paths that read fp32
+  kWsGemmWidened,           // bf16 rows as fp32 for the paths that do not take bf16: linear_grouped's x, linear's
+                            // y before it is narrowed, the attention's q
 };
 
 // The storage of a cache from CudaOps::alloc_cache (layouts in attention/kv_cache.cuh).
@@ -115,7 +116,7 @@ class CudaOps final : public Ops {
   void ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) override;
 
   void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
-              const E4m3Rows* xq = nullptr) override;
+              const E4m3Rows* xq = nullptr, Bf16Rows* yb = nullptr) override;
   void linear_pair(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya, const Weight& wb,
                    float* yb, int64_t ldyb, const E4m3Rows* xq = nullptr) override;
   void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y,

@@ -15,8 +15,8 @@ namespace dsv4 {
 
 namespace {
 
-// quantised: fast numerics, whose FP8 GEMMs read xn and the normed qr act_quant'ed by their producers, and wo_a the
-// attention's output in bf16.
+// quantised: fast numerics, whose FP8 GEMMs read xn and the normed qr act_quant'ed by their producers, and whose
+// query heads and attention output may travel in bf16.
 Activations plan_activations(const ModelConfig& c, Ops& ops, int64_t n, bool several, bool quantised) {
   const auto f = [&](int64_t count) { return ops.alloc(size_t(n * count)); };
   Activations a;
@@ -48,7 +48,10 @@ Activations plan_activations(const ModelConfig& c, Ops& ops, int64_t n, bool sev
   a.mtp_h = f(c.hc_mult * c.dim);
   // Last: placed among the buffers above it moved decode time by 1–2% though decode never reads it (the cause is
   // not measured; docs/design/fast-numerics.md §9).
-  if (quantised) a.ob = ops.alloc_bf16(n, c.n_heads * c.head_dim);
+  if (quantised) {
+    a.ob = ops.alloc_bf16(n, c.n_heads * c.head_dim);
+    a.qb = ops.alloc_bf16(n, c.n_heads * c.head_dim);
+  }
   return a;
 }
 
@@ -112,12 +115,13 @@ class DeepseekV4::Rank {
   void hc_post(int64_t n);
   void attention(const LayerWeights& l, size_t layer, bool mtp, int64_t n);
   void query(const AttentionWeights& w, int64_t n);
-  void finish_query_key_value(const AttentionWeights& w, size_t layer, bool mtp, RopeKind rope);
+  void finish_query_key_value(const AttentionWeights& w, size_t layer, bool mtp, RopeKind rope, int64_t n);
   void compress(const CompressorWeights& w, size_t layer, bool mtp, CompressorState LayerState::*which, EntrySim sim);
   void indexer_query(const IndexerWeights& w, int64_t n);
   void indexer(const IndexerWeights& w, size_t layer, bool mtp);
   void output_projection(const AttentionWeights& w, int64_t n);
-  // Whether a step of n rows hands the attention's output to wo_a as bf16 rows (Activations::ob).
+  // Whether a step of n rows hands the query heads and the attention's output on as bf16 rows (Activations::qb,
+  // ::ob).
   bool attention_bf16(int64_t n) const { return act_.ob.data && ops_.bf16_rows_pay(n); }
   void moe(const LayerWeights& l, int64_t n);
   // Logits of the rows the batch asked for, on the device (returns how many rows).
@@ -417,7 +421,7 @@ void DeepseekV4::Rank::attention(const LayerWeights& l, size_t layer, bool mtp, 
   ops_.linear_pair(act_.xn, c.dim, n, w.wq_a, act_.qr, c.q_lora_rank, w.wkv, act_.kv, d,  // qr and kv of xn
                    planned(act_.xnq));
   query(w, n);
-  finish_query_key_value(w, layer, mtp, rope);
+  finish_query_key_value(w, layer, mtp, rope, n);
   if (l.attn_type != AttnType::kSliding)
     compress(w.compressor, layer, mtp, &LayerState::compressor, reference ? EntrySim::kFp8NoPe : EntrySim::kNone);
   if (l.attn_type == AttnType::kCsa) {
@@ -428,7 +432,8 @@ void DeepseekV4::Rank::attention(const LayerWeights& l, size_t layer, bool mtp, 
   const bool bf16_o = attention_bf16(n);
   for (const Span& s : spans_) {
     AttentionParams p;
-    p.q = act_.q + s.row0 * H * d;
+    if (bf16_o) p.q_bf16 = act_.qb.data + s.row0 * H * d;
+    else p.q = act_.q + s.row0 * H * d;
     p.window = layer_state(s, layer, mtp).window;
     p.ring_slots = s.sequence->ring_slots;
     p.window_size = c.window;
@@ -456,19 +461,29 @@ void DeepseekV4::Rank::attention(const LayerWeights& l, size_t layer, bool mtp, 
 void DeepseekV4::Rank::query(const AttentionWeights& w, int64_t n) {
   const ModelConfig& c = model_.config;
   ops_.rms_norm(act_.qr, &w.q_norm, n, c.q_lora_rank, act_.qr, planned(act_.qrq));
-  ops_.linear(act_.qr, c.q_lora_rank, w.wq_b, n, act_.q, c.n_heads * c.head_dim, planned(act_.qrq));
+  const bool bf16_q = attention_bf16(n);
+  ops_.linear(act_.qr, c.q_lora_rank, w.wq_b, n, bf16_q ? nullptr : act_.q, c.n_heads * c.head_dim, planned(act_.qrq),
+              bf16_q ? &act_.qb : nullptr);
 }
 
 // Per sequence: the query heads' RMS norm and RoPE on the last rope_dim channels, and the single shared K = V
 // head (kv = wkv · x, attention()) normed, rotated and stored in the sequence's sliding-window ring.
-void DeepseekV4::Rank::finish_query_key_value(const AttentionWeights& w, size_t layer, bool mtp, RopeKind rope) {
+void DeepseekV4::Rank::finish_query_key_value(const AttentionWeights& w, size_t layer, bool mtp, RopeKind rope,
+                                               int64_t n) {
   const ModelConfig& c = model_.config;
   const int64_t H = c.n_heads, d = c.head_dim;
+  const bool bf16_q = attention_bf16(n);
   query_kv_batch_.clear();
-  for (const Span& s : spans_)
-    query_kv_batch_.push_back({act_.q + s.row0 * H * d, H, act_.kv + s.row0 * d, &w.kv_norm, s.n, d, c.nope_dim(),
-                               s.pos0, rope, /*simulate=*/numerics_ != Numerics::kExact, s.sequence->ring_slots,
-                               layer_state(s, layer, mtp).window});
+  for (const Span& s : spans_) {
+    QueryKvParams p{act_.q + s.row0 * H * d, H, act_.kv + s.row0 * d, &w.kv_norm, s.n, d, c.nope_dim(),
+                    s.pos0, rope, /*simulate=*/numerics_ != Numerics::kExact, s.sequence->ring_slots,
+                    layer_state(s, layer, mtp).window};
+    if (bf16_q) {
+      p.q = nullptr;
+      p.q_bf16 = act_.qb.data + s.row0 * H * d;
+    }
+    query_kv_batch_.push_back(p);
+  }
   ops_.query_kv_finish(query_kv_batch_);
 }
 

@@ -29,6 +29,7 @@ struct Activations {
   float* qr = nullptr;        // [n, r_q]
   E4m3Rows qrq;               // [n, r_q] the normed qr act_quant'ed, as xnq
   float* q = nullptr;         // [n, H, d]
+  Bf16Rows qb;                // [n, H, d] the query heads in bf16, instead of q where the backend takes them (as ob)
   float* kv = nullptr;        // [n, d]
   float* o = nullptr;         // [n, H, d]
   Bf16Rows ob;                // [n, H, d] the attention's output in bf16, instead of o where the backend takes it

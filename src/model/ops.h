@@ -3,8 +3,8 @@
 // reference (src/cpu) and the CUDA backend (src/cuda) implement it.
 //
 // All float pointers are backend memory obtained from alloc(); activations are fp32 row-major (bf16-valued in fast
-// numerics), and where an FP8 GEMM consumes them, also act_quant'ed (E4m3Rows); the attention's output reaches wo_a
-// as bf16 rows (Bf16Rows) where the backend says that pays.
+// numerics), and where an FP8 GEMM consumes them, also act_quant'ed (E4m3Rows); the query heads (wq_b → query_kv_finish
+// → attention) and the attention's output (→ wo_a) travel as bf16 rows (Bf16Rows) where the backend says that pays.
 // Shape letters: n = tokens in the step, D = hidden, hc = residual streams, H = heads, d = head_dim.
 //
 // A batched step concatenates several sequences' rows. Matrix ops run once over all rows; the per-sequence ops
@@ -69,8 +69,9 @@ struct E4m3Rows {
 
 // Rows of bf16 values (fast numerics: DeepSeek's dtype between ops), as uint16 bit patterns: the typed seam's
 // second activation dtype (docs/design/fast-numerics.md §9). A producer asked for them writes them instead of its
-// fp32 output, and the consumer reads them instead of fp32 x — the attention's output into wo_a, where its fp32
-// round trip through memory cost more than the attention's own output. Backend memory from Ops::alloc_bf16.
+// fp32 output, and the consumer reads them instead of fp32 x — the query heads from wq_b through query_kv_finish
+// into the attention, and the attention's output into wo_a: at prefill their fp32 round trips through memory cost
+// more than the ops' own work. Backend memory from Ops::alloc_bf16.
 struct Bf16Rows {
   uint16_t* data = nullptr;  // [rows, cols]
   int64_t rows = 0;          // capacity
@@ -83,6 +84,7 @@ enum class EntrySim : uint8_t { kNone, kFp8NoPe, kHadamardFp4 };
 // One sequence's attention: its n query rows over its window ring and compressed entries.
 struct AttentionParams {
   const float* q = nullptr;        // [n, H, d], RoPE applied
+  const uint16_t* q_bf16 = nullptr;  // fast numerics, where set: q as bf16 instead (then q is null)
   const float* window = nullptr;   // ring [ring_slots, d], position p at slot p % ring_slots (a cache)
   int64_t ring_slots = 0;
   int64_t window_size = 0;         // keys max(0, t − window_size + 1) .. t
@@ -123,6 +125,7 @@ struct QueryKvParams {
   bool simulate = false;  // the FP8 simulation of channels [0, nope) (reference and fast numerics)
   int64_t slots = 0;      // the ring's slots
   float* ring = nullptr;  // the sliding-window KV ring, a cache
+  uint16_t* q_bf16 = nullptr;  // fast numerics, where set: the query heads as bf16, read and written so (q null)
 };
 
 // One sequence's rows of an Ops::rope_spans call: rows x .. x + rows·row_stride, row r at position
@@ -213,9 +216,11 @@ class Ops {
   virtual void ring_store(const float* x, int64_t n, int64_t cols, int64_t pos0, int64_t slots, float* ring) = 0;
 
   // ---- gemm: y[r, ldy] = x[r, ldx] · Wᵀ for r < n (W is [out, in] in checkpoint storage). xq, where given, holds
-  // x's rows act_quant'ed (rows ≥ n, cols = W's): a product that act_quants x reads them instead.
+  // x's rows act_quant'ed (rows ≥ n, cols = W's): a product that act_quants x reads them instead. yb, where given,
+  // takes y as bf16 rows instead (fast numerics, whose products round y to bf16; rows ≥ n, cols = W's rows = ldy;
+  // y is null).
   virtual void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
-                      const E4m3Rows* xq = nullptr) = 0;
+                      const E4m3Rows* xq = nullptr, Bf16Rows* yb = nullptr) = 0;
   // The LM head: logits [n, V] = x [n, D] · headᵀ. Its own entry because fast numerics keep it fp32 (the widened
   // bf16 weight, fp32 logits) where other bf16 projections round their output.
   virtual void lm_head(const float* x, const Weight& head, int64_t n, float* logits) {
@@ -230,8 +235,8 @@ class Ops {
   }
   // Grouped projection: W is [G·out_g, in_g]; y[:, g·out_g ..] = x[:, g·in_g ..] · W_gᵀ. x [n, G·in_g]; or xb,
   // where given, holds x as bf16 (rows ≥ n, cols = G·in_g; fast numerics) and x is null. bf16_rows_pay(n): whether
-  // a step of n rows should hand the attention's output to it as bf16 rather than fp32 (where this backend's
-  // product reads bf16 rows as they are; elsewhere they cost a widening pass).
+  // a step of n rows should hand the query heads and the attention's output on as bf16 rather than fp32 (where this
+  // backend's kernels read and write bf16 rows as they are; elsewhere they cost a widening or narrowing pass).
   virtual void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y,
                               const Bf16Rows* xb = nullptr) = 0;
   virtual bool bf16_rows_pay(int64_t n) const {
@@ -275,7 +280,8 @@ class Ops {
     ring_store(kv, n, dim, pos0, slots, ring);
   }
   // Each sequence's query heads normed (no gain) and rotated (norm_rope, heads rows per position), and its K = V
-  // rows kv_finish'ed: the two in one call, which a backend may fuse (neither reads the other).
+  // rows kv_finish'ed: the two in one call, which a backend may fuse (neither reads the other). This default
+  // composition takes fp32 query heads; a backend that plans bf16 ones (QueryKvParams::q_bf16) overrides it.
   virtual void query_kv_finish(std::span<const QueryKvParams> batch) {
     for (const QueryKvParams& p : batch) {
       norm_rope(p.q, nullptr, p.n * p.heads, p.dim, p.nope, p.heads, p.pos0, p.rope);

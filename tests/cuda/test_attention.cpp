@@ -198,11 +198,21 @@ void check_attention_batch(const std::vector<AttnCase>& cases, Numerics numerics
     on_cpu.push_back(pc);
   }
   cpu.attention(on_cpu);
-  if (fast) {  // the CPU writing bf16 (AttentionParams::out_bf16): its fp32 output rounded, after the derotation
-    std::vector<std::vector<uint16_t>> bits(cases.size());
+  // bf16 bits of bf16-valued rows (fast numerics' query heads).
+  const auto bf16_bits = [](const std::vector<float>& x) {
+    std::vector<uint16_t> bits(x.size());
+    for (size_t i = 0; i < x.size(); ++i) bits[i] = f32_to_bf16(x[i]);
+    return bits;
+  };
+  if (fast) {  // the CPU reading q and writing the output as bf16 (AttentionParams::q_bf16, out_bf16): its fp32
+               // output rounded, after the derotation
+    std::vector<std::vector<uint16_t>> bits(cases.size()), q_bits(cases.size());
     std::vector<AttentionParams> as_bf16 = on_cpu;
     for (size_t si = 0; si < cases.size(); ++si) {
       bits[si].assign(seqs[si].want.size(), 0xFFFF);
+      q_bits[si] = bf16_bits(seqs[si].q);
+      as_bf16[si].q = nullptr;
+      as_bf16[si].q_bf16 = q_bits[si].data();
       as_bf16[si].out = nullptr;
       as_bf16[si].out_bf16 = bits[si].data();
     }
@@ -268,7 +278,8 @@ void check_attention_batch(const std::vector<AttnCase>& cases, Numerics numerics
       std::printf("%-46s: max |diff| %.3g at %zu, cosine %.9f\n", what.c_str(), dd.max_abs, dd.worst, dd.cosine);
       EXPECT_TRUE(compare(got[si], want, kAttnTol, c.name));
     }
-    if (fast) {  // the same call writing bf16 (AttentionParams::out_bf16): the same values, as bf16 bits
+    if (fast) {  // the same call reading q and writing the output as bf16 (AttentionParams::q_bf16, out_bf16): the
+                 // same values, as bf16 bits
       std::vector<AttentionParams> as_bf16 = on_gpu;
       std::vector<Bf16Rows> rows;
       for (size_t si = 0; si < cases.size(); ++si) {
@@ -277,6 +288,11 @@ void check_attention_batch(const std::vector<AttnCase>& cases, Numerics numerics
         poison(reinterpret_cast<float*>(rows.back().data), size_t(count / 2));
         as_bf16[si].out = nullptr;
         as_bf16[si].out_bf16 = rows.back().data;
+        const std::vector<uint16_t> q_bits = bf16_bits(seqs[si].q);
+        std::vector<float> q_words(q_bits.size() / 2);
+        std::memcpy(q_words.data(), q_bits.data(), q_bits.size() * sizeof(uint16_t));
+        as_bf16[si].q = nullptr;
+        as_bf16[si].q_bf16 = reinterpret_cast<const uint16_t*>(to_device(gpu, q_words));
       }
       if (splits == 0) gpu.attention(as_bf16);
       else cuda::attention_split_kv(gpu, as_bf16, splits);

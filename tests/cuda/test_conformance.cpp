@@ -163,12 +163,15 @@ class TeeOps final : public Ops {
     check("ring_store", 0.0, {{ring, size_t(slots * cols)}});
   }
 
-  void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
-              const E4m3Rows* xq) override {
-    cpu_.linear(x, ldx, w, n, y, ldy, xq);
+  void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy, const E4m3Rows* xq,
+              Bf16Rows* yb) override {
+    cpu_.linear(x, ldx, w, n, y, ldy, xq, yb);
     const E4m3Rows gq = twin(xq);
-    gpu_.linear(g(x), ldx, w, n, g(y), ldy, xq ? &gq : nullptr);
-    check("linear", tol(1e-4, 0x1p-7), strided(y, n, ldy, w.rows));
+    Bf16Rows gb;
+    if (yb) gb = {g(yb->data), yb->rows, yb->cols};
+    gpu_.linear(g(x), ldx, w, n, g(y), ldy, xq ? &gq : nullptr, yb ? &gb : nullptr);
+    if (yb) check_bf16("linear", tol(1e-4, 0x1p-7), yb->data, size_t(n * w.rows));
+    else check("linear", tol(1e-4, 0x1p-7), strided(y, n, ldy, w.rows));
   }
   void linear_pair(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya, const Weight& wb,
                    float* yb, int64_t ldyb, const E4m3Rows* xq) override {
@@ -223,13 +226,20 @@ class TeeOps final : public Ops {
     std::vector<QueryKvParams> on_gpu(batch.begin(), batch.end());
     for (QueryKvParams& p : on_gpu) {
       p.q = g(p.q);
+      p.q_bf16 = g(p.q_bf16);
       p.kv = g(p.kv);
       p.ring = g(p.ring);
     }
     gpu_.query_kv_finish(on_gpu);
-    for (const QueryKvParams& p : batch)
-      check("query_kv_finish", tol(1e-5, 0x1p-3),
-            {{p.q, size_t(p.n * p.heads * p.dim)}, {p.ring, size_t(p.slots * p.dim)}});
+    for (const QueryKvParams& p : batch) {
+      const size_t q_count = size_t(p.n * p.heads * p.dim);
+      if (p.q_bf16) {
+        check_bf16("query_kv_finish_q", tol(1e-5, 0x1p-7), p.q_bf16, q_count);
+        check("query_kv_finish", tol(1e-5, 0x1p-3), {{p.ring, size_t(p.slots * p.dim)}});
+      } else {
+        check("query_kv_finish", tol(1e-5, 0x1p-3), {{p.q, q_count}, {p.ring, size_t(p.slots * p.dim)}});
+      }
+    }
   }
 
   void sim_fp8(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block) override {
@@ -315,6 +325,7 @@ class TeeOps final : public Ops {
     std::vector<AttentionParams> on_gpu(batch.begin(), batch.end());
     for (AttentionParams& q : on_gpu) {
       q.q = g(q.q);
+      q.q_bf16 = g(q.q_bf16);
       q.window = g(q.window);
       q.entries = g(q.entries);
       q.selected = g(q.selected);

@@ -546,6 +546,51 @@ TEST(CudaGemmTc, GroupedLinearReadsBf16Rows) {
 #endif
 }
 
+// linear writing y as bf16 rows (Bf16Rows: wq_b's query heads in fast numerics) gives the bf16 bits of what it
+// writes as fp32: from the tensor-core GEMM's epilogue (n > 16; wq_b's shape in one output tile pass, and an odd
+// one whose few tiles split K, so the split reduction writes them), and narrowed after the GEMVs (n ≤ 16). FP8
+// weights read x act_quant'ed, BF16 ones bf16; every bf16 written (poisoned before), none past n rows.
+TEST(CudaGemmTc, LinearWritesBf16Rows) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  DSV4_REQUIRE_HOPPER();
+  ModelConfig config;
+  struct Shape {
+    DType dtype;
+    int64_t rows, cols;
+  };
+  for (const Shape& sh : {Shape{DType::kF8E4M3, 32768, 1536}, Shape{DType::kF8E4M3, 258, 640}, Shape{DType::kBF16, 130, 384}})
+    for (int64_t n : {1, 5, 16, 17, 100, 512}) {
+      SCOPED_TRACE("[" + std::to_string(sh.rows) + ", " + std::to_string(sh.cols) + "] n " + std::to_string(n));
+      const HostWeight w = random_weight(sh.dtype, sh.rows, sh.cols, seed() + 51 + uint64_t(n));
+      CudaOps ops(config);
+      ops.set_numerics(Numerics::kFast);
+      ops.upload(w.w);
+      std::vector<float> x = random_matrix(n, sh.cols, seed() + 52 + uint64_t(n));
+      for (float& v : x) v = round_bf16(v);  // fast numerics hand linear bf16 values
+      float* x_d = upload_floats(ops, x);
+      const int64_t count = n * sh.rows;  // row n (room for it allocated) stays poisoned
+      Bf16Rows yb = ops.alloc_bf16(n + 1, sh.rows);
+      poison_on_stream(ops, reinterpret_cast<float*>(yb.data), size_t((n + 1) * sh.rows / 2));
+      float* y = ops.alloc(size_t(count));
+      poison_on_stream(ops, y, size_t(count));
+      ops.linear(x_d, sh.cols, w.w, n, nullptr, sh.rows, nullptr, &yb);
+      ops.linear(x_d, sh.cols, w.w, n, y, sh.rows);
+      const std::vector<float> want = to_host(ops, y, size_t(count));
+      const std::vector<float> words = to_host(ops, reinterpret_cast<float*>(yb.data), size_t((n + 1) * sh.rows / 2));
+      std::vector<uint16_t> bits(words.size() * 2);
+      std::memcpy(bits.data(), words.data(), words.size() * sizeof(float));
+      size_t unequal = 0;
+      for (int64_t i = 0; i < count; ++i) {
+        ASSERT_TRUE(std::isfinite(want[size_t(i)]));
+        unequal += bits[size_t(i)] != f32_to_bf16(want[size_t(i)]);
+      }
+      EXPECT_EQ(unequal, 0u) << "bf16 outputs that are not the fp32 call's values";
+      for (int64_t i = count; i < count + sh.rows; ++i) ASSERT_EQ(bits[size_t(i)], 0xFFFF) << "row n written at " << i;
+    }
+#endif
+}
+
 // The same for the bf16 tensor-core GEMV: a compressor's wkv and wgate (BF16, fp32 outputs: linear_pair_f32).
 TEST(CudaGemmTc, Bf16GemvPairMatchesSingles) {
   DSV4_REQUIRE_GPU();

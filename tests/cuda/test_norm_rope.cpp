@@ -344,6 +344,32 @@ TEST(CudaNormRope, QueryKvFinishMatchesCpu) {
     expect_rows_match(to_host(k.ops, dq, q.size()), q_cpu, c.n * c.heads, k.d, k.nope, what + " q",
                       fast ? Tolerance{0.0, 0x1p-7} : Tolerance{1e-6, 0.0});
     k.expect_rings_match(rings, what + " ring");
+    if (!fast) continue;
+    // The query heads as bf16 rows (QueryKvParams::q_bf16, fast numerics' prefill): the CPU's values from the same
+    // bf16 input, within the same bound; the ring as above.
+    Rings rings_b = k.random_rings();
+    std::vector<uint16_t> bits(q.size());
+    std::vector<float> qb_cpu(q.size());
+    for (size_t i = 0; i < q.size(); ++i) {
+      bits[i] = f32_to_bf16(q[i]);
+      qb_cpu[i] = bf16_to_f32(bits[i]);
+    }
+    std::vector<float> kvb_cpu = kv, words(bits.size() / 2);
+    std::memcpy(words.data(), bits.data(), bits.size() * sizeof(uint16_t));
+    QueryKvParams cpu_b{qb_cpu.data(), c.heads, kvb_cpu.data(), &k.gamma, c.n, k.d, k.nope, c.pos0,
+                        RopeKind::kPlain, true, k.slots, rings_b.host.data()};
+    k.cpu.query_kv_finish({&cpu_b, 1});
+    QueryKvParams gpu_b{nullptr, c.heads, to_device(k.ops, kv), &k.gamma, c.n, k.d, k.nope, c.pos0,
+                        RopeKind::kPlain, true, k.slots, rings_b.dev};
+    gpu_b.q_bf16 = reinterpret_cast<uint16_t*>(to_device(k.ops, words));
+    k.ops.query_kv_finish({&gpu_b, 1});
+    const std::vector<float> got_words = to_host(k.ops, reinterpret_cast<float*>(gpu_b.q_bf16), words.size());
+    std::vector<uint16_t> got_bits(bits.size());
+    std::memcpy(got_bits.data(), got_words.data(), got_bits.size() * sizeof(uint16_t));
+    std::vector<float> got(q.size());
+    for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_f32(got_bits[i]);
+    expect_rows_match(got, qb_cpu, c.n * c.heads, k.d, k.nope, what + " bf16 q", Tolerance{0.0, 0x1p-7});
+    k.expect_rings_match(rings_b, what + " bf16 q: ring");
   }
 #endif
 }

@@ -340,6 +340,25 @@ TEST(FastNumerics, ActQuantRowsFeedTheFp8Linear) {
   EXPECT_EQ(from_codes, self);
 }
 
+// A sliding-window attention step of n query rows at positions 5.. over a ring of `slots` rows, window 4, two
+// heads' sinks, the output's rope channels rotated back: the step the bf16-rows tests below run.
+AttentionParams sliding_step(const float* q, const float* ring, int64_t slots, int64_t n, int64_t heads, int64_t d) {
+  static const std::vector<float> sinks = {0.5f, -1.0f};
+  AttentionParams p;
+  p.q = q;
+  p.window = ring;
+  p.ring_slots = slots;
+  p.window_size = 4;
+  p.sinks = sinks.data();
+  p.pos0 = 5;
+  p.n = n;
+  p.heads = heads;
+  p.head_dim = d;
+  p.scale = 0.125f;
+  p.derotate = true;
+  return p;
+}
+
 // The attention's output as bf16 rows into wo_a (Bf16Rows, fast numerics): attention writes its fp32 output's
 // values rounded to bf16 (after the derotation), and linear_grouped reads them as the same values in fp32 — bit
 // for bit. A sliding-window step of 3 queries × 2 heads of 64 channels, the last 16 rotated back.
@@ -357,19 +376,7 @@ TEST(FastNumerics, AttentionFeedsWoAAsBf16Rows) {
   };
   const int64_t n = 3, H = 2, d = 64, slots = 8, groups = 2;
   const std::vector<float> q = bf16_values(size_t(n * H * d)), ring = bf16_values(size_t(slots * d));
-  const std::vector<float> sinks = {0.5f, -1.0f};
-  AttentionParams p;
-  p.q = q.data();
-  p.window = ring.data();
-  p.ring_slots = slots;
-  p.window_size = 4;
-  p.sinks = sinks.data();
-  p.pos0 = 5;
-  p.n = n;
-  p.heads = H;
-  p.head_dim = d;
-  p.scale = 0.125f;
-  p.derotate = true;
+  AttentionParams p = sliding_step(q.data(), ring.data(), slots, n, H, d);
   std::vector<float> out(size_t(n * H * d));
   p.out = out.data();
   ops.attention(std::span<const AttentionParams>(&p, 1));
@@ -389,6 +396,64 @@ TEST(FastNumerics, AttentionFeedsWoAAsBf16Rows) {
   ops.linear_grouped(nullptr, w, groups, n, from_bits.data(), &ob);
   ops.linear_grouped(out.data(), w, groups, n, from_f32.data());
   EXPECT_EQ(from_bits, from_f32);
+}
+
+// The query heads as bf16 rows (Bf16Rows, fast numerics' prefill): wq_b writes its output's bf16 bits,
+// query_kv_finish norms and rotates them in place to the bf16 bits of what it computes from the same values in
+// fp32, and the attention reads them as those values — bit for bit at each step. 3 tokens × 2 heads of 64
+// channels (the last 16 rotated) from an FP8 wq_b of K = 128.
+TEST(FastNumerics, QueryHeadsTravelAsBf16Rows) {
+  ModelConfig config;
+  config.rope_dim = 16;
+  CpuOps ops(config);
+  ops.set_numerics(Numerics::kFast);
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> value(-2.0f, 2.0f);
+  const int64_t n = 3, H = 2, d = 64, K = 128, slots = 8;
+  std::vector<float> x(size_t(n * K));
+  for (float& v : x) v = round_bf16(value(rng));
+  std::vector<uint8_t> data(size_t(H * d * K)), wscales(1, 127);
+  std::uniform_int_distribution<int> code(0, 255);
+  for (uint8_t& b : data) {
+    do b = uint8_t(code(rng));
+    while ((b & 0x7F) == 0x7F);
+  }
+  const Weight wq_b{.dtype = DType::kF8E4M3, .rows = H * d, .cols = K, .data = data.data(), .row_stride = K,
+                    .scale = wscales.data(), .scale_dtype = DType::kF8E8M0, .scale_block_rows = 128,
+                    .scale_block_cols = 128, .scale_stride = 1};
+  std::vector<float> q(size_t(n * H * d));
+  std::vector<uint16_t> q_bits(q.size(), 0xFFFF);
+  Bf16Rows qb{q_bits.data(), n, H * d};
+  ops.linear(x.data(), K, wq_b, n, q.data(), H * d);
+  ops.linear(x.data(), K, wq_b, n, nullptr, H * d, nullptr, &qb);
+  for (size_t i = 0; i < q.size(); ++i) ASSERT_EQ(q_bits[i], f32_to_bf16(q[i])) << "wq_b output " << i;
+
+  std::vector<float> gamma(static_cast<size_t>(d));
+  for (float& g : gamma) g = 0.5f + value(rng) / 4.0f;
+  std::vector<float> kv(size_t(n * d)), kv_b(kv.size()), ring(size_t(slots * d), 0.0f), ring_b = ring;
+  for (float& v : kv) v = round_bf16(value(rng));
+  kv_b = kv;
+  QueryKvParams fp32{q.data(), H, kv.data(), &gamma, n, d, d - config.rope_dim, 5, RopeKind::kPlain, true, slots,
+                     ring.data()};
+  QueryKvParams bf16 = fp32;
+  bf16.q = nullptr;
+  bf16.q_bf16 = q_bits.data();
+  bf16.kv = kv_b.data();
+  bf16.ring = ring_b.data();
+  ops.query_kv_finish({&fp32, 1});
+  ops.query_kv_finish({&bf16, 1});
+  for (size_t i = 0; i < q.size(); ++i) ASSERT_EQ(q_bits[i], f32_to_bf16(q[i])) << "normed query " << i;
+  EXPECT_EQ(ring_b, ring);
+
+  AttentionParams p = sliding_step(q.data(), ring.data(), slots, n, H, d);
+  std::vector<float> out(q.size()), out_b(q.size());
+  p.out = out.data();
+  ops.attention(std::span<const AttentionParams>(&p, 1));
+  p.q = nullptr;
+  p.q_bf16 = q_bits.data();
+  p.out = out_b.data();
+  ops.attention(std::span<const AttentionParams>(&p, 1));
+  EXPECT_EQ(out_b, out);
 }
 
 // FP4 e2m1, two codes a byte (low nibble first), a ue8m0 scale per row and 32 columns (routed experts); K is not

@@ -79,10 +79,20 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attn_split_kernel(const __gri
   if (p.splits == 1) derotation_table(p, t, rot_s);
   pdl_wait();
 
-  const float4* q4 = reinterpret_cast<const float4*>(sq.q + (i * p.heads + head0) * p.head_dim);
-  for (int x = tid; x < kHeadsPerBlock * d4; x += kAttnThreads) {
-    if (x / d4 < heads_here) cp_async16(q_s + x, q4 + x);
-    else q_s[x] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const int64_t q0 = (i * p.heads + head0) * p.head_dim;
+  if (p.q_bf16) {  // bf16 query heads widened (exact), 4 a thread
+    const uint2* q2 = reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(sq.q) + q0);
+    for (int x = tid; x < kHeadsPerBlock * d4; x += kAttnThreads) {
+      const uint2 v = x / d4 < heads_here ? q2[x] : make_uint2(0, 0);
+      q_s[x] = make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xFFFF0000u), __uint_as_float(v.y << 16),
+                           __uint_as_float(v.y & 0xFFFF0000u));
+    }
+  } else {
+    const float4* q4 = reinterpret_cast<const float4*>(static_cast<const float*>(sq.q) + q0);
+    for (int x = tid; x < kHeadsPerBlock * d4; x += kAttnThreads) {
+      if (x / d4 < heads_here) cp_async16(q_s + x, q4 + x);
+      else q_s[x] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
   }
   cp_async_commit();
   if (tid < kHeadsPerBlock) {
@@ -366,16 +376,18 @@ const CacheLayout* check_sequence(const CudaOps& ops, const AttentionParams& p, 
              p.ring_slots, " slots cannot hold window ", p.window_size, " for a step of ", p.n, " tokens");
   DSV4_CHECK(!p.entries || p.ratio >= 1, "attention: compressed entries need ratio >= 1, got ", p.ratio);
   DSV4_CHECK(!p.entries || !p.selected || p.top_k >= 0, "attention: top_k ", p.top_k);
-  DSV4_CHECK(p.q && p.window && p.sinks && (p.out != nullptr) != (p.out_bf16 != nullptr),
-             "attention: q, window, sinks and one output (out or out_bf16) are required");
-  DSV4_CHECK(!p.out_bf16 || ops.fast(), "attention: a bf16 output outside fast numerics");
+  DSV4_CHECK((p.q != nullptr) != (p.q_bf16 != nullptr) && p.window && p.sinks &&
+                 (p.out != nullptr) != (p.out_bf16 != nullptr),
+             "attention: one query (q or q_bf16), window, sinks and one output (out or out_bf16) are required");
+  DSV4_CHECK((!p.out_bf16 && !p.q_bf16) || ops.fast(), "attention: bf16 query heads or output outside fast numerics");
   DSV4_CHECK(aligned16(p.q) && aligned16(p.window) && aligned16(p.out) && aligned16(p.out_bf16) &&
-                 (!p.entries || aligned16(p.entries)),
-             "attention: q, window, entries and out must be 16-byte aligned");
+                 (!p.entries || aligned16(p.entries)) && reinterpret_cast<uintptr_t>(p.q_bf16) % 8 == 0,
+             "attention: q, window, entries and out must be 16-byte aligned, bf16 query heads 8-byte aligned");
   DSV4_CHECK(p.heads == first.heads && p.head_dim == first.head_dim && p.ring_slots == first.ring_slots &&
                  p.window_size == first.window_size && p.top_k == first.top_k && p.ratio == first.ratio &&
                  p.sinks == first.sinks && p.scale == first.scale && p.derotate == first.derotate &&
-                 p.rope == first.rope && (p.out_bf16 != nullptr) == (first.out_bf16 != nullptr),
+                 p.rope == first.rope && (p.out_bf16 != nullptr) == (first.out_bf16 != nullptr) &&
+                 (p.q_bf16 != nullptr) == (first.q_bf16 != nullptr),
              "attention: the sequences of one batch differ in more than their rows, positions and caches");
   DSV4_CHECK(p.n <= 65535, "attention: ", p.n, " query rows of one sequence in one step (at most 65535)");
   // The window and the entries are both compact (reference numerics) or both fp32.
@@ -397,16 +409,18 @@ void attention_split_kv(CudaOps& ops, std::span<const AttentionParams> batch, in
   if (batch.empty()) return;
   const AttentionParams& p0 = batch[0];
   const CacheLayout* layout = check_sequence(ops, p0, p0);
+  const bool tc = use_tc(ops, p0);
   for (const AttentionParams& p : batch) {
     const CacheLayout* l = check_sequence(ops, p, p0);
     DSV4_CHECK(!l == !layout && (!l || l->row_bytes == layout->row_bytes),
                "attention: the sequences of one batch must share a cache format");
+    DSV4_CHECK(!tc || aligned16(p.q_bf16), "attention: bf16 query heads for the tensor-core kernel must be 16-byte "
+               "aligned");  // its rows (d a multiple of 64) are then too
   }
   const int64_t rows_total = total_rows(batch);
   if (rows_total == 0) return;
 
   const int64_t keys = max_keys(batch);
-  const bool tc = use_tc(ops, p0);
   // The tensor-core kernel's splits hold whole tiles (its work comes in tiles; the rounding does not care).
   const int64_t align = tc ? kTcKeys : 1;
   const int64_t keys_per_split = std::max<int64_t>(1, ceil_div(ceil_div(keys, splits), align) * align);
@@ -429,6 +443,7 @@ void attention_split_kv(CudaOps& ops, std::span<const AttentionParams> batch, in
   k.scale = p0.scale;
   k.fast = ops.fast();
   k.out_bf16 = p0.out_bf16 != nullptr;
+  k.q_bf16 = p0.q_bf16 != nullptr;
   k.tc_heads = int(hb);
   if (p0.derotate) {
     const int64_t rope_dim = ops.config().rope_dim;
@@ -472,7 +487,8 @@ void attention_split_kv(CudaOps& ops, std::span<const AttentionParams> batch, in
     if (p.n == 0) continue;
     if (k.sequences == kMaxSequences || k.rows + p.n > max_rows) launch();
     void* out = p.out_bf16 ? static_cast<void*>(p.out_bf16) : static_cast<void*>(p.out);
-    k.seq[k.sequences++] = {p.q, out, p.entries ? p.selected : nullptr, reinterpret_cast<const uint8_t*>(p.window),
+    const void* q = p.q_bf16 ? static_cast<const void*>(p.q_bf16) : static_cast<const void*>(p.q);
+    k.seq[k.sequences++] = {q, out, p.entries ? p.selected : nullptr, reinterpret_cast<const uint8_t*>(p.window),
                             reinterpret_cast<const uint8_t*>(p.entries), p.pos0, k.rows, int32_t(p.n)};
     k.rows += int(p.n);
   }

@@ -22,7 +22,7 @@ constexpr int kMaxSequences = 64;  // per launch: the table stays within the 4 K
 
 // One sequence of a launch: its query rows are the launch's rows [row0, row0 + n).
 struct AttnSequence {
-  const float* q;           // [n, H, d]
+  const void* q;            // [n, H, d] fp32, or bf16 where AttnKernelParams::q_bf16
   void* out;                // [n, H, d] fp32, or bf16 where AttnKernelParams::out_bf16
   const int32_t* selected;  // [n, top_k] or nullptr (HCA: every visible entry)
   const uint8_t* window;    // [ring_slots, d] fp32 rows, or a compact kFp8Kv cache (kv.format)
@@ -45,6 +45,7 @@ struct AttnKernelParams {
   int tc_heads;             // heads per block of the tensor-core kernel: 16 or 64 (kTcHeads)
   bool fast;                // fast numerics: base-2 softmax, P·V with bf16 P, bf16 output (attention.cu's top)
   bool out_bf16;            // the sequences' outputs are bf16 (AttentionParams::out_bf16), not fp32
+  bool q_bf16;              // the sequences' query heads are bf16 (AttentionParams::q_bf16), not fp32
   int sequences;
   AttnSequence seq[kMaxSequences];
 };

@@ -104,12 +104,15 @@ __global__ void __launch_bounds__(kTcThreads, 1) attn_tc_kernel(const __grid_con
   };
   if (begin < end) issue(begin, 0);
 
-  // q (bf16-valued fp32) as bf16, exactly; heads past the last of the row tiles are zero rows.
+  // q as bf16: as it is, or from bf16-valued fp32 exactly; heads past the last of the row tiles are zero rows.
   for (int x = tid; x < 16 * mtiles * chunks; x += kTcThreads) {
     const int h = x / chunks, ch = x % chunks;
+    const int64_t at = (i * p.heads + head0 + h) * d + 8 * ch;
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (h < heads_here) {
-      const float4* src = reinterpret_cast<const float4*>(sq.q + (i * p.heads + head0 + h) * d + 8 * ch);
+    if (h < heads_here && p.q_bf16) {
+      v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(sq.q) + at);
+    } else if (h < heads_here) {
+      const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(sq.q) + at);
       const float4 a = src[0], b = src[1];
       v = make_uint4(bf16x2(a.x, a.y), bf16x2(a.z, a.w), bf16x2(b.x, b.y), bf16x2(b.z, b.w));
     }

@@ -103,10 +103,14 @@ constexpr int kMaxQueryKvSequences = 64;  // per launch: the table stays within 
 // keeps a block per row and its constants gathered before the wait.
 constexpr int64_t kQueryWarpMinTokens = 16;
 constexpr int kQueryWarpRows = kNormRopeThreads / 32;
+// bf16 query heads (fast numerics) go through registers (query_rows_bf16_warp), a warp kQueryRegisterRows rows of
+// mostly one position: its rotation's fp64 sin/cos once for them. At 512 tokens the fp32 rows' staged warp path
+// took 49 µs a layer (H200; 1190 instructions a row) for rows whose bf16 bytes take 16.
+constexpr int kQueryRegisterRows = 4;
 
 // One sequence of a query_kv_finish launch: its blocks are the launch's [block0, block0 + n·heads + n − first).
 struct QueryKvSequence {
-  float* q;         // [n, heads, dim], normed and rotated in place
+  void* q;          // [n, heads, dim], normed and rotated in place: fp32, or bf16 (QueryKvFinishParams::q_bf16)
   const float* kv;  // [n, dim]
   uint8_t* ring;    // [slots, row_bytes]
   int64_t pos0;
@@ -119,14 +123,15 @@ struct QueryKvFinishParams {
   CacheLayout layout;  // kFp8Kv, dim channels
   int64_t heads, slots;
   int sequences;
-  int query_rows;  // query rows a block: 1 or kQueryWarpRows
+  int query_rows;  // query rows a block: 1, kQueryWarpRows, or kQueryWarpRows · kQueryRegisterRows (q_bf16)
+  bool q_bf16;     // every sequence's query heads are bf16 (QueryKvParams::q_bf16): query_rows_bf16_warp
   QueryKvSequence seq[kMaxQueryKvSequences];
 };
 static_assert(sizeof(QueryKvFinishParams) <= 4096, "query_kv_finish: the kernel parameters exceed 4 KB");
 
 // query_kv_finish over a batch of sequences: per sequence, ceil(n·heads / query_rows) blocks norm and rotate
-// query_rows query head rows each (norm_rope; one a warp when query_rows > 1), then n − first blocks finish a
-// K = V row each (kv_finish_row). One launch for the two and for every sequence: at decode each is a short chain
+// query_rows query head rows each (norm_rope; one a warp when query_rows > 1; bf16 rows kQueryRegisterRows a warp
+// in registers), then n − first blocks finish a K = V row each (kv_finish_row). One launch for the two and for every sequence: at decode each is a short chain
 // after a PDL wait.
 __global__ void __launch_bounds__(kNormRopeThreads) query_kv_finish_kernel(const __grid_constant__ QueryKvFinishParams p) {
   extern __shared__ float row_s[];  // [query_rows, dim]
@@ -134,12 +139,19 @@ __global__ void __launch_bounds__(kNormRopeThreads) query_kv_finish_kernel(const
   const int64_t b = int64_t(blockIdx.x) - sq.block0, q_rows = int64_t(sq.n) * p.heads;
   const int64_t q_blocks = (q_rows + p.query_rows - 1) / p.query_rows;
   const bool query = b < q_blocks;  // block-uniform
+  if (query && p.q_bf16) {
+    const int64_t first = b * p.query_rows + int64_t(threadIdx.x / 32) * kQueryRegisterRows;
+    pdl_wait();
+    query_rows_bf16_warp(p.q_norm, static_cast<uint32_t*>(sq.q), first, min(first + kQueryRegisterRows, q_rows),
+                         p.heads, sq.pos0);
+    return;
+  }
   if (query && p.query_rows > 1) {
     const int warp = int(threadIdx.x / 32);
     const int64_t i = b * p.query_rows + warp;
     pdl_wait();
     if (i >= q_rows) return;  // warp-uniform
-    float* x = sq.q + i * p.q_norm.dim;
+    float* x = static_cast<float*>(sq.q) + i * p.q_norm.dim;
     norm_rope_row_warp(p.q_norm, x, sq.pos0 + i / p.heads, row_s + warp * p.q_norm.dim, x);
     return;
   }
@@ -148,7 +160,7 @@ __global__ void __launch_bounds__(kNormRopeThreads) query_kv_finish_kernel(const
   const NormRopeRowConsts consts = norm_rope_row_consts(query ? p.q_norm : p.kv_norm, pos);
   pdl_wait();
   if (query) {
-    float* x = sq.q + i * p.q_norm.dim;
+    float* x = static_cast<float*>(sq.q) + i * p.q_norm.dim;
     norm_rope_row(p.q_norm, consts, x, pos, row_s, x);
   } else {
     const KvFinishParams kv{sq.kv, p.kv_norm, sq.first, sq.pos0, p.layout, sq.ring, p.slots};
@@ -232,10 +244,14 @@ void CudaOps::query_kv_finish(std::span<const QueryKvParams> batch) {
   for (const QueryKvParams& b : batch)
     if (b.n >= cuda::kQueryWarpMinTokens && b.dim * cuda::kQueryWarpRows <= cuda::kNormRopeMaxDim)
       k.query_rows = cuda::kQueryWarpRows;  // the warps' rows in the dynamic shared memory of one
+  const QueryKvParams& b0 = batch[0];
+  if (b0.q_bf16) k.query_rows = cuda::kQueryWarpRows * cuda::kQueryRegisterRows;
+  // Shared memory: the staged query rows, or one K = V row (kv_finish_row).
+  const size_t smem = size_t(b0.q_bf16 ? 1 : k.query_rows) * size_t(b0.dim) * sizeof(float);
   const auto launch = [&] {
     if (blocks > 0)
-      cuda::launch_pdl(cuda::query_kv_finish_kernel, dim3(unsigned(blocks)), dim3(cuda::kNormRopeThreads),
-                       size_t(k.query_rows * k.q_norm.dim) * sizeof(float), stream_, pdl(), k);
+      cuda::launch_pdl(cuda::query_kv_finish_kernel, dim3(unsigned(blocks)), dim3(cuda::kNormRopeThreads), smem,
+                       stream_, pdl(), k);
     blocks = 0;
     k.sequences = 0;
   };
@@ -243,9 +259,17 @@ void CudaOps::query_kv_finish(std::span<const QueryKvParams> batch) {
     const auto kv_p = cuda::fused_kv_finish(*this, b.kv, *b.kv_gamma, b.n, b.dim, b.nope, b.pos0, b.rope, b.simulate,
                                             b.slots, b.ring);
     if (!kv_p) {  // an fp32 ring (exact numerics): the default composition
+      DSV4_CHECK(!b.q_bf16, "query_kv_finish: bf16 query heads beside an fp32 window ring");
       Ops::query_kv_finish({&b, 1});
       continue;
     }
+    DSV4_CHECK((b.q != nullptr) != (b.q_bf16 != nullptr) && (!b.q_bf16 || fast()),
+               "query_kv_finish: the query heads as fp32 or (fast numerics) bf16, one of the two");
+    DSV4_CHECK(!b.q_bf16 || (b.dim % 64 == 0 && b.dim <= 64 * cuda::kWarpRowWords &&
+                             b.dim / 64 - b.nope / 64 <= cuda::kRopeWords),
+               "query_kv_finish: bf16 query heads of ", b.dim, " channels, ", b.dim - b.nope, " of them rotated (whole "
+               "64-channel words, at most ", 64 * cuda::kWarpRowWords, "; the rotated ones in ", cuda::kRopeWords,
+               " words)");
     DSV4_CHECK(b.heads >= 1 && b.n * b.heads + b.n <= int64_t(INT32_MAX) / 2, "query_kv_finish: ", b.n, " rows of ",
                b.heads, " query heads");
     if (!first_kv) {
@@ -255,15 +279,17 @@ void CudaOps::query_kv_finish(std::span<const QueryKvParams> batch) {
       k.layout = kv_p->layout;
       k.heads = b.heads;
       k.slots = b.slots;
+      k.q_bf16 = b.q_bf16 != nullptr;
     }
     DSV4_CHECK(b.heads == k.heads && b.slots == k.slots && b.dim == k.q_norm.dim && b.nope == k.q_norm.offset &&
                    kv_p->norm.gamma == k.kv_norm.gamma && kv_p->norm.inv_freq == k.kv_norm.inv_freq &&
-                   kv_p->layout.row_bytes == k.layout.row_bytes,
+                   kv_p->layout.row_bytes == k.layout.row_bytes && (b.q_bf16 != nullptr) == k.q_bf16,
                "query_kv_finish: the sequences of one batch differ in more than their rows, positions and caches");
     const int64_t seq_blocks = cuda::ceil_div(b.n * b.heads, k.query_rows) + (b.n - kv_p->first);
     if (seq_blocks == 0) continue;
     if (k.sequences == cuda::kMaxQueryKvSequences || blocks + seq_blocks > int64_t(INT32_MAX) / 2) launch();
-    k.seq[k.sequences++] = {b.q, b.kv, kv_p->ring, b.pos0, int32_t(b.n), int32_t(kv_p->first), int32_t(blocks)};
+    void* const q = b.q_bf16 ? static_cast<void*>(b.q_bf16) : static_cast<void*>(b.q);
+    k.seq[k.sequences++] = {q, b.kv, kv_p->ring, b.pos0, int32_t(b.n), int32_t(kv_p->first), int32_t(blocks)};
     blocks += seq_blocks;
   }
   launch();

@@ -42,6 +42,9 @@ struct GemmParams {
   const uint8_t* x_codes = nullptr;
   const float* x_scales = nullptr;
   int64_t x_scale_ld = 0;
+  // With bf16_out, y as bf16 rows here instead (y null; model/ops.h's Bf16Rows): the tensor-core GEMM's epilogue
+  // writes them. CudaOps::linear sends only calls that take that path.
+  uint16_t* y_bf16 = nullptr;
 };
 
 constexpr int64_t kGemvMaxRows = 16;

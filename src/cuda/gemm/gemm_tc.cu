@@ -86,6 +86,7 @@ struct TcParams {
   int m_tiles, n_tiles;    // tiles along n and along one group's output columns
   int tiles;               // m_tiles · n_tiles · groups · splits; tile t = m + m_tiles·(nt + n_tiles·(group·splits + split))
   float* out;              // [n, ld_out] y itself, or [splits][n, ld_out] partial tiles when splits > 1
+  uint16_t* out_bf16;      // instead of out, where set (no split, fast numerics): y as bf16 (GemmParams::y_bf16)
   int64_t ld_out;          // even
   int64_t split_stride;    // elements between partial planes (0 when splits == 1)
   const float* w_scale;    // FP8: [ceil(N / 128), w_scale_cols] weight block scales
@@ -125,20 +126,27 @@ __device__ __forceinline__ Tile tile_at(const TcParams& p, int t) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 // Writes this thread's accumulator fragment (tc_wgmma.cuh layout) of the tile at (row0, col0 within the
-// group), clipping rows to n and columns to the group's width.
+// group), whose first element is `base` elements into the output, clipping rows to n and columns to the group's
+// width.
 template <class T>
-__device__ __forceinline__ void store_fragment(const float (&v)[T::kBlockN / 2], const TcParams& p, float* out,
+__device__ __forceinline__ void store_fragment(const float (&v)[T::kBlockN / 2], const TcParams& p, int64_t base,
                                                int row, int col) {
 #pragma unroll
   for (int j = 0; j < T::kBlockN / 8; ++j) {
     const int c = col + 8 * j;
     if (c >= p.out_per_group) break;  // out_per_group is even: c + 1 is inside whenever c is
-    const auto pair = [&](float a, float b) {
-      return make_float2(round_bf16_if(p.round_out, a), round_bf16_if(p.round_out, b));
+    const auto put = [&](int r, float a, float b) {
+      if (r >= p.n) return;
+      const int64_t at = base + int64_t(r) * p.ld_out + c;
+      if (p.out_bf16) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        *reinterpret_cast<__nv_bfloat162*>(p.out_bf16 + at) = h;
+      } else {
+        *reinterpret_cast<float2*>(p.out + at) = make_float2(round_bf16_if(p.round_out, a), round_bf16_if(p.round_out, b));
+      }
     };
-    if (row < p.n) *reinterpret_cast<float2*>(out + int64_t(row) * p.ld_out + c) = pair(v[4 * j], v[4 * j + 1]);
-    if (row + 8 < p.n)
-      *reinterpret_cast<float2*>(out + int64_t(row + 8) * p.ld_out + c) = pair(v[4 * j + 2], v[4 * j + 3]);
+    put(row, v[4 * j], v[4 * j + 1]);
+    put(row + 8, v[4 * j + 2], v[4 * j + 3]);
   }
 }
 
@@ -225,12 +233,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   float acc[T::kBlockN / 2];
   // FP8: a tile's total is stored after the next tile's first wgmmas are issued, so the stores overlap them.
   float total[T::kBlockN / 2];
-  float* stored_out = nullptr;  // the tile whose total waits to be stored (nullptr: none)
+  int64_t stored_out = -1;  // where the tile whose total waits to be stored starts (−1: none)
   int stored_row = 0, stored_col = 0;
   for (int t = int(blockIdx.x); t < p.tiles; t += int(gridDim.x)) {
     const Tile tile = tile_at<T>(p, t);
     const int row = tile.row0 + fragment_row, col = tile.col0 + fragment_col;
-    float* const out = p.out + tile.split * p.split_stride + int64_t(tile.group) * p.out_per_group;
+    const int64_t out = tile.split * p.split_stride + int64_t(tile.group) * p.out_per_group;
     if constexpr (!T::kFp8) {
       for (int i = 0; i < tile.slices; ++i, ++used) {
         const int s = used % T::kStages;
@@ -294,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int u = 0; u < kScaleAhead; ++u) load_w(u, scale_w[u]);
       const auto times = [](float2 x, float w) { return make_float2(x.x * w, x.y * w); };  // exact: x is 2^k
       float2 x_acc = issue(acc, 0), x_other;
-      if (stored_out) store_fragment<T>(total, p, stored_out, stored_row, stored_col);
+      if (stored_out >= 0) store_fragment<T>(total, p, stored_out, stored_row, stored_col);
 #pragma unroll
       for (int j = 0; j < T::kBlockN / 2; ++j) total[j] = 0.0f;
       // Slices i, i + 1 (i even: pair i / 2, its w scales in w) with slice i + 2 issued; then pair
@@ -340,7 +348,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   if constexpr (T::kFp8) {
-    if (stored_out) store_fragment<T>(total, p, stored_out, stored_row, stored_col);
+    if (stored_out >= 0) store_fragment<T>(total, p, stored_out, stored_row, stored_col);
   }
 #endif  // NOTE: other architectures get an empty body; the launcher only runs this kernel on compute capability 9.x
 }
@@ -354,6 +362,7 @@ struct ReduceParams {
   int n;
   int64_t N;  // even
   float* y;   // [n, ldy], ldy even
+  uint16_t* y_bf16;  // instead of y, where set
   int64_t ldy;
   bool bf16_out;
 };
@@ -370,8 +379,11 @@ __global__ void reduce_splits_kernel(const ReduceParams p) {
       sum.x += v.x;
       sum.y += v.y;
     }
-    *reinterpret_cast<float2*>(p.y + r * p.ldy + c) =
-        make_float2(round_bf16_if(p.bf16_out, sum.x), round_bf16_if(p.bf16_out, sum.y));
+    if (p.y_bf16)
+      *reinterpret_cast<__nv_bfloat162*>(p.y_bf16 + r * p.ldy + c) = __floats2bfloat162_rn(sum.x, sum.y);
+    else
+      *reinterpret_cast<float2*>(p.y + r * p.ldy + c) =
+          make_float2(round_bf16_if(p.bf16_out, sum.x), round_bf16_if(p.bf16_out, sum.y));
   }
 }
 
@@ -525,6 +537,7 @@ void launch(const GemmParams& p, const TcActivations& a, const Grid& g, CudaOps&
   tp.tiles = int(int64_t(g.m_tiles) * g.n_tiles * p.groups * g.splits);
   if (g.splits == 1) {
     tp.out = p.y;
+    tp.out_bf16 = p.y_bf16;
     tp.ld_out = p.ldy;
   } else {
     tp.split_stride = int64_t(n) * p.w.rows;
@@ -548,7 +561,7 @@ void launch(const GemmParams& p, const TcActivations& a, const Grid& g, CudaOps&
   DSV4_LAUNCH_CHECK();
 
   if (g.splits > 1) {
-    const ReduceParams rp{tp.out, g.splits, tp.split_stride, n, p.w.rows, p.y, p.ldy, p.bf16_out};
+    const ReduceParams rp{tp.out, g.splits, tp.split_stride, n, p.w.rows, p.y, p.y_bf16, p.ldy, p.bf16_out};
     launch_pdl(reduce_splits_kernel, dim3(grid_for(int64_t(n) * p.w.rows / 2, 256)), dim3(256), 0, stream,
                /*pdl=*/true, rp);  // this path runs on compute capability 9.x only
   }
@@ -563,7 +576,8 @@ bool tc_covers(const GemmParams& p, const CudaOps& ops) {
   if (w.format != WFormat::kBF16 && !fp8) return false;
   const int64_t out_per_group = w.rows / p.groups;
   if (w.cols % 128 != 0 || out_per_group % 2 != 0) return false;  // whole K slices; float2 stores
-  if (p.ldy % 2 != 0 || reinterpret_cast<uintptr_t>(p.y) % 8 != 0) return false;
+  if (p.ldy % 2 != 0 || reinterpret_cast<uintptr_t>(p.y) % 8 != 0 || reinterpret_cast<uintptr_t>(p.y_bf16) % 4 != 0)
+    return false;
   if (reinterpret_cast<uintptr_t>(w.data) % 16 != 0) return false;  // TMA base alignment
   if (fp8 && (w.scale_f32 == nullptr || (p.groups > 1 && out_per_group % kScaleBlock != 0)))
     return false;  // an FP8 tile must sit inside one 128-row scale block
@@ -625,7 +639,7 @@ bool gemm_tensor_core(const GemmParams& p, CudaOps& ops) {
              p.groups, " groups");
   DSV4_CHECK(p.ldx >= p.groups * w.cols && p.ldy >= w.rows, "gemm_tensor_core: row strides ", p.ldx, "/", p.ldy,
              " too small for [", w.rows, ", ", w.cols, "] × ", p.groups, " groups");
-  DSV4_CHECK(p.n >= 0 && (p.n == 0 || (p.x && p.y && w.data)), "gemm_tensor_core: null operand");
+  DSV4_CHECK(p.n >= 0 && (p.n == 0 || (p.x && (p.y || p.y_bf16) && w.data)), "gemm_tensor_core: null operand");
   if (!tc_covers(p, ops)) return false;  // gemm_generic's
   if (p.n == 0) return true;
   tc_gemm(p, tc_round_activations(p, ops), ops);

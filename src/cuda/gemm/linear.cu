@@ -30,7 +30,7 @@ bool check(const cuda::GemmParams& p) {
   DSV4_CHECK(!p.w.mma_tiles, "linear: weight [", p.w.rows, ", ", p.w.cols, "] is a MoE expert matrix stored in the "
              "expert kernels' MMA tile order; it cannot also be used as a linear layer");
   if (p.n == 0 || p.w.rows == 0) return false;
-  DSV4_CHECK(p.x && p.y, "linear: null activation or output for [", p.w.rows, ", ", p.w.cols, "]");
+  DSV4_CHECK(p.x && (p.y || p.y_bf16), "linear: null activation or output for [", p.w.rows, ", ", p.w.cols, "]");
   DSV4_CHECK(p.w.cols > 0, "linear: weight [", p.w.rows, ", 0] has no input columns");
   return true;
 }
@@ -47,6 +47,14 @@ cuda::GemvScratch gemv_scratch(const cuda::GemvScratchSize& need, CudaOps& ops) 
   return scratch;
 }
 
+// Whether the tensor-core kernel computes p's function: it rounds x to the weight's format, FP8 weights act_quant
+// and BF16 ones bf16.
+bool tc_function(const cuda::GemmParams& p) {
+  return p.w.format == cuda::WFormat::kFP8    ? p.quant_x && p.bf16_out
+         : p.w.format == cuda::WFormat::kBF16 ? !p.quant_x && (p.bf16_out || p.x_bf16)
+                                              : false;
+}
+
 void dispatch(cuda::GemmParams p, CudaOps& ops) {
   if (!check(p)) return;
   if (p.n <= cuda::kGemvMaxRows) {
@@ -59,15 +67,12 @@ void dispatch(cuda::GemmParams p, CudaOps& ops) {
     cuda::gemv(p, gemv_scratch(cuda::gemv_scratch_size(p), ops), ops.stream());
     return;
   }
-  // The tensor-core kernel rounds x to the weight's format: FP8 weights act_quant, BF16 ones bf16.
-  const bool tc_function = p.w.format == cuda::WFormat::kFP8    ? p.quant_x && p.bf16_out
-                           : p.w.format == cuda::WFormat::kBF16 ? !p.quant_x && (p.bf16_out || p.x_bf16)
-                                                                : false;
-  if (tc_function && p.x_codes && cuda::tc_covers(p, ops)) {  // x act_quant'ed by its producer
+  const bool tc = tc_function(p);
+  if (tc && p.x_codes && cuda::tc_covers(p, ops)) {  // x act_quant'ed by its producer
     cuda::tc_gemm(p, {p.x_codes, p.x_scales, p.x_scale_ld}, ops);
     return;
   }
-  if (!tc_function || !cuda::gemm_tensor_core(p, ops)) cuda::gemm_generic(p, ops.stream());
+  if (!tc || !cuda::gemm_tensor_core(p, ops)) cuda::gemm_generic(p, ops.stream());
 }
 
 void dispatch_pair(const cuda::GemmParams& a, const cuda::GemmParams& b, CudaOps& ops) {
@@ -90,6 +95,18 @@ __global__ void widen_bf16_kernel(WidenParams p) {
   cuda::pdl_wait();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < p.count) p.out[i] = __uint_as_float(uint32_t(p.bits[i]) << 16);
+}
+
+// bits[i] = the bf16 bits of x[i] (bf16 values: exact), for i < count.
+struct NarrowParams {
+  const float* x;
+  int64_t count;
+  uint16_t* bits;
+};
+__global__ void narrow_bf16_kernel(NarrowParams p) {
+  cuda::pdl_wait();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < p.count) p.bits[i] = __bfloat16_as_ushort(__float2bfloat16_rn(p.x[i]));
 }
 
 // W [rows, cols] in BF16, from any format (one thread per element; once per weight).
@@ -121,8 +138,22 @@ cuda::GemmParams params(const CudaOps& ops, const float* x, int64_t ldx, const W
 }  // namespace
 
 void CudaOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
-                     const E4m3Rows* xq) {
-  dispatch(params(*this, x, ldx, w, n, y, ldy, 1, xq), *this);
+                     const E4m3Rows* xq, Bf16Rows* yb) {
+  cuda::GemmParams p = params(*this, x, ldx, w, n, y, ldy, 1, xq);
+  if (!yb) return dispatch(p, *this);
+  DSV4_CHECK(p.bf16_out && !y && ldy == w.rows && yb->data && yb->cols == w.rows && yb->rows >= n, "linear: bf16 rows [",
+             yb->rows, ", ", yb->cols, "] for ", n, " rows of [", w.rows, ", ", w.cols,
+             "] (fast numerics, bf16-rounding products only)");
+  // The tensor-core GEMM (dispatch's choice above kGemvMaxRows rows) writes bf16 as it stores; the other paths
+  // write fp32, narrowed after.
+  p.y_bf16 = yb->data;
+  if (n > cuda::kGemvMaxRows && tc_function(p) && cuda::tc_covers(p, *this)) return dispatch(p, *this);
+  p.y_bf16 = nullptr;
+  p.y = static_cast<float*>(workspace(cuda::kWsGemmWidened, size_t(n * w.rows) * sizeof(float)));
+  dispatch(p, *this);
+  if (n > 0)
+    cuda::launch_pdl(narrow_bf16_kernel, dim3(unsigned(cuda::ceil_div(n * w.rows, int64_t(256)))), dim3(256), 0,
+                     stream_, pdl(), NarrowParams{p.y, n * w.rows, yb->data});
 }
 
 void CudaOps::linear_f32(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {

@@ -1,8 +1,11 @@
 // norm_rope family: one row's RMSNorm then RoPE by one block, bit for bit the CPU's rms_norm (its 8 strided
-// partial sums, their pairwise tree, unfused products) followed by rope_kernel's rotation. Shared by
+// partial sums, their pairwise tree, unfused products; the gain-less bf16 norm of fast numerics in a warp's order,
+// rms_norm_bf16's) followed by rope_kernel's rotation. Shared by
 // norm_rope_kernel and the kernels that fuse it with what consumes the row (kv_finish's store into the FP8
 // window ring, where a last-bit difference in the norm could move a value across a rounding boundary).
 #pragma once
+
+#include <cuda_bf16.h>
 
 #include <cstdint>
 
@@ -64,16 +67,37 @@ __device__ __forceinline__ float row_square(float v, bool bf16_math) {
   return round_bf16(__fmul_rn(v, v));
 }
 
-// The row's sum of squares from its kNormLanes partial sums (the CPU's pairwise tree), the channels past the
-// partials' body added in order, and inv = 1 / sqrt(sum / dim + eps), each step rounded under bf16_math.
-__device__ __forceinline__ float row_inv_rms(const NormRopeRow& p, const float (&a)[kNormLanes], const float* row_s,
-                                             int64_t body, bool bf16_math) {
-  float sum = __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[1]), __fadd_rn(a[2], a[3])),
-                        __fadd_rn(__fadd_rn(a[4], a[5]), __fadd_rn(a[6], a[7])));
-  for (int64_t i = body; i < p.dim; ++i) sum = __fadd_rn(sum, row_square(row_s[i], bf16_math));
+// inv = 1 / sqrt(sum / dim + eps) from the row's sum of squares, each step rounded under bf16_math.
+__device__ __forceinline__ float inv_rms_of(const NormRopeRow& p, float sum, bool bf16_math) {
   if (bf16_math)
     return round_bf16(__fdiv_rn(1.0f, __fsqrt_rn(round_bf16(__fadd_rn(round_bf16(__fdiv_rn(sum, float(p.dim))), p.eps)))));
   return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, float(p.dim)), p.eps)));
+}
+
+// The row's sum of squares from its kNormLanes partial sums (the CPU's pairwise tree), the channels past the
+// partials' body added in order, and its inv (fp32 arithmetic: the norms with a gain, and reference numerics).
+__device__ __forceinline__ float row_inv_rms(const NormRopeRow& p, const float (&a)[kNormLanes], const float* row_s,
+                                             int64_t body) {
+  float sum = __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[1]), __fadd_rn(a[2], a[3])),
+                        __fadd_rn(__fadd_rn(a[4], a[5]), __fadd_rn(a[6], a[7])));
+  for (int64_t i = body; i < p.dim; ++i) sum = __fadd_rn(sum, row_square(row_s[i], false));
+  return inv_rms_of(p, sum, false);
+}
+
+// The gain-less norm of fast numerics (bf16 arithmetic: the query heads') sums its squares in a warp's order, which
+// CpuOps::rms_norm_bf16 writes out: lane l sums channel pairs l, l + 32, l + 64, ... (channel 2q, then 2q + 1, of
+// pair q), then the 32 partial sums meet in a butterfly (distances 16, 8, 4, 2, 1), so every lane of the warp
+// holds the row's inv. All 32 lanes share the row, where the fp32 order's 8 strided partials leave 24 idle: at
+// prefill the query heads' norm was bound by that serial chain (1600 instructions a row).
+__device__ __forceinline__ float row_inv_rms_bf16_warp(const NormRopeRow& p, const float* row_s) {
+  float acc = 0.0f;
+  for (int64_t c = 2 * (threadIdx.x % 32); c < p.dim; c += 64) {
+    acc = __fadd_rn(acc, row_square(row_s[c], true));
+    if (c + 1 < p.dim) acc = __fadd_rn(acc, row_square(row_s[c + 1], true));
+  }
+#pragma unroll
+  for (int d = 16; d >= 1; d /= 2) acc = __fadd_rn(acc, __shfl_xor_sync(0xFFFFFFFFu, acc, d));
+  return inv_rms_of(p, acc, true);
 }
 
 // Channels c, c + 1 of row_s normed by inv, scaled by γ, rotated past the rope offset (each rounded to bf16 in
@@ -114,18 +138,25 @@ __device__ __forceinline__ void norm_rope_row(const NormRopeRow& p, const NormRo
   __syncthreads();
   const int64_t body = p.dim / kNormLanes * kNormLanes;
   const bool bf16_math = p.bf16 && !p.gamma;  // block-uniform
-  if (threadIdx.x < kNormLanes) {
-    float acc = 0.0f;
+  if (bf16_math) {
+    if (threadIdx.x < 32) {
+      const float inv = row_inv_rms_bf16_warp(p, row_s);
+      if (threadIdx.x == 0) inv_s = inv;
+    }
+  } else {
+    if (threadIdx.x < kNormLanes) {
+      float acc = 0.0f;
 #pragma unroll 8
-    for (int64_t i = threadIdx.x; i < body; i += kNormLanes) acc = __fadd_rn(acc, row_square(row_s[i], bf16_math));
-    partial[threadIdx.x] = acc;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float a[kNormLanes];
+      for (int64_t i = threadIdx.x; i < body; i += kNormLanes) acc = __fadd_rn(acc, row_square(row_s[i], false));
+      partial[threadIdx.x] = acc;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float a[kNormLanes];
 #pragma unroll
-    for (int l = 0; l < kNormLanes; ++l) a[l] = partial[l];
-    inv_s = row_inv_rms(p, a, row_s, body, bf16_math);
+      for (int l = 0; l < kNormLanes; ++l) a[l] = partial[l];
+      inv_s = row_inv_rms(p, a, row_s, body);
+    }
   }
   __syncthreads();
   const float inv = inv_s;
@@ -146,17 +177,95 @@ __device__ __forceinline__ void norm_rope_row_warp(const NormRopeRow& p, const f
   __syncwarp();
   const int64_t body = p.dim / kNormLanes * kNormLanes;
   const bool bf16_math = p.bf16 && !p.gamma;
-  float acc = 0.0f;
-  if (lane < kNormLanes) {
+  float inv;
+  if (bf16_math) {
+    inv = row_inv_rms_bf16_warp(p, row_s);
+  } else {
+    float acc = 0.0f;
+    if (lane < kNormLanes) {
 #pragma unroll 8
-    for (int64_t i = lane; i < body; i += kNormLanes) acc = __fadd_rn(acc, row_square(row_s[i], bf16_math));
-  }
-  float a[kNormLanes];
+      for (int64_t i = lane; i < body; i += kNormLanes) acc = __fadd_rn(acc, row_square(row_s[i], false));
+    }
+    float a[kNormLanes];
 #pragma unroll
-  for (int l = 0; l < kNormLanes; ++l) a[l] = __shfl_sync(0xFFFFFFFFu, acc, l);
-  const float inv = row_inv_rms(p, a, row_s, body, bf16_math);
+    for (int l = 0; l < kNormLanes; ++l) a[l] = __shfl_sync(0xFFFFFFFFu, acc, l);
+    inv = row_inv_rms(p, a, row_s, body);
+  }
   for (int64_t c = 2 * lane; c < p.dim; c += 64)
     finish_row_pair(p, inv, bf16_math, c, row_pair_consts(p, c, pos), row_s, out);
+}
+
+// Fast numerics' query heads as bf16 rows (Bf16Rows), normed (gain-less: bf16 arithmetic) and rotated in place by
+// one warp a row, in registers: rows [first, end) of a sequence's [n·heads, dim] rows, row i at position
+// pos0 + i / heads. Lane l holds the row's channel pairs l, l + 32, ... as bf16x2 words (one warp load reads 128
+// contiguous bytes); the sum of squares in row_inv_rms_bf16_warp's order and every rounding as norm_rope_row's,
+// so the same bits. The rotation's (cos, sin) are computed once a position, not once a row, for the last
+// kRopeWords words (the rope channels [offset, dim) lie in them: checked by the launcher). The next
+// row's words are loaded before this row's are stored. dim a multiple of 64, at most 64·kWarpRowWords.
+constexpr int kWarpRowWords = 8;
+constexpr int kRopeWords = 2;
+__device__ __forceinline__ void query_rows_bf16_warp(const NormRopeRow& p, uint32_t* q, int64_t first, int64_t end,
+                                                     int64_t heads, int64_t pos0) {
+  const int lane = int(threadIdx.x % 32), words = int(p.dim / 64), rope0 = int(p.offset / 64);
+  const auto lo = [](uint32_t w) { return __uint_as_float(w << 16); };
+  const auto hi = [](uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); };
+  uint32_t next[kWarpRowWords];
+  const auto load = [&](int64_t i) {
+    const uint32_t* row = q + i * words * 32;
+#pragma unroll
+    for (int j = 0; j < kWarpRowWords; ++j)
+      if (j < words) next[j] = row[lane + 32 * j];
+  };
+  if (first < end) load(first);
+  float2 cs[kRopeWords];
+  int64_t t = first / heads, h = first % heads;  // row i's position pos0 + t and head h, kept without dividing
+  bool fresh = true;                               // cs is not yet t's
+  for (int64_t i = first; i < end; ++i) {
+    uint32_t w[kWarpRowWords];
+#pragma unroll
+    for (int j = 0; j < kWarpRowWords; ++j) w[j] = next[j];
+    if (i + 1 < end) load(i + 1);
+    if (fresh) {
+#pragma unroll
+      for (int r = 0; r < kRopeWords; ++r) {
+        const int64_t c = 2 * (lane + 32 * (rope0 + r));
+        cs[r] = rope0 + r < words && c >= p.offset
+                    ? rope_cos_sin(pos0 + t, p.inv_freq[(c - p.offset) / 2], /*inverse=*/false)
+                    : make_float2(1.0f, 0.0f);
+      }
+      fresh = false;
+    }
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kWarpRowWords; ++j)
+      if (j < words) {
+        acc = __fadd_rn(acc, round_bf16(__fmul_rn(lo(w[j]), lo(w[j]))));
+        acc = __fadd_rn(acc, round_bf16(__fmul_rn(hi(w[j]), hi(w[j]))));
+      }
+#pragma unroll
+    for (int d = 16; d >= 1; d /= 2) acc = __fadd_rn(acc, __shfl_xor_sync(0xFFFFFFFFu, acc, d));
+    const float inv = inv_rms_of(p, acc, true);
+    uint32_t* row = q + i * words * 32;
+#pragma unroll
+    for (int j = 0; j < kWarpRowWords; ++j)
+      if (j < words) {
+        float a = round_bf16(__fmul_rn(lo(w[j]), inv)), b = round_bf16(__fmul_rn(hi(w[j]), inv));
+#pragma unroll
+        for (int r = 0; r < kRopeWords; ++r)  // cs[r] by a constant index: registers, not a stack frame
+          if (j == rope0 + r && 2 * (lane + 32 * j) >= p.offset) {
+            rotate(a, b, cs[r]);
+            a = round_bf16(a);
+            b = round_bf16(b);
+          }
+        const __nv_bfloat162 out = __floats2bfloat162_rn(a, b);
+        row[lane + 32 * j] = *reinterpret_cast<const uint32_t*>(&out);
+      }
+    if (++h == heads) {
+      h = 0;
+      ++t;
+      fresh = true;
+    }
+  }
 }
 
 }  // namespace dsv4::cuda
