@@ -22,12 +22,30 @@ def last_step(kernels, first_kernel="embed_kernel"):
     return steps(kernels, first_kernel)[-1]
 
 
+# A step's kernels run back to back (at most a few µs apart); a longer idle GPU is the host between steps.
+STEP_GAP_NS = 200_000
+
+
 def steps(kernels, first_kernel="embed_kernel"):
-    """The trace cut at every launch of first_kernel (the embedding lookup starts every forward step)."""
+    """The trace cut at every launch of first_kernel (the embedding lookup starts every forward step). Kernels
+    with times, (name, start_ns, end_ns, ...), also end each step before its first gap of more than STEP_GAP_NS:
+    what runs after it and before the next embedding is the host's work between steps (e.g. a new sequence's
+    cache resets after a prefill), not the step's."""
     starts = [i for i, k in enumerate(kernels) if short(k[0]).startswith(first_kernel)]
     if not starts:
         raise SystemExit(f"no {first_kernel} in the trace: not a dsv4 run?")
-    return [kernels[a:b] for a, b in zip(starts, starts[1:] + [len(kernels)])]
+    timed = len(kernels[0]) >= 3
+    cut = []
+    for a, b in zip(starts, starts[1:] + [len(kernels)]):
+        if not timed:
+            cut.append(kernels[a:b])
+            continue
+        end, last = a + 1, kernels[a][2]
+        while end < b and kernels[end][1] - last <= STEP_GAP_NS:
+            last = max(last, kernels[end][2])
+            end += 1
+        cut.append(kernels[a:end])
+    return cut
 
 
 def prefill_step(kernels):
