@@ -47,7 +47,7 @@ enum WorkspaceSlot : int {
   kWsSampleWork,            // sample_tokens: the edited copies of rows with edits
   kWsLogprobs,              // token_logprobs: the rows in, the normalisers, chosen and top logits out
   kWsGemmWidened,           // bf16 rows as fp32 for the paths that do not take bf16: linear_grouped's x, linear's
-                            // y before it is narrowed, the attention's q
+                            // y before it is narrowed
 };
 
 // The storage of a cache from CudaOps::alloc_cache (layouts in attention/kv_cache.cuh).

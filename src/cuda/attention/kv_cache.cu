@@ -131,8 +131,8 @@ static_assert(sizeof(QueryKvFinishParams) <= 4096, "query_kv_finish: the kernel 
 
 // query_kv_finish over a batch of sequences: per sequence, ceil(n·heads / query_rows) blocks norm and rotate
 // query_rows query head rows each (norm_rope; one a warp when query_rows > 1; bf16 rows kQueryRegisterRows a warp
-// in registers), then n − first blocks finish a K = V row each (kv_finish_row). One launch for the two and for every sequence: at decode each is a short chain
-// after a PDL wait.
+// in registers), then n − first blocks finish a K = V row each (kv_finish_row). One launch for the two and for every
+// sequence: at decode each is a short chain after a PDL wait.
 __global__ void __launch_bounds__(kNormRopeThreads) query_kv_finish_kernel(const __grid_constant__ QueryKvFinishParams p) {
   extern __shared__ float row_s[];  // [query_rows, dim]
   const QueryKvSequence& sq = sequence_at(p.seq, p.sequences, blockIdx.x, &QueryKvSequence::block0);

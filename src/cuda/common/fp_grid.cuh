@@ -100,16 +100,23 @@ __device__ __forceinline__ float e4m3_round_trip(float v, int e) {
   return ldexpf(round_e4m3(clamp_like_std(ldexpf(v, -e), -448.0f, 448.0f)), e);
 }
 
-// One warp's 128 consecutive columns of a row act_quant'ed into E4m3Rows form (model/ops.h): lane l holds columns
-// 4l .. 4l + 3 of the block (v, bf16-valued); their codes go to codes[0 .. 3] (this lane's, 4-byte aligned) and the
-// block's scale 2^e to *scale (lane 0). The values code · 2^e are e4m3_round_trip's; the whole warp calls.
-__device__ __forceinline__ void act_quant_store_warp(const float (&v)[4], uint8_t* codes, float* scale) {
+// One warp's 128 consecutive columns of a row act_quant'ed: lane l holds columns 4l .. 4l + 3 of the block (v,
+// bf16-valued) and gets their e4m3 codes (column 4l + i in byte i) and the block's exponent e (scale 2^e, e in
+// [−22, 120]: a normal float). The values code · 2^e are e4m3_round_trip's; the whole warp calls.
+__device__ __forceinline__ uint32_t act_quant_codes_warp(const float (&v)[4], int& e) {
   const float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-  const int e = e4m3_block_exponent(warp_max_f32(amax));
+  e = e4m3_block_exponent(warp_max_f32(amax));
   const float down = __uint_as_float(uint32_t(127 - e) << 23);
   const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[0] * down, v[1] * down), __NV_SATFINITE, __NV_E4M3);
   const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[2] * down, v[3] * down), __NV_SATFINITE, __NV_E4M3);
-  *reinterpret_cast<uint32_t*>(codes) = uint32_t(lo) | (uint32_t(hi) << 16);
+  return uint32_t(lo) | (uint32_t(hi) << 16);
+}
+
+// act_quant_codes_warp into E4m3Rows form (model/ops.h): this lane's codes to codes[0 .. 3] (4-byte aligned), the
+// block's scale 2^e to *scale (lane 0).
+__device__ __forceinline__ void act_quant_store_warp(const float (&v)[4], uint8_t* codes, float* scale) {
+  int e;
+  *reinterpret_cast<uint32_t*>(codes) = act_quant_codes_warp(v, e);
   if (threadIdx.x % 32 == 0) *scale = __uint_as_float(uint32_t(127 + e) << 23);
 }
 

@@ -131,11 +131,11 @@ struct QuantParams {
 };
 
 // One warp per (row, K block): lane l holds columns 4l .. 4l + 3; src/cpu/quant.cpp's fp8_round_trip of the
-// bf16-rounded row, by the conversion instruction (act_quant4's), the e4m3 values written as e4m3 bytes or as f16
-// codes (exact). A lane's four columns lie together in the wgmma order (one 4-byte store) and in FP8's fragment
-// order (one 8-byte store); in FP4's they interleave with the next lane's (columns 8g + 0, 2, 4, 6, then 1, 3, 5,
-// 7), so lanes 2g, 2g + 1 trade half their codes and store 8 bytes each. Stores of a code at a time took 34 µs a
-// layer for the down GEMM's 3,072 rows at 512 tokens (H200), five times their bytes.
+// bf16-rounded row (act_quant_codes_warp), the e4m3 values written as e4m3 bytes or as f16 codes (exact). A lane's
+// four columns lie together in the wgmma order (one 4-byte store) and in FP8's fragment order (one 8-byte store);
+// in FP4's they interleave with the next lane's (columns 8g + 0, 2, 4, 6, then 1, 3, 5, 7), so lanes 2g, 2g + 1
+// trade half their codes and store 8 bytes each. Stores of a code at a time took 34 µs a layer for the down GEMM's
+// 3,072 rows at 512 tokens (H200), five times their bytes.
 __global__ void __launch_bounds__(256) grouped_quant_kernel(QuantParams p) {
   const int lane = int(threadIdx.x % 32);
   const int64_t kblocks = p.K / kGBlockK;
@@ -144,24 +144,19 @@ __global__ void __launch_bounds__(256) grouped_quant_kernel(QuantParams p) {
     const int64_t row = w / kblocks, kb = w % kblocks;
     const float4 v4 = *reinterpret_cast<const float4*>(p.src + row * p.K + kb * kGBlockK + 4 * lane);
     float v[4] = {round_bf16(v4.x), round_bf16(v4.y), round_bf16(v4.z), round_bf16(v4.w)};
-    const float amax = warp_max_f32(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
-    const int e = e4m3_block_exponent(amax);  // in [−22, 120]: 2^±e are normal floats
-    const float down = __uint_as_float(uint32_t(127 - e) << 23);
-    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[0] * down, v[1] * down), __NV_SATFINITE, __NV_E4M3);
-    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[2] * down, v[3] * down), __NV_SATFINITE, __NV_E4M3);
+    int e;
+    const uint32_t codes4 = act_quant_codes_warp(v, e);
     // A row takes 2K bytes in either order (moe_kernels.h: GroupedBuffers::wgmma), so that rows of both can share
     // a buffer.
     const auto write = [&](uint16_t* out, ActOrder order) {  // warp-uniform (a warp's row)
       uint16_t* const row_start = out + row * p.K;
       if (order.wgmma) {  // a byte a code
         uint8_t* const block = reinterpret_cast<uint8_t*>(row_start) + kb * kGBlockK;
-        *reinterpret_cast<uint32_t*>(block + wgmma_pos(order.fp4, 4 * lane)) = lo | hi << 16;
+        *reinterpret_cast<uint32_t*>(block + wgmma_pos(order.fp4, 4 * lane)) = codes4;
         return;
       }
       uint16_t* const block = row_start + kb * kGBlockK;  // an f16 code a value
-      const __half2_raw h01 = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(lo), __NV_E4M3);
-      const __half2_raw h23 = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(hi), __NV_E4M3);
-      const uint32_t w01 = uint32_t(h01.x) | uint32_t(h01.y) << 16, w23 = uint32_t(h23.x) | uint32_t(h23.y) << 16;
+      const uint32_t w01 = e4m3x2_to_f16x2(codes4), w23 = e4m3x2_to_f16x2(codes4 >> 16);
       uint2 codes = make_uint2(w01, w23);
       int at = fragment_pos(order.fp4, 4 * lane);
       if (order.fp4) {
