@@ -3,6 +3,11 @@
 // and from a CUDA graph, on every visible GPU. Prints µs per call (rank 0's stream; the ranks wait for each
 // other). Issue #25's yardstick: PyTorch's symmetric-memory one-shot all-reduce, 8.3 µs at 8 KB on 2×H100.
 //
+// Then the all-reduce where the model has it: a sub-block boundary of a decode step (all_reduce of the
+// sub-block's rows, hc_post, hc_pre_norm; V4-Flash's hc 4 × D 4096, fn F32) through CudaOps, without the
+// all-reduce, with NCCL's, and with the sum inside hc_post_mix over the peer exchange (up to 8 rows). The
+// differences are what the reduction costs the step.
+//
 //   bench_all_reduce
 #include <cuda_runtime.h>
 
@@ -16,6 +21,7 @@
 #include "common/event_timing.h"
 #include "cuda/comm/nccl_group.h"
 #include "cuda/common/check.h"
+#include "cuda/cuda_ops.h"
 
 namespace {
 
@@ -78,6 +84,63 @@ double time_calls(int ranks, size_t count, bool graphs, const std::vector<cudaSt
   return us;
 }
 
+// A decode step's sub-block boundary on every rank of a group, as the model calls it: all_reduce of f (or
+// none), hc_post into the streams X, hc_pre_norm of X. Inputs are zeros, so that repeated boundaries stay finite.
+class Boundaries {
+ public:
+  Boundaries(std::shared_ptr<cuda::NcclGroup> group, int64_t rows) : rows_(rows) {
+    config_.dim = 4096;
+    config_.hc_mult = 4;
+    config_.hc_sinkhorn_iters = 20;
+    config_.hc_eps = 1e-6;
+    config_.norm_eps = 1e-6;
+    const int64_t D = config_.dim, hc = config_.hc_mult, K = hc * D, M = (2 + hc) * hc;
+    fn_.assign(size_t(M * K), 1e-3f);
+    w_.fn.dtype = DType::kF32;
+    w_.fn.rows = M;
+    w_.fn.cols = K;
+    w_.fn.row_stride = K * 4;
+    w_.fn.data = reinterpret_cast<const uint8_t*>(fn_.data());
+    w_.base.assign(size_t(M), 0.5f);
+    w_.scale.assign(3, 1.0f);
+    gamma_.assign(size_t(D), 1.0f);
+    for (int r = 0; r < group->ranks(); ++r) {
+      Rank k;
+      k.ops = std::make_unique<CudaOps>(config_, r, group, r);
+      k.ops->upload(w_.fn);
+      k.ops->upload(w_.base);
+      k.ops->upload(w_.scale);
+      k.ops->upload(gamma_);
+      k.f = k.ops->alloc(size_t(rows * D));
+      k.X = k.ops->alloc(size_t(rows * hc * D));
+      k.post = k.ops->alloc(size_t(rows * hc));
+      k.comb = k.ops->alloc(size_t(rows * hc * hc));
+      k.x = k.ops->alloc(size_t(rows * D));
+      k.xn = k.ops->alloc(size_t(rows * D));
+      ranks_.push_back(std::move(k));
+    }
+  }
+  cudaStream_t stream(int r) { return ranks_[size_t(r)].ops->stream(); }
+  void run(int r, bool reduce) {
+    Rank& k = ranks_[size_t(r)];
+    k.ops->bind_thread();
+    if (reduce) k.ops->all_reduce(k.f, size_t(rows_ * config_.dim));
+    k.ops->hc_post(k.f, k.post, k.comb, rows_, k.X);
+    k.ops->hc_pre_norm(k.X, w_, gamma_, rows_, config_.dim, k.x, k.xn, k.post, k.comb);
+  }
+
+ private:
+  struct Rank {
+    std::unique_ptr<CudaOps> ops;
+    float *f, *X, *post, *comb, *x, *xn;
+  };
+  ModelConfig config_;
+  int64_t rows_;
+  std::vector<float> fn_, gamma_;
+  HcWeights w_;
+  std::vector<Rank> ranks_;
+};
+
 }  // namespace
 
 int main() {
@@ -126,6 +189,30 @@ int main() {
       DSV4_CUDA_CHECK(cudaSetDevice(r));
       DSV4_CUDA_CHECK(cudaFree(x[size_t(r)]));
       DSV4_CUDA_CHECK(cudaStreamDestroy(streams[size_t(r)]));
+    }
+
+    auto with_peers = std::make_shared<cuda::NcclGroup>(devices);
+    auto nccl_only = std::make_shared<cuda::NcclGroup>(devices, /*peer_exchange=*/false);
+    std::printf("\nA decode step's sub-block boundary (all_reduce, hc_post, hc_pre_norm; hc 4, D 4096), µs per "
+                "boundary, one by one / from a graph; peer exchange %s\n\n",
+                with_peers->peers() ? "available" : "NOT available (no peer access)");
+    std::printf("| rows | no all-reduce | NCCL all-reduce | summed in hc_post_mix |\n|---:|---:|---:|---:|\n");
+    for (int64_t rows : {int64_t(1), int64_t(2), int64_t(8)}) {
+      const auto boundary = [&](const std::shared_ptr<cuda::NcclGroup>& group, bool reduce) {
+        Boundaries b(group, rows);
+        std::vector<cudaStream_t> ops_streams;
+        for (int r = 0; r < ranks; ++r) ops_streams.push_back(b.stream(r));
+        std::vector<std::thread> warm;  // the first call sizes the ops' workspaces: outside any capture
+        for (int r = 0; r < ranks; ++r) warm.emplace_back([&, r] { b.run(r, reduce); });
+        for (auto& t : warm) t.join();
+        const auto call = [&](int r, float*, size_t, cudaStream_t) { b.run(r, reduce); };
+        char v[48];
+        std::snprintf(v, sizeof v, "%.1f / %.1f", time_calls(ranks, 0, false, ops_streams, x, call),
+                      time_calls(ranks, 0, true, ops_streams, x, call));
+        return std::string(v);
+      };
+      std::printf("| %lld | %s | %s | %s |\n", static_cast<long long>(rows), boundary(nccl_only, false).c_str(),
+                  boundary(nccl_only, true).c_str(), boundary(with_peers, true).c_str());
     }
   } catch (const dsv4::Error& e) {
     std::fprintf(stderr, "bench_all_reduce: %s\n", e.what());

@@ -36,7 +36,8 @@ CudaOps::CudaOps(const ModelConfig& config, int device, std::shared_ptr<cuda::Nc
 
 CudaOps::~CudaOps() {
   // Destructors must not throw: errors here are reported by nobody, the process is ending or moving on. A
-  // deferred hc_post is dropped: nobody can observe its X any more.
+  // deferred all-reduce or hc_post is dropped: nobody can observe its X any more.
+  deferred_reduce_ = {};
   deferred_post_ = {};
   cudaSetDevice(device_);
   cudaStream_t stream = stream_.handle();
@@ -49,10 +50,6 @@ CudaOps::~CudaOps() {
 }
 
 void CudaOps::bind_thread() { DSV4_CUDA_CHECK(cudaSetDevice(device_)); }
-
-void CudaOps::all_reduce(float* x, size_t count) {
-  if (group_) group_->all_reduce(rank_, x, count, stream_);
-}
 
 void CudaOps::abort_group() {
   if (group_) group_->abort();

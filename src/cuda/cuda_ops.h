@@ -1,8 +1,10 @@
 // The CUDA backend: the Ops seam on one GPU, every operation a kernel of our own (src/cuda/<family>/).
 // Weights are uploaded once, in checkpoint precision (common/device_weight.h); activations and per-sequence
 // state come from alloc() at load; op workspaces grow on the first step and are reused after, so the decode
-// loop never allocates. Everything runs in order on one stream; download() is the only synchronising call. One
-// op is deferred: hc_post waits for the next use of the stream, so that hc_pre_norm can run it fused (Stream).
+// loop never allocates. Everything runs in order on one stream; download() is the only synchronising call. Two
+// ops are deferred until the next use of the stream (Stream): hc_post, so that hc_pre_norm can run it fused, and
+// a decode-sized all-reduce of the rows hc_post then reads, so that the same fused kernel sums the ranks' shares
+// over NVLink (comm/peer_exchange.h) instead of an NCCL call before it.
 //
 // Each family implements its members in its own folder: elementwise/, gemm/, norm_rope/, quant/, hc/,
 // attention/ (compressor, indexer_topk, attention), moe/.
@@ -85,6 +87,9 @@ class CudaOps final : public Ops {
   // ---- Ops
   void set_numerics(Numerics numerics) override { numerics_ = numerics; }
   void bind_thread() override;
+  // Deferred where the group has a peer exchange: taken by the hc_post that reads x, and summed inside
+  // hc_post_mix up to kPostMixMaxTokens rows (hc/hc.cu); else run by NCCL, at the latest at the next use of the
+  // stream.
   void all_reduce(float* x, size_t count) override;
   void abort_group() override;
   Numerics numerics() const { return numerics_; }
@@ -150,7 +155,7 @@ class CudaOps final : public Ops {
 
   void hc_pre(const float* X, const HcWeights& w, int64_t n, float* x, float* post, float* comb) override;
   // Deferred (ops.h): launched fused into the hc_pre_norm that follows on the same X at decode, else by the next
-  // use of the stream (flush_post).
+  // use of the stream (flush_deferred). Takes over a deferred all-reduce of f.
   void hc_post(const float* f, const float* post, const float* comb, int64_t n, float* X) override;
   void hc_head(const float* X, const HcHeadWeights& w, int64_t n, float* y) override;
   void hc_pre_norm(const float* X, const HcWeights& w, const std::vector<float>& gamma, int64_t n, int64_t dim,
@@ -207,12 +212,12 @@ class CudaOps final : public Ops {
   cudaDeviceProp props_{};
   // NOTE: the stream is reachable only through this guard. Converting it to a cudaStream_t — which every kernel
   // launch, copy, memset, synchronisation and capture call on it does, in any family — first launches a
-  // deferred hc_post: later work never overtakes it, and no op has a flush to remember.
+  // deferred all-reduce and hc_post: later work never overtakes them, and no op has a flush to remember.
   class Stream {
    public:
     explicit Stream(CudaOps& ops) : ops_(ops) {}
     operator cudaStream_t() const {
-      ops_.flush_post();
+      ops_.flush_deferred();
       return handle_;
     }
     cudaStream_t& handle() { return handle_; }  // unguarded: creation and destruction only
@@ -222,15 +227,25 @@ class CudaOps final : public Ops {
   };
   // hc_post's arguments while it is deferred (hc/hc.cu); n = 0: none.
   struct DeferredPost {
-    const float* f = nullptr;     // [n, D]
+    float* f = nullptr;           // [n, D]
     const float* post = nullptr;  // [n, hc]
     const float* comb = nullptr;  // [n, hc, hc]
     float* X = nullptr;           // [n, hc, D]
     int64_t n = 0;
+    bool reduce = false;          // f is this rank's share: the ranks' sum is what hc_post adds
   };
-  void flush_post();  // launches the deferred hc_post, if any (hc/hc.cu)
+  // A deferred all-reduce that no hc_post has taken yet; count = 0: none.
+  struct DeferredReduce {
+    float* x = nullptr;
+    size_t count = 0;
+  };
+  // Launches what is deferred, in call order: an all-reduce (NCCL), or hc_post (its all-reduce first) (hc/hc.cu).
+  void flush_deferred();
+  // Whether hc_post_mix can sum the ranks' shares f of n rows over the peer exchange (hc/hc.cu).
+  bool exchange_fits(int64_t n, const float* f) const;
 
   Stream stream_{*this};
+  DeferredReduce deferred_reduce_;
   DeferredPost deferred_post_;
   std::vector<void*> allocations_;
   std::unordered_map<const void*, cuda::DeviceWeight> weights_;   // by host Weight::data

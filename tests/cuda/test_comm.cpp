@@ -1,7 +1,11 @@
 // The comm family (src/cuda/comm): the GPU ranks' all-reduce (NCCL) against the CPU sum in rank order, on every
 // visible GPU (at least 2; skipped, visibly, otherwise; at most 8). Odd sizes, a V4 row and batches of rows,
 // repeated calls on their own results, calls replayed from a CUDA graph, and a rank that never arrives: the
-// other ends once the group is aborted.
+// other ends once the group is aborted. Then CudaOps' deferred all-reduce of a sub-block's output: summed inside
+// hc_post_mix over the peer exchange up to 8 rows, by NCCL otherwise, in every case the bits one GPU computes
+// from the summed rows; and an aborted group releases a rank waiting in the exchange.
+#include <cmath>
+#include <cstring>
 #include <thread>
 
 #include "gpu.h"
@@ -9,6 +13,7 @@
 #if DSV4_HAVE_CUDA
 #include "cuda/comm/nccl_group.h"
 #include "cuda/common/check.h"
+#include "core/dtype.h"
 #endif
 
 namespace dsv4::test {
@@ -129,6 +134,214 @@ TEST(CudaComm, AnAbortedGroupReleasesAWaitingRank) {
   EXPECT_THROW(group.all_reduce(0, x, 4096, s), Error) << "an aborted group refuses new calls";
   DSV4_CUDA_CHECK(cudaFree(x));
   DSV4_CUDA_CHECK(cudaStreamDestroy(s));
+#endif
+}
+
+#if DSV4_HAVE_CUDA
+// A sub-block boundary's constant inputs: hc_pre_norm's weights (fn F32, entries ~ 1/sqrt(hc·D)) and gain.
+struct Boundary {
+  ModelConfig config;
+  std::vector<float> fn_data;
+  HcWeights w;
+  std::vector<float> gamma;
+};
+Boundary boundary(int64_t hc, int64_t dim, std::mt19937_64& rng) {
+  Boundary b;
+  b.config.dim = dim;
+  b.config.hc_mult = hc;
+  b.config.hc_sinkhorn_iters = 20;
+  b.config.hc_eps = 1e-6;
+  b.config.norm_eps = 1e-6;
+  const int64_t K = hc * dim, M = (2 + hc) * hc;
+  b.fn_data = random_floats(size_t(M * K), rng, -std::sqrt(3.0f / float(K)), std::sqrt(3.0f / float(K)));
+  b.w.fn.dtype = DType::kF32;
+  b.w.fn.rows = M;
+  b.w.fn.cols = K;
+  b.w.fn.row_stride = K * 4;
+  b.w.fn.data = reinterpret_cast<const uint8_t*>(b.fn_data.data());
+  b.w.base = random_floats(size_t(M), rng);
+  b.w.scale = random_floats(3, rng, 0.5f, 2.0f);
+  b.gamma = random_floats(size_t(dim), rng, 0.5f, 1.5f);
+  return b;
+}
+
+void upload(CudaOps& ops, const Boundary& b) {
+  ops.upload(b.w.fn);
+  ops.upload(b.w.base);
+  ops.upload(b.w.scale);
+  ops.upload(b.gamma);
+  settle();
+}
+
+// How a step's all-reduce reaches its consumer: hc_post then hc_pre_norm on the same streams (the model's order:
+// fused, the exchange up to 8 rows), hc_post then a read of the streams (hc_post's own kernel, NCCL first), or a
+// read of the rows themselves (NCCL).
+enum class Consumer { kPreNorm, kPost, kRead };
+
+// One step's outputs, as read back: the rows (kRead) or the streams X and hc_pre_norm's x, xn, post, comb.
+struct StepOutputs {
+  std::vector<float> f, X, x, xn, post, comb;
+};
+
+struct StepInputs {
+  int64_t n;
+  Consumer consumer;
+  std::vector<std::vector<float>> shares;  // a rank's f
+  std::vector<float> X, post, comb;        // the same on every rank, as in the model
+};
+
+// Runs a step on `ops` with rows f (a rank's share, all_reduce'd first where `reduce`).
+StepOutputs run_step(CudaOps& ops, const Boundary& b, const StepInputs& in, const std::vector<float>& f, bool reduce) {
+  const int64_t n = in.n, D = b.config.dim, hc = b.config.hc_mult;
+  float* df = to_device(ops, f);
+  float* dX = to_device(ops, in.X);
+  float* dpost = to_device(ops, in.post);
+  float* dcomb = to_device(ops, in.comb);
+  float* dx = poisoned(ops, size_t(n * D));
+  float* dxn = poisoned(ops, size_t(n * D));
+  if (reduce) ops.all_reduce(df, size_t(n * D));
+  StepOutputs out;
+  if (in.consumer == Consumer::kRead) {
+    out.f = to_host(ops, df, f.size());
+    return out;
+  }
+  ops.hc_post(df, dpost, dcomb, n, dX);
+  if (in.consumer == Consumer::kPreNorm) {
+    ops.hc_pre_norm(dX, b.w, b.gamma, n, D, dx, dxn, dpost, dcomb);
+    out.x = to_host(ops, dx, size_t(n * D));
+    out.xn = to_host(ops, dxn, size_t(n * D));
+    out.post = to_host(ops, dpost, size_t(n * hc));
+    out.comb = to_host(ops, dcomb, size_t(n * hc * hc));
+  }
+  out.X = to_host(ops, dX, in.X.size());
+  return out;
+}
+
+::testing::AssertionResult same_bits(const std::vector<float>& got, const std::vector<float>& want,
+                                     const std::string& what) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << what << ": " << got.size() << " values, want " << want.size();
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], 4) != 0)
+      return ::testing::AssertionFailure() << what << "[" << i << "] " << got[i] << ", want " << want[i];
+  return ::testing::AssertionSuccess();
+}
+#endif
+
+// Every rank runs the model's sub-block boundary on its share of the rows: all_reduce, hc_post, hc_pre_norm (or
+// a read). The outputs must be, bit for bit, what one GPU computes from the rows summed in rank order — on every
+// rank: the ranks' streams stay identical. Up to 8 rows hc_post_mix sums the shares over the peer exchange (where
+// the GPUs reach each other); 9 and 20 rows take NCCL and the tiled kernel; the other consumers flush to NCCL.
+// Steps of mixed sizes repeat, so every slot's two parities are used; dim 260 leaves a partial 128-column slice.
+// NCCL's own order is exact for two ranks; beyond two, its paths are held to 1e-5 relative instead.
+TEST(CudaComm, ReducedSubBlockOutputMatchesOneGpu) {
+  DSV4_REQUIRE_GPUS(2);
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  const int ranks = visible_gpus();
+  std::vector<int> devices(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) devices[size_t(r)] = r;
+  const std::pair<int64_t, int64_t> shapes[] = {{4, 4096}, {2, 260}};  // (hc, dim)
+  for (const auto& [hc, dim] : shapes) {
+    const Boundary b = boundary(hc, dim, rng);
+    auto group = std::make_shared<cuda::NcclGroup>(devices);
+    if (cuda::PeerExchange::possible(devices)) {
+      ASSERT_NE(group->peers(), nullptr) << "peer access, and no exchange";
+    }
+    std::vector<std::unique_ptr<CudaOps>> ops;
+    for (int r = 0; r < ranks; ++r) {
+      ops.push_back(std::make_unique<CudaOps>(b.config, r, group, r));
+      upload(*ops.back(), b);
+    }
+    DSV4_CUDA_CHECK(cudaSetDevice(0));
+    CudaOps one(b.config, 0);
+    upload(one, b);
+    std::vector<StepInputs> steps;
+    for (int64_t n : {1, 3, 8, 1, 9, 2, 8, 20, 1})
+      for (Consumer consumer : {Consumer::kPreNorm, Consumer::kPreNorm, Consumer::kPost, Consumer::kRead}) {
+        StepInputs s{n, consumer, {}, random_floats(size_t(n * hc * dim), rng),
+                     random_floats(size_t(n * hc), rng, 0.0f, 2.0f), random_floats(size_t(n * hc * hc), rng)};
+        for (int r = 0; r < ranks; ++r) s.shares.push_back(random_floats(size_t(n * dim), rng, -4.0f, 4.0f));
+        steps.push_back(std::move(s));
+      }
+    std::vector<std::vector<StepOutputs>> got(static_cast<size_t>(ranks));
+    std::vector<std::string> errors(static_cast<size_t>(ranks));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          ops[size_t(r)]->bind_thread();
+          for (const StepInputs& s : steps)
+            got[size_t(r)].push_back(run_step(*ops[size_t(r)], b, s, s.shares[size_t(r)], true));
+        } catch (const std::exception& e) {
+          errors[size_t(r)] = e.what();
+          group->abort();
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < ranks; ++r) ASSERT_EQ(errors[size_t(r)], "") << "rank " << r;
+    one.bind_thread();
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const StepInputs& s = steps[i];
+      std::vector<float> sum = s.shares[0];
+      for (int r = 1; r < ranks; ++r)
+        for (size_t k = 0; k < sum.size(); ++k) sum[k] += s.shares[size_t(r)][k];
+      const StepOutputs want = run_step(one, b, s, sum, false);
+      const bool exchanged = group->peers() && s.consumer == Consumer::kPreNorm && s.n <= 8;
+      const bool exact = exchanged || ranks == 2;
+      for (int r = 0; r < ranks; ++r) {
+        const std::string what = cat("hc ", hc, " dim ", dim, " step ", i, " n ", s.n, " consumer ", int(s.consumer),
+                                     exchanged ? " (exchange)" : " (NCCL)", " rank ", r);
+        const StepOutputs& g = got[size_t(r)][i];
+        const auto check = [&](const std::vector<float>& a, const std::vector<float>& w, const char* name) {
+          if (exact) {
+            EXPECT_TRUE(same_bits(a, w, cat(name, " ", what)));
+          } else {
+            EXPECT_TRUE(compare(a, w, Tolerance{1e-5, 1e-5}, cat(name, " ", what)));
+          }
+        };
+        check(g.f, want.f, "f");
+        check(g.X, want.X, "X");
+        check(g.x, want.x, "x");
+        check(g.xn, want.xn, "xn");
+        check(g.post, want.post, "post");
+        check(g.comb, want.comb, "comb");
+      }
+    }
+  }
+#endif
+}
+
+// A rank waiting in hc_post_mix's exchange for a rank that never comes ends once the group is aborted.
+TEST(CudaComm, AnAbortedGroupReleasesARankInTheExchange) {
+  DSV4_REQUIRE_GPUS(2);
+#if DSV4_HAVE_CUDA
+  if (!cuda::PeerExchange::possible({0, 1})) GTEST_SKIP() << "GPUs 0 and 1 cannot reach each other's memory";
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  const Boundary b = boundary(4, 4096, rng);
+  auto group = std::make_shared<cuda::NcclGroup>(std::vector<int>{0, 1});
+  ASSERT_NE(group->peers(), nullptr);
+  CudaOps ops(b.config, 0, group, 0);
+  upload(ops, b);
+  const int64_t n = 1, D = b.config.dim, hc = b.config.hc_mult;
+  float* f = to_device(ops, random_floats(size_t(n * D), rng));
+  float* X = to_device(ops, random_floats(size_t(n * hc * D), rng));
+  float* post = to_device(ops, random_floats(size_t(n * hc), rng));
+  float* comb = to_device(ops, random_floats(size_t(n * hc * hc), rng));
+  float* x = ops.alloc(size_t(n * D));
+  float* xn = ops.alloc(size_t(n * D));
+  settle();
+  ops.all_reduce(f, size_t(n * D));  // rank 1 never arrives
+  ops.hc_post(f, post, comb, n, X);
+  ops.hc_pre_norm(X, b.w, b.gamma, n, D, x, xn, post, comb);
+  cudaStream_t s = ops.stream();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady) << "rank 0 waits for rank 1";
+  group->abort();
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(s));  // returns: the wait ended
+  EXPECT_THROW(ops.all_reduce(f, size_t(n * D)), Error) << "an aborted group refuses new calls";
 #endif
 }
 

@@ -43,7 +43,7 @@ struct NcclGroup::Api {
   }
 };
 
-NcclGroup::NcclGroup(const std::vector<int>& devices) : api_(std::make_unique<Api>()) {
+NcclGroup::NcclGroup(const std::vector<int>& devices, bool peer_exchange) : api_(std::make_unique<Api>()) {
   // NVLink SHARP (multicast) stays off: the GPU machines forbid it (docs/design/parallel.md).
   setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
   // Every connection made here rather than at a collective's first use (NCCL ≥ 2.22 connects lazily), which a
@@ -53,6 +53,8 @@ NcclGroup::NcclGroup(const std::vector<int>& devices) : api_(std::make_unique<Ap
   std::vector<ncclComm_t> comms(devices.size());
   api_->check(api_->comm_init_all(comms.data(), int(devices.size()), devices.data()), "communicator setup");
   comms_.assign(comms.begin(), comms.end());
+  if (peer_exchange && devices.size() >= 2 && PeerExchange::possible(devices))
+    peers_ = std::make_unique<PeerExchange>(devices);
 }
 
 NcclGroup::~NcclGroup() {
@@ -62,8 +64,12 @@ NcclGroup::~NcclGroup() {
   }
 }
 
-void NcclGroup::all_reduce(int rank, float* x, size_t count, cudaStream_t stream) {
+void NcclGroup::check_alive() const {
   DSV4_CHECK(!aborted_, "another rank of this model failed; the model cannot run further");
+}
+
+void NcclGroup::all_reduce(int rank, float* x, size_t count, cudaStream_t stream) {
+  check_alive();
   api_->check(api_->all_reduce(x, x, count, ncclFloat32, ncclSum, static_cast<ncclComm_t>(comms_[size_t(rank)]),
                                stream),
               "all-reduce");
@@ -71,6 +77,7 @@ void NcclGroup::all_reduce(int rank, float* x, size_t count, cudaStream_t stream
 
 void NcclGroup::abort() {
   if (aborted_.exchange(true)) return;
+  if (peers_) peers_->abort();
   for (void* c : comms_) api_->comm_abort(static_cast<ncclComm_t>(c));
 }
 

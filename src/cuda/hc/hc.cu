@@ -19,14 +19,18 @@
 // Fast numerics (the `bf16` flags): the mixes, Sinkhorn, post and comb stay fp32; the collapsed x, xn and the
 // new streams are rounded to bf16 as they are written (docs/design/fast-numerics.md §7, steps 2, 12, 18).
 // hc_post: block (D slice, token), post and comb in shared memory, X'[k] = post[k]·f + Σ_j C[j][k]·X[j] in place.
-// CudaOps::hc_post only records its arguments (DeferredPost); the next use of the stream launches it (flush_post),
+// CudaOps::hc_post only records its arguments (DeferredPost); the next use of the stream launches it (flush_deferred),
 // unless the next op is hc_pre_norm on the same X: then hc_post_mix replaces hc_post + hc_mix — block (128-column
 // slice of D, token) computes X' over its slice of every stream as hc_post does, writes it, and dots it with its
 // warps' fn rows (loaded before waiting for the predecessor): the partials hc_finish sums, one launch less and X
 // read once. Beyond kPostMixMaxTokens tokens hc_post_mix_tiled does the same for tiles of tokens a block.
+// With several ranks f is each rank's share: a deferred all-reduce of it (CudaOps::all_reduce) rides along with the
+// deferred hc_post. Up to kPostMixMaxTokens tokens hc_post_mix sums the shares itself, each block its slice, over
+// NVLink (comm/peer_exchange.cuh) right after its PDL wait; otherwise NCCL reduces f in place first.
 #include <algorithm>
 #include <utility>
 
+#include "cuda/comm/peer_exchange.cuh"
 #include "cuda/common/barrier.cuh"
 #include "cuda/common/check.h"
 #include "cuda/common/cp_async.cuh"
@@ -480,6 +484,7 @@ struct HcPostMixParams {
   float* partial;         // [chunks, n, M + 1], chunk b = columns [b·kPostMixCols, (b+1)·kPostMixCols) of each stream
   int M;
   int tiles = 1;          // hc_post_mix_tiled_kernel: token tiles per block
+  cuda::PeerSlots peers;  // hc_post_mix_kernel: ranks > 1: f is this rank's share, summed over the ranks here
 };
 
 // This warp's fn rows (w, w + kMixWarps, ... < M) at the lane's columns c of every stream (both hc_post_mix kernels).
@@ -531,6 +536,9 @@ __global__ void __launch_bounds__(kMixWarps * 32) hc_post_mix_kernel(HcPostMixPa
     for (int j = 0; j < kMaxHc; ++j)
       if (j < q.hc) streams[j] = cuda::load_pack<4>(Xt + j * q.D + c);
   }
+  // The ranks' shares of f summed: every warp reads its peers' packs (slot: the block).
+  const int slot = int(t * gridDim.x + blockIdx.x);
+  if (p.peers.ranks > 1) f = cuda::peer_sum(p.peers, slot, q.f, t * q.D + c, live, f);
   __syncthreads();  // post and C are in shared memory, and every warp has read X before warp 0 overwrites it
   Pack<4> out[kMaxHc];
   if (live) {
@@ -548,6 +556,7 @@ __global__ void __launch_bounds__(kMixWarps * 32) hc_post_mix_kernel(HcPostMixPa
     for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
     if (lane == 0) p.partial[(int64_t(blockIdx.x) * q.n + t) * (p.M + 1) + r] = v;
   }
+  if (p.peers.ranks > 1) cuda::peer_sum_finish(p.peers, slot);  // the peers have read this rank's share
 }
 
 // K warp sums at once (K a power of two ≤ 32; v[i] the lane's term of sum i), each in the order of the xor tree
@@ -703,7 +712,7 @@ int norm_slices(int64_t D) {
 void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std::vector<float>& base,
                  const std::vector<float>& scale, int64_t n, float* x, float* post, float* comb, const char* what,
                  const float* gamma = nullptr, float* xn = nullptr, const HcPostParams* pending = nullptr,
-                 E4m3Rows* xnq = nullptr) {
+                 E4m3Rows* xnq = nullptr, const cuda::PeerSlots* peers = nullptr) {
   const ModelConfig& cfg = ops.config();
   const int64_t hc = cfg.hc_mult, D = cfg.dim, K = hc * D;
   const int64_t M = post ? (2 + hc) * hc : hc;
@@ -731,6 +740,10 @@ void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std:
     partial = partials();
     HcPostMixParams mix{*pending, fn, partial, int(M)};
     const dim3 block{kMixWarps * 32};
+    if (peers) {
+      DSV4_ASSERT(n <= kPostMixMaxTokens && chunks * n <= cuda::kPeerSlots);
+      mix.peers = *peers;
+    }
     if (n <= kPostMixMaxTokens) {
       const dim3 grid{unsigned(chunks), unsigned(n)};
       switch (rows_per_warp) {
@@ -826,7 +839,13 @@ void CudaOps::hc_pre_norm(const float* X, const HcWeights& w, const std::vector<
   if (d.n > 0 && d.X == X && d.n == n && cuda::aligned16(d.f)) {
     deferred_post_ = {};  // launched here, by hc_post_mix
     const HcPostParams pending{d.f, d.post, d.comb, d.X, n, dim, int(config_.hc_mult), fast()};
-    return hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn, &pending, xnq);
+    cuda::PeerSlots peers;
+    if (d.reduce) {
+      if (exchange_fits(n, d.f)) peers = group_->peers()->slots(rank_);
+      else group_->all_reduce(rank_, d.f, size_t(n * dim), stream_);
+    }
+    return hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn, &pending, xnq,
+                       d.reduce && peers.ranks > 1 ? &peers : nullptr);
   }
   hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn, nullptr, xnq);
 }
@@ -839,14 +858,44 @@ void CudaOps::hc_post(const float* f, const float* post, const float* comb, int6
   const int64_t hc = config_.hc_mult;
   DSV4_CHECK(hc >= 1 && hc <= kMaxHc, "hc_post: hc_mult ", hc, " outside [1, ", kMaxHc, "]");
   DSV4_CHECK(n >= 0 && n <= int64_t(65535), "hc_post: ", n, " tokens in one step (at most 65535)");
-  flush_post();  // an earlier one first
-  if (n > 0) deferred_post_ = {f, post, comb, X, n};
+  // A deferred all-reduce of exactly these rows is taken over (all_reduce flushed anything deferred before it).
+  const DeferredReduce r = deferred_reduce_;
+  const bool takes = n > 0 && r.x == f && r.count == size_t(n * config_.dim);
+  if (takes) deferred_reduce_ = {};
+  flush_deferred();  // anything earlier first
+  if (n > 0) deferred_post_ = {takes ? r.x : const_cast<float*>(f), post, comb, X, n, takes};
 }
 
-void CudaOps::flush_post() {
+void CudaOps::all_reduce(float* x, size_t count) {
+  if (!group_) return;
+  group_->check_alive();
+  if (!group_->peers()) return group_->all_reduce(rank_, x, count, stream_);
+  flush_deferred();
+  if (count > 0) deferred_reduce_ = {x, count};
+}
+
+bool CudaOps::exchange_fits(int64_t n, const float* f) const {
+  if (!group_ || !group_->peers() || n > kPostMixMaxTokens || !cuda::PeerExchange::addressable(f)) return false;
+  // Every block of hc_post_mix waits for its peers' same block: the whole grid must be resident at once on each
+  // GPU, or two ranks could each hold blocks waiting for ones the other has not started.
+  static const int per_sm = [] {
+    int blocks = 0;
+    DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, hc_post_mix_kernel<4>, kMixWarps * 32, 0));
+    return blocks;
+  }();
+  const int64_t blocks = cuda::ceil_div(config_.dim, int64_t(kPostMixCols)) * n;
+  return blocks <= cuda::kPeerSlots && blocks <= int64_t(per_sm) * props_.multiProcessorCount;
+}
+
+void CudaOps::flush_deferred() {
+  if (deferred_reduce_.count > 0) {
+    const DeferredReduce r = std::exchange(deferred_reduce_, {});  // cleared first: the call below uses the stream
+    group_->all_reduce(rank_, r.x, r.count, stream_);
+  }
   if (deferred_post_.n == 0) return;
   const DeferredPost d = std::exchange(deferred_post_, {});  // cleared first: the launch below uses the stream
   const int64_t D = config_.dim;
+  if (d.reduce) group_->all_reduce(rank_, d.f, size_t(d.n * D), stream_);
   const HcPostParams p{d.f, d.post, d.comb, d.X, d.n, D, int(config_.hc_mult), fast()};
   const bool vec = D % 4 == 0 && cuda::aligned16(d.f) && cuda::aligned16(d.X);
   const dim3 grid(unsigned(cuda::ceil_div(D, kPostThreads * (vec ? 4 : 1))), unsigned(d.n));

@@ -1,0 +1,82 @@
+#include "cuda/comm/peer_exchange.h"
+
+#include "core/error.h"
+#include "cuda/common/check.h"
+
+namespace dsv4::cuda {
+
+bool PeerExchange::possible(const std::vector<int>& devices) {
+  for (int a : devices)
+    for (int b : devices) {
+      if (a == b) continue;
+      int can = 0;
+      if (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || !can) {
+        (void)cudaGetLastError();
+        return false;
+      }
+    }
+  return true;
+}
+
+PeerExchange::PeerExchange(const std::vector<int>& devices) {
+  const int n = int(devices.size());
+  DSV4_CHECK(n >= 2 && n <= kPeerMaxRanks, "peer exchange: ", n, " ranks (2 to ", kPeerMaxRanks, ")");
+  DSV4_CHECK(possible(devices), "peer exchange: a pair of GPUs cannot reach each other's memory");
+  for (int a : devices)
+    for (int b : devices) {
+      if (a == b) continue;
+      DSV4_CUDA_CHECK(cudaSetDevice(a));
+      const cudaError_t err = cudaDeviceEnablePeerAccess(b, 0);
+      if (err == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+      else DSV4_CUDA_CHECK(err);
+    }
+  const size_t words = size_t(kPeerSlots) * kPeerMaxRanks;
+  for (int d : devices) {
+    DSV4_CUDA_CHECK(cudaSetDevice(d));
+    RankMemory m;
+    m.device = d;
+    memory_.push_back(m);  // freed by the destructor from here on
+    RankMemory& k = memory_.back();
+    DSV4_CUDA_CHECK(cudaMalloc(&k.start, words * sizeof(uint64_t)));
+    DSV4_CUDA_CHECK(cudaMalloc(&k.end, words * sizeof(unsigned)));
+    DSV4_CUDA_CHECK(cudaMalloc(&k.calls, kPeerSlots * sizeof(unsigned)));
+    DSV4_CUDA_CHECK(cudaMemset(k.start, 0, words * sizeof(uint64_t)));
+    DSV4_CUDA_CHECK(cudaMemset(k.end, 0, words * sizeof(unsigned)));
+    DSV4_CUDA_CHECK(cudaMemset(k.calls, 0, kPeerSlots * sizeof(unsigned)));
+  }
+  DSV4_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&aborted_), sizeof(unsigned),
+                                cudaHostAllocMapped | cudaHostAllocPortable));
+  *aborted_ = 0;
+  for (int d : devices) {
+    DSV4_CUDA_CHECK(cudaSetDevice(d));
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // every rank's zeroed counts are in place before any call
+  }
+}
+
+PeerExchange::~PeerExchange() {
+  for (const RankMemory& m : memory_) {
+    cudaSetDevice(m.device);
+    cudaFree(m.start);
+    cudaFree(m.end);
+    cudaFree(m.calls);
+  }
+  if (aborted_) cudaFreeHost(aborted_);
+}
+
+PeerSlots PeerExchange::slots(int rank) const {
+  DSV4_ASSERT(rank >= 0 && rank < ranks());
+  PeerSlots p;
+  for (int q = 0; q < ranks(); ++q) {
+    p.start[q] = memory_[size_t(q)].start;
+    p.end[q] = memory_[size_t(q)].end;
+  }
+  p.calls = memory_[size_t(rank)].calls;
+  p.aborted = aborted_;  // mapped and portable: the same address on every device (unified addressing)
+  p.rank = rank;
+  p.ranks = ranks();
+  return p;
+}
+
+void PeerExchange::abort() { *reinterpret_cast<volatile unsigned*>(aborted_) = 1; }
+
+}  // namespace dsv4::cuda
