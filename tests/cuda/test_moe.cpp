@@ -36,10 +36,11 @@
 // estimate). That flips ~10–15% of the w1 / w3 outputs' bf16 roundings (4e-4 against a bf16 spacing of
 // 2^-8..2^-9 of a value), so h moves by ~1e-3 and ~1–2% of its e4m3 values round to the other neighbour (a step
 // of 2^-4..2^-3 of them): an output relative L2 error of ~5e-3, and most outputs differ. Measured over 37 such
-// steps (H200, 2026-11-28): ≤ 6.0e-3, max|diff| ≤ 2^-4.6·M (large h values under swiglu_limit 10). Bounds:
+// steps (H200, 2026-11-28): ≤ 6.0e-3, max|diff| ≤ 2^-4.6·M (large h values under swiglu_limit 10); a small step
+// has few tokens to average its flips over: 1.03e-2 at D 512, I 384, n 36 (seed 5156150320586184229). Bounds:
 //   - every output a bf16 value, as above;
-//   - ‖got − want‖ ≤ 1e-2·‖want‖: a missing act_quant of x or h (e4m3's ~2.4e-2 RMS relative error) or a wrong
-//     scale, row or pair (O(1)) fails it;
+//   - ‖got − want‖ ≤ 1.5e-2·‖want‖: a missing act_quant of x or h (e4m3's ~2.4e-2 RMS relative error, on top of
+//     the accumulator's) or a wrong scale, row or pair (O(1)) fails it;
 //   - max|got − want| ≤ 2^-3·M: the flips of one token's h add up in its outputs (~30 of them at I 2048).
 // Vocabulary sizes differ from D and I: CpuOps::linear takes a matrix with vocab rows for the LM head (fp32).
 #include <cuda_runtime.h>
@@ -345,7 +346,7 @@ std::vector<float> check_step(const HostMoe& m, CudaOps& ops, int64_t n, std::mt
 }
 
 // The bounds of a step on the grouped path's wgmma kernels (file comment): relative L2 error, max|diff| / max|want|.
-constexpr double kWgmmaRelative = 1e-2, kWgmmaMax = 0x1p-3;
+constexpr double kWgmmaRelative = 1.5e-2, kWgmmaMax = 0x1p-3;
 
 // One step of n tokens on both backends in fast numerics, against the bounds of the file comment: those of
 // wgmma's sums where the step launched the grouped path's wgmma kernels.
