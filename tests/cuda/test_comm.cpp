@@ -20,10 +20,13 @@ namespace dsv4::test {
 namespace {
 
 #if DSV4_HAVE_CUDA
-int visible_gpus() {
+// Devices 0 .. n−1 of the visible GPUs (at most 8): one rank each.
+std::vector<int> visible_gpus() {
   int n = 0;
   DSV4_CUDA_CHECK(cudaGetDeviceCount(&n));
-  return std::min(n, 8);
+  std::vector<int> devices(static_cast<size_t>(std::min(n, 8)));
+  for (size_t r = 0; r < devices.size(); ++r) devices[r] = int(r);
+  return devices;
 }
 
 // One thread a rank, each on its own device and stream, running fn(rank, stream).
@@ -45,9 +48,8 @@ TEST(CudaComm, AllReduceEqualsTheSumInRankOrder) {
 #if DSV4_HAVE_CUDA
   std::mt19937_64 rng(seed());
   SCOPED_TRACE(seed());
-  const int ranks = visible_gpus();
-  std::vector<int> devices(static_cast<size_t>(ranks));
-  for (int r = 0; r < ranks; ++r) devices[size_t(r)] = r;
+  const std::vector<int> devices = visible_gpus();
+  const int ranks = int(devices.size());
   cuda::NcclGroup group(devices);
   std::vector<cudaStream_t> streams(static_cast<size_t>(ranks));
   for (int r = 0; r < ranks; ++r) {
@@ -232,16 +234,16 @@ StepOutputs run_step(CudaOps& ops, const Boundary& b, const StepInputs& in, cons
 // a read). The outputs must be, bit for bit, what one GPU computes from the rows summed in rank order — on every
 // rank: the ranks' streams stay identical. Up to 8 rows hc_post_mix sums the shares over the peer exchange (where
 // the GPUs reach each other); 9 and 20 rows take NCCL and the tiled kernel; the other consumers flush to NCCL.
-// Steps of mixed sizes repeat, so every slot's two parities are used; dim 260 leaves a partial 128-column slice.
+// Steps of mixed sizes repeat, so the slots' call counts advance through grids of different sizes; dim 260 leaves
+// a partial 128-column slice.
 // NCCL's own order is exact for two ranks; beyond two, its paths are held to 1e-5 relative instead.
 TEST(CudaComm, ReducedSubBlockOutputMatchesOneGpu) {
   DSV4_REQUIRE_GPUS(2);
 #if DSV4_HAVE_CUDA
   std::mt19937_64 rng(seed());
   SCOPED_TRACE(seed());
-  const int ranks = visible_gpus();
-  std::vector<int> devices(static_cast<size_t>(ranks));
-  for (int r = 0; r < ranks; ++r) devices[size_t(r)] = r;
+  const std::vector<int> devices = visible_gpus();
+  const int ranks = int(devices.size());
   const std::pair<int64_t, int64_t> shapes[] = {{4, 4096}, {2, 260}};  // (hc, dim)
   for (const auto& [hc, dim] : shapes) {
     const Boundary b = boundary(hc, dim, rng);
