@@ -189,6 +189,8 @@ class Ops {
   virtual void bind_thread() {}
   // Sums x [count] over the ranks of this backend's group, in place, in the same order on every rank (so
   // every rank gets the same bits and replicated computations stay identical). Alone in its group: nothing.
+  // A backend may instead fold the sum into the hc_post that reads x next (CudaOps): x itself then keeps this
+  // rank's share, so rows passed to hc_post must not be read again.
   virtual void all_reduce(float* x, size_t count) { (void)x, (void)count; }
   // This rank failed mid-step: the group's collectives, on every rank, now fail instead of waiting for it.
   virtual void abort_group() {}

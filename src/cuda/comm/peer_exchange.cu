@@ -79,4 +79,10 @@ PeerSlots PeerExchange::slots(int rank) const {
 
 void PeerExchange::abort() { *reinterpret_cast<volatile unsigned*>(aborted_) = 1; }
 
+void PeerExchange::quiesce() const {
+  for (const RankMemory& m : memory_)
+    if (cudaSetDevice(m.device) == cudaSuccess) cudaDeviceSynchronize();
+  (void)cudaGetLastError();
+}
+
 }  // namespace dsv4::cuda

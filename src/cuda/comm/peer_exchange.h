@@ -9,8 +9,9 @@
 //   end    it tells every peer "I have read your share", and before the kernel exits waits for the same from
 //          every peer: no rank overwrites its share (the next sub-block's producer) while another still reads it.
 // The flags are plain (relaxed) stores and loads: the data they guard were written by earlier kernels, which
-// the kernel boundary already made visible; a system-scope fence or release a block cost ~1 µs each, one block
-// after another (measured: +36 µs a row of 32 blocks).
+// the kernel boundary already made visible in the owner's L2 (where a peer's NVLink loads are served), and the
+// reads depend on the address the start word carries. Release / acquire flags were measured only while every
+// poll also read the host-mapped abort word (+36 µs a row, that read's cost: parallel.md); not since.
 //
 // Memory: every rank holds, in its own GPU memory, per block slot and sender a start word (the share's address
 // and the call's count) and an end word, and its own count of calls per slot. Calls are counted on the GPU, not
@@ -56,6 +57,9 @@ class PeerExchange {
   int ranks() const { return int(memory_.size()); }
   PeerSlots slots(int rank) const;
   void abort();  // releases every wait, now and later
+  // Waits until every rank's GPU is idle; errors are ignored (destructors call it). A rank's memory may be read
+  // by a peer's kernel still queued — after an abort the GPUs drift apart — so no rank frees it before then.
+  void quiesce() const;
 
  private:
   struct RankMemory {
