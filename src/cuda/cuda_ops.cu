@@ -52,6 +52,14 @@ CudaOps::~CudaOps() {
 
 void CudaOps::bind_thread() { DSV4_CUDA_CHECK(cudaSetDevice(device_)); }
 
+void CudaOps::all_reduce(float* x, size_t count) {
+  if (!group_) return;
+  group_->check_alive();
+  if (!group_->peers()) return group_->all_reduce(rank_, x, count, stream_);
+  flush_deferred();  // anything deferred before it (hc/hc.cu)
+  if (count > 0) deferred_reduce_ = {x, count};
+}
+
 void CudaOps::abort_group() {
   if (group_) group_->abort();
 }

@@ -851,7 +851,7 @@ void CudaOps::hc_pre_norm(const float* X, const HcWeights& w, const std::vector<
       else group_->all_reduce(rank_, d.f, size_t(n * dim), stream_);
     }
     return hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn, &pending, xnq,
-                       d.reduce && peers.ranks > 1 ? &peers : nullptr);
+                       peers.ranks > 1 ? &peers : nullptr);
   }
   hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn, nullptr, xnq);
 }
@@ -870,14 +870,6 @@ void CudaOps::hc_post(const float* f, const float* post, const float* comb, int6
   if (takes) deferred_reduce_ = {};
   flush_deferred();  // anything earlier first
   if (n > 0) deferred_post_ = {takes ? r.x : const_cast<float*>(f), post, comb, X, n, takes};
-}
-
-void CudaOps::all_reduce(float* x, size_t count) {
-  if (!group_) return;
-  group_->check_alive();
-  if (!group_->peers()) return group_->all_reduce(rank_, x, count, stream_);
-  flush_deferred();
-  if (count > 0) deferred_reduce_ = {x, count};
 }
 
 bool CudaOps::exchange_fits(int64_t n, const float* f) const {
