@@ -241,8 +241,9 @@ class CudaOps final : public Ops {
   };
   // Launches what is deferred, in call order: an all-reduce (NCCL), or hc_post (its all-reduce first) (hc/hc.cu).
   void flush_deferred();
-  // Whether hc_post_mix can sum the ranks' shares f of n rows over the peer exchange (hc/hc.cu).
-  bool exchange_fits(int64_t n, const float* f) const;
+  // Whether hc_post_mix sums the ranks' shares of n rows over the peer exchange (hc/hc.cu): decided alike on
+  // every rank, from the group's facts and n alone.
+  bool exchange_fits(int64_t n) const;
 
   Stream stream_{*this};
   DeferredReduce deferred_reduce_;

@@ -3,9 +3,12 @@
 // repeated calls on their own results, calls replayed from a CUDA graph, and a rank that never arrives: the
 // other ends once the group is aborted. Then CudaOps' deferred all-reduce of a sub-block's output: summed inside
 // hc_post_mix over the peer exchange up to 8 rows, by NCCL otherwise, in every case the bits one GPU computes
-// from the summed rows; and an aborted group releases a rank waiting in the exchange.
+// from the summed rows; one rank in the exchange against a peer the test plays (what compute-sanitizer can run);
+// and an aborted group releases a rank waiting in the exchange.
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "gpu.h"
@@ -228,6 +231,50 @@ StepOutputs run_step(CudaOps& ops, const Boundary& b, const StepInputs& in, cons
       return ::testing::AssertionFailure() << what << "[" << i << "] " << got[i] << ", want " << want[i];
   return ::testing::AssertionSuccess();
 }
+
+// Rank r's count of exchange calls, per block slot (PeerSlots::calls).
+std::vector<unsigned> exchange_calls(const cuda::NcclGroup& group, int r) {
+  std::vector<unsigned> calls(cuda::kPeerSlots);
+  DSV4_CUDA_CHECK(cudaMemcpy(calls.data(), group.peers()->slots(r).calls, calls.size() * sizeof(unsigned),
+                             cudaMemcpyDeviceToHost));
+  return calls;
+}
+
+template <class T>
+std::vector<T> read_device(const T* p, size_t n) {
+  std::vector<T> host(n);
+  DSV4_CUDA_CHECK(cudaMemcpy(host.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+// Aborts the group unless disarmed within `seconds`: a test whose rank would wait forever ends, and fails.
+class Watchdog {
+ public:
+  Watchdog(cuda::NcclGroup& group, int seconds)
+      : thread_([this, &group, seconds] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (!done_.wait_for(lock, std::chrono::seconds(seconds), [this] { return disarmed_; })) {
+            fired_ = true;
+            group.abort();
+          }
+        }) {}
+  ~Watchdog() { disarm(); }
+  bool disarm() {  // whether it had fired
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      disarmed_ = true;
+    }
+    done_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    return fired_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_;
+  bool disarmed_ = false, fired_ = false;
+  std::thread thread_;
+};
 #endif
 
 // Every rank runs the model's sub-block boundary on its share of the rows: all_reduce, hc_post, hc_pre_norm (or
@@ -283,6 +330,16 @@ TEST(CudaComm, ReducedSubBlockOutputMatchesOneGpu) {
       });
     for (auto& t : threads) t.join();
     for (int r = 0; r < ranks; ++r) ASSERT_EQ(errors[size_t(r)], "") << "rank " << r;
+    if (group->peers()) {
+      // Which path ran: every rank's count of exchange calls per block slot is the fused steps of ≤ 8 rows whose
+      // grid (128-column slices × rows) reaches that slot.
+      std::vector<unsigned> want(cuda::kPeerSlots, 0);
+      for (const StepInputs& s : steps)
+        if (s.consumer == Consumer::kPreNorm && s.n <= 8)
+          for (int64_t slot = 0; slot < (dim + 127) / 128 * s.n; ++slot) ++want[size_t(slot)];
+      for (int r = 0; r < ranks; ++r)
+        EXPECT_EQ(exchange_calls(*group, r), want) << "rank " << r << "'s exchange calls per slot, dim " << dim;
+    }
     one.bind_thread();
     for (size_t i = 0; i < steps.size(); ++i) {
       const StepInputs& s = steps[i];
@@ -310,6 +367,87 @@ TEST(CudaComm, ReducedSubBlockOutputMatchesOneGpu) {
         check(g.post, want.post, "post");
         check(g.comb, want.comb, "comb");
       }
+    }
+  }
+#endif
+}
+
+// Rank 0 runs the exchange alone against a peer the test plays: before each call, rank 1's start words (its share's
+// address, the call's count) and end words ("read") are already in rank 0's memory, so hc_post_mix waits for
+// nothing. This is how compute-sanitizer, which runs one kernel at a time, checks the exchange kernel
+// (tools/gpu-check --sanitize). Checks the words rank 0 leaves in rank 1's memory (an address holding rank 0's
+// share, the count), rank 0's count of calls per slot, and the outputs' bits against one GPU's from the summed
+// rows, over calls of 1, 8 and 3 rows (the slots' counts advance unevenly) and a partial last slice (dim 260).
+TEST(CudaComm, OneRankRunsTheExchangeAgainstAScriptedPeer) {
+  DSV4_REQUIRE_GPUS(2);
+#if DSV4_HAVE_CUDA
+  if (!cuda::PeerExchange::possible({0, 1})) GTEST_SKIP() << "GPUs 0 and 1 cannot reach each other's memory";
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  const std::pair<int64_t, int64_t> shapes[] = {{4, 4096}, {2, 260}};  // (hc, dim)
+  for (const auto& [hc, dim] : shapes) {
+    const Boundary b = boundary(hc, dim, rng);
+    auto group = std::make_shared<cuda::NcclGroup>(std::vector<int>{0, 1});
+    ASSERT_NE(group->peers(), nullptr);
+    const cuda::PeerSlots mine = group->peers()->slots(0);
+    DSV4_CUDA_CHECK(cudaSetDevice(0));
+    CudaOps ops(b.config, 0, group, 0);
+    upload(ops, b);
+    CudaOps one(b.config, 0);
+    upload(one, b);
+    const size_t words = size_t(cuda::kPeerSlots) * cuda::kPeerMaxRanks;
+    std::vector<unsigned> calls(cuda::kPeerSlots, 0);
+    for (int64_t n : {1, 8, 3}) {
+      const std::string what = cat("hc ", hc, " dim ", dim, " n ", n);
+      StepInputs in{n, Consumer::kPreNorm, {}, random_floats(size_t(n * hc * dim), rng),
+                    random_floats(size_t(n * hc), rng, 0.0f, 2.0f), random_floats(size_t(n * hc * hc), rng)};
+      for (int r = 0; r < 2; ++r) in.shares.push_back(random_floats(size_t(n * dim), rng, -4.0f, 4.0f));
+      // Rank 1's side: its share on GPU 1, and its words for this call in rank 0's memory.
+      DSV4_CUDA_CHECK(cudaSetDevice(1));
+      float* share1 = nullptr;
+      DSV4_CUDA_CHECK(cudaMalloc(&share1, in.shares[1].size() * sizeof(float)));
+      DSV4_CUDA_CHECK(cudaMemcpy(share1, in.shares[1].data(), in.shares[1].size() * sizeof(float),
+                                 cudaMemcpyHostToDevice));
+      DSV4_CUDA_CHECK(cudaSetDevice(0));
+      std::vector<uint64_t> start = read_device(mine.start[0], words);
+      std::vector<unsigned> end = read_device(mine.end[0], words);
+      const int64_t slots = (dim + 127) / 128 * n;
+      for (int64_t slot = 0; slot < slots; ++slot) {
+        const unsigned call = ++calls[size_t(slot)];
+        start[size_t(slot) * cuda::kPeerMaxRanks + 1] = uint64_t(reinterpret_cast<uintptr_t>(share1)) << 16 | (call & 0xFFFFu);
+        end[size_t(slot) * cuda::kPeerMaxRanks + 1] = call;
+      }
+      DSV4_CUDA_CHECK(cudaMemcpy(mine.start[0], start.data(), words * sizeof(uint64_t), cudaMemcpyHostToDevice));
+      DSV4_CUDA_CHECK(cudaMemcpy(mine.end[0], end.data(), words * sizeof(unsigned), cudaMemcpyHostToDevice));
+
+      ops.bind_thread();
+      Watchdog watchdog(*group, 600);  // compute-sanitizer's pace; a rank that waits for rank 1 fails here
+      const StepOutputs got = run_step(ops, b, in, in.shares[0], true);
+      ASSERT_FALSE(watchdog.disarm()) << what << ": rank 0 waited for the scripted peer";
+      std::vector<float> sum = in.shares[0];
+      for (size_t k = 0; k < sum.size(); ++k) sum[k] += in.shares[1][k];
+      one.bind_thread();
+      const StepOutputs want = run_step(one, b, in, sum, false);
+      EXPECT_TRUE(same_bits(got.X, want.X, "X " + what));
+      EXPECT_TRUE(same_bits(got.x, want.x, "x " + what));
+      EXPECT_TRUE(same_bits(got.xn, want.xn, "xn " + what));
+      EXPECT_TRUE(same_bits(got.post, want.post, "post " + what));
+      EXPECT_TRUE(same_bits(got.comb, want.comb, "comb " + what));
+
+      // What rank 0 left in rank 1's memory, and its own counts.
+      EXPECT_EQ(exchange_calls(*group, 0), calls) << what;
+      const std::vector<uint64_t> start1 = read_device(mine.start[1], words);
+      const std::vector<unsigned> end1 = read_device(mine.end[1], words);
+      for (int64_t slot = 0; slot < slots; ++slot) {
+        const size_t i = size_t(slot) * cuda::kPeerMaxRanks;  // sender 0
+        const unsigned call = calls[size_t(slot)];
+        ASSERT_EQ(start1[i] & 0xFFFFu, call & 0xFFFFu) << what << " slot " << slot << ": start count";
+        ASSERT_EQ(end1[i], call) << what << " slot " << slot << ": end word";
+        // The address is rank 0's share: it holds the share's values (hc_post_mix reads, never writes it).
+        const auto* share0 = reinterpret_cast<const float*>(uintptr_t(start1[i] >> 16));
+        ASSERT_EQ(read_device(share0, in.shares[0].size()), in.shares[0]) << what << " slot " << slot;
+      }
+      DSV4_CUDA_CHECK(cudaFree(share1));
     }
   }
 #endif

@@ -1,9 +1,21 @@
 #include "cuda/comm/peer_exchange.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "cuda/common/check.h"
 
 namespace dsv4::cuda {
+
+namespace {
+
+int attribute(cudaDeviceAttr what, int device) {
+  int v = -1;
+  if (cudaDeviceGetAttribute(&v, what, device) != cudaSuccess) (void)cudaGetLastError();
+  return v;
+}
+
+}  // namespace
 
 bool PeerExchange::possible(const std::vector<int>& devices) {
   for (int a : devices)
@@ -14,6 +26,8 @@ bool PeerExchange::possible(const std::vector<int>& devices) {
         (void)cudaGetLastError();
         return false;
       }
+      for (cudaDeviceAttr cc : {cudaDevAttrComputeCapabilityMajor, cudaDevAttrComputeCapabilityMinor})
+        if (attribute(cc, a) != attribute(cc, b)) return false;
     }
   return true;
 }
@@ -21,7 +35,8 @@ bool PeerExchange::possible(const std::vector<int>& devices) {
 PeerExchange::PeerExchange(const std::vector<int>& devices) {
   const int n = int(devices.size());
   DSV4_CHECK(n >= 2 && n <= kPeerMaxRanks, "peer exchange: ", n, " ranks (2 to ", kPeerMaxRanks, ")");
-  DSV4_CHECK(possible(devices), "peer exchange: a pair of GPUs cannot reach each other's memory");
+  DSV4_CHECK(possible(devices),
+             "peer exchange: a pair of GPUs cannot reach each other's memory, or differ in architecture");
   for (int a : devices)
     for (int b : devices) {
       if (a == b) continue;
@@ -32,6 +47,9 @@ PeerExchange::PeerExchange(const std::vector<int>& devices) {
     }
   const size_t words = size_t(kPeerSlots) * kPeerMaxRanks;
   for (int d : devices) {
+    const int sms = attribute(cudaDevAttrMultiProcessorCount, d);
+    DSV4_CHECK(sms > 0, "peer exchange: GPU ", d, "'s SM count is unknown");
+    sms_ = sms_ == 0 ? sms : std::min(sms_, sms);
     DSV4_CUDA_CHECK(cudaSetDevice(d));
     RankMemory m;
     m.device = d;

@@ -23,11 +23,14 @@ __device__ __forceinline__ bool peer_wait(const T* word, unsigned count, const v
 }
 
 // Σ over the ranks, in rank order, of the pack at element `at` of the share (this rank's: `share`; every rank's
-// has the same layout; `mine` is this rank's pack there). Block-wide: every thread of the block calls it (two
-// barriers), after the kernel's PDL wait (the share's producer has finished). Threads with `reads` false pass
-// anything and get zeros.
-__device__ __forceinline__ Pack<4> peer_sum(const PeerSlots& p, int slot, const float* share, int64_t at,
-                                            bool reads, const Pack<4>& mine) {
+// has the same layout; `mine` is this rank's pack there), stored to *sum (shared memory) by each thread that
+// passes one (where `reads` is false: zeros, and no peer's memory read). Block-wide: every thread of the block
+// calls it (two barriers), after the kernel's PDL wait (the share's producer has finished). The sums are stored
+// before the barrier that precedes the end word: a store needs the loaded values, so no NVLink load is still in
+// flight when a peer learns it may overwrite its share (a barrier alone orders issue, and the compiler may sink
+// the additions, and with them the wait for the loads, past it).
+__device__ __forceinline__ void peer_sum(const PeerSlots& p, int slot, const float* share, int64_t at, bool reads,
+                                         const Pack<4>& mine, Pack<4>* sum) {
   __shared__ const float* shares[kPeerMaxRanks];
   const unsigned call = __ldcg(p.calls + slot) + 1;  // stored by peer_sum_finish, after every thread read it
   const int q = threadIdx.x;
@@ -44,23 +47,25 @@ __device__ __forceinline__ Pack<4> peer_sum(const PeerSlots& p, int slot, const 
     }
   }
   __syncthreads();
-  Pack<4> sum{};
-  if (reads)
-    for (int r = 0; r < p.ranks; ++r) {
-      Pack<4> v = mine;
-      if (r != p.rank) {
-        const float4 w = __ldcv(reinterpret_cast<const float4*>(shares[r] + at));  // over NVLink, uncached
-        v.v[0] = w.x, v.v[1] = w.y, v.v[2] = w.z, v.v[3] = w.w;
-      }
-      if (r == 0) sum = v;
-      else
+  if (sum) {
+    Pack<4> s{};
+    if (reads)
+      for (int r = 0; r < p.ranks; ++r) {
+        Pack<4> v = mine;
+        if (r != p.rank) {
+          const float4 w = __ldcv(reinterpret_cast<const float4*>(shares[r] + at));  // over NVLink, uncached
+          v.v[0] = w.x, v.v[1] = w.y, v.v[2] = w.z, v.v[3] = w.w;
+        }
+        if (r == 0) s = v;
+        else
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sum.v[e] += v.v[e];
-    }
-  __syncthreads();  // the block's reads have returned
+          for (int e = 0; e < 4; ++e) s.v[e] += v.v[e];
+      }
+    *sum = s;
+  }
+  __syncthreads();  // every sum is stored: the block's reads have returned
   if (q < p.ranks && q != p.rank)
     *reinterpret_cast<volatile unsigned*>(p.end[q] + slot * kPeerMaxRanks + p.rank) = call;  // end: read
-  return sum;
 }
 
 // The end of a kernel that called peer_sum: waits until every peer has read this rank's share (block-wide).

@@ -46,7 +46,8 @@ class PeerExchange {
   PeerExchange(const PeerExchange&) = delete;
   PeerExchange& operator=(const PeerExchange&) = delete;
 
-  // Whether every pair of these devices can reach the other's memory (no allocation, no state change).
+  // Whether every pair of these devices can reach the other's memory and they share one architecture (no
+  // allocation, no state change). One architecture: a kernel's residency per SM is then the same on every rank.
   static bool possible(const std::vector<int>& devices);
   // Whether a share at x can travel in a start word (16-byte aligned, below 2^48).
   static bool addressable(const void* x) {
@@ -55,6 +56,10 @@ class PeerExchange {
   }
 
   int ranks() const { return int(memory_.size()); }
+  // The fewest SMs of the ranks' GPUs. Whether a call takes the exchange must be decided alike on every rank (a
+  // rank in the exchange waits for its peers there, one taking NCCL for them in NCCL: neither returns), so it
+  // is decided from what the ranks share: the call's shape, this count, and one architecture's residency.
+  int sms() const { return sms_; }
   PeerSlots slots(int rank) const;
   void abort();  // releases every wait, now and later
   // Waits until every rank's GPU is idle; errors are ignored (destructors call it). A rank's memory may be read
@@ -70,6 +75,7 @@ class PeerExchange {
   };
   std::vector<RankMemory> memory_;
   unsigned* aborted_ = nullptr;  // mapped, portable host memory
+  int sms_ = 0;
 };
 
 }  // namespace dsv4::cuda

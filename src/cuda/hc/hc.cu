@@ -540,10 +540,7 @@ __global__ void __launch_bounds__(kMixWarps * 32) hc_post_mix_kernel(HcPostMixPa
   // other warps (every warp reading them took 8× the NVLink reads: at 4 ranks and 8 rows slower than NCCL).
   __shared__ Pack<4> f_sum[32];
   const int slot = int(t * gridDim.x + blockIdx.x);
-  if (p.peers.ranks > 1) {
-    const Pack<4> sum = cuda::peer_sum(p.peers, slot, q.f, t * q.D + c, warp == 0 && live, f);
-    if (warp == 0) f_sum[lane] = sum;
-  }
+  if (p.peers.ranks > 1) cuda::peer_sum(p.peers, slot, q.f, t * q.D + c, live, f, warp == 0 ? &f_sum[lane] : nullptr);
   __syncthreads();  // post and C are in shared memory, and every warp has read X before warp 0 overwrites it
   if (p.peers.ranks > 1) f = f_sum[lane];
   Pack<4> out[kMaxHc];
@@ -847,7 +844,13 @@ void CudaOps::hc_pre_norm(const float* X, const HcWeights& w, const std::vector<
     const HcPostParams pending{d.f, d.post, d.comb, d.X, n, dim, int(config_.hc_mult), fast()};
     cuda::PeerSlots peers;
     if (d.reduce) {
-      if (exchange_fits(n, d.f)) peers = group_->peers()->slots(rank_);
+      if (exchange_fits(n)) {
+        // The peers wait for this rank in the exchange now: a share that cannot travel is an error (the caller
+        // aborts the group), not a fall back to NCCL. The model's buffers are 256-byte aligned, below 2^48.
+        DSV4_CHECK(cuda::PeerExchange::addressable(d.f), "hc_pre_norm: rank ", rank_, "'s share at ",
+                   static_cast<const void*>(d.f), " cannot travel in the peer exchange");
+        peers = group_->peers()->slots(rank_);
+      }
       else group_->all_reduce(rank_, d.f, size_t(n * dim), stream_);
     }
     return hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn, &pending, xnq,
@@ -872,17 +875,25 @@ void CudaOps::hc_post(const float* f, const float* post, const float* comb, int6
   if (n > 0) deferred_post_ = {takes ? r.x : const_cast<float*>(f), post, comb, X, n, takes};
 }
 
-bool CudaOps::exchange_fits(int64_t n, const float* f) const {
-  if (!group_ || !group_->peers() || n > kPostMixMaxTokens || !cuda::PeerExchange::addressable(f)) return false;
+bool CudaOps::exchange_fits(int64_t n) const {
+  const cuda::PeerExchange* peers = group_ ? group_->peers() : nullptr;
+  if (!peers || n > kPostMixMaxTokens) return false;
   // Every block of hc_post_mix waits for its peers' same block: the whole grid must be resident at once on each
-  // GPU, or two ranks could each hold blocks waiting for ones the other has not started.
+  // GPU, or two ranks could each hold blocks waiting for ones the other has not started. Residency: the least
+  // of the kernel's instances (the ranks' GPUs share one architecture: PeerExchange::possible).
   static const int per_sm = [] {
-    int blocks = 0;
-    DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, hc_post_mix_kernel<4>, kMixWarps * 32, 0));
-    return blocks;
+    int least = 0;
+    for (const void* kernel : {reinterpret_cast<const void*>(hc_post_mix_kernel<1>),
+                               reinterpret_cast<const void*>(hc_post_mix_kernel<2>),
+                               reinterpret_cast<const void*>(hc_post_mix_kernel<4>)}) {
+      int blocks = 0;
+      DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kMixWarps * 32, 0));
+      least = least == 0 ? blocks : std::min(least, blocks);
+    }
+    return least;
   }();
   const int64_t blocks = cuda::ceil_div(config_.dim, int64_t(kPostMixCols)) * n;
-  return blocks <= cuda::kPeerSlots && blocks <= int64_t(per_sm) * props_.multiProcessorCount;
+  return blocks <= cuda::kPeerSlots && blocks <= int64_t(per_sm) * peers->sms();
 }
 
 void CudaOps::flush_deferred() {
