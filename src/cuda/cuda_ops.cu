@@ -39,7 +39,6 @@ CudaOps::~CudaOps() {
   // deferred all-reduce or hc_post is dropped: nobody can observe its X any more.
   deferred_reduce_ = {};
   deferred_post_ = {};
-  if (group_ && group_->peers()) group_->peers()->quiesce();  // the peers' queued kernels may read this rank's rows
   cudaSetDevice(device_);
   cudaStream_t stream = stream_.handle();
   if (stream) cudaStreamSynchronize(stream);

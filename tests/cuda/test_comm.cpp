@@ -372,12 +372,12 @@ TEST(CudaComm, ReducedSubBlockOutputMatchesOneGpu) {
 #endif
 }
 
-// Rank 0 runs the exchange alone against a peer the test plays: before each call, rank 1's start words (its share's
-// address, the call's count) and end words ("read") are already in rank 0's memory, so hc_post_mix waits for
-// nothing. This is how compute-sanitizer, which runs one kernel at a time, checks the exchange kernel
-// (tools/gpu-check --sanitize). Checks the words rank 0 leaves in rank 1's memory (an address holding rank 0's
-// share, the count), rank 0's count of calls per slot, and the outputs' bits against one GPU's from the summed
-// rows, over calls of 1, 8 and 3 rows (the slots' counts advance unevenly) and a partial last slice (dim 260).
+// Rank 0 runs the exchange alone against a peer the test plays: before each call, rank 1's packets (its share's
+// slices, each value beside this call's flag) are already in rank 0's inbox, so hc_post_mix waits for nothing.
+// This is how compute-sanitizer, which runs one kernel at a time, checks the exchange kernel (tools/gpu-check
+// --sanitize). Checks the packets rank 0 leaves in rank 1's inbox (its share's values, the flag), rank 0's count of
+// calls per slot, and the outputs' bits against one GPU's from the summed rows, over calls of 1, 8, 3 and 2 rows
+// (the slots' counts advance unevenly, both parities of the inbox are used) and a partial last slice (dim 260).
 TEST(CudaComm, OneRankRunsTheExchangeAgainstAScriptedPeer) {
   DSV4_REQUIRE_GPUS(2);
 #if DSV4_HAVE_CUDA
@@ -395,30 +395,33 @@ TEST(CudaComm, OneRankRunsTheExchangeAgainstAScriptedPeer) {
     upload(ops, b);
     CudaOps one(b.config, 0);
     upload(one, b);
-    const size_t words = size_t(cuda::kPeerSlots) * cuda::kPeerMaxRanks;
+    const size_t words = size_t(cuda::peer_inbox_word(2, 0, 2, 0, 0, 0));
+    const int64_t chunks = (dim + 127) / 128;
+    // Lane `lane`'s packet of slot (t, chunk) for a share [n, dim] under `flag`: its two 16-byte words.
+    const auto packet = [&](const std::vector<float>& share, int64_t slot, int lane, unsigned flag, uint4* w) {
+      const int64_t t = slot / chunks, col = slot % chunks * 128 + 4 * lane;
+      uint32_t v[4];
+      std::memcpy(v, &share[size_t(t * dim + col)], sizeof(v));
+      w[0] = make_uint4(v[0], flag, v[1], flag);
+      w[1] = make_uint4(v[2], flag, v[3], flag);
+    };
     std::vector<unsigned> calls(cuda::kPeerSlots, 0);
-    for (int64_t n : {1, 8, 3}) {
+    for (int64_t n : {1, 8, 3, 2}) {
       const std::string what = cat("hc ", hc, " dim ", dim, " n ", n);
       StepInputs in{n, Consumer::kPreNorm, {}, random_floats(size_t(n * hc * dim), rng),
                     random_floats(size_t(n * hc), rng, 0.0f, 2.0f), random_floats(size_t(n * hc * hc), rng)};
       for (int r = 0; r < 2; ++r) in.shares.push_back(random_floats(size_t(n * dim), rng, -4.0f, 4.0f));
-      // Rank 1's side: its share on GPU 1, and its words for this call in rank 0's memory.
-      DSV4_CUDA_CHECK(cudaSetDevice(1));
-      float* share1 = nullptr;
-      DSV4_CUDA_CHECK(cudaMalloc(&share1, in.shares[1].size() * sizeof(float)));
-      DSV4_CUDA_CHECK(cudaMemcpy(share1, in.shares[1].data(), in.shares[1].size() * sizeof(float),
-                                 cudaMemcpyHostToDevice));
-      DSV4_CUDA_CHECK(cudaSetDevice(0));
-      std::vector<uint64_t> start = read_device(mine.start[0], words);
-      std::vector<unsigned> end = read_device(mine.end[0], words);
-      const int64_t slots = (dim + 127) / 128 * n;
+      // Rank 1's side: its packets for this call in rank 0's inbox (the lanes whose columns lie inside dim).
+      std::vector<uint4> inbox = read_device(mine.inbox[0], words);
+      const int64_t slots = chunks * n;
       for (int64_t slot = 0; slot < slots; ++slot) {
         const unsigned call = ++calls[size_t(slot)];
-        start[size_t(slot) * cuda::kPeerMaxRanks + 1] = uint64_t(reinterpret_cast<uintptr_t>(share1)) << 16 | (call & 0xFFFFu);
-        end[size_t(slot) * cuda::kPeerMaxRanks + 1] = call;
+        for (int lane = 0; lane < cuda::kPeerLanes; ++lane)
+          if (slot % chunks * 128 + 4 * lane < dim)
+            packet(in.shares[1], slot, lane, call,
+                   &inbox[size_t(cuda::peer_inbox_word(int(call & 1), int(slot), 2, 1, lane, 0))]);
       }
-      DSV4_CUDA_CHECK(cudaMemcpy(mine.start[0], start.data(), words * sizeof(uint64_t), cudaMemcpyHostToDevice));
-      DSV4_CUDA_CHECK(cudaMemcpy(mine.end[0], end.data(), words * sizeof(unsigned), cudaMemcpyHostToDevice));
+      DSV4_CUDA_CHECK(cudaMemcpy(mine.inbox[0], inbox.data(), words * sizeof(uint4), cudaMemcpyHostToDevice));
 
       ops.bind_thread();
       Watchdog watchdog(*group, 600);  // compute-sanitizer's pace; a rank that waits for rank 1 fails here
@@ -434,20 +437,18 @@ TEST(CudaComm, OneRankRunsTheExchangeAgainstAScriptedPeer) {
       EXPECT_TRUE(same_bits(got.post, want.post, "post " + what));
       EXPECT_TRUE(same_bits(got.comb, want.comb, "comb " + what));
 
-      // What rank 0 left in rank 1's memory, and its own counts.
+      // What rank 0 left in rank 1's inbox, and its own counts.
       EXPECT_EQ(exchange_calls(*group, 0), calls) << what;
-      const std::vector<uint64_t> start1 = read_device(mine.start[1], words);
-      const std::vector<unsigned> end1 = read_device(mine.end[1], words);
-      for (int64_t slot = 0; slot < slots; ++slot) {
-        const size_t i = size_t(slot) * cuda::kPeerMaxRanks;  // sender 0
-        const unsigned call = calls[size_t(slot)];
-        ASSERT_EQ(start1[i] & 0xFFFFu, call & 0xFFFFu) << what << " slot " << slot << ": start count";
-        ASSERT_EQ(end1[i], call) << what << " slot " << slot << ": end word";
-        // The address is rank 0's share: it holds the share's values (hc_post_mix reads, never writes it).
-        const auto* share0 = reinterpret_cast<const float*>(uintptr_t(start1[i] >> 16));
-        ASSERT_EQ(read_device(share0, in.shares[0].size()), in.shares[0]) << what << " slot " << slot;
-      }
-      DSV4_CUDA_CHECK(cudaFree(share1));
+      const std::vector<uint4> inbox1 = read_device(mine.inbox[1], words);
+      for (int64_t slot = 0; slot < slots; ++slot)
+        for (int lane = 0; lane < cuda::kPeerLanes; ++lane) {
+          if (slot % chunks * 128 + 4 * lane >= dim) continue;
+          const unsigned call = calls[size_t(slot)];
+          uint4 w[2];
+          packet(in.shares[0], slot, lane, call, w);
+          const int64_t i = cuda::peer_inbox_word(int(call & 1), int(slot), 2, 0, lane, 0);
+          ASSERT_EQ(std::memcmp(&inbox1[size_t(i)], w, sizeof(w)), 0) << what << " slot " << slot << " lane " << lane;
+        }
     }
   }
 #endif

@@ -45,7 +45,7 @@ PeerExchange::PeerExchange(const std::vector<int>& devices) {
       if (err == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
       else DSV4_CUDA_CHECK(err);
     }
-  const size_t words = size_t(kPeerSlots) * kPeerMaxRanks;
+  const size_t words = size_t(peer_inbox_word(2, 0, n, 0, 0, 0));  // the inbox's 16-byte words
   for (int d : devices) {
     const int sms = attribute(cudaDevAttrMultiProcessorCount, d);
     DSV4_CHECK(sms > 0, "peer exchange: GPU ", d, "'s SM count is unknown");
@@ -55,11 +55,9 @@ PeerExchange::PeerExchange(const std::vector<int>& devices) {
     m.device = d;
     memory_.push_back(m);  // freed by the destructor from here on
     RankMemory& k = memory_.back();
-    DSV4_CUDA_CHECK(cudaMalloc(&k.start, words * sizeof(uint64_t)));
-    DSV4_CUDA_CHECK(cudaMalloc(&k.end, words * sizeof(unsigned)));
+    DSV4_CUDA_CHECK(cudaMalloc(&k.inbox, words * sizeof(uint4)));
     DSV4_CUDA_CHECK(cudaMalloc(&k.calls, kPeerSlots * sizeof(unsigned)));
-    DSV4_CUDA_CHECK(cudaMemset(k.start, 0, words * sizeof(uint64_t)));
-    DSV4_CUDA_CHECK(cudaMemset(k.end, 0, words * sizeof(unsigned)));
+    DSV4_CUDA_CHECK(cudaMemset(k.inbox, 0, words * sizeof(uint4)));  // flag 0: no call yet (the first is 1)
     DSV4_CUDA_CHECK(cudaMemset(k.calls, 0, kPeerSlots * sizeof(unsigned)));
   }
   DSV4_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&aborted_), sizeof(unsigned),
@@ -72,10 +70,10 @@ PeerExchange::PeerExchange(const std::vector<int>& devices) {
 }
 
 PeerExchange::~PeerExchange() {
+  quiesce();
   for (const RankMemory& m : memory_) {
     cudaSetDevice(m.device);
-    cudaFree(m.start);
-    cudaFree(m.end);
+    cudaFree(m.inbox);
     cudaFree(m.calls);
   }
   if (aborted_) cudaFreeHost(aborted_);
@@ -84,10 +82,7 @@ PeerExchange::~PeerExchange() {
 PeerSlots PeerExchange::slots(int rank) const {
   DSV4_ASSERT(rank >= 0 && rank < ranks());
   PeerSlots p;
-  for (int q = 0; q < ranks(); ++q) {
-    p.start[q] = memory_[size_t(q)].start;
-    p.end[q] = memory_[size_t(q)].end;
-  }
+  for (int q = 0; q < ranks(); ++q) p.inbox[q] = memory_[size_t(q)].inbox;
   p.calls = memory_[size_t(rank)].calls;
   p.aborted = aborted_;  // mapped and portable: the same address on every device (unified addressing)
   p.rank = rank;

@@ -536,11 +536,10 @@ __global__ void __launch_bounds__(kMixWarps * 32) hc_post_mix_kernel(HcPostMixPa
     for (int j = 0; j < kMaxHc; ++j)
       if (j < q.hc) streams[j] = cuda::load_pack<4>(Xt + j * q.D + c);
   }
-  // The ranks' shares of f summed (slot: the block): warp 0 reads the peers' packs and hands the sums to the
-  // other warps (every warp reading them took 8× the NVLink reads: at 4 ranks and 8 rows slower than NCCL).
+  // The ranks' shares of f summed (slot: the block): warp 0 trades the packs with the peers and hands the sums to
+  // the other warps.
   __shared__ Pack<4> f_sum[32];
-  const int slot = int(t * gridDim.x + blockIdx.x);
-  if (p.peers.ranks > 1) cuda::peer_sum(p.peers, slot, q.f, t * q.D + c, live, f, warp == 0 ? &f_sum[lane] : nullptr);
+  if (p.peers.ranks > 1 && warp == 0) f_sum[lane] = cuda::peer_sum(p.peers, int(t * gridDim.x + blockIdx.x), live, f);
   __syncthreads();  // post and C are in shared memory, and every warp has read X before warp 0 overwrites it
   if (p.peers.ranks > 1) f = f_sum[lane];
   Pack<4> out[kMaxHc];
@@ -559,7 +558,6 @@ __global__ void __launch_bounds__(kMixWarps * 32) hc_post_mix_kernel(HcPostMixPa
     for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
     if (lane == 0) p.partial[(int64_t(blockIdx.x) * q.n + t) * (p.M + 1) + r] = v;
   }
-  if (p.peers.ranks > 1) cuda::peer_sum_finish(p.peers, slot);  // the peers have read this rank's share
 }
 
 // K warp sums at once (K a power of two ≤ 32; v[i] the lane's term of sum i), each in the order of the xor tree
@@ -844,13 +842,7 @@ void CudaOps::hc_pre_norm(const float* X, const HcWeights& w, const std::vector<
     const HcPostParams pending{d.f, d.post, d.comb, d.X, n, dim, int(config_.hc_mult), fast()};
     cuda::PeerSlots peers;
     if (d.reduce) {
-      if (exchange_fits(n)) {
-        // The peers wait for this rank in the exchange now: a share that cannot travel is an error (the caller
-        // aborts the group), not a fall back to NCCL. The model's buffers are 256-byte aligned, below 2^48.
-        DSV4_CHECK(cuda::PeerExchange::addressable(d.f), "hc_pre_norm: rank ", rank_, "'s share at ",
-                   static_cast<const void*>(d.f), " cannot travel in the peer exchange");
-        peers = group_->peers()->slots(rank_);
-      }
+      if (exchange_fits(n)) peers = group_->peers()->slots(rank_);
       else group_->all_reduce(rank_, d.f, size_t(n * dim), stream_);
     }
     return hc_collapse(*this, X, w.fn, w.base, w.scale, n, x, post, comb, "hc_pre_norm", g, xn, &pending, xnq,
