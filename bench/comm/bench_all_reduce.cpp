@@ -5,7 +5,7 @@
 //
 // Then the all-reduce where the model has it: a sub-block boundary of a decode step (all_reduce of the
 // sub-block's rows, hc_post, hc_pre_norm; V4-Flash's hc 4 × D 4096, fn F32) through CudaOps, without the
-// all-reduce, with NCCL's, and with the sum inside hc_post_mix over the peer exchange (up to 8 rows). The
+// all-reduce, with NCCL's, and with the sum inside hc_post_mix over the peer exchange (up to 64 rows). The
 // differences are what the reduction costs the step.
 //
 //   bench_all_reduce
@@ -197,7 +197,7 @@ int main() {
                 "boundary, one by one / from a graph; peer exchange %s\n\n",
                 with_peers->peers() ? "available" : "NOT available (no peer access)");
     std::printf("| rows | no all-reduce | NCCL all-reduce | summed in hc_post_mix |\n|---:|---:|---:|---:|\n");
-    for (int64_t rows : {int64_t(1), int64_t(2), int64_t(8)}) {
+    for (int64_t rows : {int64_t(1), int64_t(2), int64_t(8), int64_t(64)}) {
       const auto boundary = [&](const std::shared_ptr<cuda::NcclGroup>& group, bool reduce) {
         Boundaries b(group, rows);
         std::vector<cudaStream_t> ops_streams;

@@ -2,7 +2,7 @@
 // visible GPU (at least 2; skipped, visibly, otherwise; at most 8). Odd sizes, a V4 row and batches of rows,
 // repeated calls on their own results, calls replayed from a CUDA graph, and a rank that never arrives: the
 // other ends once the group is aborted. Then CudaOps' deferred all-reduce of a sub-block's output: summed inside
-// hc_post_mix over the peer exchange up to 8 rows, by NCCL otherwise, in every case the bits one GPU computes
+// hc_post_mix over the peer exchange where its slots hold the rows (V4: 64), by NCCL otherwise, in every case the bits one GPU computes
 // from the summed rows; one rank in the exchange against a peer the test plays (what compute-sanitizer can run);
 // and an aborted group releases a rank waiting in the exchange.
 #include <cmath>
@@ -179,7 +179,7 @@ void upload(CudaOps& ops, const Boundary& b) {
 }
 
 // How a step's all-reduce reaches its consumer: hc_post then hc_pre_norm on the same streams (the model's order:
-// fused, the exchange up to 8 rows), hc_post then a read of the streams (hc_post's own kernel, NCCL first), or a
+// fused, the exchange where its slots hold the rows), hc_post then a read of the streams (hc_post's own kernel, NCCL first), or a
 // read of the rows themselves (NCCL).
 enum class Consumer { kPreNorm, kPost, kRead };
 
@@ -279,8 +279,10 @@ class Watchdog {
 
 // Every rank runs the model's sub-block boundary on its share of the rows: all_reduce, hc_post, hc_pre_norm (or
 // a read). The outputs must be, bit for bit, what one GPU computes from the rows summed in rank order — on every
-// rank: the ranks' streams stay identical. Up to 8 rows hc_post_mix sums the shares over the peer exchange (where
-// the GPUs reach each other); 9 and 20 rows take NCCL and the tiled kernel; the other consumers flush to NCCL.
+// rank: the ranks' streams stay identical. Where the GPUs reach each other and the exchange's slots hold the rows
+// (128-column slices × rows ≤ kPeerSlots: 64 rows at dim 4096), hc_post_mix sums the shares itself — up to 8 rows
+// its one-row blocks, 9, 20 and 64 the tiled kernel; 70 rows at dim 4096 take NCCL and the tiled kernel; the
+// other consumers flush to NCCL.
 // Steps of mixed sizes repeat, so the slots' call counts advance through grids of different sizes; dim 260 leaves
 // a partial 128-column slice.
 // NCCL's own order is exact for two ranks; beyond two, its paths are held to 1e-5 relative instead.
@@ -307,7 +309,7 @@ TEST(CudaComm, ReducedSubBlockOutputMatchesOneGpu) {
     CudaOps one(b.config, 0);
     upload(one, b);
     std::vector<StepInputs> steps;
-    for (int64_t n : {1, 3, 8, 1, 9, 2, 8, 20, 1})
+    for (int64_t n : {1, 3, 8, 1, 9, 2, 8, 20, 64, 1, 70})
       for (Consumer consumer : {Consumer::kPreNorm, Consumer::kPreNorm, Consumer::kPost, Consumer::kRead}) {
         StepInputs s{n, consumer, {}, random_floats(size_t(n * hc * dim), rng),
                      random_floats(size_t(n * hc), rng, 0.0f, 2.0f), random_floats(size_t(n * hc * hc), rng)};
@@ -331,11 +333,11 @@ TEST(CudaComm, ReducedSubBlockOutputMatchesOneGpu) {
     for (auto& t : threads) t.join();
     for (int r = 0; r < ranks; ++r) ASSERT_EQ(errors[size_t(r)], "") << "rank " << r;
     if (group->peers()) {
-      // Which path ran: every rank's count of exchange calls per block slot is the fused steps of ≤ 8 rows whose
+      // Which path ran: every rank's count of exchange calls per block slot is the fused steps within the slots whose
       // grid (128-column slices × rows) reaches that slot.
       std::vector<unsigned> want(cuda::kPeerSlots, 0);
       for (const StepInputs& s : steps)
-        if (s.consumer == Consumer::kPreNorm && s.n <= 8)
+        if (s.consumer == Consumer::kPreNorm && (dim + 127) / 128 * s.n <= cuda::kPeerSlots)
           for (int64_t slot = 0; slot < (dim + 127) / 128 * s.n; ++slot) ++want[size_t(slot)];
       for (int r = 0; r < ranks; ++r)
         EXPECT_EQ(exchange_calls(*group, r), want) << "rank " << r << "'s exchange calls per slot, dim " << dim;
@@ -347,7 +349,8 @@ TEST(CudaComm, ReducedSubBlockOutputMatchesOneGpu) {
       for (int r = 1; r < ranks; ++r)
         for (size_t k = 0; k < sum.size(); ++k) sum[k] += s.shares[size_t(r)][k];
       const StepOutputs want = run_step(one, b, s, sum, false);
-      const bool exchanged = group->peers() && s.consumer == Consumer::kPreNorm && s.n <= 8;
+      const bool exchanged =
+          group->peers() && s.consumer == Consumer::kPreNorm && (dim + 127) / 128 * s.n <= cuda::kPeerSlots;
       const bool exact = exchanged || ranks == 2;
       for (int r = 0; r < ranks; ++r) {
         const std::string what = cat("hc ", hc, " dim ", dim, " step ", i, " n ", s.n, " consumer ", int(s.consumer),
@@ -376,8 +379,9 @@ TEST(CudaComm, ReducedSubBlockOutputMatchesOneGpu) {
 // slices, each value beside this call's flag) are already in rank 0's inbox, so hc_post_mix waits for nothing.
 // This is how compute-sanitizer, which runs one kernel at a time, checks the exchange kernel (tools/gpu-check
 // --sanitize). Checks the packets rank 0 leaves in rank 1's inbox (its share's values, the flag), rank 0's count of
-// calls per slot, and the outputs' bits against one GPU's from the summed rows, over calls of 1, 8, 3 and 2 rows
-// (the slots' counts advance unevenly, both parities of the inbox are used) and a partial last slice (dim 260).
+// calls per slot, and the outputs' bits against one GPU's from the summed rows, over calls of 1, 8, 3, 20 (the
+// tiled kernel) and 2 rows (the slots' counts advance unevenly, both parities of the inbox are used) and a partial
+// last slice (dim 260).
 TEST(CudaComm, OneRankRunsTheExchangeAgainstAScriptedPeer) {
   DSV4_REQUIRE_GPUS(2);
 #if DSV4_HAVE_CUDA
@@ -406,7 +410,7 @@ TEST(CudaComm, OneRankRunsTheExchangeAgainstAScriptedPeer) {
       w[1] = make_uint4(v[2], flag, v[3], flag);
     };
     std::vector<unsigned> calls(cuda::kPeerSlots, 0);
-    for (int64_t n : {1, 8, 3, 2}) {
+    for (int64_t n : {1, 8, 3, 20, 2}) {
       const std::string what = cat("hc ", hc, " dim ", dim, " n ", n);
       StepInputs in{n, Consumer::kPreNorm, {}, random_floats(size_t(n * hc * dim), rng),
                     random_floats(size_t(n * hc), rng, 0.0f, 2.0f), random_floats(size_t(n * hc * hc), rng)};

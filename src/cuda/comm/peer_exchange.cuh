@@ -1,6 +1,6 @@
 // Device side of the peer exchange (peer_exchange.h): the sum over the ranks of a block's slice of a share,
-// inside the kernel that reads it. One warp of each block calls peer_sum once, every block on its own slot
-// (< kPeerSlots); the whole grid must be resident at once, as the peers' blocks wait for each other.
+// inside the kernel that reads it, a slot (< kPeerSlots) for each 128-column slice of each row; the whole grid
+// must be resident at once, as the peers' blocks wait for each other.
 #pragma once
 
 #include <cstdint>
@@ -31,38 +31,61 @@ __device__ __forceinline__ bool peer_receive(const uint4* at, unsigned flag, con
   }
 }
 
-// Σ over the ranks, in rank order, of lane `lane`'s pack of the block's slice (this rank's: `mine`), by one warp
-// of the block, after the kernel's PDL wait (the share's producer has finished). Lanes with `live` false (past D:
-// alike on every rank) send and receive nothing and get zeros. After an abort a missing share counts as zero.
+// A slot's exchange, by the lanes of one warp (lane l: the pack at l of the slot's slice), after the kernel's PDL
+// wait (the share's producer has finished): peer_call, then each live lane's peer_push and peer_gather, then
+// peer_done by the whole warp. Lanes past D (alike on every rank) push and gather nothing.
+
+// The slot's flag for this call: its calls on this rank so far + 1, the same count on every rank.
+__device__ __forceinline__ unsigned peer_call(const PeerSlots& p, int slot) { return __ldcg(p.calls + slot) + 1; }
+
+// This lane's pack into every peer's inbox.
+__device__ __forceinline__ void peer_push(const PeerSlots& p, int slot, unsigned call, const Pack<4>& mine) {
+  const int lane = int(threadIdx.x % 32), parity = int(call & 1u);
+  const uint4 w0 = make_uint4(__float_as_uint(mine.v[0]), call, __float_as_uint(mine.v[1]), call);
+  const uint4 w1 = make_uint4(__float_as_uint(mine.v[2]), call, __float_as_uint(mine.v[3]), call);
+  for (int q = 0; q < p.ranks; ++q) {
+    if (q == p.rank) continue;
+    uint4* at = p.inbox[q] + peer_inbox_word(parity, slot, p.ranks, p.rank, lane, 0);
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(at), "r"(w0.x), "r"(w0.y), "r"(w0.z),
+                 "r"(w0.w) : "memory");
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(at + 1), "r"(w1.x), "r"(w1.y), "r"(w1.z),
+                 "r"(w1.w) : "memory");
+  }
+}
+
+// Σ over the ranks, in rank order, of this lane's pack (this rank's: `mine`), the peers' from this rank's inbox.
+// After an abort a missing share counts as zero.
+__device__ __forceinline__ Pack<4> peer_gather(const PeerSlots& p, int slot, unsigned call, const Pack<4>& mine) {
+  const int lane = int(threadIdx.x % 32), parity = int(call & 1u);
+  Pack<4> sum{};
+  for (int r = 0; r < p.ranks; ++r) {
+    Pack<4> v = mine;
+    if (r != p.rank &&
+        !peer_receive(p.inbox[p.rank] + peer_inbox_word(parity, slot, p.ranks, r, lane, 0), call, p.aborted, &v))
+      v = Pack<4>{};
+    if (r == 0) sum = v;
+    else
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sum.v[e] += v.v[e];
+  }
+  return sum;
+}
+
+// The slot's call is over on this rank (the whole warp, after its gathers).
+__device__ __forceinline__ void peer_done(const PeerSlots& p, int slot, unsigned call) {
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) p.calls[slot] = call;  // read again by this slot's next call, a later kernel
+}
+
+// The whole exchange of a slot at once (hc_post_mix: a block's slice of one token, warp 0).
 __device__ __forceinline__ Pack<4> peer_sum(const PeerSlots& p, int slot, bool live, const Pack<4>& mine) {
-  const int lane = int(threadIdx.x % 32);
-  const unsigned call = __ldcg(p.calls + slot) + 1;  // the flag: this slot's calls on this rank, and on every rank
-  const int parity = int(call & 1u);
+  const unsigned call = peer_call(p, slot);
   Pack<4> sum{};
   if (live) {
-    const uint4 w0 = make_uint4(__float_as_uint(mine.v[0]), call, __float_as_uint(mine.v[1]), call);
-    const uint4 w1 = make_uint4(__float_as_uint(mine.v[2]), call, __float_as_uint(mine.v[3]), call);
-    for (int q = 0; q < p.ranks; ++q) {  // push: into every peer's inbox
-      if (q == p.rank) continue;
-      uint4* at = p.inbox[q] + peer_inbox_word(parity, slot, p.ranks, p.rank, lane, 0);
-      asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(at), "r"(w0.x), "r"(w0.y), "r"(w0.z),
-                   "r"(w0.w) : "memory");
-      asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(at + 1), "r"(w1.x), "r"(w1.y), "r"(w1.z),
-                   "r"(w1.w) : "memory");
-    }
-    for (int r = 0; r < p.ranks; ++r) {
-      Pack<4> v = mine;
-      if (r != p.rank &&
-          !peer_receive(p.inbox[p.rank] + peer_inbox_word(parity, slot, p.ranks, r, lane, 0), call, p.aborted, &v))
-        v = Pack<4>{};
-      if (r == 0) sum = v;
-      else
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sum.v[e] += v.v[e];
-    }
+    peer_push(p, slot, call, mine);
+    sum = peer_gather(p, slot, call, mine);
   }
-  __syncwarp();
-  if (lane == 0) p.calls[slot] = call;  // read again by this slot's next call, a later kernel
+  peer_done(p, slot, call);
   return sum;
 }
 

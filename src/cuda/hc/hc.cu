@@ -25,8 +25,9 @@
 // warps' fn rows (loaded before waiting for the predecessor): the partials hc_finish sums, one launch less and X
 // read once. Beyond kPostMixMaxTokens tokens hc_post_mix_tiled does the same for tiles of tokens a block.
 // With several ranks f is each rank's share: a deferred all-reduce of it (CudaOps::all_reduce) rides along with the
-// deferred hc_post. Up to kPostMixMaxTokens tokens hc_post_mix sums the shares itself, each block its slice, over
-// NVLink (comm/peer_exchange.cuh) right after its PDL wait; otherwise NCCL reduces f in place first.
+// deferred hc_post. Where the GPUs reach each other and the call's slices fit the exchange's slots (V4: 64 rows)
+// hc_post_mix (or hc_post_mix_tiled) trades the shares itself over NVLink (comm/peer_exchange.cuh) right after its
+// PDL wait, each block its slice; otherwise NCCL reduces f in place first.
 #include <algorithm>
 #include <utility>
 
@@ -606,6 +607,16 @@ __global__ void __launch_bounds__(kMixWarps * 32, 2) hc_post_mix_tiled_kernel(Hc
   load_post_mix_fn(p, warp, c, w);  // constants, in flight before the wait
   cuda::pdl_wait();
   const int64_t first = int64_t(blockIdx.y) * p.tiles * kTile;
+  // The ranks' shares of f (p.peers.ranks > 1; slot: the token's row of the block's slice): every thread pushes
+  // its token of each of the block's tiles at once (the share is final: its producer finished before the wait),
+  // so that the post phase of each tile finds the peers' packs landed or landing.
+  if (p.peers.ranks > 1 && live)
+    for (int tile = 0; tile < p.tiles; ++tile) {
+      const int64_t t = first + int64_t(tile) * kTile + warp;
+      if (t >= q.n) break;
+      const int slot = int(t * gridDim.x + blockIdx.x);
+      cuda::peer_push(p.peers, slot, cuda::peer_call(p.peers, slot), cuda::load_pack<4>(q.f + t * q.D + c));
+    }
   const auto stage = [&](int tile) {  // this thread's token of the tile, if any, into its parity's stage
     const int64_t t = first + int64_t(tile) * kTile + warp;
     if (tile < p.tiles && t < q.n && live) {
@@ -631,12 +642,19 @@ __global__ void __launch_bounds__(kMixWarps * 32, 2) hc_post_mix_tiled_kernel(Hc
       if (lane < q.hc) post_s[warp][lane] = q.post[t * q.hc + lane];
       if (lane < q.hc * q.hc) C_s[warp][lane] = q.comb[t * q.hc * q.hc + lane];
       __syncwarp();
+      Pack<4> f = live ? cuda::load_pack<4>(&tok[kMaxHc][4 * lane]) : Pack<4>{};
+      if (p.peers.ranks > 1) {  // warp-uniform
+        const int slot = int(t * gridDim.x + blockIdx.x);
+        const unsigned call = cuda::peer_call(p.peers, slot);
+        if (live) f = cuda::peer_gather(p.peers, slot, call, f);
+        cuda::peer_done(p.peers, slot, call);
+      }
       if (live) {
         Pack<4> streams[kMaxHc];
 #pragma unroll
         for (int j = 0; j < kMaxHc; ++j)
           if (j < q.hc) streams[j] = cuda::load_pack<4>(&tok[j][4 * lane]);
-        post_streams(cuda::load_pack<4>(&tok[kMaxHc][4 * lane]), streams, post_s[warp], C_s[warp], q.hc, q.bf16, out);
+        post_streams(f, streams, post_s[warp], C_s[warp], q.hc, q.bf16, out);
         float* Xt = q.X + t * q.hc * q.D;
 #pragma unroll
         for (int k = 0; k < kMaxHc; ++k)
@@ -742,7 +760,7 @@ void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std:
     HcPostMixParams mix{*pending, fn, partial, int(M)};
     const dim3 block{kMixWarps * 32};
     if (peers) {
-      DSV4_ASSERT(n <= kPostMixMaxTokens && chunks * n <= cuda::kPeerSlots);
+      DSV4_ASSERT(chunks * n <= cuda::kPeerSlots);
       mix.peers = *peers;
     }
     if (n <= kPostMixMaxTokens) {
@@ -869,23 +887,31 @@ void CudaOps::hc_post(const float* f, const float* post, const float* comb, int6
 
 bool CudaOps::exchange_fits(int64_t n) const {
   const cuda::PeerExchange* peers = group_ ? group_->peers() : nullptr;
-  if (!peers || n > kPostMixMaxTokens) return false;
-  // Every block of hc_post_mix waits for its peers' same block: the whole grid must be resident at once on each
-  // GPU, or two ranks could each hold blocks waiting for ones the other has not started. Residency: the least
-  // of the kernel's instances (the ranks' GPUs share one architecture: PeerExchange::possible).
-  static const int per_sm = [] {
-    int least = 0;
-    for (const void* kernel : {reinterpret_cast<const void*>(hc_post_mix_kernel<1>),
-                               reinterpret_cast<const void*>(hc_post_mix_kernel<2>),
-                               reinterpret_cast<const void*>(hc_post_mix_kernel<4>)}) {
+  const int64_t chunks = cuda::ceil_div(config_.dim, int64_t(kPostMixCols));
+  if (!peers || chunks * n > cuda::kPeerSlots) return false;
+  // Every block of hc_post_mix waits for its peers' blocks: the whole grid must be resident at once on each GPU,
+  // or two ranks could each hold blocks waiting for ones the other has not started. Residency: the least of the
+  // kernels' instances (the ranks' GPUs share one architecture: PeerExchange::possible).
+  const auto least = [](std::initializer_list<const void*> kernels) {
+    int fewest = 0;
+    for (const void* kernel : kernels) {
       int blocks = 0;
       DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kMixWarps * 32, 0));
-      least = least == 0 ? blocks : std::min(least, blocks);
+      fewest = fewest == 0 ? blocks : std::min(fewest, blocks);
     }
-    return least;
-  }();
-  const int64_t blocks = cuda::ceil_div(config_.dim, int64_t(kPostMixCols)) * n;
-  return blocks <= cuda::kPeerSlots && blocks <= int64_t(per_sm) * peers->sms();
+    return fewest;
+  };
+  if (n <= kPostMixMaxTokens) {
+    static const int per_sm = least({reinterpret_cast<const void*>(hc_post_mix_kernel<1>),
+                                     reinterpret_cast<const void*>(hc_post_mix_kernel<2>),
+                                     reinterpret_cast<const void*>(hc_post_mix_kernel<4>)});
+    return chunks * n <= int64_t(per_sm) * peers->sms();
+  }
+  // The tiled kernel's grid is one wave of kPostMixBlocksPerSm blocks an SM (hc_collapse) once the slices fit it.
+  static const int tiled_per_sm = least({reinterpret_cast<const void*>(hc_post_mix_tiled_kernel<1>),
+                                         reinterpret_cast<const void*>(hc_post_mix_tiled_kernel<2>),
+                                         reinterpret_cast<const void*>(hc_post_mix_tiled_kernel<3>)});
+  return tiled_per_sm >= kPostMixBlocksPerSm && chunks <= int64_t(kPostMixBlocksPerSm) * peers->sms();
 }
 
 void CudaOps::flush_deferred() {
