@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "cuda/common/check.h"
@@ -37,6 +38,12 @@ class EventTimer {
  private:
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
 };
+
+// The median of timings (the upper one of an even count).
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 // ms of each of `iters` calls of enqueue() on stream s, each after `flush_bytes` of `flush` (several times the
 // L2) are rewritten: every call starts with a cold L2.

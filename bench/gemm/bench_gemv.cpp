@@ -57,11 +57,6 @@ const char* format_name(WFormat f) {
   }
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 void* device_bytes(const std::vector<uint8_t>& host) {
   void* d = nullptr;
   DSV4_CUDA_CHECK(cudaMalloc(&d, host.size()));
@@ -122,7 +117,7 @@ double time_calls(cudaStream_t stream, int batch, int trials, Body body) {
     graph.launch(stream);
     t.push_back(timer.stop_ms(stream) * 1e-3 / batch);
   }
-  return median(t);
+  return dsv4::bench::median(t);
 }
 
 }  // namespace

@@ -138,11 +138,6 @@ size_t distinct_experts(const MoeWeights& w, const std::vector<float>& x, int64_
   return chosen.size();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -273,10 +268,10 @@ int main(int argc, char** argv) {
       DSV4_CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
       for (int i = 0; i < 3; ++i) ops.moe(w, dx, nullptr, n, dout);
       const auto call = [&] { ops.moe(w, dx, nullptr, n, dout); };
-      const double us = median(bench::flushed_ms(s, flush, flush_bytes, iterations, call)) * 1e3;
+      const double us = bench::median(bench::flushed_ms(s, flush, flush_bytes, iterations, call)) * 1e3;
       const bench::CapturedGraph graph(s, call);
       const double graph_us =
-          median(bench::flushed_ms(s, flush, flush_bytes, iterations, [&] { graph.launch(s); })) * 1e3;
+          bench::median(bench::flushed_ms(s, flush, flush_bytes, iterations, [&] { graph.launch(s); })) * 1e3;
       // Back to back: `iterations` calls between two events; the host time is the enqueue cost per call.
       DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
       const auto t0 = std::chrono::steady_clock::now();

@@ -9,7 +9,7 @@
 //                wait (as the engine's GEMVs do), its blocks resident while the predecessor runs;
 //   persistent   one kernel for the chain, a grid barrier between steps (an arrival counter), the next step's
 //                weights loaded before the barrier: the floor of a layer as one launch.
-// Prints µs per step beside W at the copy bandwidth (a device-to-device copy, measured in the same run).
+// Prints µs per step beside W at the copy bandwidth (measure_copy_bandwidth, in the same run).
 //
 //   bench_chain
 #include <cuda_runtime.h>
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/event_timing.h"
+#include "cuda/bandwidth.h"
 #include "cuda/common/check.h"
 #include "cuda/common/launch.cuh"
 
@@ -97,8 +98,8 @@ __global__ void __launch_bounds__(kThreads) step_kernel(StepParams p) {
   step_body(p, p.step, pre);
 }
 
-// Every step in one launch; `arrivals` counts blocks that finished a step (zero at launch). The grid is one wave
-// (the host sizes it by occupancy): every block waits for all the others.
+// Every step in one launch; `arrivals` counts blocks that finished a step (zero at launch). The grid is one block
+// an SM (256 threads, no dynamic shared memory: resident at once): every block waits for all the others.
 __global__ void __launch_bounds__(kThreads) chain_kernel(StepParams p, unsigned* arrivals) {
   for (int step = 0; step < kSteps; ++step) {
     uint4 pre[kPre];
@@ -118,11 +119,6 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(StepParams p, unsigned*
   }
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // µs per step of what enqueue() puts on the stream (kSteps steps), from a graph, median of kReplays.
 template <class Enqueue>
 double us_per_step(cudaStream_t s, const Enqueue& enqueue) {
@@ -136,7 +132,7 @@ double us_per_step(cudaStream_t s, const Enqueue& enqueue) {
     graph.launch(s);
     ms.push_back(timer.stop_ms(s));
   }
-  return median(ms) * 1000.0 / kSteps;
+  return bench::median(ms) * 1000.0 / kSteps;
 }
 
 // Whether the last replay's chain ended on kSteps everywhere (kSteps is even: row 0).
@@ -156,31 +152,11 @@ int run() {
   cudaDeviceProp prop;
   DSV4_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
-  int per_sm = 0;
-  DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, chain_kernel, kThreads, 0));
   const int blocks = sms;  // one block an SM, as the engine's GEMVs at batch 1 (and one wave for the barrier)
-  if (per_sm < 1) {
-    std::fprintf(stderr, "bench_chain: the chain kernel does not fit an SM\n");
-    return 1;
-  }
   cudaStream_t s;
   DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 
-  // The copy bandwidth: a 2 GB device-to-device copy reads and writes each byte.
-  const size_t copy_bytes = size_t(1) << 31;
-  void *a = nullptr, *b = nullptr;
-  DSV4_CUDA_CHECK(cudaMalloc(&a, copy_bytes));
-  DSV4_CUDA_CHECK(cudaMalloc(&b, copy_bytes));
-  std::vector<double> copy_ms;
-  bench::EventTimer timer;
-  for (int i = 0; i < 5; ++i) {
-    timer.start(s);
-    DSV4_CUDA_CHECK(cudaMemcpyAsync(b, a, copy_bytes, cudaMemcpyDeviceToDevice, s));
-    copy_ms.push_back(timer.stop_ms(s));
-  }
-  const double copy_bw = 2.0 * double(copy_bytes) / (median(copy_ms) * 1e-3);  // bytes / s
-  DSV4_CUDA_CHECK(cudaFree(a));
-  DSV4_CUDA_CHECK(cudaFree(b));
+  const double copy_bw = measure_copy_bandwidth(0);  // bytes / s, read + written
 
   float* rows = nullptr;
   DSV4_CUDA_CHECK(cudaMalloc(&rows, 2 * kD * sizeof(float)));

@@ -25,7 +25,7 @@
 namespace dsv4::cuda {
 
 constexpr int kPeerMaxRanks = 8;
-constexpr int kPeerSlots = 2048;  // blocks of one call: up to 8 rows of D = 32768 in 128-column slices
+constexpr int kPeerSlots = 2048;  // (row, 128-column slice) pairs of one call: 64 rows of D = 4096
 constexpr int kPeerLanes = 32;    // a slot's senders each send 32 lanes × 4 values
 
 // The 16-byte word `half` (0, 1) of lane `lane`'s packet from `sender` in slot `slot`, call parity `parity`, of an
