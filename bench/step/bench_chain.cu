@@ -58,7 +58,8 @@ __device__ __forceinline__ unsigned weights_rest(const StepParams& p, int step, 
   for (int64_t j = threadIdx.x + int64_t(kPre) * kThreads; j < p.w_per_block; j += kThreads * 4) {
     uint4 v[4];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = j + u * kThreads < p.w_per_block ? __ldcs(w + j + u * kThreads) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < 4; ++u)
+      v[u] = j + u * kThreads < p.w_per_block ? __ldcs(w + j + u * kThreads) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }

@@ -2,9 +2,9 @@
 // visible GPU (at least 2; skipped, visibly, otherwise; at most 8). Odd sizes, a V4 row and batches of rows,
 // repeated calls on their own results, calls replayed from a CUDA graph, and a rank that never arrives: the
 // other ends once the group is aborted. Then CudaOps' deferred all-reduce of a sub-block's output: summed inside
-// hc_post_mix over the peer exchange where its slots hold the rows (V4: 64), by NCCL otherwise, in every case the bits one GPU computes
-// from the summed rows; one rank in the exchange against a peer the test plays (what compute-sanitizer can run);
-// and an aborted group releases a rank waiting in the exchange.
+// hc_post_mix over the peer exchange where its slots hold the rows (V4: 64), by NCCL otherwise, in every case the
+// bits one GPU computes from the summed rows; one rank in the exchange against a peer the test plays (what
+// compute-sanitizer can run); and an aborted group releases a rank waiting in the exchange.
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
@@ -179,8 +179,8 @@ void upload(CudaOps& ops, const Boundary& b) {
 }
 
 // How a step's all-reduce reaches its consumer: hc_post then hc_pre_norm on the same streams (the model's order:
-// fused, the exchange where its slots hold the rows), hc_post then a read of the streams (hc_post's own kernel, NCCL first), or a
-// read of the rows themselves (NCCL).
+// fused, the exchange where its slots hold the rows), hc_post then a read of the streams (hc_post's own kernel,
+// NCCL first), or a read of the rows themselves (NCCL).
 enum class Consumer { kPreNorm, kPost, kRead };
 
 // One step's outputs, as read back: the rows (kRead) or the streams X and hc_pre_norm's x, xn, post, comb.
@@ -232,19 +232,16 @@ StepOutputs run_step(CudaOps& ops, const Boundary& b, const StepInputs& in, cons
   return ::testing::AssertionSuccess();
 }
 
-// Rank r's count of exchange calls, per block slot (PeerSlots::calls).
-std::vector<unsigned> exchange_calls(const cuda::NcclGroup& group, int r) {
-  std::vector<unsigned> calls(cuda::kPeerSlots);
-  DSV4_CUDA_CHECK(cudaMemcpy(calls.data(), group.peers()->slots(r).calls, calls.size() * sizeof(unsigned),
-                             cudaMemcpyDeviceToHost));
-  return calls;
-}
-
 template <class T>
 std::vector<T> read_device(const T* p, size_t n) {
   std::vector<T> host(n);
   DSV4_CUDA_CHECK(cudaMemcpy(host.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
   return host;
+}
+
+// Rank r's count of exchange calls, per slot (PeerSlots::calls).
+std::vector<unsigned> exchange_calls(const cuda::NcclGroup& group, int r) {
+  return read_device(group.peers()->slots(r).calls, cuda::kPeerSlots);
 }
 
 // Aborts the group unless disarmed within `seconds`: a test whose rank would wait forever ends, and fails.
