@@ -21,7 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_names import short, last_step, prefill_step  # noqa: E402
 
 rows = list(csv.DictReader(open(sys.argv[1])))
-kernels = [(r["name"], int(r["start_ns"]), int(r["end_ns"]), int(r["stream"])) for r in rows]
+kernels = [(r["name"], int(r["start_ns"]), int(r["end_ns"]), int(r["stream"]), int(r["grid_blocks"]),
+            int(r["block_threads"])) for r in rows]
 if "--rank" in sys.argv[2:]:
     rank = int(sys.argv[sys.argv.index("--rank") + 1])
     streams = sorted({k[3] for k in kernels if short(k[0]).startswith("embed_kernel")})
@@ -36,12 +37,14 @@ groups = collections.OrderedDict()
 sequence = "--sequence" in sys.argv[2:]
 prev_end = step_start
 if sequence:
-    print(f"{'#':>4} {'kernel':40} {'start':>8} {'dur':>7} {'gap':>6} {'exposed':>8}   (µs from the step's start)")
-for i, (name, start, end, _) in enumerate(step):
+    print(f"{'#':>4} {'kernel':40} {'start':>8} {'dur':>7} {'gap':>6} {'exposed':>8} {'blocks':>7} {'threads':>7}"
+          "   (µs from the step's start)")
+for i, (name, start, end, _, blocks, threads) in enumerate(step):
     k = short(name)
     dur, gap, exposed = (end - start) / 1e3, (start - prev_end) / 1e3, (end - prev_end) / 1e3
     if sequence:
-        print(f"{i:4d} {k:40.40} {(start - step_start) / 1e3:8.1f} {dur:7.1f} {gap:6.1f} {exposed:8.1f}")
+        print(f"{i:4d} {k:40.40} {(start - step_start) / 1e3:8.1f} {dur:7.1f} {gap:6.1f} {exposed:8.1f} {blocks:7d} "
+              f"{threads:7d}")
     n, d, e = groups.get(k, (0, 0.0, 0.0))
     groups[k] = (n + 1, d + dur, e + exposed)
     prev_end = max(prev_end, end)

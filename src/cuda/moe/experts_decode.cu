@@ -4,9 +4,13 @@
 #include "cuda/moe/experts.cuh"
 #include "cuda/moe/weight_mma.cuh"
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
 
 namespace dsv4::cuda::moe {
+
+namespace cg = cooperative_groups;
 
 namespace {
 
@@ -172,6 +176,10 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_decode_kernel(E
 // before the wait for it, as in the item kernel. Only 128 tiles (I = 2048) for 132 SMs, so a block is an SM's
 // only one: 32 warps of 64 registers issue more than 16 of 112, and the kernel is issue-bound (bench_moe n = 1
 // is faster with 32).
+// A tensor-parallel rank's slice of I has fewer tiles (`--tp 2`: 64 for 132 SMs), and a tile's chain took as long
+// as at full width (20 µs exposed against 22): the blocks of an sm_90 cluster then share a tile, each taking
+// its share of every task's K, and the SwiGLU reads the cluster's partial sums through distributed shared memory
+// (up_decode_cluster picks the size).
 constexpr int kUpDecodeWarps = 32;
 constexpr int kUpDecodeThreads = kUpDecodeWarps * 32;
 constexpr int kUpDecodeUnroll = 2;     // 64 registers at 1024 threads
@@ -197,7 +205,46 @@ __device__ void up_task_mma(const ExpertParams& p, const MatView& w, int64_t row
   if (g + 8 < rows_valid) y[g + 8] = ldexpf(acc[0][2] + acc[0][3], e);
 }
 
-// Grid: ≤ one block per 16-row tile of I (looping over tiles); dynamic smem up_decode_smem_bytes(p).
+// The cluster's blocks (1 without clusters) and this block's rank in it.
+__device__ __forceinline__ int cluster_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return int(cg::this_cluster().num_blocks());
+#else
+  return 1;
+#endif
+}
+__device__ __forceinline__ int cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return int(cg::this_cluster().block_rank());
+#else
+  return 0;
+#endif
+}
+// Every thread of the cluster waits; the cluster barrier orders each block's shared-memory writes before its
+// peers' reads after it.
+__device__ __forceinline__ void cluster_barrier(int blocks) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (blocks > 1) {
+    cg::this_cluster().sync();
+    return;
+  }
+#endif
+  (void)blocks;
+  __syncthreads();
+}
+template <class T>
+__device__ __forceinline__ const T* cluster_shared(const T* p, int rank, int blocks) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (blocks > 1) return cg::this_cluster().map_shared_rank(p, rank);
+#endif
+  (void)rank;
+  (void)blocks;
+  return p;  // clusters are only launched on sm_90+
+}
+
+// Grid: clusters of S blocks (S = 1: no cluster), ≤ one cluster per 16-row tile of I (looping over tiles);
+// dynamic smem up_decode_smem_bytes(p). Block rank r of a cluster takes K slices [r·slices, (r+1)·slices) of
+// every task's S·slices.
 __global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(ExpertParams p) {
   static_assert(kRoutedUpSlices <= kMaxSharedSlices, "y_s holds kMaxSharedSlices slices per matrix");
   extern __shared__ float4 smem_up_decode[];
@@ -207,10 +254,11 @@ __global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(E
   __shared__ int pair_s[kMaxTopK + 1];    // [chunk] its pair (one token: one pair per chunk)
   __shared__ float weight_s[kMaxTopK + 1];  // [chunk] the pair's routing weight
   const int warp = int(threadIdx.x / 32);
+  const int S = cluster_blocks(), rank = cluster_rank();
   uint4* xs_routed = reinterpret_cast<uint4*>(smem_up_decode);
   uint4* xs_shared = xs_routed + decode_stride(p.D);
   const int sh_wanted = kRoutedUpSlices * shared_slices(p.shared_up, p.routed_up);
-  const int sh_slices = sh_wanted < kMaxSharedSlices ? sh_wanted : kMaxSharedSlices;
+  const int sh_slices = sh_wanted < kMaxSharedSlices ? sh_wanted : kMaxSharedSlices;  // a block's
   const int shared_tasks = p.has_shared ? 2 * sh_slices : 0;
   const int first_routed = shared_chunks(p.n, p.shared_items);  // chunk 0 is the shared expert's where the plan has it
   const int64_t tiles = (p.I + kMmaRows - 1) / kMmaRows;
@@ -224,15 +272,16 @@ __global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(E
     else stage_rows_mma<WFormat::kFP8>(p.x, p.D, 1, 1, token, p.fast, xs_shared, &shift_s[1], block_max);
   }
   bool waited = false;
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+  for (int64_t tile = blockIdx.x / S; tile < tiles; tile += gridDim.x / S) {
     const int64_t row0 = tile * kMmaRows;
     const int rows_valid = int(std::min<int64_t>(kMmaRows, p.I - row0));
     for (int task = warp; task < shared_tasks; task += kUpDecodeWarps) {
       const int matrix = task / sh_slices, slice = task % sh_slices;
       const MatView& w = matrix == 0 ? p.shared_w1 : p.shared_w3;
       float* y = y_s[0][matrix][slice];
-      if (shared_fp4) up_task_mma<WFormat::kFP4>(p, w, row0, rows_valid, slice, sh_slices, xs_shared, shift_s[1], y);
-      else up_task_mma<WFormat::kFP8>(p, w, row0, rows_valid, slice, sh_slices, xs_shared, shift_s[1], y);
+      const int k_slice = rank * sh_slices + slice, k_slices = S * sh_slices;
+      if (shared_fp4) up_task_mma<WFormat::kFP4>(p, w, row0, rows_valid, k_slice, k_slices, xs_shared, shift_s[1], y);
+      else up_task_mma<WFormat::kFP8>(p, w, row0, rows_valid, k_slice, k_slices, xs_shared, shift_s[1], y);
     }
     if (!waited) {  // the routed tasks read route's plan
       pdl_wait_predecessor();
@@ -259,24 +308,30 @@ __global__ void __launch_bounds__(kUpDecodeThreads, 1) expert_up_decode_kernel(E
       const MatView w = matrix == 0 ? MatView{e.w1, e.s1, f.row_bytes, f.scale_cols, f.tiled}
                                     : MatView{e.w3, e.s3, f.row_bytes, f.scale_cols, f.tiled};
       float* y = y_s[c][matrix][slice];
-      if (routed_fp4) up_task_mma<WFormat::kFP4>(p, w, row0, rows_valid, slice, kRoutedUpSlices, xs_routed, shift_s[0], y);
-      else up_task_mma<WFormat::kFP8>(p, w, row0, rows_valid, slice, kRoutedUpSlices, xs_routed, shift_s[0], y);
+      const int k_slice = rank * kRoutedUpSlices + slice, k_slices = S * kRoutedUpSlices;
+      if (routed_fp4) up_task_mma<WFormat::kFP4>(p, w, row0, rows_valid, k_slice, k_slices, xs_routed, shift_s[0], y);
+      else up_task_mma<WFormat::kFP8>(p, w, row0, rows_valid, k_slice, k_slices, xs_routed, shift_s[0], y);
     }
-    __syncthreads();  // every task's rows are in y_s
-    for (int i = int(threadIdx.x); i < chunks * kMmaRows; i += kUpDecodeThreads) {
+    cluster_barrier(S);  // every task's rows, the cluster's, are in y_s
+    // The cluster's blocks share the rows: block r the (chunk, row) items i ≡ r (mod S), summing the slices in
+    // K order (rank, then slice) whatever S is.
+    for (int i = rank + S * int(threadIdx.x); i < chunks * kMmaRows; i += S * kUpDecodeThreads) {
       const int c = i / kMmaRows, r = i % kMmaRows;
       if (r >= rows_valid) continue;
       const bool shared = c < first_routed;
       const int slices = shared ? sh_slices : kRoutedUpSlices;
-      float g = y_s[c][0][0][r], u = y_s[c][1][0][r];
-      for (int s = 1; s < slices; ++s) {
-        g += y_s[c][0][s][r];
-        u += y_s[c][1][s][r];
+      float g = 0.0f, u = 0.0f;
+      for (int q = 0; q < S; ++q) {
+        const float(*yq)[2][kMaxSharedSlices][kMmaRows] = cluster_shared(y_s, q, S);
+        for (int s = 0; s < slices; ++s) {
+          g = q == 0 && s == 0 ? yq[c][0][0][r] : g + yq[c][0][s][r];
+          u = q == 0 && s == 0 ? yq[c][1][0][r] : u + yq[c][1][s][r];
+        }
       }
       const WFormat f = shared ? p.shared_up.format : p.routed_up.format;
       p.plan.h[int64_t(pair_s[c]) * p.I + row0 + r] = hidden(p, f, g, u, weight_s[c]);
     }
-    __syncthreads();  // y_s is rewritten for the next tile
+    cluster_barrier(S);  // y_s is rewritten for the next tile; a peer may still read it until here
   }
   if (!waited) {  // a block without tiles still lets the successor launch
     pdl_wait_predecessor();
@@ -298,13 +353,37 @@ bool expert_down_decode_fits(const ExpertParams& p) {
   return p.n == 1 && p.shared_items == p.has_shared && p.routed_down.tensor_cores && p.shared_down.tensor_cores;
 }
 
+// Blocks a cluster of expert_up's decode kernel: the most (≤ kMaxUpCluster) whose tiles × blocks still fit the
+// SMs, 1 where the tiles fill them alone or clusters are not there (no PDL: before sm_90).
+constexpr int kMaxUpCluster = 4;
+int up_decode_cluster(int64_t tiles, int sm_count, bool sm90) {
+  int S = 1;
+  while (sm90 && S < kMaxUpCluster && tiles * S * 2 <= sm_count) S *= 2;
+  return S;
+}
+
 void launch_expert_up_decode(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream) {
   const size_t smem = up_decode_smem_bytes(p);
   const auto kernel = expert_up_decode_kernel;
   const int per_sm = prepare_kernel(reinterpret_cast<const void*>(kernel), kUpDecodeThreads, smem);
   const int64_t tiles = (p.I + kMmaRows - 1) / kMmaRows;
-  const int grid = int(std::min<int64_t>(tiles, int64_t(per_sm) * sm_count));
-  launch_pdl(kernel, dim3(unsigned(grid)), dim3(kUpDecodeThreads), smem, stream, pdl, p);
+  const int S = up_decode_cluster(tiles, sm_count, pdl);
+  const int clusters = int(std::min<int64_t>(tiles, int64_t(per_sm) * sm_count / S));
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(S);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(clusters * S));
+  config.blockDim = dim3(kUpDecodeThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = S > 1 ? attr : attr + 1;
+  config.numAttrs = (S > 1 ? 1 : 0) + (pdl ? 1 : 0);
+  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
 }
 
 void launch_expert_down_decode(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream) {
