@@ -410,6 +410,16 @@ struct SmallTilesUpTo {
   ~SmallTilesUpTo() { cuda::moe::set_grouped_small_tile_max_pairs(-1); }
 };
 
+// The grouped path's decode tiles (moe_grouped.h) up to `pairs` an expert on average: 0 never, kAlways always.
+struct DecodeTilesUpTo {
+  static constexpr int64_t kAlways = int64_t(1) << 40;
+  explicit DecodeTilesUpTo(int64_t pairs) { cuda::moe::set_grouped_decode_tile_max_pairs(pairs); }
+  ~DecodeTilesUpTo() { cuda::moe::set_grouped_decode_tile_max_pairs(-1); }
+};
+
+// The routed tiles of the grouped path (moe_kernels.h): of 64 pairs, small (24) or decode tiles (16).
+enum class Tiles { k64, kSmall, kDecode };
+
 // The grouped path's wgmma kernels (moe_grouped.h) for a scope: on at every step that takes tiles of
 // kGroupedTokens, or off; then the default again.
 struct Wgmma {
@@ -435,9 +445,10 @@ struct SharedGroupedFrom {
 // of w1 / w3, a partial 256-row block of w2), I 256 (2 K blocks of w2: a ring stage holds fewer than 4), odd
 // token counts; n = 1 leaves 6 of 9 experts with no token and 3 with one, n = 7 and 33 odd counts per expert,
 // 130 a tile of 64 and a partial one for several experts. Every format pair the path takes (FP4 or FP8 routed
-// and shared), both routings; FP4 routed experts in tiles of 64 and in small tiles (of 24: 130 cuts experts into
-// several) at every n, each with the tiles of 64 on wgmma and on mma.sync. Reference numerics on the same layer stay
-// on the item kernels.
+// and shared), both routings; FP4 routed experts in tiles of 64, in small tiles (of 24: 130 cuts experts into
+// several) and in decode tiles on wgmma (of 16: 33 and 130 cut experts into several) at every n, each with the tiles
+// of 64 on wgmma and on mma.sync (decode tiles: wgmma only). Reference numerics on the same layer stay on the item
+// kernels.
 TEST(CudaMoe, FastGroupedOddTokenCounts) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -451,11 +462,16 @@ TEST(CudaMoe, FastGroupedOddTokenCounts) {
       CudaOps ops(m.config);
       m.upload_to(ops);
       for (const bool wgmma : {true, false})
-        for (const int64_t small : {int64_t(0), SmallTilesUpTo::kAlways}) {
+        for (const Tiles tile : {Tiles::k64, Tiles::kSmall, Tiles::kDecode}) {
+          if (tile == Tiles::kDecode && !wgmma) continue;  // decode tiles are wgmma's
           // Small routed tiles run on mma.sync; with wgmma on, the shared expert's tiles of 64 run on it.
           const Wgmma kernels(wgmma);
-          const SmallTilesUpTo tiles(small);
-          const std::string path = std::string(small ? " grouped, small tiles" : " grouped") + (wgmma ? ", wgmma" : "");
+          const SmallTilesUpTo small(tile == Tiles::kSmall ? SmallTilesUpTo::kAlways : 0);
+          const DecodeTilesUpTo decode(tile == Tiles::kDecode ? DecodeTilesUpTo::kAlways : 0);
+          const std::string path = std::string(tile == Tiles::kSmall    ? " grouped, small tiles"
+                                               : tile == Tiles::kDecode ? " grouped, decode tiles"
+                                                                        : " grouped") +
+                                   (wgmma ? ", wgmma" : "");
           for (int64_t n : {1, 2, 7, 33, 130}) check_step_fast(m, ops, n, rng, describe(shape, f, hash) + path);
         }
       check_step(m, ops, 33, rng, describe(shape, f, hash));
@@ -465,7 +481,8 @@ TEST(CudaMoe, FastGroupedOddTokenCounts) {
 
 // The wgmma kernels' cp.async ring (experts_wgmma.cu: kStages buffers of two K blocks) on a shape other than
 // V4's where a GEMM runs past its buffers: D = I = 1152 is 9 K blocks for up and for down, 5 stages over 4
-// buffers, the last one's second block absent. 33 and 130 pairs: tiles of 64 with 1–3 and 14–15 pairs an expert.
+// buffers (decode tiles: 5), the last one's second block absent. 33 and 130 pairs: tiles of 64 with 1–3 and 14–15
+// pairs an expert, decode tiles with 11 and 43 (several an expert).
 TEST(CudaMoe, FastGroupedWgmmaRingWraps) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -479,10 +496,14 @@ TEST(CudaMoe, FastGroupedWgmmaRingWraps) {
   const HostMoe m(shape, f, false, 1000, rng());
   CudaOps ops(m.config);
   m.upload_to(ops);
-  for (int64_t n : {33, 130}) {
-    const int64_t before = cuda::moe::grouped_wgmma_launches();
-    check_step_fast(m, ops, n, rng, describe(shape, f, false) + " grouped, wgmma");
-    EXPECT_GT(cuda::moe::grouped_wgmma_launches(), before) << "n = " << n << ": the step did not run on wgmma";
+  for (const bool decode_tiles : {false, true}) {
+    const DecodeTilesUpTo decode(decode_tiles ? DecodeTilesUpTo::kAlways : 0);
+    for (int64_t n : {33, 130}) {
+      const int64_t before = cuda::moe::grouped_wgmma_launches();
+      const char* path = decode_tiles ? " decode tiles, wgmma" : " grouped, wgmma";
+      check_step_fast(m, ops, n, rng, describe(shape, f, false) + path);
+      EXPECT_GT(cuda::moe::grouped_wgmma_launches(), before) << "n = " << n << ": the step did not run on wgmma";
+    }
   }
 #endif
 }

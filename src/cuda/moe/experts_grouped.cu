@@ -27,7 +27,8 @@
 // 128-column block, 16 bytes per (step j, lane c) at byte (4j + c)·16, the b0, b1 of the first MMA then of the
 // second — one 16-byte shared-memory load per token per step.
 // From grouped_wgmma_min_pairs() pairs an expert on average the tiles of kGroupedTokens run on wgmma instead
-// (experts_wgmma.cu, GroupedBuffers::wgmma), and grouped_quant writes their activations as e4m3 bytes in its order.
+// (experts_wgmma.cu, GroupedBuffers::wgmma), and grouped_quant writes their activations as e4m3 bytes in its order;
+// so do routed FP4 decode tiles of kGroupedDecodeTokens pairs, wgmma's alone (grouped_routed_tile).
 //
 // Work: a block owns one tile (≤ kGroupedTokens pairs of one expert; routed FP4 tiles of ≤ kGroupedSmallTokens
 // where experts hold few pairs, on a kernel of 128 registers: grouped_routed_tile) × one block of output rows;
@@ -91,6 +92,9 @@ std::atomic<int64_t> g_shared_min_tokens{0};
 // Small routed tiles up to this many pairs an expert on average (docs/design/moe.md, "Small routed tiles").
 constexpr int64_t kSmallTileMaxPairs = 16;
 std::atomic<int64_t> g_small_tile_max_pairs{-1};  // < 0: the default
+// Decode tiles on wgmma up to this many pairs an expert on average (docs/design/moe.md, "Decode tiles on wgmma").
+constexpr int64_t kDecodeTileMaxPairs = 4;
+std::atomic<int64_t> g_decode_tile_max_pairs{-1};  // < 0: the default
 std::atomic<bool> g_wgmma{true};
 // wgmma from this many pairs an expert on average (docs/design/moe.md, "wgmma").
 constexpr int64_t kWgmmaMinPairs = 32;
@@ -581,7 +585,7 @@ QuantParams quant_rows(const float* src, int64_t rows, int64_t K, uint16_t* out0
 
 // The order of the activations of a GEMM in format f on tiles of `tile` pairs.
 ActOrder order_of(const GroupedBuffers& g, WFormat f, int tile) {
-  return {g.wgmma && tile == kGroupedTokens, f == WFormat::kFP4};
+  return {g.wgmma && (tile == kGroupedTokens || tile == kGroupedDecodeTokens), f == WFormat::kFP4};
 }
 
 
@@ -595,19 +599,21 @@ void launch_quant(const QuantParams& q, cudaStream_t stream) {
 template <bool kUp, int kTokens>
 void launch_gemm(const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin, int64_t tile_end, int splits,
                  cudaStream_t stream) {
-  if (kTokens == kGroupedTokens && g.wgmma) {
-    DSV4_CHECK(splits == 1, "moe: the wgmma grouped GEMMs do not split K");
-    launch_grouped_wgmma(kUp, p, g, tile_begin, tile_end, stream);
+  if (kTokens == kGroupedDecodeTokens || (kTokens == kGroupedTokens && g.wgmma)) {
+    DSV4_CHECK(splits == 1 && g.wgmma, "moe: the wgmma grouped GEMMs do not split K");
+    launch_grouped_wgmma(kUp, p, g, tile_begin, tile_end, kTokens, stream);
     return;
   }
-  const auto kernel = grouped_gemm_kernel<kUp, kTokens>;
-  constexpr int smem = int(grouped_smem_bytes(kTokens));
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
-  const int64_t blocks = (tile_end - tile_begin) * ceil_div(kUp ? p.I : p.D, kUp ? kGUpRows : kGDownRows) * splits;
-  DSV4_CHECK(blocks < (int64_t(1) << 31), "moe: too many grouped tiles");
-  if (blocks == 0) return;
-  kernel<<<unsigned(blocks), kGThreads, smem, stream>>>(p, g, int(tile_begin));
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  if constexpr (kTokens != kGroupedDecodeTokens) {  // decode tiles are wgmma's alone
+    const auto kernel = grouped_gemm_kernel<kUp, kTokens>;
+    constexpr int smem = int(grouped_smem_bytes(kTokens));
+    allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+    const int64_t blocks = (tile_end - tile_begin) * ceil_div(kUp ? p.I : p.D, kUp ? kGUpRows : kGDownRows) * splits;
+    DSV4_CHECK(blocks < (int64_t(1) << 31), "moe: too many grouped tiles");
+    if (blocks == 0) return;
+    kernel<<<unsigned(blocks), kGThreads, smem, stream>>>(p, g, int(tile_begin));
+    DSV4_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 // Up or down over every tile: the shared expert's tiles (the first shared_tiles) and the routed ones on one kernel,
@@ -618,6 +624,13 @@ void launch_gemm_all(const ExpertParams& p, const GroupedBuffers& g, int64_t sha
   const int splits = kUp ? g.up_splits : g.down_splits;
   if (g.routed_tile == kGroupedTokens) {
     launch_gemm<kUp, kGroupedTokens>(p, g, 0, max_tiles, splits, stream);
+    return;
+  }
+  if (g.routed_tile == kGroupedDecodeTokens) {
+    DSV4_CHECK(splits == 1 && p.routed_up.format == WFormat::kFP4 && p.routed_down.format == WFormat::kFP4,
+               "moe: decode tiles are FP4, never split, on wgmma");
+    launch_gemm<kUp, kGroupedTokens>(p, g, 0, shared_tiles, 1, stream);
+    launch_gemm<kUp, kGroupedDecodeTokens>(p, g, shared_tiles, max_tiles, 1, stream);
     return;
   }
   // The small-tile kernel compiles the FP4 path only: another format would leave its sums unset.
@@ -694,13 +707,24 @@ void set_grouped_wgmma_min_pairs(int64_t pairs) {
   g_wgmma_min_pairs.store(pairs > 0 ? pairs : 0, std::memory_order_relaxed);
 }
 
-int grouped_routed_tile(int64_t n, int64_t k, int64_t E, bool routed_fp4) {
+int64_t grouped_decode_tile_max_pairs() {
+  const int64_t v = g_decode_tile_max_pairs.load(std::memory_order_relaxed);
+  return v >= 0 ? v : kDecodeTileMaxPairs;
+}
+
+void set_grouped_decode_tile_max_pairs(int64_t pairs) {
+  g_decode_tile_max_pairs.store(pairs < 0 ? -1 : pairs, std::memory_order_relaxed);
+}
+
+int grouped_routed_tile(int64_t n, int64_t k, int64_t E, bool routed_fp4, int cc_major) {
+  if (routed_fp4 && cc_major == 9 && grouped_wgmma() && n * k <= grouped_decode_tile_max_pairs() * E)
+    return kGroupedDecodeTokens;
   return routed_fp4 && n * k <= grouped_small_tile_max_pairs() * E ? kGroupedSmallTokens : kGroupedTokens;
 }
 
 bool grouped_takes_wgmma(int64_t n, int64_t k, int64_t E, int routed_tile, int cc_major) {
   if (cc_major != 9 || !grouped_wgmma()) return false;
-  return routed_tile == kGroupedSmallTokens || n * k >= grouped_wgmma_min_pairs() * E;
+  return routed_tile != kGroupedTokens || n * k >= grouped_wgmma_min_pairs() * E;
 }
 
 bool grouped_fits(const ExpertParams& p) {

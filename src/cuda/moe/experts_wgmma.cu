@@ -5,7 +5,10 @@
 // dense rate at best. CudaOps::moe takes this kernel from grouped_wgmma_min_pairs() pairs an expert on average
 // (moe_grouped.h): 0.88× the mma.sync kernel's time at 4096 tokens of V4-Flash, 1.31× at 512, where the instruction
 // issue that bounds both weighs more (docs/design/moe.md, "wgmma"); below that, for the shared expert's FP8 tiles
-// beside small routed tiles, which have no FP4 decode to pay.
+// beside small routed tiles, which have no FP4 decode to pay. Routed FP4 decode tiles of kGroupedDecodeTokens
+// pairs (N = 16) where experts hold a few pairs each (grouped_routed_tile): two blocks an SM of a five-stage ring,
+// since a tile of few pairs streams its weights with little to compute (docs/design/moe.md, "Decode tiles on
+// wgmma").
 //
 // Roles: the weights are wgmma's A, 64 rows a warpgroup, from registers: each warp decodes its 16-row tile's K
 // block to e4m3 (FP4 by prmt tables, FP8 as stored), lane (g, c) holding rows g, g + 8 at the k slots of its own
@@ -55,18 +58,27 @@ constexpr int kUpRows = 64, kDownRows = 128;  // output rows of a block
 // K block). Up to kStages − 1 stages in flight: the weights arrive 4–6 K blocks ahead of their use.
 constexpr int kStageBlocks = 2;
 constexpr int kWarpChunk = kTileRows * kTileGroupBytes;  // a warp tile's K group
-constexpr int kWeightBytes = 2 * kStageBlocks * 4 * 2 * kWarpChunk;
 constexpr int kWScaleBytes = 2 * kStageBlocks * 4 * 64;
 
-constexpr int kTokens = kGroupedTokens;        // the wgmma's N: a tile's pairs
-constexpr int kTileBytes = kTokens * kBlockK;  // a K block of the tile's rows: swizzled 128-byte rows
-constexpr int kAcc = kTokens / 2;              // accumulators a thread: 64 rows × kTokens / 128 threads
-constexpr int kStages = 4;
-constexpr int kActBytes = kStageBlocks * kTileBytes;
-constexpr int kXScaleBytes = kStageBlocks * kTokens * 4;
-constexpr int kStageBytes = (kActBytes + kWeightBytes + kWScaleBytes + kXScaleBytes + 1023) / 1024 * 1024;
-constexpr int kSmemBytes = 1024 + kStages * kStageBytes;  // + the 1024-byte alignment
-static_assert(kAcc * 128 * 4 <= kStageBytes, "the up kernel's w3 sums pass through the ring");
+// A tile of T pairs, the wgmma's N: kGroupedTokens, or kGroupedDecodeTokens where experts hold a few pairs each
+// (decode steps: moe_kernels.h).
+template <int T>
+struct Tile {
+  static_assert(T == kGroupedTokens || T == kGroupedDecodeTokens, "an instantiated tile size");
+  static constexpr int kTileBytes = T * kBlockK;  // a K block of the tile's rows: swizzled 128-byte rows
+  static constexpr int kAcc = T / 2;              // accumulators a thread: 64 rows × T / 128 threads
+  static constexpr int kActBytes = kStageBlocks * kTileBytes;
+  static constexpr int kXScaleBytes = kStageBlocks * T * 4;
+  // Weights: FP8 takes two 64-byte K groups a K block, FP4 one; decode tiles are routed FP4 alone.
+  static constexpr int kUnits = T == kGroupedTokens ? 2 : 1;
+  static constexpr int kWeightBytes = 2 * kStageBlocks * 4 * kUnits * kWarpChunk;
+  static constexpr int kStageBytes = (kActBytes + kWeightBytes + kWScaleBytes + kXScaleBytes + 1023) / 1024 * 1024;
+  // Decode tiles: two blocks an SM of five stages each (~22 KB a stage), 128 KB of weights in flight an SM.
+  static constexpr int kStages = T == kGroupedTokens ? 4 : 5;
+  static constexpr int kBlocksPerSm = T == kGroupedTokens ? 1 : 2;
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes;  // + the 1024-byte alignment
+  static_assert(kAcc * 128 * 4 <= kStageBytes, "the up kernel's w3 sums pass through the ring");
+};
 
 constexpr int kLift = 6;
 static_assert(0.5 * (1 << kLift) / (1 << kGroupedScaleSpan) >= 1.0 / 64 && (6 << kLift) <= 448,
@@ -104,9 +116,10 @@ struct Mats {
 
 // The tile's activation rows (rows past its count repeat its last pair: computed on, never stored): byte offset
 // of each row (2K bytes a row: moe_kernels.h) and of its first scale, in shared memory.
+template <int T>
 struct Rows {
-  uint32_t bytes[kTokens];
-  uint32_t scales[kTokens];
+  uint32_t bytes[T];
+  uint32_t scales[T];
 };
 
 // One K block of a warp's tile, lane (g, c).
@@ -154,22 +167,23 @@ __device__ __forceinline__ void decode(const Raw<F>& r, int c, uint32_t (&a)[4][
 }
 
 // K blocks [kb0, kb0 + nb) into ring stage `buf` (the layout above; ring a shared-memory address). K block kbl's
-// activation tile is kTokens rows of 128 bytes, 16-byte chunk q of row m at chunk q ^ (m % 8) (the 128-byte
-// swizzle the descriptor names); its scales go in the order promote reads: column m at c·kTokens/4 + 2(m / 8) +
+// activation tile is T rows of 128 bytes, 16-byte chunk q of row m at chunk q ^ (m % 8) (the 128-byte
+// swizzle the descriptor names); its scales go in the order promote reads: column m at c·T/4 + 2(m / 8) +
 // m % 2, c = (m % 8) / 2, so that a thread's columns lie together.
-template <WFormat F>
+template <WFormat F, int T>
 __device__ __forceinline__ void load_stage(uint32_t ring, int buf, int kb0, int nb, const uint8_t* act,
-                                           const float* act_scale, const Rows& rows, const Mats& w) {
+                                           const float* act_scale, const Rows<T>& rows, const Mats& w) {
   constexpr int kUnits = Raw<F>::kUnits;
-  const uint32_t st = ring + buf * kStageBytes;
+  constexpr int kActBytes = Tile<T>::kActBytes, kWeightBytes = Tile<T>::kWeightBytes, kSlots = Tile<T>::kUnits;
+  const uint32_t st = ring + buf * Tile<T>::kStageBytes;
   const int tid = int(threadIdx.x);
   // Loops of constant trip counts (shifts, not divisions), a stage's missing last block skipped.
 #pragma unroll
-  for (int j = 0; j < kStageBlocks * kTokens * 8 / kThreads; ++j) {
+  for (int j = 0; j < kStageBlocks * T * 8 / kThreads; ++j) {
     const int i = j * kThreads + tid;
-    const int kbl = i / (kTokens * 8), m = (i / 8) % kTokens, q = i % 8;
+    const int kbl = i / (T * 8), m = (i / 8) % T, q = i % 8;
     if (kbl < nb)
-      cp_async16(st + kbl * kTileBytes + m * kBlockK + 16 * (q ^ (m % 8)),
+      cp_async16(st + kbl * Tile<T>::kTileBytes + m * kBlockK + 16 * (q ^ (m % 8)),
                  act + rows.bytes[m] + uint32_t((kb0 + kbl) * kBlockK + 16 * q));
   }
 #pragma unroll
@@ -178,7 +192,7 @@ __device__ __forceinline__ void load_stage(uint32_t ring, int buf, int kb0, int 
     const int piece = i % 64, u = (i / 64) % kUnits, t = (i / (64 * kUnits)) % 4;
     const int kbl = (i / (256 * kUnits)) % kStageBlocks, wg = i / (256 * kUnits * kStageBlocks);
     if (kbl < nb)
-      cp_async16(st + kActBytes + (((wg * kStageBlocks + kbl) * 4 + t) * 2 + u) * kWarpChunk + 16 * piece,
+      cp_async16(st + kActBytes + (((wg * kStageBlocks + kbl) * 4 + t) * kSlots + u) * kWarpChunk + 16 * piece,
                  (wg ? w.data[1] : w.data[0]) +
                      uint32_t((((wg ? w.tile0[1] : w.tile0[0]) + t) * w.groups + (kb0 + kbl) * kUnits + u) * kWarpChunk +
                               16 * piece));
@@ -197,27 +211,28 @@ __device__ __forceinline__ void load_stage(uint32_t ring, int buf, int kb0, int 
                 reinterpret_cast<const float*>(wg ? w.scale[1] : w.scale[0]) +
                     uint32_t((wg ? w.tile0[1] : w.tile0[0]) * kTileRows / 128 * w.scale_cols + kb0 + kbl));
   }
-  static_assert(kStageBlocks * kTokens <= kThreads);  // one activation scale a thread at most
+  static_assert(kStageBlocks * T <= kThreads);  // one activation scale a thread at most
   {
-    const int kbl = tid / kTokens, m = tid % kTokens;
-    if (kbl < nb && tid < kStageBlocks * kTokens)
+    const int kbl = tid / T, m = tid % T;
+    if (kbl < nb && tid < kStageBlocks * T)
       cp_async4(st + kActBytes + kWeightBytes + kWScaleBytes +
-                    4 * (kbl * kTokens + (m % 8) / 2 * (kTokens / 4) + 2 * (m / 8) + m % 2),
+                    4 * (kbl * T + (m % 8) / 2 * (T / 4) + 2 * (m / 8) + m % 2),
                 act_scale + rows.scales[m] + uint32_t(kb0 + kbl));
   }
 }
 
 // Lane (g, c) of warp `warp` in warpgroup wg: its raw bytes of K block kbl of stage st, decoded.
-template <WFormat F>
+template <WFormat F, int T>
 __device__ __forceinline__ void decode_stage(const uint8_t* st, int wg, int kbl, int warp, int lane,
                                              uint32_t (&a)[4][4], float (&sw)[2]) {
+  constexpr int kActBytes = Tile<T>::kActBytes, kWeightBytes = Tile<T>::kWeightBytes, kSlots = Tile<T>::kUnits;
   Raw<F> r;
   const int chunk = (wg * kStageBlocks + kbl) * 4 + warp;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
     for (int u = 0; u < Raw<F>::kUnits; ++u)
-      r.unit[h][u] = *reinterpret_cast<const uint4*>(st + kActBytes + (chunk * 2 + u) * kWarpChunk + 16 * (32 * h + lane));
+      r.unit[h][u] = *reinterpret_cast<const uint4*>(st + kActBytes + (chunk * kSlots + u) * kWarpChunk + 16 * (32 * h + lane));
     if constexpr (F == WFormat::kFP4)
       r.scales[h] = *reinterpret_cast<const uint32_t*>(st + kActBytes + kWeightBytes + chunk * 64 + 32 * h + lane - lane % 4);
   }
@@ -228,6 +243,7 @@ __device__ __forceinline__ void decode_stage(const uint8_t* st, int wg, int kbl,
 
 // total[4j + 2h + e] (row g + 8h, column 8j + 2c + e: tc_wgmma.cuh) += part · sw[h] · sx[column]; sx the K
 // block's scales in load_stage's order: this thread's at sx + c·kAcc/2, columns 8j + 2c, + 1 at 2j, 2j + 1.
+template <int T, int kAcc = Tile<T>::kAcc>
 __device__ __forceinline__ void promote(float (&total)[kAcc], const float (&part)[kAcc], const float (&sw)[2],
                                         const float* sx, int c) {
   const auto add = [&](int j, float x0, float x1) {
@@ -245,34 +261,38 @@ __device__ __forceinline__ void promote(float (&total)[kAcc], const float (&part
 }
 
 // Issues K block kbl of stage st: its four wgmma steps into part (a cleared start), as one commit group.
-__device__ __forceinline__ void issue(const uint8_t* st, int kbl, const uint32_t (&a)[4][4], float (&part)[kAcc]) {
+template <int T>
+__device__ __forceinline__ void issue(const uint8_t* st, int kbl, const uint32_t (&a)[4][4],
+                                      float (&part)[Tile<T>::kAcc]) {
   using namespace tc;
-  const uint64_t desc = smem_descriptor_sw128(st + kbl * kTileBytes);
+  const uint64_t desc = smem_descriptor_sw128(st + kbl * Tile<T>::kTileBytes);
   wgmma_fence();  // a was just written
 #pragma unroll
   for (int step = 0; step < 4; ++step)  // 32 bytes of K a step: 2 descriptor units
-    wgmma_m64n64k32_e4m3_rs(part, a[step], desc + 2 * step, step > 0 ? 1u : 0u);
+    if constexpr (T == 64) wgmma_m64n64k32_e4m3_rs(part, a[step], desc + 2 * step, step > 0 ? 1u : 0u);
+    else wgmma_m64n16k32_e4m3_rs(part, a[step], desc + 2 * step, step > 0 ? 1u : 0u);
   wgmma_commit();
 }
 
 // The warpgroup's 64 rows × the tile's 64 pairs over K blocks [kb_begin, kb_end), in units of the output. Per
 // stage: K block 0's wgmmas run while block 1 is decoded, block 1's while block 0 is promoted.
-template <WFormat F>
+template <WFormat F, int T>
 __device__ __forceinline__ void gemm_tile(const Mats& w, const uint8_t* act, const float* act_scale,
-                                          const Rows& rows, int kb_begin, int kb_end, uint8_t* ring,
-                                          float (&total)[kAcc]) {
+                                          const Rows<T>& rows, int kb_begin, int kb_end, uint8_t* ring,
+                                          float (&total)[Tile<T>::kAcc]) {
   using namespace tc;
   const int wg = int(threadIdx.x / 128), warp = int(threadIdx.x / 32) % 4, lane = int(threadIdx.x % 32);
   const int c = lane % 4;
 #pragma unroll
-  for (int i = 0; i < kAcc; ++i) total[i] = 0.0f;
+  for (int i = 0; i < Tile<T>::kAcc; ++i) total[i] = 0.0f;
   const int blocks = kb_end - kb_begin, stages = (blocks + kStageBlocks - 1) / kStageBlocks;
   const uint32_t ring_address = smem_address(ring);
   const auto load = [&](int stage) {
     const int kb0 = kb_begin + stage * kStageBlocks;
-    load_stage<F>(ring_address, stage % kStages, kb0, min(kStageBlocks, kb_end - kb0), act, act_scale,
+    load_stage<F, T>(ring_address, stage % Tile<T>::kStages, kb0, min(kStageBlocks, kb_end - kb0), act, act_scale,
                            rows, w);
   };
+  constexpr int kStages = Tile<T>::kStages;
   for (int i = 0; i < kStages - 1; ++i) {  // one commit group a stage, empty past the end
     if (i < stages) load(i);
     cp_async_commit();
@@ -282,28 +302,29 @@ __device__ __forceinline__ void gemm_tile(const Mats& w, const uint8_t* act, con
     __syncthreads();  // stage s has landed for all threads, and stage s − 1 is read: its buffer takes the next
     if (s + kStages - 1 < stages) load(s + kStages - 1);
     cp_async_commit();
-    const uint8_t* st = ring + (s % kStages) * kStageBytes;
-    const float* xs = reinterpret_cast<const float*>(st + kActBytes + kWeightBytes + kWScaleBytes);
+    const uint8_t* st = ring + (s % kStages) * Tile<T>::kStageBytes;
+    const float* xs = reinterpret_cast<const float*>(st + Tile<T>::kActBytes + Tile<T>::kWeightBytes +
+                                                     kWScaleBytes);
     // A stage's second block is issued whether or not it exists (the last stage of an odd count): its wgmmas
     // then run on stale stage bytes and are not promoted. No branch around the wgmmas, so ptxas sees which group
     // each wait completes.
     const bool second = s * kStageBlocks + 1 < blocks;
     uint32_t a0[4][4], a1[4][4];
-    float sw0[2], sw1[2], part0[kAcc], part1[kAcc];
-    decode_stage<F>(st, wg, 0, warp, lane, a0, sw0);
-    issue(st, 0, a0, part0);
-    decode_stage<F>(st, wg, 1, warp, lane, a1, sw1);
-    issue(st, 1, a1, part1);
+    float sw0[2], sw1[2], part0[Tile<T>::kAcc], part1[Tile<T>::kAcc];
+    decode_stage<F, T>(st, wg, 0, warp, lane, a0, sw0);
+    issue<T>(st, 0, a0, part0);
+    decode_stage<F, T>(st, wg, 1, warp, lane, a1, sw1);
+    issue<T>(st, 1, a1, part1);
     wgmma_wait<1>();
     fence_registers(part0);
 #pragma unroll
     for (int step = 0; step < 4; ++step) fence_registers(a0[step]);
-    promote(total, part0, sw0, xs, c);
+    promote<T>(total, part0, sw0, xs, c);
     wgmma_wait<0>();
     fence_registers(part1);
 #pragma unroll
     for (int step = 0; step < 4; ++step) fence_registers(a1[step]);
-    if (second) promote(total, part1, sw1, xs + kTokens, c);
+    if (second) promote<T>(total, part1, sw1, xs + T, c);
   }
   cp_async_wait<0>();
   __syncthreads();  // every stage is read: the caller may reuse the ring
@@ -312,14 +333,14 @@ __device__ __forceinline__ void gemm_tile(const Mats& w, const uint8_t* act, con
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // Block (tile, row block): tile tile_begin + blockIdx.x / row_blocks of the plan, all of K.
-template <bool kUp>
-__global__ void __launch_bounds__(kThreads, 1)
+template <bool kUp, int T>
+__global__ void __launch_bounds__(kThreads, Tile<T>::kBlocksPerSm)
     grouped_wgmma_kernel(ExpertParams p, GroupedBuffers g, int tile_begin) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_wgmma[];
   // NOTE: swizzled tiles start on 1024-byte boundaries (the 128-byte swizzle repeats every 8 rows).
   uint8_t* const ring = smem_wgmma + ((1024 - (tc::smem_address(smem_wgmma) & 1023)) & 1023);
-  __shared__ Rows rows;
+  __shared__ Rows<T> rows;
   const int64_t out_rows = kUp ? p.I : p.D;
   const int row_blocks = int(out_rows / (kUp ? kUpRows : kDownRows));
   const int tile = tile_begin + int(blockIdx.x) / row_blocks, rb = int(blockIdx.x) % row_blocks;
@@ -350,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   w.scale_cols = int(fmt.scale_cols);
   const int64_t row0 = (wg ? w.tile0[1] : w.tile0[0]) * kTileRows;  // the warpgroup's first row
   const int K = int(kUp ? p.D : p.I), kblocks = K / kBlockK;
-  if (threadIdx.x < kTokens) {
+  if (threadIdx.x < T) {
     const int pair = pair0 + min(int(threadIdx.x), count - 1);
     const uint32_t row = uint32_t(kUp ? p.plan.pair_token[pair] : pair);
     rows.bytes[threadIdx.x] = row * 2 * uint32_t(K);
@@ -359,9 +380,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   const auto* act = reinterpret_cast<const uint8_t*>(kUp ? (expert < 0 ? g.xq_shared : g.xq_routed) : g.hq);
   const float* act_scale = kUp ? g.xs : g.hs;
-  float total[kAcc];
-  if (fmt.format == WFormat::kFP4) gemm_tile<WFormat::kFP4>(w, act, act_scale, rows, 0, kblocks, ring, total);
-  else gemm_tile<WFormat::kFP8>(w, act, act_scale, rows, 0, kblocks, ring, total);
+  float total[Tile<T>::kAcc];
+  if constexpr (T == kGroupedDecodeTokens) {  // routed FP4 alone (launch_gemm_all checks)
+    gemm_tile<WFormat::kFP4, T>(w, act, act_scale, rows, 0, kblocks, ring, total);
+  } else {
+    if (fmt.format == WFormat::kFP4) gemm_tile<WFormat::kFP4, T>(w, act, act_scale, rows, 0, kblocks, ring, total);
+    else gemm_tile<WFormat::kFP8, T>(w, act, act_scale, rows, 0, kblocks, ring, total);
+  }
 
   const int g8 = lane / 4, c = lane % 4;
   const int64_t row = row0 + 16 * warp + g8;  // this thread's rows: row, row + 8
@@ -370,11 +395,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int t = int(threadIdx.x % 128);
     if (wg == 1)
 #pragma unroll
-      for (int i = 0; i < kAcc; ++i) w3_sums[i * 128 + t] = total[i];
+      for (int i = 0; i < Tile<T>::kAcc; ++i) w3_sums[i * 128 + t] = total[i];
     __syncthreads();
     if (wg == 1) return;
 #pragma unroll
-    for (int i = 0; i < kAcc; ++i) {
+    for (int i = 0; i < Tile<T>::kAcc; ++i) {
       const int m = 8 * (i / 4) + 2 * c + i % 2;
       if (m >= count) continue;
       const int pair = pair0 + m;
@@ -384,7 +409,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < kAcc; ++i) {
+    for (int i = 0; i < Tile<T>::kAcc; ++i) {
       const int m = 8 * (i / 4) + 2 * c + i % 2;
       if (m < count)
         p.plan.y[int64_t(p.plan.pair_out[pair0 + m]) * p.D + row + 8 * ((i / 2) % 2)] = round_bf16(total[i]);
@@ -399,8 +424,27 @@ std::atomic<int64_t> g_launches{0};
 
 int64_t grouped_wgmma_launches() { return g_launches.load(std::memory_order_relaxed); }
 
+namespace {
+
+template <int T>
+void launch_tiles(bool up, const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin, int64_t tile_end,
+                  cudaStream_t stream) {
+  const int64_t out_rows = up ? p.I : p.D;
+  const int block_rows = up ? kUpRows : kDownRows;
+  const auto kernel = up ? grouped_wgmma_kernel<true, T> : grouped_wgmma_kernel<false, T>;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), Tile<T>::kSmemBytes);
+  const int64_t blocks = (tile_end - tile_begin) * (out_rows / block_rows);
+  DSV4_CHECK(blocks < (int64_t(1) << 31), "moe: too many grouped tiles");
+  if (blocks == 0) return;
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  kernel<<<unsigned(blocks), kThreads, Tile<T>::kSmemBytes, stream>>>(p, g, int(tile_begin));
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
 void launch_grouped_wgmma(bool up, const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin,
-                          int64_t tile_end, cudaStream_t stream) {
+                          int64_t tile_end, int tile_pairs, cudaStream_t stream) {
   const int64_t out_rows = up ? p.I : p.D;
   const int block_rows = up ? kUpRows : kDownRows;
   DSV4_CHECK(out_rows % block_rows == 0 && p.D % kBlockK == 0 && p.I % kBlockK == 0,
@@ -409,14 +453,10 @@ void launch_grouped_wgmma(bool up, const ExpertParams& p, const GroupedBuffers& 
   const int64_t act_rows = p.n * (p.k + 1);
   DSV4_CHECK(act_rows * 2 * std::max(p.D, p.I) < (int64_t(1) << 32) && p.I * p.D < (int64_t(1) << 31),
              "moe: a step of ", p.n, " tokens is too large for the wgmma grouped GEMMs' 32-bit offsets");
-  const auto kernel = up ? grouped_wgmma_kernel<true> : grouped_wgmma_kernel<false>;
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmemBytes);
-  const int64_t blocks = (tile_end - tile_begin) * (out_rows / block_rows);
-  DSV4_CHECK(blocks < (int64_t(1) << 31), "moe: too many grouped tiles");
-  if (blocks == 0) return;
-  g_launches.fetch_add(1, std::memory_order_relaxed);
-  kernel<<<unsigned(blocks), kThreads, kSmemBytes, stream>>>(p, g, int(tile_begin));
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  DSV4_CHECK(tile_pairs == kGroupedTokens || tile_pairs == kGroupedDecodeTokens, "moe: wgmma tiles of ", tile_pairs,
+             " pairs");
+  if (tile_pairs == kGroupedTokens) launch_tiles<kGroupedTokens>(up, p, g, tile_begin, tile_end, stream);
+  else launch_tiles<kGroupedDecodeTokens>(up, p, g, tile_begin, tile_end, stream);
 }
 
 }  // namespace dsv4::cuda::moe

@@ -398,7 +398,8 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
   const int sms = props_.multiProcessorCount;
   const int64_t split_floats = shared_grouped ? cuda::moe::shared_split_floats(n, D, I, sms) : 0;
   const int routed_tile = cuda::moe::grouped_routed_tile(
-      n, k, E, grouped && layer.routed_up.format == WFormat::kFP4 && layer.routed_down.format == WFormat::kFP4);
+      n, k, E, grouped && layer.routed_up.format == WFormat::kFP4 && layer.routed_down.format == WFormat::kFP4,
+      props_.major);
   if (grouped || shared_grouped) carve_grouped(carve, n, E, k, D, I, split_floats, routed_tile);
   carve.set_base(workspace(cuda::kWsMoeStep, carve.used()));
   const cuda::moe::Plan plan = carve_plan(carve, n, E, k, D, I);

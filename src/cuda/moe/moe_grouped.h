@@ -17,6 +17,11 @@ void set_grouped_min_tokens(int64_t n);  // n ≤ 0: the default again
 int64_t grouped_small_tile_max_pairs();
 void set_grouped_small_tile_max_pairs(int64_t pairs);  // < 0: the default again; 0: never small tiles
 
+// Routed tiles of kGroupedDecodeTokens pairs on wgmma (moe_kernels.h, sm_90a) up to this many pairs per expert on
+// average, below the small tiles (docs/design/moe.md, "Decode tiles on wgmma").
+int64_t grouped_decode_tile_max_pairs();
+void set_grouped_decode_tile_max_pairs(int64_t pairs);  // < 0: the default again; 0: never decode tiles
+
 
 // The grouped path's tiles of kGroupedTokens pairs on wgmma (experts_wgmma.cu, sm_90a) rather than mma.sync from
 // this many pairs an expert on average (n·k / E): below it the mma.sync kernel is faster (docs/design/moe.md,

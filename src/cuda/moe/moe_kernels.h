@@ -197,6 +197,10 @@ constexpr int kGroupedTokens = 64;     // pairs of one expert per tile: the GEMM
 // Routed FP4 tiles where experts hold few pairs (grouped_routed_tile): a kernel of ≤ 128 registers, two blocks an
 // SM (experts_grouped.cu).
 constexpr int kGroupedSmallTokens = 24;
+// Routed FP4 tiles where experts hold a few pairs each (decode steps: grouped_routed_tile), on wgmma's N = 16
+// (experts_wgmma.cu): the FP4 decode feeds wgmma's k32 e4m3 steps, ~5× fewer instructions a weight byte than the
+// item kernels' f16 mma.sync (docs/design/moe.md).
+constexpr int kGroupedDecodeTokens = 16;
 constexpr int kGroupedScaleSpan = 9;   // FP4: max − min of a row's four E8M0 scales in one 128-column block
 
 struct GroupedBuffers {
@@ -240,10 +244,10 @@ __host__ __device__ constexpr int wgmma_pos(bool fp4, int col) {
 }
 
 // The GEMM (up: w1 and w3 with the SwiGLU into h; else w2 into y) of tiles [tile_begin, tile_end) of ≤
-// kGroupedTokens pairs on wgmma, K unsplit (experts_wgmma.cu; only the shared expert alone splits K, on mma.sync).
+// tile_pairs pairs (kGroupedTokens or kGroupedDecodeTokens) on wgmma, K unsplit (experts_wgmma.cu; only the shared expert alone splits K, on mma.sync).
 // Requires an sm_90a device and D, I multiples of 128.
 void launch_grouped_wgmma(bool up, const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin,
-                          int64_t tile_end, cudaStream_t stream);
+                          int64_t tile_end, int tile_pairs, cudaStream_t stream);
 
 // Upper bound of the tiles of a step of n tokens (ceil(n / kGroupedTokens) shared, Σ ceil(count_e / N) ≤ P / N +
 // min(E, P) routed for routed tiles of N pairs).
@@ -251,12 +255,13 @@ inline int64_t grouped_max_tiles(int64_t n, int64_t k, int64_t E, int routed_til
   const int64_t P = n * k;
   return (n + kGroupedTokens - 1) / kGroupedTokens + (P + routed_tile - 1) / routed_tile + std::min(E, P);
 }
-// The routed tiles' size for a step (GroupedBuffers::routed_tile): kGroupedSmallTokens where every routed matrix
-// is FP4 and the experts hold few pairs on average (moe_grouped.h), else kGroupedTokens.
-int grouped_routed_tile(int64_t n, int64_t k, int64_t E, bool routed_fp4);
+// The routed tiles' size for a step (GroupedBuffers::routed_tile), where every routed matrix is FP4 and the
+// experts hold few pairs on average (moe_grouped.h): kGroupedDecodeTokens on wgmma (sm_90a: cc_major 9) up to
+// grouped_decode_tile_max_pairs(), else kGroupedSmallTokens; else kGroupedTokens.
+int grouped_routed_tile(int64_t n, int64_t k, int64_t E, bool routed_fp4, int cc_major);
 // Whether a step of the grouped path with routed tiles of routed_tile pairs runs its tiles of kGroupedTokens on wgmma
 // (moe_grouped.h), on sm_90a (major 9): all of them from grouped_wgmma_min_pairs() pairs an expert on average; the
-// shared expert's beside small routed tiles.
+// shared expert's beside small routed tiles; every tile beside decode tiles (which are wgmma's).
 bool grouped_takes_wgmma(int64_t n, int64_t k, int64_t E, int routed_tile, int cc_major);
 bool grouped_fits(const ExpertParams& p);
 void launch_experts_grouped(const ExpertParams& p, const GroupedBuffers& g, cudaStream_t stream);
