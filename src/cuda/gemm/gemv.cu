@@ -23,7 +23,6 @@
 //    thread writes the same output element every stage, so program order makes this safe.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
-#include <cooperative_groups.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -33,6 +32,7 @@
 
 #include "cuda/common/smem.h"
 #include "cuda/common/check.h"
+#include "cuda/common/cluster.cuh"
 #include "cuda/common/dequant.cuh"
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/gemm/gemm.h"
@@ -94,9 +94,6 @@ struct GemvParams {
   int stages = 0;          // ceil(slice_chunks / stage_chunks): the same for every rank
   bool quant_x = false, bf16_out = false;  // GemmParams' fast numerics
 };
-
-namespace cg = cooperative_groups;
-
 
 __device__ __forceinline__ void copy_async(float* dst, const float* src, int bytes16) {
   const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
@@ -258,28 +255,6 @@ __device__ __forceinline__ void write_output(const GemvParams& p, int row, int r
   *dst = last_stage ? round_bf16_if(p.bf16_out, total) : total;
 }
 
-// All threads of the block (of the cluster when it has several blocks) wait here; cluster barriers also
-// order the shared-memory writes before them for the peers reading after.
-__device__ __forceinline__ void unit_barrier(int cluster) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (cluster > 1) {
-    cg::this_cluster().sync();
-    return;
-  }
-#endif
-  (void)cluster;
-  __syncthreads();
-}
-
-__device__ __forceinline__ const float* rank_shared(const float* p, int rank, int cluster) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (cluster > 1) return cg::this_cluster().map_shared_rank(p, rank);
-#endif
-  (void)rank;
-  (void)cluster;
-  return p;  // clusters are only launched on sm_90+
-}
-
 // Grid: (cluster ranks S, unit ranges). Dynamic shared memory: [2][kWarps][V] partial sums, then the x stage.
 template <WFormat F, int NB>
 __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(F, NB)) gemv_kernel(GemvParams p) {
@@ -349,14 +324,14 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(F, NB)) gemv_kerne
         // Partials double-buffered: the barrier of unit u+1 orders unit u's reads before unit u+2's writes.
         float* part = partials + buf * kWarps * V;
         if (owner) part[warp * V + v_index] = total;
-        unit_barrier(S);
+        cluster_barrier(S);
         const int outputs = (kWarps / WK) * V;  // ≤ kThreads
         const int o = threadIdx.x * S + rank;
         if (o < outputs) {
           const int rg = o / V, vi = o % V;
           float sum = 0.0f;
           for (int s = 0; s < S; ++s) {
-            const float* src = rank_shared(part, s, S);
+            const float* src = cluster_shared(part, s, S);
             for (int wk = 0; wk < WK; ++wk) sum += src[(rg * WK + wk) * V + vi];
           }
           write_output(p, unit_row0 + rg * R + vi / NB, row_end, vi % NB, sum, st == 0, st == p.stages - 1);
@@ -366,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(F, NB)) gemv_kerne
     }
     u = seg_end;
   }
-  if (S > 1) unit_barrier(S);  // peers may still read this block's partials
+  if (S > 1) cluster_barrier(S);  // peers may still read this block's partials
 }
 
 int register_limited_blocks(const void* kernel) {

@@ -1,16 +1,13 @@
 // moe family (CUDA): the expert kernels of a one-token step whose matrices all go through the tensor cores;
 // launch_expert_up / launch_expert_down (experts_items.cu) pick them. A block owns a 16-row tile of every chunk of
 // the step and its warps take (chunk, K slice) tasks of it (the notes below say why).
+#include "cuda/common/cluster.cuh"
 #include "cuda/moe/experts.cuh"
 #include "cuda/moe/weight_mma.cuh"
-
-#include <cooperative_groups.h>
 
 #include <algorithm>
 
 namespace dsv4::cuda::moe {
-
-namespace cg = cooperative_groups;
 
 namespace {
 
@@ -203,43 +200,6 @@ __device__ void up_task_mma(const ExpertParams& p, const MatView& w, int64_t row
   const int e = -(shift + (F == WFormat::kFP4 ? kFp4Offset : 0));
   if (g < rows_valid) y[g] = ldexpf(acc[0][0] + acc[0][1], e);
   if (g + 8 < rows_valid) y[g + 8] = ldexpf(acc[0][2] + acc[0][3], e);
-}
-
-// The cluster's blocks (1 without clusters) and this block's rank in it.
-__device__ __forceinline__ int cluster_blocks() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return int(cg::this_cluster().num_blocks());
-#else
-  return 1;
-#endif
-}
-__device__ __forceinline__ int cluster_rank() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return int(cg::this_cluster().block_rank());
-#else
-  return 0;
-#endif
-}
-// Every thread of the cluster waits; the cluster barrier orders each block's shared-memory writes before its
-// peers' reads after it.
-__device__ __forceinline__ void cluster_barrier(int blocks) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (blocks > 1) {
-    cg::this_cluster().sync();
-    return;
-  }
-#endif
-  (void)blocks;
-  __syncthreads();
-}
-template <class T>
-__device__ __forceinline__ const T* cluster_shared(const T* p, int rank, int blocks) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (blocks > 1) return cg::this_cluster().map_shared_rank(p, rank);
-#endif
-  (void)rank;
-  (void)blocks;
-  return p;  // clusters are only launched on sm_90+
 }
 
 // Grid: clusters of S blocks (S = 1: no cluster), ≤ one cluster per 16-row tile of I (looping over tiles);
