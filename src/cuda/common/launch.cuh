@@ -45,20 +45,28 @@ __device__ __forceinline__ void pdl_wait(unsigned per_sm = 1) {
 }
 
 // pdl: the device supports it (compute capability ≥ 9); the kernel must wait before reading what its predecessor
-// wrote (pdl_wait or pdl_wait_predecessor).
+// wrote (pdl_wait or pdl_wait_predecessor). cluster > 1: thread-block clusters of that many blocks along x
+// (sm_90; grid.x a multiple of it; cuda/common/cluster.cuh).
 template <class Params>
 void launch_pdl(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
-                const Params& p) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+                const Params& p, int cluster = 1) {
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n++].val.clusterDim = {unsigned(cluster), 1, 1};
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = attr;
-  config.numAttrs = pdl ? 1 : 0;
+  config.numAttrs = n;
   DSV4_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
 }
 

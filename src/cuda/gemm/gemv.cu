@@ -35,6 +35,7 @@
 #include "cuda/common/cluster.cuh"
 #include "cuda/common/dequant.cuh"
 #include "cuda/common/fp_grid.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/gemm/gemm.h"
 #include "cuda/gemm/gemv_decode.cuh"
 
@@ -401,24 +402,7 @@ void launch(const GemmParams& gp, cudaStream_t stream) {
   const int per_block = int(ceil_div(p.units, std::max(1, target / cluster)));
   const int blocks = int(ceil_div(p.units, per_block));
   const dim3 grid{unsigned(cluster), unsigned(blocks)};
-  if (cluster == 1) {
-    kernel<<<grid, kThreads, size_t(smem), stream>>>(p);
-    DSV4_LAUNCH_CHECK();
-    return;
-  }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = size_t(smem);
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = unsigned(cluster);
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+  launch_pdl(kernel, grid, dim3(kThreads), size_t(smem), stream, /*pdl=*/false, p, cluster);
 }
 
 template <WFormat F>

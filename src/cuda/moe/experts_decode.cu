@@ -329,21 +329,7 @@ void launch_expert_up_decode(const ExpertParams& p, int sm_count, bool pdl, cuda
   const int64_t tiles = (p.I + kMmaRows - 1) / kMmaRows;
   const int S = up_decode_cluster(tiles, sm_count, pdl);
   const int clusters = int(std::min<int64_t>(tiles, int64_t(per_sm) * sm_count / S));
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(S);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(clusters * S));
-  config.blockDim = dim3(kUpDecodeThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = S > 1 ? attr : attr + 1;
-  config.numAttrs = (S > 1 ? 1 : 0) + (pdl ? 1 : 0);
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+  launch_pdl(kernel, dim3(unsigned(clusters * S)), dim3(kUpDecodeThreads), smem, stream, pdl, p, S);
 }
 
 void launch_expert_down_decode(const ExpertParams& p, int sm_count, bool pdl, cudaStream_t stream) {

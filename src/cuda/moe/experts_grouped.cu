@@ -600,7 +600,7 @@ template <bool kUp, int kTokens>
 void launch_gemm(const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin, int64_t tile_end, int splits,
                  cudaStream_t stream) {
   if (kTokens == kGroupedDecodeTokens || (kTokens == kGroupedTokens && g.wgmma)) {
-    DSV4_CHECK(splits == 1 && g.wgmma, "moe: the wgmma grouped GEMMs do not split K");
+    DSV4_CHECK(splits == 1 && g.wgmma, "moe: the wgmma grouped GEMMs take unsplit K, with wgmma on");
     launch_grouped_wgmma(kUp, p, g, tile_begin, tile_end, kTokens, stream);
     return;
   }

@@ -198,8 +198,8 @@ constexpr int kGroupedTokens = 64;     // pairs of one expert per tile: the GEMM
 // SM (experts_grouped.cu).
 constexpr int kGroupedSmallTokens = 24;
 // Routed FP4 tiles where experts hold a few pairs each (decode steps: grouped_routed_tile), on wgmma's N = 16
-// (experts_wgmma.cu): the FP4 decode feeds wgmma's k32 e4m3 steps, ~5× fewer instructions a weight byte than the
-// item kernels' f16 mma.sync (docs/design/moe.md).
+// (experts_wgmma.cu): the FP4 decode feeds wgmma's k32 e4m3 steps (docs/design/moe.md, "Decode tiles on wgmma":
+// ahead of small tiles at 96–160 tokens of a `--tp 2` rank, level with the item kernels at 64).
 constexpr int kGroupedDecodeTokens = 16;
 constexpr int kGroupedScaleSpan = 9;   // FP4: max − min of a row's four E8M0 scales in one 128-column block
 
@@ -244,7 +244,8 @@ __host__ __device__ constexpr int wgmma_pos(bool fp4, int col) {
 }
 
 // The GEMM (up: w1 and w3 with the SwiGLU into h; else w2 into y) of tiles [tile_begin, tile_end) of ≤
-// tile_pairs pairs (kGroupedTokens or kGroupedDecodeTokens) on wgmma, K unsplit (experts_wgmma.cu; only the shared expert alone splits K, on mma.sync).
+// tile_pairs pairs (kGroupedTokens or kGroupedDecodeTokens) on wgmma, K unsplit (experts_wgmma.cu; only the
+// shared expert alone splits K, on mma.sync).
 // Requires an sm_90a device and D, I multiples of 128.
 void launch_grouped_wgmma(bool up, const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin,
                           int64_t tile_end, int tile_pairs, cudaStream_t stream);
