@@ -500,9 +500,12 @@ TEST(CudaMoe, FastGroupedWgmmaRingWraps) {
     const DecodeTilesUpTo decode(decode_tiles ? DecodeTilesUpTo::kAlways : 0);
     for (int64_t n : {33, 130}) {
       const int64_t before = cuda::moe::grouped_wgmma_launches();
+      const int64_t decode_before = cuda::moe::grouped_decode_tile_launches();
       const char* path = decode_tiles ? " decode tiles, wgmma" : " grouped, wgmma";
       check_step_fast(m, ops, n, rng, describe(shape, f, false) + path);
       EXPECT_GT(cuda::moe::grouped_wgmma_launches(), before) << "n = " << n << ": the step did not run on wgmma";
+      EXPECT_EQ(cuda::moe::grouped_decode_tile_launches() > decode_before, decode_tiles)
+          << "n = " << n << ": decode tiles " << (decode_tiles ? "not taken" : "taken unasked");
     }
   }
 #endif

@@ -418,11 +418,12 @@ __global__ void __launch_bounds__(kThreads, Tile<T>::kBlocksPerSm)
 #endif  // NOTE: other architectures get an empty body; CudaOps::moe sets GroupedBuffers::wgmma on sm_90 only
 }
 
-std::atomic<int64_t> g_launches{0};
+std::atomic<int64_t> g_launches{0}, g_decode_launches{0};
 
 }  // namespace
 
 int64_t grouped_wgmma_launches() { return g_launches.load(std::memory_order_relaxed); }
+int64_t grouped_decode_tile_launches() { return g_decode_launches.load(std::memory_order_relaxed); }
 
 namespace {
 
@@ -437,6 +438,7 @@ void launch_tiles(bool up, const ExpertParams& p, const GroupedBuffers& g, int64
   DSV4_CHECK(blocks < (int64_t(1) << 31), "moe: too many grouped tiles");
   if (blocks == 0) return;
   g_launches.fetch_add(1, std::memory_order_relaxed);
+  if (T == kGroupedDecodeTokens) g_decode_launches.fetch_add(1, std::memory_order_relaxed);
   kernel<<<unsigned(blocks), kThreads, Tile<T>::kSmemBytes, stream>>>(p, g, int(tile_begin));
   DSV4_CUDA_CHECK(cudaGetLastError());
 }

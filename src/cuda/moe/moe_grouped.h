@@ -32,8 +32,10 @@ int64_t grouped_wgmma_min_pairs();
 void set_grouped_wgmma_min_pairs(int64_t pairs);  // ≤ 0: the default again
 bool grouped_wgmma();
 void set_grouped_wgmma(bool on);
-// launch_grouped_wgmma's launches so far in this process: tests tell by it which arithmetic a step took.
+// launch_grouped_wgmma's launches so far in this process (all; those of decode tiles): tests tell by them which
+// arithmetic and which tiles a step took.
 int64_t grouped_wgmma_launches();
+int64_t grouped_decode_tile_launches();
 
 // Below grouped_min_tokens(I), the token count from which the shared expert alone takes the grouped path
 // (launch_shared_grouped, moe_kernels.h) while the routed ones stay on the item kernels.
