@@ -62,6 +62,7 @@ class CpuOps final : public Ops {
 
   void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
               const E4m3Rows* xq = nullptr, Bf16Rows* yb = nullptr) override;
+  void linear_partial(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) override;
   void lm_head(const float* x, const Weight& head, int64_t n, float* logits) override;
   void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y,
                       const Bf16Rows* xb = nullptr) override;
@@ -88,6 +89,7 @@ class CpuOps final : public Ops {
   void attention(std::span<const AttentionParams> batch) override;
 
   void moe(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) override;
+  void moe_partial(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) override;
 
  private:
   std::vector<float>& scratch(size_t slot, size_t count);  // reused per-op buffers, grown on demand
@@ -101,9 +103,11 @@ class CpuOps final : public Ops {
   void linear_f32(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy);
   // A GEMM as fast numerics computes it (fast-numerics.md §1.4, §1.5): bf16 activations, act_quant'ed per 128
   // for FP8 / FP4 weights with fp32 partial sums per scale tile, and a bf16 output.
-  // xq, where given, replaces the act_quant of x (the same values).
+  // xq, where given, replaces the act_quant of x (the same values). round_out false: y in fp32 (linear_partial).
   void linear_fast(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
-                   const E4m3Rows* xq);
+                   const E4m3Rows* xq, bool round_out = true);
+  // moe and moe_partial: round_sum, the combined sum rounded in fast numerics.
+  void moe_rounded(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out, bool round_sum);
   void rms_norm_bf16(const float* x, int64_t rows, int64_t dim, float* y);  // the gain-less q re-norm (§2.3)
 
   ModelConfig config_;

@@ -111,6 +111,13 @@ void CpuOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, flo
     for (size_t i = 0; i < staged.size(); ++i) yb->data[i] = f32_to_bf16(staged[i]);
 }
 
+void CpuOps::linear_partial(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
+  if (fast() && w.dtype != DType::kF32)
+    linear_fast(x, ldx, w, n, y, ldy, nullptr, false);
+  else
+    linear_f32(x, ldx, w, n, y, ldy);
+}
+
 void CpuOps::linear_f32(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
 #pragma omp parallel if (w.rows * w.cols * n > kParallelWork)
   {
@@ -133,7 +140,7 @@ void CpuOps::lm_head(const float* x, const Weight& head, int64_t n, float* logit
 // dot product in fp32, scaled by both powers of two (exact: here folded into the decoded values), the tiles
 // added in K order in fp32. Other weights (bf16): F.linear in bf16, fp32 accumulation. Output bf16.
 void CpuOps::linear_fast(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
-                         const E4m3Rows* xq) {
+                         const E4m3Rows* xq, bool round_out) {
   const int64_t K = w.cols;
   const bool fp8_gemm = w.dtype == DType::kF8E4M3 || w.dtype == DType::kI8;
   const int64_t tile = fp8_gemm ? w.scale_block_cols : K;
@@ -164,7 +171,7 @@ void CpuOps::linear_fast(const float* x, int64_t ldx, const Weight& w, int64_t n
       for (int64_t i = 0; i < n; ++i) {
         float acc = 0.0f;
         for (int64_t k0 = 0; k0 < K; k0 += tile) acc += dot(act + i * K + k0, row.data() + k0, std::min(tile, K - k0));
-        y[i * ldy + r] = round_bf16(acc);
+        y[i * ldy + r] = round_out ? round_bf16(acc) : acc;
       }
     }
   }

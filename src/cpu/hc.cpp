@@ -92,8 +92,11 @@ void CpuOps::hc_post(const float* f, const float* post, const float* comb, int64
     const float* ft = f + t * D;
     float mixed[16];
     for (int64_t d = 0; d < D; ++d) {
+      // Fast numerics: f is a bf16 sub-block output, or the ranks' fp32 sum of their shares (Ops::linear_partial),
+      // rounded here once as one rank's producer rounds it.
+      const float fd = fast() ? round_bf16(ft[d]) : ft[d];
       for (int64_t k = 0; k < hc; ++k) {
-        float acc = post[t * hc + k] * ft[d];
+        float acc = post[t * hc + k] * fd;
         for (int64_t j = 0; j < hc; ++j) acc += C[j * hc + k] * Xt[j * D + d];
         mixed[k] = acc;
       }

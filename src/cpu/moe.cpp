@@ -18,6 +18,15 @@ float softplus(float z) { return z > 20.0f ? z : std::log1p(std::exp(z)); }  // 
 }  // namespace
 
 void CpuOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) {
+  moe_rounded(w, x, tokens, n, out, true);
+}
+
+void CpuOps::moe_partial(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) {
+  moe_rounded(w, x, tokens, n, out, false);
+}
+
+void CpuOps::moe_rounded(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out,
+                         bool round_sum) {
   const int64_t D = config_.dim, I = config_.moe_inter_dim, E = config_.n_routed_experts;
   const int64_t k = config_.n_experts_per_tok;
   const float limit = float(config_.swiglu_limit);
@@ -87,7 +96,7 @@ void CpuOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, int
   all.resize(size_t(n));
   for (int64_t t = 0; t < n; ++t) all[size_t(t)] = {t, 1.0f};
   run_expert(w.shared, all);
-  if (fast()) round_bf16(out, size_t(n * D));  // the fp32 combine, then one bf16 rounding
+  if (fast() && round_sum) round_bf16(out, size_t(n * D));  // the fp32 combine, then one bf16 rounding
 }
 
 }  // namespace dsv4

@@ -122,6 +122,7 @@ class CudaOps final : public Ops {
 
   void linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
               const E4m3Rows* xq = nullptr, Bf16Rows* yb = nullptr) override;
+  void linear_partial(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) override;
   void linear_pair(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya, const Weight& wb,
                    float* yb, int64_t ldyb, const E4m3Rows* xq = nullptr) override;
   void linear_grouped(const float* x, const Weight& w, int64_t groups, int64_t n, float* y,
@@ -166,6 +167,7 @@ class CudaOps final : public Ops {
   void attention(std::span<const AttentionParams> batch) override;
 
   void moe(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) override;
+  void moe_partial(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) override;
 
   // ---- for the families
   // The ops' stream; a deferred hc_post is launched first (Stream). A caller that keeps the handle and enqueues
@@ -197,6 +199,8 @@ class CudaOps final : public Ops {
   const float* inv_freq(RopeKind kind) const { return kind == RopeKind::kPlain ? inv_freq_plain_ : inv_freq_compressed_; }
 
  private:
+  // moe and moe_partial: round_sum, the combined sum rounded in fast numerics.
+  void moe_rounded(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out, bool round_sum);
   void* device_alloc(size_t bytes);  // tracked, freed in the destructor
   // The tensor of upload_model's checkpoint that is generated, not stored (a synthesised one held in memory,
   // loader/synth.h), which `host` lies in; nullptr for stored bytes.

@@ -541,13 +541,21 @@ void DeepseekV4::Rank::output_projection(const AttentionWeights& w, int64_t n) {
   const ModelConfig& c = model_.config;
   const bool bf16_o = attention_bf16(n);
   ops_.linear_grouped(bf16_o ? nullptr : act_.o, w.wo_a, c.o_groups, n, act_.z, bf16_o ? &act_.ob : nullptr);
-  ops_.linear(act_.z, c.o_groups * c.o_lora_rank, w.wo_b, n, act_.sub_out, c.dim);
-  if (reduce_attention_) ops_.all_reduce(act_.sub_out, size_t(n * c.dim));  // each rank's heads' share
+  if (reduce_attention_) {  // each rank's heads' share, summed unrounded (Ops::linear_partial)
+    ops_.linear_partial(act_.z, c.o_groups * c.o_lora_rank, w.wo_b, n, act_.sub_out, c.dim);
+    ops_.all_reduce(act_.sub_out, size_t(n * c.dim));
+  } else {
+    ops_.linear(act_.z, c.o_groups * c.o_lora_rank, w.wo_b, n, act_.sub_out, c.dim);
+  }
 }
 
 void DeepseekV4::Rank::moe(const LayerWeights& l, int64_t n) {
-  ops_.moe(l.moe, act_.xn, act_.tokens, n, act_.sub_out);
-  if (several_) ops_.all_reduce(act_.sub_out, size_t(n * model_.config.dim));  // each rank's experts' share
+  if (several_) {  // each rank's experts' share, its combined sum unrounded (Ops::moe_partial)
+    ops_.moe_partial(l.moe, act_.xn, act_.tokens, n, act_.sub_out);
+    ops_.all_reduce(act_.sub_out, size_t(n * model_.config.dim));
+  } else {
+    ops_.moe(l.moe, act_.xn, act_.tokens, n, act_.sub_out);
+  }
 }
 
 // Final hyper-connection collapse, norm and LM head (spec §5.4, §4), only for the rows whose logits or greedy

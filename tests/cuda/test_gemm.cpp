@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/common/check.h"
+#include "cuda/gemm/gemm.h"
 #endif
 
 namespace dsv4::test {
@@ -319,6 +320,61 @@ TEST(CudaGemm, LinearPairMatchesCpu) {
     };
     check_out(to_host(gpu, dya, want_a.size()), want_a, c.rows_a, lda, c.cols_a, "ya");
     check_out(to_host(gpu, dyb, want_b.size()), want_b, c.rows_b, ldb, c.cols_b, "yb");
+  }
+#endif
+}
+
+// A rank's share of a row-parallel product (Ops::linear_partial: wo_b when the ranks split the heads) in fast
+// numerics: the product without its output rounding. The share rounded to bf16 is linear's output bit for bit on
+// every path (the decode GEMV at 1 row, the FP8 mma GEMV at 4 and 9, the tensor-core GEMM at 40 and 300), it
+// holds values off the bf16 grid, and the CPU's share agrees to the sums' order (LinearPairMatchesCpu's bound;
+// test_gemm_tc's for the tensor cores).
+TEST(CudaGemm, FastPartialIsTheProductUnrounded) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  std::mt19937_64 rng(seed());
+  SCOPED_TRACE(seed());
+  const int64_t rows = 512, cols = 1024;
+  const ModelConfig config;
+  CpuOps cpu(config);
+  CudaOps gpu(config);
+  cpu.set_numerics(Numerics::kFast);
+  gpu.set_numerics(Numerics::kFast);
+  const HostWeight hw = make_weight(Format::kFP8, rows, cols, rng);
+  gpu.upload(hw.w);
+  settle();
+  for (const int64_t n : {1, 4, 9, 40, 300}) {
+    SCOPED_TRACE(n);
+    std::vector<float> x = random_floats(size_t(n * cols), rng);
+    for (float& v : x) v = round_bf16(v);  // bf16 activations, as fast numerics hands them on
+    const size_t count = size_t(n * rows);
+    float* dx = to_device(gpu, x);
+    float* dfull = poisoned(gpu, count);
+    float* dpart = poisoned(gpu, count);
+    gpu.linear(dx, cols, hw.w, n, dfull, rows);
+    gpu.linear_partial(dx, cols, hw.w, n, dpart, rows);
+    const std::vector<float> full = to_host(gpu, dfull, count), part = to_host(gpu, dpart, count);
+    size_t unequal = 0, off_grid = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const float r = round_bf16(part[i]);
+      unequal += std::memcmp(&r, &full[i], sizeof r) != 0;
+      off_grid += r != part[i];
+    }
+    EXPECT_EQ(unequal, 0u) << "the share rounded is not linear's output";
+    EXPECT_GT(off_grid, count / 2) << "the share looks rounded";
+    std::vector<float> want(count);
+    cpu.linear_partial(x.data(), cols, hw.w, n, want.data(), rows);
+    double sq = 0.0, err = 0.0;
+    for (size_t i = 0; i < count; ++i) {
+      sq += double(want[i]) * want[i];
+      err += (double(part[i]) - want[i]) * (double(part[i]) - want[i]);
+    }
+    if (n <= cuda::kGemvMaxRows) {  // the GEMVs sum in fp32
+      const double rms = std::sqrt(sq / double(count)), tol = 1e-6 * std::sqrt(double(cols));
+      EXPECT_TRUE(compare(part, want, {tol * rms, tol}, "linear_partial against the CPU's"));
+    } else {  // the FP8 tensor cores' ~14-bit accumulator: test_gemm_tc's whole-tensor bound
+      EXPECT_LE(std::sqrt(err / sq), 2e-3) << "linear_partial against the CPU's, relative to its norm";
+    }
   }
 #endif
 }

@@ -285,21 +285,27 @@ TEST(CudaHc, HcPostMatchesCpu) {
 #if DSV4_HAVE_CUDA
   std::mt19937_64 rng(seed());
   SCOPED_TRACE(seed());
-  for (const Case& c : kCases) {
-    const ModelConfig cfg = hc_config(c.hc, c.dim);
-    CudaOps ops(cfg);
-    CpuOps cpu(cfg);
-    const auto f = random_floats(size_t(c.n * c.dim), rng);
-    const auto post = random_floats(size_t(c.n * c.hc), rng, 0.0f, 2.0f);
-    const auto comb = random_floats(size_t(c.n * c.hc * c.hc), rng, 0.0f, 1.0f);
-    const auto X = random_floats(size_t(c.n * c.hc * c.dim), rng);
-    std::vector<float> want = X;
-    cpu.hc_post(f.data(), post.data(), comb.data(), c.n, want.data());
-    float* dX = to_device(ops, X, c.shift);
-    ops.hc_post(to_device(ops, f, c.shift), to_device(ops, post, 0), to_device(ops, comb, 0), c.n, dX);
-    EXPECT_TRUE(compare(to_host(ops, dX, want.size()), want, Tolerance{1e-6, 0.0},
-                        cat("hc_post hc=", c.hc, " dim=", c.dim, " n=", c.n, " shift=", c.shift)));
-  }
+  // Fast numerics too, where f (fp32 here, as the ranks' sum of their unrounded shares: Ops::linear_partial) is
+  // rounded to bf16 first and the streams after.
+  for (const Numerics numerics : {Numerics::kReference, Numerics::kFast})
+    for (const Case& c : kCases) {
+      const ModelConfig cfg = hc_config(c.hc, c.dim);
+      CudaOps ops(cfg);
+      CpuOps cpu(cfg);
+      ops.set_numerics(numerics);
+      cpu.set_numerics(numerics);
+      const auto f = random_floats(size_t(c.n * c.dim), rng);
+      const auto post = random_floats(size_t(c.n * c.hc), rng, 0.0f, 2.0f);
+      const auto comb = random_floats(size_t(c.n * c.hc * c.hc), rng, 0.0f, 1.0f);
+      const auto X = random_floats(size_t(c.n * c.hc * c.dim), rng);
+      std::vector<float> want = X;
+      cpu.hc_post(f.data(), post.data(), comb.data(), c.n, want.data());
+      float* dX = to_device(ops, X, c.shift);
+      ops.hc_post(to_device(ops, f, c.shift), to_device(ops, post, 0), to_device(ops, comb, 0), c.n, dX);
+      EXPECT_TRUE(compare(to_host(ops, dX, want.size()), want, Tolerance{1e-6, 0.0},
+                          cat("hc_post hc=", c.hc, " dim=", c.dim, " n=", c.n, " shift=", c.shift,
+                              numerics == Numerics::kFast ? " fast" : "")));
+    }
 #endif
 }
 
@@ -325,6 +331,7 @@ TEST(CudaHc, HcPostThenPreNormMatchesCpu) {
     PreOutputs want(c);
     want.post = random_floats(want.post.size(), rng, 0.0f, 2.0f);  // the previous sub-block's coefficients
     want.comb = random_floats(want.comb.size(), rng, 0.0f, 1.0f);
+    const std::vector<float> post0 = want.post, comb0 = want.comb;  // hc_pre_norm writes over them
     const DevicePreOutputs got{poisoned(ops, want.x.size(), c.shift), poisoned(ops, want.xn.size(), c.shift),
                                to_device(ops, want.post, 0), to_device(ops, want.comb, 0)};
     const float* df = to_device(ops, f, c.shift);
@@ -337,6 +344,19 @@ TEST(CudaHc, HcPostThenPreNormMatchesCpu) {
     ops.hc_pre_norm(dX, in.w, gamma, c.n, c.dim, got.x, got.xn, got.post, got.comb);
     EXPECT_TRUE(compare(to_host(ops, dX, X.size()), X, Tolerance{1e-6, 0.0}, "X " + describe(c)));
     expect_pre_outputs(ops, cpu, c, &gamma, got, want);
+    // Fast numerics: the fused kernels' X with an fp32 f (the ranks' sum of unrounded shares), rounded first.
+    CpuOps cpu_fast(cfg);
+    cpu_fast.set_numerics(Numerics::kFast);
+    ops.set_numerics(Numerics::kFast);
+    std::vector<float> X_fast = in.X;
+    cpu_fast.hc_post(f.data(), post0.data(), comb0.data(), c.n, X_fast.data());
+    float* dX_fast = to_device(ops, in.X, c.shift);
+    float* dpost = to_device(ops, post0, 0);
+    float* dcomb = to_device(ops, comb0, 0);
+    ops.hc_post(df, dpost, dcomb, c.n, dX_fast);
+    ops.hc_pre_norm(dX_fast, in.w, gamma, c.n, c.dim, got.x, got.xn, dpost, dcomb);
+    EXPECT_TRUE(compare(to_host(ops, dX_fast, X_fast.size()), X_fast, Tolerance{1e-6, 0.0}, "X fast " + describe(c)));
+    ops.set_numerics(Numerics::kReference);
   }
 #endif
 }

@@ -773,6 +773,53 @@ TEST(CudaMoe, ExpertRangesOfRanks) {
 #endif
 }
 
+// A rank's share of the MoE (Ops::moe_partial): the same kernels without the final rounding, so the share rounded
+// to bf16 is moe's output bit for bit, and it holds values off the bf16 grid. One token (the decode kernels), 5
+// and 64 (the item kernels; the shared expert on the grouped GEMMs at 64), 130 on the grouped path; the CPU's
+// moe_partial alike.
+TEST(CudaMoe, PartialIsTheSumUnrounded) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  SCOPED_TRACE(seed());
+  std::mt19937_64 rng(seed());
+  const Shape shape{256, 128, 16, 4, 1.0f, 1.5};
+  const HostMoe m(shape, {Fmt::kBF16, Fmt::kFP4, Fmt::kFP8}, false, 100, rng());
+  CudaOps ops(m.config);
+  CpuOps cpu(m.config);
+  m.upload_to(ops);
+  ops.set_numerics(Numerics::kFast);
+  cpu.set_numerics(Numerics::kFast);
+  const auto check = [&](const std::vector<float>& full, const std::vector<float>& part, const std::string& what) {
+    size_t unequal = 0, off_grid = 0;
+    for (size_t i = 0; i < full.size(); ++i) {
+      const float r = round_bf16(part[i]);
+      unequal += std::memcmp(&r, &full[i], sizeof r) != 0;
+      off_grid += round_bf16(part[i]) != part[i];
+    }
+    EXPECT_EQ(unequal, 0u) << what << ": the share rounded is not moe's output";
+    EXPECT_GT(off_grid, full.size() / 4) << what << ": the share looks rounded";
+  };
+  for (const int64_t n : {1, 5, 64, 130}) {
+    const GroupedFrom grouped(n == 130 ? 1 : 0);
+    std::vector<float> x = random_floats(size_t(n * shape.D), rng);
+    for (float& v : x) v = round_bf16(v);
+    const size_t count = size_t(n * shape.D);
+    float* dx = device_copy(ops, x);
+    float* dfull = ops.alloc(count);
+    float* dpart = ops.alloc(count);
+    poison_now(ops, dfull, count);
+    poison_now(ops, dpart, count);
+    ops.moe(m.w, dx, nullptr, n, dfull);
+    ops.moe_partial(m.w, dx, nullptr, n, dpart);
+    check(to_host(ops, dfull, count), to_host(ops, dpart, count), cat("cuda n=", n));
+    std::vector<float> full(count), part(count);
+    cpu.moe(m.w, x.data(), nullptr, n, full.data());
+    cpu.moe_partial(m.w, x.data(), nullptr, n, part.data());
+    check(full, part, cat("cpu n=", n));
+  }
+#endif
+}
+
 // The real V4-Flash layer: D 4096, 256 FP4 experts of width 2048, top-6, FP8 shared expert, BF16 gate,
 // swiglu_limit 10, routed_scaling_factor 1.5; decode steps of 1 token (expert_down's row-tile kernel), 2 and 8
 // (its item kernel), scored and hash routing.

@@ -8,6 +8,7 @@
 // observed ≤ 2e-6 on cpu).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -16,6 +17,7 @@
 #include "harness/files.h"
 #include "harness/fixture.h"
 #include "harness/gpu_skip.h"
+#include "harness/perplexity.h"
 
 namespace dsv4::test {
 namespace {
@@ -107,6 +109,41 @@ TEST(ShardedMtp, DraftLogitsMatchOneRank) {
   for (const Split& split : kSplits)
     EXPECT_TRUE(compare(run_logits("cpu", f, len, "exact", 64, true, split), one, {1e-4, 0.0}, name_of(split)));
 }
+
+// Fast numerics on a trained model (models/tiny, ~500 held-out tokens): the ranks round each sub-block's sum
+// once, where one rank rounds it (Ops::linear_partial, Ops::moe_partial), so against one rank (dsv4 perplexity
+// --kl-divergence) whole experts per rank leave only the fp32 order of the sums — KL 0 measured over 2040
+// positions for --ep 2, 4.0e-5 for --tp 2 --ep 2 (issue 25 asks ≤ 1e-4) — while experts split by width
+// (--tp 2) round each rank's share of every expert's output before the sum: 4.9e-4 measured, about fast
+// numerics' own distance from reference (4.8e-4); bounded at twice that. On cuda one GPU a rank, whole experts
+// held to the issue's 1e-4 (the ranks' kernels may sum in other orders than one GPU's).
+class ShardedFast : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ShardedFast, RanksRoundTheirSumOnce) {
+  const std::string backend = GetParam();
+  if (backend == "cuda") DSV4_REQUIRE_GPUS(2);
+  TempDir tmp;
+  const std::string text = tmp.file("text.txt"), base = tmp.file("one.lgp");
+  const std::string heldout = read_text(tiny_model_dir() + "/heldout.txt");
+  write_text(text, heldout.substr(0, heldout.rfind(' ', 2400)));
+  const CliResult one = perplexity_on(backend, text, "fast", {"--ctx", "128", "--save-logits", base});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const std::pair<Split, double> bounds[] = {
+      {{"--ep", "2"}, backend == "cpu" ? 1e-6 : 1e-4}, {{"--tp", "2", "--ep", "2"}, 1e-4}, {{"--tp", "2"}, 1e-3}};
+  for (const auto& [split, bound] : bounds) {
+    std::vector<std::string> extra = {"--kl-divergence", base};
+    extra.insert(extra.end(), split.begin(), split.end());
+    const CliResult r = perplexity_on(backend, text, "fast", extra);
+    ASSERT_EQ(r.exit_code, 0) << name_of(split) << ": " << r.err;
+    const double kl = report_field(r.out, "Mean    KLD");
+    std::printf("[parallel fast] %s %-14s mean KL %.3e  same top %.3f%%\n", backend.c_str(), name_of(split).c_str(), kl,
+                report_field(r.out, "Same top p"));
+    EXPECT_LE(kl, bound) << name_of(split) << "\n" << r.out;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ShardedFast, ::testing::Values("cpu", "cuda"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // `dsv4 logits` and greedy `dsv4 generate` on a synthesised model (its --synth arguments, cpu backend, exact
 // numerics), one rank or a split.

@@ -404,9 +404,9 @@ bool common_shape(const GemmParams& p) {
          device_info().cc_major >= 9;
 }
 
-// gemv_mma_kernel's calls: FP8 weights with act_quant'ed x.
+// gemv_mma_kernel's calls: FP8 weights with act_quant'ed x (y rounded to bf16, or not: Ops::linear_partial).
 bool e4m3_shape(const GemmParams& p) {
-  return p.w.format == WFormat::kFP8 && p.quant_x && p.bf16_out && p.groups == 1 && common_shape(p) &&
+  return p.w.format == WFormat::kFP8 && p.quant_x && p.groups == 1 && common_shape(p) &&
          mma_smem_bytes(2, p.w.cols) <= size_t(kMaxSmemBytes);
 }
 

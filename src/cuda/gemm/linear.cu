@@ -48,9 +48,9 @@ cuda::GemvScratch gemv_scratch(const cuda::GemvScratchSize& need, CudaOps& ops) 
 }
 
 // Whether the tensor-core kernel computes p's function: it rounds x to the weight's format, FP8 weights act_quant
-// and BF16 ones bf16.
+// and BF16 ones bf16 (y rounded to bf16 or not: bf16_out).
 bool tc_function(const cuda::GemmParams& p) {
-  return p.w.format == cuda::WFormat::kFP8    ? p.quant_x && p.bf16_out
+  return p.w.format == cuda::WFormat::kFP8    ? p.quant_x
          : p.w.format == cuda::WFormat::kBF16 ? !p.quant_x && (p.bf16_out || p.x_bf16)
                                               : false;
 }
@@ -154,6 +154,13 @@ void CudaOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, fl
   if (n > 0)
     cuda::launch_pdl(narrow_bf16_kernel, dim3(unsigned(cuda::ceil_div(n * w.rows, int64_t(256)))), dim3(256), 0,
                      stream_, pdl(), NarrowParams{p.y, n * w.rows, yb->data});
+}
+
+void CudaOps::linear_partial(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
+  cuda::GemmParams p = params(*this, x, ldx, w, n, y, ldy, 1);
+  p.bf16_out = false;  // the ranks' sum is rounded by hc_post (Ops::linear_partial)
+  p.x_bf16 = fast();   // x is bf16-valued there: BF16 weights keep linear's kernels (tc_function, the GEMVs)
+  dispatch(p, *this);
 }
 
 void CudaOps::linear_f32(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {

@@ -438,6 +438,8 @@ __device__ __forceinline__ void stage_post_coefficients(const HcPostParams& p, i
 }
 
 // X'[k] = post[k]·f + Σ_j C[j][k]·X[j] at one pack of columns, in the CPU's order (unfused fp32, j ascending).
+// Fast numerics (bf16) round f first: a bf16 sub-block output as it is, or the ranks' fp32 sum of their shares
+// (Ops::linear_partial), rounded once as one rank's producer rounds it.
 // Loops run to kMaxHc with a guard so the streams stay in registers (no dynamically indexed local array).
 template <int N>
 __device__ __forceinline__ void post_streams(const Pack<N>& f, const Pack<N> (&streams)[kMaxHc], const float* post,
@@ -447,7 +449,7 @@ __device__ __forceinline__ void post_streams(const Pack<N>& f, const Pack<N> (&s
     if (k >= hc) break;
 #pragma unroll
     for (int e = 0; e < N; ++e) {
-      float acc = __fmul_rn(post[k], f.v[e]);
+      float acc = __fmul_rn(post[k], cuda::round_bf16_if(bf16, f.v[e]));
 #pragma unroll
       for (int j = 0; j < kMaxHc; ++j)
         if (j < hc) acc = __fadd_rn(acc, __fmul_rn(C[j * hc + k], streams[j].v[e]));

@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_decode_kernel(E
         for (int s = 1; s < sh_slices; ++s) shared_sum += ys[s * kMmaRows];
         sum += round_bf16_if(p.fast, shared_sum);
       }
-      p.out[row0 + r] = round_bf16_if(p.fast, sum);
+      p.out[row0 + r] = round_bf16_if(p.fast && p.round_sum, sum);
     }
     __syncthreads();  // y_s is rewritten for the next tile
   }

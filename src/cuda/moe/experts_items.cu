@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(256) combine_kernel(ExpertParams p) {
     if (slot >= 0) sum += yt[int64_t(slot) * p.D];
   }
   if (p.has_shared) sum += yt[p.k * p.D];
-  p.out[i] = round_bf16_if(p.fast, sum);
+  p.out[i] = round_bf16_if(p.fast && p.round_sum, sum);
 }
 
 // Bytes of one staged row of `cols` columns: the larger of the fp32 and the tensor-core layouts in use.

@@ -367,6 +367,15 @@ const DeviceWeight& CudaOps::tile_for_mma(const Weight& w) {
 }
 
 void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) {
+  moe_rounded(w, x, tokens, n, out, true);
+}
+
+void CudaOps::moe_partial(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) {
+  moe_rounded(w, x, tokens, n, out, false);
+}
+
+void CudaOps::moe_rounded(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out,
+                          bool round_sum) {
   const int64_t D = config_.dim, I = config_.moe_inter_dim, E = config_.n_routed_experts;
   const int64_t k = config_.n_experts_per_tok;
   const bool hash = !w.tid2eid.empty();
@@ -472,6 +481,7 @@ void CudaOps::moe(const MoeWeights& w, const float* x, const int32_t* tokens, in
   ep.shared_items = layer.has_shared && !shared_grouped;
   ep.swiglu_limit = float(config_.swiglu_limit);
   ep.fast = fast();
+  ep.round_sum = round_sum;
   ep.staged_rows = cuda::moe::rows_for(int(std::min<int64_t>(cuda::moe::kChunk, n)));
   ep.out = out;
   ep.row_blocks = cuda::ceil_div(I, cuda::moe::kUpRowsPerItem);

@@ -136,6 +136,7 @@ struct ExpertParams {
   // Fast numerics: round where CpuOps::moe does (fast-numerics.md §7 steps 15–16) — each GEMM's activations as
   // it stages them (act_quant for FP8 / FP4), its outputs and h to bf16 (experts.cuh), the combined sum once.
   bool fast = false;
+  bool round_sum = true;      // fast numerics: the combined sum rounded (false: a rank's share, Ops::moe_partial)
   int64_t row_blocks = 0;     // expert_up: ceil(I / rows per item); expert_down: ceil(D / rows per item)
   int64_t staged_rows = 0;    // activation rows staged per pass: rows_for(min(kChunk, n)) (a token's k experts
                               // are distinct, so a chunk holds each token at most once)
