@@ -227,9 +227,7 @@ class Ops {
   // it but never rounded, in every numerics. The ranks' shares are summed by all_reduce and the sum is rounded
   // where one rank's product would be (fast numerics: hc_post rounds its input), so several ranks round once, as
   // one does — not each share before the sum.
-  virtual void linear_partial(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
-    linear(x, ldx, w, n, y, ldy);
-  }
+  virtual void linear_partial(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) = 0;
   // The LM head: logits [n, V] = x [n, D] · headᵀ. Its own entry because fast numerics keep it fp32 (the widened
   // bf16 weight, fp32 logits) where other bf16 projections round their output.
   virtual void lm_head(const float* x, const Weight& head, int64_t n, float* logits) {
@@ -336,9 +334,7 @@ class Ops {
   // A rank's share of the MoE (its experts, or its slice of every expert's width): moe without the final rounding
   // of the combined sum, which the ranks' sum takes instead (linear_partial says why). Each expert's output is
   // rounded as in moe: with the width split, a rank's share of an expert is rounded before the sum.
-  virtual void moe_partial(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) {
-    moe(w, x, tokens, n, out);
-  }
+  virtual void moe_partial(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) = 0;
 };
 
 }  // namespace dsv4

@@ -173,6 +173,11 @@ class TeeOps final : public Ops {
     if (yb) check_bf16("linear", tol(1e-4, 0x1p-7), yb->data, size_t(n * w.rows));
     else check("linear", tol(1e-4, 0x1p-7), strided(y, n, ldy, w.rows));
   }
+  void linear_partial(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) override {
+    cpu_.linear_partial(x, ldx, w, n, y, ldy);
+    gpu_.linear_partial(g(x), ldx, w, n, g(y), ldy);
+    check("linear_partial", tol(1e-4, 0x1p-7), strided(y, n, ldy, w.rows));
+  }
   void linear_pair(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya, const Weight& wb,
                    float* yb, int64_t ldyb, const E4m3Rows* xq) override {
     cpu_.linear_pair(x, ldx, n, wa, ya, ldya, wb, yb, ldyb, xq);
@@ -346,6 +351,11 @@ class TeeOps final : public Ops {
     cpu_.moe(w, x, tokens, n, out);
     gpu_.moe(w, g(x), g(tokens), n, g(out));
     check("moe", tol(1e-4, 0x1p-5), {{out, size_t(n * config_.dim)}});
+  }
+  void moe_partial(const MoeWeights& w, const float* x, const int32_t* tokens, int64_t n, float* out) override {
+    cpu_.moe_partial(w, x, tokens, n, out);
+    gpu_.moe_partial(w, g(x), g(tokens), n, g(out));
+    check("moe_partial", tol(1e-4, 0x1p-5), {{out, size_t(n * config_.dim)}});
   }
 
  private:

@@ -326,33 +326,48 @@ TEST(CudaGemm, LinearPairMatchesCpu) {
 
 // A rank's share of a row-parallel product (Ops::linear_partial: wo_b when the ranks split the heads) in fast
 // numerics: the product without its output rounding. The share rounded to bf16 is linear's output bit for bit on
-// every path (the decode GEMV at 1 row, the FP8 mma GEMV at 4 and 9, the tensor-core GEMM at 40 and 300), it
-// holds values off the bf16 grid, and the CPU's share agrees to the sums' order (LinearPairMatchesCpu's bound;
-// test_gemm_tc's for the tensor cores).
+// every path — FP8: the decode GEMV (1 row), the streaming GEMV (4), the FP8 mma GEMV (9), x act_quant'ed once
+// (K 8192), the tensor-core GEMM split over K (40, 300) and not (512 rows of a 4096-row matrix, V4's wo_b
+// prefill); BF16: the GEMVs and the tensor-core GEMM — it holds values off the bf16 grid, and the CPU's share
+// agrees to the sums' order (LinearPairMatchesCpu's bound; test_gemm_tc's for the tensor cores).
 TEST(CudaGemm, FastPartialIsTheProductUnrounded) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
   std::mt19937_64 rng(seed());
   SCOPED_TRACE(seed());
-  const int64_t rows = 512, cols = 1024;
+  struct Case {
+    Format format;
+    int64_t rows, cols, n;
+  };
+  const Case cases[] = {
+      {Format::kFP8, 512, 1024, 1},  {Format::kFP8, 512, 1024, 4},    {Format::kFP8, 512, 1024, 9},
+      {Format::kFP8, 512, 8192, 1},  {Format::kFP8, 512, 1024, 40},   {Format::kFP8, 512, 1024, 300},
+      {Format::kFP8, 4096, 1024, 512}, {Format::kBF16, 512, 1024, 1}, {Format::kBF16, 512, 1024, 9},
+      {Format::kBF16, 512, 1024, 40},
+  };
   const ModelConfig config;
   CpuOps cpu(config);
   CudaOps gpu(config);
   cpu.set_numerics(Numerics::kFast);
   gpu.set_numerics(Numerics::kFast);
-  const HostWeight hw = make_weight(Format::kFP8, rows, cols, rng);
-  gpu.upload(hw.w);
-  settle();
-  for (const int64_t n : {1, 4, 9, 40, 300}) {
-    SCOPED_TRACE(n);
-    std::vector<float> x = random_floats(size_t(n * cols), rng);
+  // Every weight lives to the end: the backend finds an uploaded matrix by its host address, which a freed
+  // matrix's successor may reuse.
+  std::vector<HostWeight> weights;
+  weights.reserve(std::size(cases));
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(name(c.format)) + " [" + std::to_string(c.rows) + ", " + std::to_string(c.cols) +
+                 "] n=" + std::to_string(c.n));
+    const HostWeight& hw = weights.emplace_back(make_weight(c.format, c.rows, c.cols, rng));
+    gpu.upload(hw.w);
+    settle();
+    std::vector<float> x = random_floats(size_t(c.n * c.cols), rng);
     for (float& v : x) v = round_bf16(v);  // bf16 activations, as fast numerics hands them on
-    const size_t count = size_t(n * rows);
+    const size_t count = size_t(c.n * c.rows);
     float* dx = to_device(gpu, x);
     float* dfull = poisoned(gpu, count);
     float* dpart = poisoned(gpu, count);
-    gpu.linear(dx, cols, hw.w, n, dfull, rows);
-    gpu.linear_partial(dx, cols, hw.w, n, dpart, rows);
+    gpu.linear(dx, c.cols, hw.w, c.n, dfull, c.rows);
+    gpu.linear_partial(dx, c.cols, hw.w, c.n, dpart, c.rows);
     const std::vector<float> full = to_host(gpu, dfull, count), part = to_host(gpu, dpart, count);
     size_t unequal = 0, off_grid = 0;
     for (size_t i = 0; i < count; ++i) {
@@ -363,14 +378,14 @@ TEST(CudaGemm, FastPartialIsTheProductUnrounded) {
     EXPECT_EQ(unequal, 0u) << "the share rounded is not linear's output";
     EXPECT_GT(off_grid, count / 2) << "the share looks rounded";
     std::vector<float> want(count);
-    cpu.linear_partial(x.data(), cols, hw.w, n, want.data(), rows);
+    cpu.linear_partial(x.data(), c.cols, hw.w, c.n, want.data(), c.rows);
     double sq = 0.0, err = 0.0;
     for (size_t i = 0; i < count; ++i) {
       sq += double(want[i]) * want[i];
       err += (double(part[i]) - want[i]) * (double(part[i]) - want[i]);
     }
-    if (n <= cuda::kGemvMaxRows) {  // the GEMVs sum in fp32
-      const double rms = std::sqrt(sq / double(count)), tol = 1e-6 * std::sqrt(double(cols));
+    if (c.n <= cuda::kGemvMaxRows) {  // the GEMVs sum in fp32
+      const double rms = std::sqrt(sq / double(count)), tol = 1e-6 * std::sqrt(double(c.cols));
       EXPECT_TRUE(compare(part, want, {tol * rms, tol}, "linear_partial against the CPU's"));
     } else {  // the FP8 tensor cores' ~14-bit accumulator: test_gemm_tc's whole-tensor bound
       EXPECT_LE(std::sqrt(err / sq), 2e-3) << "linear_partial against the CPU's, relative to its norm";

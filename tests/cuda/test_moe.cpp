@@ -775,8 +775,8 @@ TEST(CudaMoe, ExpertRangesOfRanks) {
 
 // A rank's share of the MoE (Ops::moe_partial): the same kernels without the final rounding, so the share rounded
 // to bf16 is moe's output bit for bit, and it holds values off the bf16 grid. One token (the decode kernels), 5
-// and 64 (the item kernels; the shared expert on the grouped GEMMs at 64), 130 on the grouped path; the CPU's
-// moe_partial alike.
+// (the item kernels), 64 (the routed experts on the item kernels, the shared expert alone on the grouped GEMMs),
+// 130 (the grouped path); the CPU's moe_partial alike.
 TEST(CudaMoe, PartialIsTheSumUnrounded) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -800,7 +800,8 @@ TEST(CudaMoe, PartialIsTheSumUnrounded) {
     EXPECT_GT(off_grid, full.size() / 4) << what << ": the share looks rounded";
   };
   for (const int64_t n : {1, 5, 64, 130}) {
-    const GroupedFrom grouped(n == 130 ? 1 : 0);
+    const GroupedFrom grouped(n == 130 ? 1 : 1000);
+    const SharedGroupedFrom shared(n == 64 ? 1 : 1000);
     std::vector<float> x = random_floats(size_t(n * shape.D), rng);
     for (float& v : x) v = round_bf16(v);
     const size_t count = size_t(n * shape.D);

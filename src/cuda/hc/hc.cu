@@ -17,7 +17,8 @@
 // NOTE: X is read twice (once per kernel); at decode the second read hits L2 (64 KiB per token at V4 sizes),
 // while fn (1.5 MiB fp32 per site) is spread over every SM by the split-K — that is where the time goes.
 // Fast numerics (the `bf16` flags): the mixes, Sinkhorn, post and comb stay fp32; the collapsed x, xn and the
-// new streams are rounded to bf16 as they are written (docs/design/fast-numerics.md §7, steps 2, 12, 18).
+// new streams are rounded to bf16 as they are written (docs/design/fast-numerics.md §7, steps 2, 12, 18), and
+// the post-mix rounds its f first (the ranks' fp32 sum of their shares: Ops::linear_partial).
 // hc_post: block (D slice, token), post and comb in shared memory, X'[k] = post[k]·f + Σ_j C[j][k]·X[j] in place.
 // CudaOps::hc_post only records its arguments (DeferredPost); the next use of the stream launches it (flush_deferred),
 // unless the next op is hc_pre_norm on the same X: then hc_post_mix replaces hc_post + hc_mix — block (128-column

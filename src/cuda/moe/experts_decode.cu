@@ -144,7 +144,8 @@ __global__ void __launch_bounds__(kExpertThreads, 2) expert_down_decode_kernel(E
     __syncthreads();  // every task's rows are in y_s (and order_s, from the first tile on)
     // out[row] = 0 + Σ over the token's choices in (expert, j) order + the shared expert: combine_rows' order.
     // Fast numerics: each expert's output (the shared one's after its slices) is a bf16 value, the sum is
-    // rounded once (combine_rows); FP8 and FP4, the only formats here, give bf16 outputs. Another rank's
+    // rounded once (combine_rows), or not for a rank's share (round_sum: hc_post rounds the ranks' sum); FP8
+    // and FP4, the only formats here, give bf16 outputs. Another rank's
     // experts (order −1) and an absent shared expert add nothing.
     for (int r = int(threadIdx.x); r < rows_valid; r += kExpertThreads) {
       const float* yt = y_s + r;

@@ -14,7 +14,8 @@
 //                counter per row block (the last block to finish one combined it) cost every down item a
 //                fence, an atomic and a barrier (docs/design/moe.md).
 // Fast numerics (ExpertParams::fast): the staging rounds each GEMM's activations (stage_rounding), w1 / w3 / w2
-// outputs and h are written as bf16 values (bf16_output, hidden), and the combine rounds its fp32 sum once.
+// outputs and h are written as bf16 values (bf16_output, hidden), and the combine rounds its fp32 sum once (a
+// rank's share, ExpertParams::round_sum off: not at all; hc_post rounds the ranks' sum).
 #include "cuda/moe/experts.cuh"
 #include "cuda/moe/weight_mma.cuh"
 
