@@ -4,8 +4,9 @@
 // D2D, read + write, best of 5). Cold = L2 flushed before every call (decode's real case: 43 layers of KV do not stay
 // in L2); hot = back-to-back calls. Also: a sweep of the key-split count, and the lightning indexer at the
 // same contexts. Then sparse decode of a batch of sequences (CSA at 32K, each with its own compact FP8 caches,
-// as the model stores them) in reference numerics (the fp32 kernel) and fast numerics (the tensor-core kernel),
-// against the floor of the bytes it moves and with its TFLOP/s (4 · B · H · keys · d: QKᵀ and P·V).
+// as the model stores them) in reference numerics (the fp32 kernel) and fast numerics (the tensor-core kernels;
+// the table names the one that ran), against the floor of the bytes it moves and with its TFLOP/s (4 · B · H ·
+// keys · d: QKᵀ and P·V).
 //
 //   bench_attention [--iters N] [--profile]
 // --profile: one direct call each of CSA decode attention at 32K, the indexer at 32K and the sparse decode of 64
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "common/event_timing.h"
+#include "core/dtype.h"
 #include "cuda/attention/attention.h"
 #include "cuda/bandwidth.h"
 #include "cuda/common/check.h"
@@ -77,17 +79,19 @@ float* to_device(CudaOps& ops, const std::vector<float>& h) {
 }
 
 // Sparse decode of B sequences in one call: CSA at 32K (window 128 + 512 selected of 8192 entries), each
-// sequence with its own q, output, selection and compact FP8 caches. Floor bytes: the selected and window rows
-// (compact rows), q and out (fp32 at the seam).
+// sequence with its own q, output, selection and compact FP8 caches. q and out as the model hands them over:
+// fp32 in reference numerics, bf16 rows in fast numerics. Floor bytes: the selected and window rows (compact
+// rows), q and out.
 void sparse_decode_batches(CudaOps& ops, const float* sinks, std::mt19937_64& rng, int iters, void* flush,
                            size_t flush_bytes, double copy_gbs, bool profile) {
   const int64_t context = 32768, t = context - 1, entries_n = context / 4, max_batch = 128;
   const std::vector<float> host_ring = random_floats(size_t(kWindow * kHeadDim), rng);
   const std::vector<float> host_entries = random_floats(size_t(entries_n * kHeadDim), rng);
-  std::vector<AttentionParams> batch;
+  std::vector<AttentionParams> batch, batch_bf16;
   for (int64_t b = 0; b < max_batch; ++b) {
     AttentionParams p;
-    p.q = to_device(ops, random_floats(size_t(kHeads * kHeadDim), rng, -2.0f, 2.0f));
+    const std::vector<float> q = random_floats(size_t(kHeads * kHeadDim), rng, -2.0f, 2.0f);
+    p.q = to_device(ops, q);
     float* ring = ops.alloc_cache(CacheFormat::kFp8Kv, kWindow, kHeadDim);
     ops.write_cache(ring, kWindow, kHeadDim, host_ring.data());
     float* entries = ops.alloc_cache(CacheFormat::kFp8Kv, entries_n, kHeadDim);
@@ -113,30 +117,42 @@ void sparse_decode_batches(CudaOps& ops, const float* sinks, std::mt19937_64& rn
     p.scale = float(1.0 / std::sqrt(double(kHeadDim)));
     p.out = ops.alloc(size_t(kHeads * kHeadDim));
     batch.push_back(p);
+    std::vector<uint16_t> q_bits(q.size());
+    for (size_t k = 0; k < q.size(); ++k) q_bits[k] = f32_to_bf16(q[k]);
+    const Bf16Rows q_rows = ops.alloc_bf16(kHeads, kHeadDim), out_rows = ops.alloc_bf16(kHeads, kHeadDim);
+    DSV4_CUDA_CHECK(cudaMemcpy(q_rows.data, q_bits.data(), q_bits.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    p.q = nullptr;
+    p.q_bf16 = q_rows.data;
+    p.out = nullptr;
+    p.out_bf16 = out_rows.data;
+    batch_bf16.push_back(p);
   }
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
   if (profile) {
     ops.set_numerics(Numerics::kFast);
-    cuda::attention_split_kv(ops, std::span<const AttentionParams>(batch.data(), 64), 1);
+    cuda::attention_split_kv(ops, std::span<const AttentionParams>(batch_bf16.data(), 64), 1);
     DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));
     return;
   }
-  std::printf("\n| sparse decode, CSA 32K | numerics | batch | splits | cold µs | floor µs | %% of floor | TFLOP/s |\n"
-              "|---|---|---|---|---|---|---|---|\n");
+  std::printf("\n| sparse decode, CSA 32K | numerics | kernel | batch | splits | cold µs | floor µs | %% of floor | TFLOP/s |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
   const int64_t keys = kWindow + kTopK;
   std::vector<std::string> sweeps;
-  const double row_bytes = double(ops.compact_cache(batch[0].window)->row_bytes), io_bytes = 2.0 * kHeads * kHeadDim * sizeof(float);
+  const double row_bytes = double(ops.compact_cache(batch[0].window)->row_bytes);
   for (const Numerics numerics : {Numerics::kReference, Numerics::kFast}) {
     ops.set_numerics(numerics);
+    const bool fast = numerics == Numerics::kFast;
+    const double io_bytes = 2.0 * kHeads * kHeadDim * (fast ? 2 : sizeof(float));
     for (int64_t b : {1, 8, 64, 128}) {
-      std::span<const AttentionParams> some(batch.data(), size_t(b));
+      std::span<const AttentionParams> some((fast ? batch_bf16 : batch).data(), size_t(b));
       const auto run = [&] { ops.attention(some); };
       const Timing tm = measure(ops, run, std::max(1, iters / 4), flush, flush_bytes);
       const double bytes = double(b) * (double(keys) * row_bytes + io_bytes);
       const double floor_us = bytes / (copy_gbs * 1e3);
       const double tflops = 4.0 * double(b * kHeads * keys * kHeadDim) / (tm.cold * 1e6);
-      std::printf("| | %s | %lld | %d | %.2f | %.2f | %.1f%% | %.0f |\n",
-                  numerics == Numerics::kFast ? "fast" : "reference", static_cast<long long>(b),
+      std::printf("| | %s | %s | %lld | %d | %.2f | %.2f | %.1f%% | %.0f |\n",
+                  numerics == Numerics::kFast ? "fast" : "reference", cuda::attention_kernel(ops, some),
+                  static_cast<long long>(b),
                   cuda::attention_default_splits(ops, some), tm.cold, floor_us, 100.0 * floor_us / tm.cold, tflops);
       if (numerics != Numerics::kFast) continue;
       std::string sweep = "  fast, batch " + std::to_string(b) + ", cold µs per split count:";

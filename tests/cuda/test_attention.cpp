@@ -122,7 +122,9 @@ struct AttnSequence {
 // case's) and differ in positions, rows and contents; each has its own q, ring, entries, selection and output
 // buffers. With more than one sequence the batch at one split must also equal each sequence run alone, bit for
 // bit (the same blocks compute the same rows).
-void check_attention_batch(const std::vector<AttnCase>& cases, Numerics numerics = Numerics::kReference) {
+// kernel: where set, the kernel the batch must run on (cuda::attention_kernel).
+void check_attention_batch(const std::vector<AttnCase>& cases, Numerics numerics = Numerics::kReference,
+                           const char* kernel = nullptr) {
   const AttnCase& c0 = cases[0];
   std::string name = c0.name;
   for (size_t i = 1; i < cases.size(); ++i) name += "+" + cases[i].name;
@@ -261,6 +263,9 @@ void check_attention_batch(const std::vector<AttnCase>& cases, Numerics numerics
   // 0 = CudaOps::attention's own choice; 1 = the prefill path (no combine); others force split-KV (the
   // tensor-core kernel's splits hold whole 64-key tiles, so fewer where the keys are few; 64 and 100: the
   // combine's loads in several rounds of kCombineBatch).
+  if (kernel) {
+    EXPECT_STREQ(cuda::attention_kernel(gpu, on_gpu), kernel);
+  }
   const int default_splits = cuda::attention_default_splits(gpu, on_gpu);
   for (int splits : {0, 1, 3, 64, 100}) {
     SCOPED_TRACE("splits " + std::to_string(splits) + " (default " + std::to_string(default_splits) + ")");
@@ -437,6 +442,33 @@ TEST(CudaAttention, FastNumerics) {
       {"fast_compact_hca_h17_d192_w5_n1_pos20000_ratio128", Layer::kHca, 17, 192, 5, 1, 20000, 128, 0, 0, true},
   };
   for (const AttnCase& c : cases) check_attention(c, Numerics::kFast);
+#endif
+}
+
+// The warpgroup-MMA kernel (attention_wg.cu: V4's 64 heads × 512 on Hopper, fast numerics, compact caches),
+// checked to be the kernel that runs: a partial first tile (sliding, 1..50 keys), partial last tiles of every
+// split, masked selection slots, the derotated output, every layer type, 128 heads (two head groups), and the
+// decode rows of many sequences at once.
+TEST(CudaAttention, WarpgroupKernel) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  {
+    ModelConfig config;
+    CudaOps ops(config);
+    if (ops.props().major != 9) GTEST_SKIP() << "the warpgroup-MMA kernel is sm_90a only; this GPU is " << ops.props().name;
+  }
+  const std::vector<AttnCase> cases = {
+      {"wg_sliding_n40_pos10", Layer::kSliding, 64, 512, 128, 40, 10, 4, 0, 3, true, true},
+      {"wg_csa_n33_pos4000", Layer::kCsa, 64, 512, 128, 33, 4000, 4, 512, 0, true},
+      {"wg_hca_n17_pos9000_ratio128", Layer::kHca, 64, 512, 128, 17, 9000, 128, 0, 0, true, true},
+      {"wg_pro_csa_h128_n9_pos1500", Layer::kCsa, 128, 512, 128, 9, 1500, 4, 64, 0, true},
+  };
+  for (const AttnCase& c : cases) check_attention_batch({c}, Numerics::kFast, "wg");
+  std::vector<AttnCase> decode;  // 12 decode rows of CSA sequences at scattered positions
+  for (int i = 0; i < 12; ++i)
+    decode.push_back({"wg_csa_decode_" + std::to_string(i), Layer::kCsa, 64, 512, 128, 1, 300 + 2711 * i, 4, 512,
+                      0, true, true});
+  check_attention_batch(decode, Numerics::kFast, "wg");
 #endif
 }
 

@@ -322,6 +322,11 @@ bool use_tc(const CudaOps& ops, const AttentionParams& p0) {
   return ops.fast() && l && tc_fits(*l, p0.head_dim, ops.props().sharedMemPerBlockOptin);
 }
 
+// Whether the warpgroup-MMA kernel serves a tensor-core batch whose blocks hold hb heads (attention_wg.cu).
+bool use_wg(const CudaOps& ops, const CacheLayout& l, const AttentionParams& p0, int64_t hb) {
+  return wg_fits(l, p0.head_dim, p0.heads, hb, ops.props().major, ops.props().sharedMemPerBlockOptin);
+}
+
 // Heads per block: the fp32 kernel's kHeadsPerBlock, or the tensor-core kernel's 64 (every key tile decoded once
 // for all of them) — 16 where even a block per 64-key tile would leave most SMs idle (a few decode rows: batch 1
 // at context 0 had one block a layer, 23 µs, against 14 µs for the fp32 kernel's four).
@@ -353,6 +358,13 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 int64_t attention_keys(const AttentionParams& p, int64_t t) {
   return window_keys(p.window_size, t) +
          compressed_keys(p.entries != nullptr, p.selected != nullptr, p.top_k, p.ratio, t);
+}
+
+const char* attention_kernel(const CudaOps& ops, std::span<const AttentionParams> batch) {
+  if (batch.empty() || !use_tc(ops, batch[0])) return "fp32";
+  const int64_t hb = heads_per_block(true, ops.props().multiProcessorCount, total_rows(batch), batch[0].heads,
+                                     max_keys(batch));
+  return use_wg(ops, *ops.compact_cache(batch[0].window), batch[0], hb) ? "wg" : "tc";
 }
 
 int attention_default_splits(const CudaOps& ops, std::span<const AttentionParams> batch) {
@@ -469,13 +481,15 @@ void attention_split_kv(CudaOps& ops, std::span<const AttentionParams> batch, in
     k.part_ml = reinterpret_cast<float2*>(base + o_bytes);
   }
 
+  const bool wg = tc && use_wg(ops, *layout, p0, hb);  // V4's shape on Hopper
   const size_t smem = attn_smem_bytes(p0.head_dim);
   allow_dynamic_smem(reinterpret_cast<const void*>(attn_split_kernel), int(attn_smem_bytes(kMaxHeadDim)));
   const bool pdl = ops.props().major >= 9;
   const auto launch = [&] {
     if (k.rows == 0) return;
     const dim3 grid(unsigned(groups), unsigned(splits), unsigned(k.rows));
-    if (tc) launch_tc(k, grid, ops.stream(), pdl);
+    if (wg) launch_wg(k, grid, ops.stream(), pdl);
+    else if (tc) launch_tc(k, grid, ops.stream(), pdl);
     else launch_pdl(attn_split_kernel, grid, dim3(kAttnThreads), smem, ops.stream(), pdl, k);
     if (splits > 1)
       launch_pdl(attn_combine_kernel, dim3(unsigned(p0.heads), unsigned(k.rows)), dim3(kCombineThreads), 0,

@@ -76,6 +76,12 @@ __device__ __forceinline__ float4 round_bf16_if4(bool fast, float4 v) {
                      round_bf16_if(fast, v.w));
 }
 
+// Two floats as a bf16 pair (round to nearest even), lo in the low half: the tensor-core kernels' operands.
+__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
+  const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+
 // Output values at element offset `at` of the sequence's output (a multiple of N; N = 2 or 4): fp32, or bf16 (the
 // values are bf16 already: output_column rounds them in fast numerics, the only numerics that ask for bf16).
 template <int N>
@@ -103,6 +109,27 @@ __device__ __forceinline__ void store_output(const AttnKernelParams& p, const At
 }
 __device__ __forceinline__ void store_output(const AttnKernelParams& p, const AttnSequence& sq, int64_t at, float2 v) {
   store_output_n<2>(p, sq, at, {v.x, v.y});
+}
+
+// The tensor-core kernels' output, fast numerics. fast_output_factor: what turns a finished row's unnormalised
+// sums of head `head` (running maximum m, denominator l, base-2 units) into its output — the sink in the
+// denominator only; 0 for a row without keys. store_fast_pair: channels ch, ch + 1 of the row at element offset
+// `out` of the sequence's output, rounded to bf16, derotated and rounded again where they are rope channels.
+__device__ __forceinline__ float fast_output_factor(const AttnKernelParams& p, int head, float m, float l) {
+  const float sink = softmax_unit(true, p.sinks[head]), big = fmaxf(m, sink);
+  const float keep = m == -INFINITY ? 0.0f : exp2f(m - big);
+  return keep / (l * keep + exp2f(sink - big));
+}
+__device__ __forceinline__ void store_fast_pair(const AttnKernelParams& p, const AttnSequence& sq, const float2* rot_s,
+                                                int64_t out, int ch, float x, float y) {
+  x = round_bf16(x);
+  y = round_bf16(y);
+  if (p.inv_freq && ch >= p.rope_offset) {
+    rotate(x, y, rot_s[(ch - p.rope_offset) / 2]);
+    x = round_bf16(x);
+    y = round_bf16(y);
+  }
+  store_output(p, sq, out + ch, make_float2(x, y));
 }
 
 // The output's float4 column f, derotated with the table when asked (AttentionParams::derotate). Fast numerics:
@@ -150,5 +177,12 @@ constexpr int kTcHeads = 64;
 constexpr int kTcKeys = 64;
 bool tc_fits(const CacheLayout& l, int64_t head_dim, size_t smem_limit);
 void launch_tc(const AttnKernelParams& k, dim3 grid, cudaStream_t stream, bool pdl);
+
+// The warpgroup-MMA kernel (attention_wg.cu) for V4's shape on sm_90a: head_dim 512 of 448 e4m3 channels and 64
+// rope ones, blocks of kTcHeads heads (tc_heads; every group whole). wg_fits: the caches and the launch it takes
+// within smem_limit; launch_wg: the same grid as launch_tc.
+bool wg_fits(const CacheLayout& l, int64_t head_dim, int64_t heads, int64_t tc_heads, int sm_major,
+             size_t smem_limit);
+void launch_wg(const AttnKernelParams& k, dim3 grid, cudaStream_t stream, bool pdl);
 
 }  // namespace dsv4::cuda::attn

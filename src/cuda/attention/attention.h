@@ -19,6 +19,10 @@ int64_t attention_keys(const AttentionParams& p, int64_t t);
 // The number of key splits CudaOps::attention uses for this batch on this device.
 int attention_default_splits(const CudaOps& ops, std::span<const AttentionParams> batch);
 
+// The kernel CudaOps::attention runs this batch on: "wg" (attention_wg.cu: V4's shape on Hopper, fast
+// numerics), "tc" (attention_tc.cu: other tensor-core shapes) or "fp32" (attention.cu).
+const char* attention_kernel(const CudaOps& ops, std::span<const AttentionParams> batch);
+
 // CudaOps::attention with an explicit number of key splits (1 = each block finishes its query row itself).
 void attention_split_kv(CudaOps& ops, std::span<const AttentionParams> batch, int splits);
 

@@ -1,8 +1,9 @@
 // attention family (CUDA), tensor cores: CudaOps::attention in fast numerics on compact FP8 caches — what
 // DeepSeek's sparse attention kernel computes: QKᵀ and P·V as bf16 MMAs with fp32 accumulation, the softmax in
 // fp32 (base-2 units against an integer running maximum: attention.cu's top), P rounded to bf16, the sink in the
-// denominator only, a bf16 output. attention.cu's launcher picks this kernel where tc_fits holds, and merges its
-// key splits with attn_combine_kernel as it does the fp32 kernel's.
+// denominator only, a bf16 output. attention.cu's launcher picks this kernel where tc_fits holds (but for V4's
+// 64-head blocks on Hopper: attention_wg.cu), and merges its key splits with attn_combine_kernel as it does the
+// fp32 kernel's.
 //
 // NOTE: MQA layout. The H heads of a query row share its single K = V head, so a block takes 64 heads (4 row
 // tiles of 16; 16 heads where a few decode rows would leave most SMs idle: AttnKernelParams::tc_heads) of one
@@ -30,11 +31,6 @@ constexpr int kMaxNt = kMaxHeadDim / 64;  // P·V n-tiles (8 channels) per warp:
 
 // Byte offset of chunk c of row r in a swizzled matrix of `chunks` 16-byte chunks per row (chunks % 8 == 0).
 __device__ __forceinline__ int swz(int r, int c, int chunks) { return (r * chunks + (c ^ (r & 7))) * 16; }
-
-__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
-  const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&b);
-}
 
 // Shared memory of a block, by d and the caches' row bytes.
 struct TcLayout {
@@ -298,21 +294,13 @@ __global__ void __launch_bounds__(kTcThreads, 1) attn_tc_kernel(const __grid_con
       if (head >= heads_here) continue;
       const float m = m_s[par * kTcHeads + head], l = l_s[head];
       if (p.splits == 1) {
-        const float sink = softmax_unit(true, p.sinks[head0 + head]), big = fmaxf(m, sink);
-        const float keep = m == -INFINITY ? 0.0f : exp2f(m - big);
-        const float factor = keep / (l * keep + exp2f(sink - big));
+        const float factor = fast_output_factor(p, head0 + head, m, l);
         const int64_t out = (i * p.heads + head0 + head) * d;
 #pragma unroll
         for (int nt = 0; nt < kNt; ++nt) {
           if (nt >= nt_count) break;
-          const int ch = 8 * (cb + nt) + 2 * c;
-          float x = round_bf16(acc[mt][nt][2 * h] * factor), y = round_bf16(acc[mt][nt][2 * h + 1] * factor);
-          if (p.inv_freq && ch >= p.rope_offset) {
-            rotate(x, y, rot_s[(ch - p.rope_offset) / 2]);
-            x = round_bf16(x);
-            y = round_bf16(y);
-          }
-          store_output(p, sq, out + ch, make_float2(x, y));
+          store_fast_pair(p, sq, rot_s, out, 8 * (cb + nt) + 2 * c, acc[mt][nt][2 * h] * factor,
+                          acc[mt][nt][2 * h + 1] * factor);
         }
       } else {
         const int64_t part = (int64_t(r) * p.splits + split) * p.heads + head0 + head;  // [rows, splits, H]

@@ -71,6 +71,15 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       : "memory");
 }
 
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory to shared memory at
+// `dst`, completing that many bytes of transactions on `bar` (a plain bulk copy: no tensor map, no swizzle).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_address(dst)),
+               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_address(bar))
+               : "memory");
+}
+
 // ---- wgmma bookkeeping
 
 // Orders this thread's register accesses before the wgmmas that follow (required before the first wgmma and
@@ -107,6 +116,19 @@ __device__ __forceinline__ uint64_t smem_descriptor_sw128(const void* tile) {
   const uint64_t start = (smem_address(tile) & 0x3FFFF) >> 4;
   return start | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
+
+// The same swizzle for an MN-major operand (wgmma's transposed B): each 128-byte row holds 64 consecutive N
+// elements of one K index, 8-row atoms (8 K indices) 1024 bytes apart (stride byte offset), and the next 64 N
+// elements' atoms `lbo` bytes further (leading byte offset). Stepping along K by 8-row groups is done by adding
+// (1024 · groups) >> 4.
+__device__ __forceinline__ uint64_t smem_descriptor_sw128_mn(const void* tile, uint32_t lbo) {
+  const uint64_t start = (smem_address(tile) & 0x3FFFF) >> 4;
+  return start | (uint64_t(lbo >> 4) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+// Orders this thread's generic-proxy writes to shared memory before later async-proxy reads of it (wgmma
+// operands written by plain stores), once the threads have met at a barrier.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // ---- register reallocation between warpgroups (all threads of a warpgroup execute the same one)
 

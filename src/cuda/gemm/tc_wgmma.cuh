@@ -1,6 +1,6 @@
-// gemm family, tensor-core path: the wgmma instructions it issues, one wrapper per shape (and one that moe's
-// grouped GEMMs issue, A from registers). B, and A unless said, come from shared memory through descriptors
-// (tc_ptx.cuh: smem_descriptor_sw128), K-major, no transposition.
+// gemm family, tensor-core path: the wgmma instructions it issues, one wrapper per shape (and those that moe's
+// grouped GEMMs and the attention's warpgroup kernel issue). B, and A unless said, come from shared memory through
+// descriptors (tc_ptx.cuh: smem_descriptor_sw128), K-major unless said.
 // `accumulate` = 0 overwrites the accumulators (first K step of a tile), 1 adds to them.
 //
 // Accumulator layout, per thread of the warpgroup (warp w = 0..3 of the group, lane l): d[4j + 2h + e] holds
@@ -13,7 +13,9 @@ namespace dsv4::cuda::tc {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// D[64×256] (+)= A[64×16] · B[256×16]ᵀ, bf16 operands, fp32 accumulators.
+// D[64×256] (+)= A[64×16] · B[256×16]ᵀ, bf16 operands, fp32 accumulators. kTransB = 1: B is N-major (its 256
+// columns contiguous per K row: tc_ptx.cuh's smem_descriptor_sw128_mn), which bf16 operands allow.
+template <int kTransB = 0>
 __device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, uint32_t accumulate) {
   asm volatile(
       "{\n"
@@ -28,7 +30,7 @@ __device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t 
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},"
-      " %128, %129, p, 1, 1, 0, 0;\n"
+      " %128, %129, p, 1, 1, 0, %131;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -46,6 +48,21 @@ __device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t 
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB));
+}
+
+// D[64×32] (+)= A[64×16] · B[32×16]ᵀ, bf16 operands, fp32 accumulators.
+__device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&d)[16], uint64_t desc_a, uint64_t desc_b, uint32_t accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15},"
+      " %16, %17, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
