@@ -93,7 +93,6 @@ __global__ void __launch_bounds__(kWgThreads, 1) attn_wg_kernel(const __grid_con
     mbar_init(&empty[1], 8);
     fence_barrier_init();
   }
-  if (p.splits == 1) derotation_table(p, t, rot_s);
   pdl_wait();
 
   // Producer: where key (begin + 64j + row) is — an entries row (< 0: a masked slot of the selection), a window
@@ -168,7 +167,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) attn_wg_kernel(const __grid_con
     else copy_q(std::integral_constant<int, 8>{});
   }
   fence_proxy_async();
-  __syncthreads();  // q, the derotation table
+  __syncthreads();  // q
 
   if (tid >= 256) {
     // ---- producer: thread pair (row, half) decodes the row's 8-channel chunks 8s + 4·half + q (slice s, q =
@@ -231,6 +230,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) attn_wg_kernel(const __grid_con
       }
       fence_proxy_async();
       mbar_arrive(&full[b]);
+    }
+    // The output's derotation, off the MMA warpgroups' path (barrier 4: they wait for it before their stores).
+    if (p.splits == 1 && p.inv_freq) {
+      for (int k = tid - 256; k < (kWgDim - p.rope_offset) / 2; k += 128)
+        rot_s[k] = rope_cos_sin(t, p.inv_freq[k], /*inverse=*/true);
+      barrier_arrive(4, kWgThreads);
     }
     return;
   }
@@ -327,6 +332,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) attn_wg_kernel(const __grid_con
     if (lane == 0) mbar_arrive(&empty[b]);
   }
 
+  if (p.splits == 1 && p.inv_freq) barrier_sync(4, kWgThreads);  // the derotation table
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int head = row0 + 8 * h;
