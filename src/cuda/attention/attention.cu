@@ -20,8 +20,9 @@
 // the sink joins the denominator only, and the output is rounded to bf16 (then, derotated, its rope channels
 // again, as CpuOps::rope rounds). NOTE: the softmax runs in base-2 units against an integer running maximum, so
 // P = 2^(u − M) rounds to the same bf16 values whatever the split and tile partition (bf16 rounding commutes
-// with powers of two), equal to the CPU's. On compact FP8 caches of the V4 shapes the tensor-core kernel
-// (attention_tc.cu) serves fast numerics; this kernel serves the rest.
+// with powers of two), equal to the CPU's. On compact FP8 caches of the V4 shapes the tensor-core kernels serve
+// fast numerics (attention_wg.cu: 64-head blocks on Hopper; attention_tc.cu: the others); this kernel serves the
+// rest.
 //
 #include <cmath>
 

@@ -1,6 +1,7 @@
 // attention family (CUDA): what the attention kernels share — the launch's parameters (a table of sequences,
 // each with its query rows, caches and output), the key list of a query row, the output's rounding and
-// derotation, and the tensor-core kernel's entry points (attention_tc.cu) for the launcher in attention.cu.
+// derotation, and the tensor-core kernels' entry points (attention_tc.cu, attention_wg.cu) for the launcher in
+// attention.cu.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -36,6 +36,10 @@ namespace {
 
 constexpr int kWgDim = 512, kWgNope = 448;
 constexpr int kWgThreads = 384;
+// Registers a thread (setmaxnreg): the MMA warpgroups hold 128 fp32 accumulators; the producer a row's half.
+// Together they must stay within what the launch allocated (kWgThreads × 168, __launch_bounds__(kWgThreads, 1)).
+constexpr int kMmaRegisters = 184, kProducerRegisters = 136;
+static_assert(256 * kMmaRegisters + 128 * kProducerRegisters <= kWgThreads * 168, "attn_wg: register pool");
 constexpr int kSlice = 64 * 128;        // one 64-channel slice of a [64 rows][d] bf16 matrix
 constexpr int kTile = kWgDim / 64 * kSlice;  // [64 rows][d] bf16: q, or a key tile
 constexpr int kMaxRowBytes = 720;             // a compact row of V4's shape (wg_fits)
@@ -173,7 +177,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) attn_wg_kernel(const __grid_con
     // ---- producer: thread pair (row, half) decodes the row's 8-channel chunks 8s + 4·half + q (slice s, q =
     // 0..3): 32 contiguous code bytes a slice, and the chunks' swizzled positions (4·half + q) ^ (row % 8) put
     // the 8 lanes of a quarter warp (4 rows, both halves) on 8 different bank groups.
-    setmaxnreg_dec<136>();
+    setmaxnreg_dec<kProducerRegisters>();
     constexpr int kCodeSlices = kWgNope / 64;  // 7; slice 7 is the rope channels
     // Tile j lives in buffer j % 2: the (j / 2)-th phase of its barriers. Its rows are copied in once tile j − 2
     // is done with the buffer (tiles 0 and 1: above), and decoded while the MMA warpgroups work on tile j − 1.
@@ -242,7 +246,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) attn_wg_kernel(const __grid_con
 
   // ---- MMA warpgroups: this thread's heads row0 and row0 + 8; its S columns 32·wg + 8jj + 2c + e; its output
   // channels 256·wg + 8jj + 2c + e (tc_wgmma.cuh's accumulator layout).
-  setmaxnreg_inc<184>();
+  setmaxnreg_inc<kMmaRegisters>();
   const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, c = lane % 4;
   const int row0 = 16 * warp + lane / 4;
   float o[128];
@@ -322,6 +326,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) attn_wg_kernel(const __grid_con
     // o += P · V for channels [256·wg, +256): k-step ks is keys 16ks .. +15 — 32 bytes into P's rows, two 8-row
     // groups (2048 bytes) into the tile's slices 4·wg .. 4·wg + 3.
     const uint64_t dv = smem_descriptor_sw128_mn(kb + 4 * wg * kSlice, kSlice);
+    fence_registers(o);  // the rescale's writes stay before the fence
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kTcKeys / 16; ++ks)
@@ -355,6 +360,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) attn_wg_kernel(const __grid_con
       if (wg == 0 && c == 0) p.part_ml[part] = make_float2(m, l);
     }
   }
+#else
+  __trap();  // built without sm_90a code, yet launched (wg_fits only checks the device): fail loudly
 #endif
 }
 

@@ -126,8 +126,9 @@ __device__ __forceinline__ uint64_t smem_descriptor_sw128_mn(const void* tile, u
   return start | (uint64_t(lbo >> 4) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
-// Orders this thread's generic-proxy writes to shared memory before later async-proxy reads of it (wgmma
-// operands written by plain stores), once the threads have met at a barrier.
+// Orders this thread's generic-proxy accesses to shared memory before later async-proxy ones (wgmma reading
+// operands written by plain stores; a bulk copy overwriting what plain stores wrote), once the threads have met
+// at a barrier.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // ---- register reallocation between warpgroups (all threads of a warpgroup execute the same one)

@@ -13,8 +13,9 @@ namespace dsv4::cuda::tc {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// D[64×256] (+)= A[64×16] · B[256×16]ᵀ, bf16 operands, fp32 accumulators. kTransB = 1: B is N-major (its 256
-// columns contiguous per K row: tc_ptx.cuh's smem_descriptor_sw128_mn), which bf16 operands allow.
+// D[64×256] (+)= A[64×16] · B[256×16]ᵀ, bf16 operands, fp32 accumulators. kTransB = 1: B is N-major (a K row's
+// columns 64 to a 128-byte row, the four 64-column groups LBO apart: tc_ptx.cuh's smem_descriptor_sw128_mn),
+// which bf16 operands allow.
 template <int kTransB = 0>
 __device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, uint32_t accumulate) {
   asm volatile(
