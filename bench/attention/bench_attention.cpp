@@ -134,8 +134,8 @@ void sparse_decode_batches(CudaOps& ops, const float* sinks, std::mt19937_64& rn
     DSV4_CUDA_CHECK(cudaStreamSynchronize(ops.stream()));
     return;
   }
-  std::printf("\n| sparse decode, CSA 32K | numerics | kernel | batch | splits | cold µs | floor µs | %% of floor | TFLOP/s |\n"
-              "|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("\n| sparse decode, CSA 32K | numerics | kernel | batch | splits | cold µs | floor µs | %% of floor | "
+              "TFLOP/s |\n|---|---|---|---|---|---|---|---|---|\n");
   const int64_t keys = kWindow + kTopK;
   std::vector<std::string> sweeps;
   const double row_bytes = double(ops.compact_cache(batch[0].window)->row_bytes);

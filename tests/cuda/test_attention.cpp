@@ -455,7 +455,8 @@ TEST(CudaAttention, WarpgroupKernel) {
   {
     ModelConfig config;
     CudaOps ops(config);
-    if (ops.props().major != 9) GTEST_SKIP() << "the warpgroup-MMA kernel is sm_90a only; this GPU is " << ops.props().name;
+    if (ops.props().major != 9)
+      GTEST_SKIP() << "the warpgroup-MMA kernel is sm_90a only; this GPU is " << ops.props().name;
   }
   const std::vector<AttnCase> cases = {
       {"wg_sliding_n40_pos10", Layer::kSliding, 64, 512, 128, 40, 10, 4, 0, 3, true, true},
