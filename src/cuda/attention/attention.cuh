@@ -158,16 +158,27 @@ __host__ __device__ __forceinline__ int64_t compressed_keys(bool has_entries, bo
   return has_selected ? (top_k < (t + 1) / ratio ? top_k : (t + 1) / ratio) : (t + 1) / ratio;
 }
 
-// Row j of the key list of sequence row i (nullptr = masked).
+// Where row j of the key list of sequence row i is, before the selection's value is looked at (a kernel can
+// find it a tile ahead without waiting for the load): a window slot, or an entries row (at < 0: a masked slot of
+// the selection).
+struct KeyRef {
+  int64_t at;
+  bool window;
+};
+__device__ __forceinline__ KeyRef key_ref(const AttnKernelParams& p, const AttnSequence& sq, int64_t i, int64_t t,
+                                          int64_t nw, int64_t j) {
+  if (j < nw) return {(t - nw + 1 + j) % p.ring_slots, true};
+  j -= nw;
+  return {sq.selected ? int64_t(sq.selected[i * p.top_k + j]) : j, false};
+}
+// Its row in the caches (nullptr = masked).
+__device__ __forceinline__ const uint8_t* key_source(const AttnKernelParams& p, const AttnSequence& sq, KeyRef k) {
+  if (k.at < 0) return nullptr;
+  return (k.window ? sq.window : sq.entries) + k.at * p.row_bytes;
+}
 __device__ __forceinline__ const uint8_t* key_row(const AttnKernelParams& p, const AttnSequence& sq, int64_t i,
                                                   int64_t t, int64_t nw, int64_t j) {
-  if (j < nw) return sq.window + ((t - nw + 1 + j) % p.ring_slots) * p.row_bytes;
-  j -= nw;
-  if (sq.selected) {
-    const int32_t e = sq.selected[i * p.top_k + j];
-    return e < 0 ? nullptr : sq.entries + int64_t(e) * p.row_bytes;
-  }
-  return sq.entries + j * p.row_bytes;
+  return key_source(p, sq, key_ref(p, sq, i, t, nw, j));
 }
 
 // The tensor-core kernel (attention_tc.cu): fast numerics on compact FP8 caches, up to kTcHeads heads

@@ -99,32 +99,23 @@ __global__ void __launch_bounds__(kWgThreads, 1) attn_wg_kernel(const __grid_con
   }
   pdl_wait();
 
-  // Producer: where key (begin + 64j + row) is — an entries row (< 0: a masked slot of the selection), a window
-  // slot, or nothing (past the split) — found a tile before its rows are copied, so the selection's load is not
-  // waited for; a tile's compact rows are bulk-copied into the tail of its free buffer (kRawAt: they are read out
-  // before the buffer is decoded over), one copy a row.
+  // Producer: where key (begin + 64j + row) is (key_ref; past the split: at −1, no row) — found a tile before its
+  // rows are copied, so the selection's load is not waited for; a tile's compact rows are bulk-copied into the
+  // tail of its free buffer (kRawAt: they are read out before the buffer is decoded over), one copy a row.
   const int row = (tid - 256) / 2, half = tid % 2;
-  struct Where {
-    int64_t at;
-    int kind;  // 0 nothing, 1 window slot, 2 entries row
+  const auto find = [&](int j) -> KeyRef {
+    const int64_t key = begin + int64_t(kTcKeys) * j + row;
+    return key < end ? key_ref(p, sq, i, t, nw, key) : KeyRef{-1, false};
   };
-  const auto find = [&](int j) -> Where {
-    int64_t key = begin + int64_t(kTcKeys) * j + row;
-    if (key >= end) return {0, 0};
-    if (key < nw) return {(t - nw + 1 + key) % p.ring_slots, 1};
-    key -= nw;
-    return {sq.selected ? int64_t(sq.selected[i * p.top_k + key]) : key, 2};
-  };
-  const auto is_live = [](Where w) { return w.kind == 1 || (w.kind == 2 && w.at >= 0); };
-  const auto copy_rows = [&](int j, Where w) {  // by the row's thread of half 0 (both find)
-    const uint32_t bytes = is_live(w) ? uint32_t(p.row_bytes) : 0u;
+  const auto copy_rows = [&](int j, KeyRef k) {  // by the row's thread of half 0 (both find)
+    const uint8_t* src = key_source(p, sq, k);
+    const uint32_t bytes = src ? uint32_t(p.row_bytes) : 0u;
     uint64_t* const bar = &landed[j & 1];
     mbar_arrive_expect_tx(bar, bytes);
-    if (bytes)
-      bulk_load(k_s + (j & 1) * kTile + kRawAt + row * p.row_bytes,
-                (w.kind == 1 ? sq.window : sq.entries) + w.at * p.row_bytes, bytes, bar);
+    if (src) bulk_load(k_s + (j & 1) * kTile + kRawAt + row * p.row_bytes, src, bytes, bar);
   };
-  Where cur0 = {0, 0}, cur1 = {0, 0}, next = {0, 0};  // the tiles in buffers 0 and 1; the one after them
+  const KeyRef none{-1, false};
+  KeyRef cur0 = none, cur1 = none, next = none;  // the tiles in buffers 0 and 1; the one after them
   if (tid >= 256 && tiles > 0) {
     cur0 = find(0);
     if (tiles > 1) cur1 = find(1);
@@ -188,9 +179,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) attn_wg_kernel(const __grid_con
         mbar_wait(&empty[b], ((j >> 1) - 1) & 1);
         if (half == 0) copy_rows(j, next);
         (b ? cur1 : cur0) = next;
-        next = j + 1 < tiles ? find(j + 1) : Where{0, 0};
+        next = j + 1 < tiles ? find(j + 1) : none;
       }
-      const bool live = is_live(b ? cur1 : cur0);
+      const bool live = (b ? cur1 : cur0).at >= 0;
       mbar_wait(&landed[b], (j >> 1) & 1);
       // The row as stored, out of the buffer's tail before it is decoded over.
       const uint8_t* raw = buf + kRawAt + row * p.row_bytes;
