@@ -156,7 +156,7 @@ void sparse_decode_batches(CudaOps& ops, const float* sinks, std::mt19937_64& rn
                   cuda::attention_default_splits(ops, some), tm.cold, floor_us, 100.0 * floor_us / tm.cold, tflops);
       if (numerics != Numerics::kFast) continue;
       std::string sweep = "  fast, batch " + std::to_string(b) + ", cold µs per split count:";
-      for (int splits : {1, 2, 3, 4, 6, 10}) {
+      for (int splits : {1, 2, 3, 4, 5, 8, 10}) {
         const auto run_s = [&] { cuda::attention_split_kv(ops, some, splits); };
         char cell[32];
         std::snprintf(cell, sizeof cell, " %d:%.1f", splits, measure(ops, run_s, std::max(1, iters / 4), flush, flush_bytes).cold);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -262,12 +263,15 @@ void check_attention_batch(const std::vector<AttnCase>& cases, Numerics numerics
   };
   // 0 = CudaOps::attention's own choice; 1 = the prefill path (no combine); others force split-KV (the
   // tensor-core kernel's splits hold whole 64-key tiles, so fewer where the keys are few; 64 and 100: the
-  // combine's loads in several rounds of kCombineBatch).
+  // combine's loads in several rounds of kCombineBatch). The warpgroup-MMA kernel merges up to kWgMaxSplits
+  // splits in a cluster: 2, 3, 5 and 8 there.
+  std::vector<int> split_counts = {0, 1, 3, 64, 100};
   if (kernel) {
     EXPECT_STREQ(cuda::attention_kernel(gpu, on_gpu), kernel);
+    if (std::strcmp(kernel, "wg") == 0) split_counts = {0, 1, 2, 3, 5, 8};
   }
   const int default_splits = cuda::attention_default_splits(gpu, on_gpu);
-  for (int splits : {0, 1, 3, 64, 100}) {
+  for (int splits : split_counts) {
     SCOPED_TRACE("splits " + std::to_string(splits) + " (default " + std::to_string(default_splits) + ")");
     for (size_t si = 0; si < cases.size(); ++si) poison(on_gpu[si].out, seqs[si].want.size());
     if (splits == 0) gpu.attention(on_gpu);
@@ -447,8 +451,9 @@ TEST(CudaAttention, FastNumerics) {
 
 // The warpgroup-MMA kernel (attention_wg.cu: V4's 64 heads × 512 on Hopper, fast numerics, compact caches),
 // checked to be the kernel that runs: a partial first tile (sliding, 1..50 keys), partial last tiles of every
-// split, masked selection slots, the derotated output, every layer type, 128 heads (two head groups), and the
-// decode rows of many sequences at once.
+// split, splits merged in a cluster (2..8, some of them empty for the rows with fewer keys), masked selection
+// slots, the derotated output, every layer type, 128 heads (two head groups), and the decode rows of many
+// sequences at once.
 TEST(CudaAttention, WarpgroupKernel) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA

@@ -323,9 +323,10 @@ bool use_tc(const CudaOps& ops, const AttentionParams& p0) {
   return ops.fast() && l && tc_fits(*l, p0.head_dim, ops.props().sharedMemPerBlockOptin);
 }
 
-// Whether the warpgroup-MMA kernel serves a tensor-core batch whose blocks hold hb heads (attention_wg.cu).
-bool use_wg(const CudaOps& ops, const CacheLayout& l, const AttentionParams& p0, int64_t hb) {
-  return wg_fits(l, p0.head_dim, p0.heads, hb, ops.props().major, ops.props().sharedMemPerBlockOptin);
+// Whether the warpgroup-MMA kernel serves a tensor-core batch whose blocks hold hb heads in `splits` splits
+// (attention_wg.cu).
+bool use_wg(const CudaOps& ops, const CacheLayout& l, const AttentionParams& p0, int64_t hb, int splits) {
+  return wg_fits(l, p0.head_dim, p0.heads, hb, splits, ops.props().major, ops.props().sharedMemPerBlockOptin);
 }
 
 // Heads per block: the fp32 kernel's kHeadsPerBlock, or the tensor-core kernel's 64 (every key tile decoded once
@@ -365,7 +366,8 @@ const char* attention_kernel(const CudaOps& ops, std::span<const AttentionParams
   if (batch.empty() || !use_tc(ops, batch[0])) return "fp32";
   const int64_t hb = heads_per_block(true, ops.props().multiProcessorCount, total_rows(batch), batch[0].heads,
                                      max_keys(batch));
-  return use_wg(ops, *ops.compact_cache(batch[0].window), batch[0], hb) ? "wg" : "tc";
+  const int splits = attention_default_splits(ops, batch);
+  return use_wg(ops, *ops.compact_cache(batch[0].window), batch[0], hb, splits) ? "wg" : "tc";
 }
 
 int attention_default_splits(const CudaOps& ops, std::span<const AttentionParams> batch) {
@@ -373,8 +375,14 @@ int attention_default_splits(const CudaOps& ops, std::span<const AttentionParams
   const bool tc = use_tc(ops, batch[0]);
   const int sms = ops.props().multiProcessorCount;
   const int64_t rows = total_rows(batch), keys = max_keys(batch);
-  const int64_t groups = ceil_div(batch[0].heads, heads_per_block(tc, sms, rows, batch[0].heads, keys));
-  return int(heuristic_splits(sms, groups * rows, keys, tc));
+  const int64_t hb = heads_per_block(tc, sms, rows, batch[0].heads, keys);
+  const int64_t splits = heuristic_splits(sms, ceil_div(batch[0].heads, hb) * rows, keys, tc);
+  // The warpgroup-MMA kernel merges its splits in a cluster, at most kWgMaxSplits: fewer splits there beat more on
+  // the mma.sync kernel and its combine (bench_attention, batch 8 at 32K: 8 asked, 5 of whole tiles, 22.5 µs
+  // against 29.0 at 10; docs/design/attention.md).
+  if (tc && splits > kWgMaxSplits && use_wg(ops, *ops.compact_cache(batch[0].window), batch[0], hb, kWgMaxSplits))
+    return kWgMaxSplits;
+  return int(splits);
 }
 
 namespace {
@@ -467,7 +475,8 @@ void attention_split_kv(CudaOps& ops, std::span<const AttentionParams> batch, in
   }
   // Launches of up to kMaxSequences sequences and 65535 rows (grid.z).
   const int64_t max_rows = std::min<int64_t>(rows_total, 65535);
-  if (splits > 1) {
+  const bool wg = tc && use_wg(ops, *layout, p0, hb, splits);  // V4's shape on Hopper; merges its own splits
+  if (splits > 1 && !wg) {
     // Sized for the most splits the heuristic can pick at this many rows, so decode does not regrow it as the
     // context deepens: with the fewest head groups (the tensor-core kernel's 64-head blocks, which a deeper
     // context switches to from 16-head ones), any key count.
@@ -482,7 +491,6 @@ void attention_split_kv(CudaOps& ops, std::span<const AttentionParams> batch, in
     k.part_ml = reinterpret_cast<float2*>(base + o_bytes);
   }
 
-  const bool wg = tc && use_wg(ops, *layout, p0, hb);  // V4's shape on Hopper
   const size_t smem = attn_smem_bytes(p0.head_dim);
   allow_dynamic_smem(reinterpret_cast<const void*>(attn_split_kernel), int(attn_smem_bytes(kMaxHeadDim)));
   const bool pdl = ops.props().major >= 9;
@@ -492,7 +500,7 @@ void attention_split_kv(CudaOps& ops, std::span<const AttentionParams> batch, in
     if (wg) launch_wg(k, grid, ops.stream(), pdl);
     else if (tc) launch_tc(k, grid, ops.stream(), pdl);
     else launch_pdl(attn_split_kernel, grid, dim3(kAttnThreads), smem, ops.stream(), pdl, k);
-    if (splits > 1)
+    if (splits > 1 && !wg)
       launch_pdl(attn_combine_kernel, dim3(unsigned(p0.heads), unsigned(k.rows)), dim3(kCombineThreads), 0,
                  ops.stream(), pdl, k);
     k.rows = 0;

@@ -191,9 +191,11 @@ bool tc_fits(const CacheLayout& l, int64_t head_dim, size_t smem_limit);
 void launch_tc(const AttnKernelParams& k, dim3 grid, cudaStream_t stream, bool pdl);
 
 // The warpgroup-MMA kernel (attention_wg.cu) for V4's shape on sm_90a: head_dim 512 of 448 e4m3 channels and 64
-// rope ones, blocks of kTcHeads heads (tc_heads; every group whole). wg_fits: the caches and the launch it takes
-// within smem_limit; launch_wg: the same grid as launch_tc.
-bool wg_fits(const CacheLayout& l, int64_t head_dim, int64_t heads, int64_t tc_heads, int sm_major,
+// rope ones, blocks of kTcHeads heads (tc_heads; every group whole), up to kWgMaxSplits splits, merged inside the
+// kernel (no partials, no combine launch). wg_fits: the caches and the launch it takes within smem_limit;
+// launch_wg: the same grid as launch_tc.
+constexpr int kWgMaxSplits = 8;  // a thread-block cluster of one block a split (the portable cluster size)
+bool wg_fits(const CacheLayout& l, int64_t head_dim, int64_t heads, int64_t tc_heads, int splits, int sm_major,
              size_t smem_limit);
 void launch_wg(const AttnKernelParams& k, dim3 grid, cudaStream_t stream, bool pdl);
 

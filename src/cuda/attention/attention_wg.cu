@@ -19,6 +19,11 @@
 //     its buffer as soon as the MMA warpgroups are done with the tile before it there; two threads a row read
 //     the row out and decode it exactly to bf16 (e4m3 · 2^k and the bf16-valued rope channels are bf16 values)
 //     over the same buffer. Two buffers: tile j + 1 is copied and decoded while tile j is multiplied.
+// Splits: a thread-block cluster of one block a split (cluster rank = split). Block s owns heads [⌈64s/S⌉,
+// ⌈64(s+1)/S⌉) of the output; every block stores its unnormalised (m, l) and o of each head into the owner's
+// shared memory (distributed shared memory: stores, no round trips), and each owner merges its heads from its
+// own shared memory as attn_combine_kernel does from HBM partials (attention.cu) — which at batch 64 cost as long
+// as the blocks' tile work after the first tile (docs/design/attention.md).
 // Shared matrices (q, the key tiles, P) are wgmma's 128-byte swizzle: 64-channel slices of [64 rows][128 B],
 // 16-byte chunk c of row r at c ^ (r % 8), slices 8 KB apart.
 #include <type_traits>
@@ -26,6 +31,7 @@
 #include "cuda/attention/attention.cuh"
 #include "cuda/common/barrier.cuh"
 #include "cuda/common/check.h"
+#include "cuda/common/cluster.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/smem.h"
 #include "cuda/gemm/tc_ptx.cuh"
@@ -54,15 +60,74 @@ struct WgLayout {
   static constexpr int lsum = tmax + 2 * 64 * 4;     // float [2][64]: their key halves' sums
   static constexpr int rot = lsum + 2 * 64 * 4;      // float2 [kMaxHeadDim / 2]: the output's derotation
   static constexpr int live = rot + kMaxHeadDim * 4;  // uint8 [2 buffers][64]: the key exists and is not masked
-  static constexpr int bars = live + 2 * 64;         // uint64 landed[2], full[2], empty[2]
+  static constexpr int ml = live + 2 * 64;  // float2 [kWgMaxSplits][64 heads]: every split's (m, l), pushed
+  static constexpr int wt = ml + kWgMaxSplits * 64 * 8;  // float [64 heads][kWgMaxSplits + 1]: weights, 1/denom
+  static constexpr int bars = wt + 64 * (kWgMaxSplits + 1) * 4;  // uint64 landed[2], full[2], empty[2]
   static constexpr int bytes = bars + 6 * 8 + 1024;  // + slack for the alignment
+  // At the end (splits > 1), over q and the key tiles (dead by then): every split's o of this block's heads as
+  // fp32 rows, [splits][⌈64 / splits⌉ heads][kRecvRow floats], pushed by the splits. kRecvRow ≡ 16 (mod 32)
+  // words: the 16-byte stores of a quarter warp (two heads × 16 channels) meet every bank once.
+  static constexpr int kRecvRow = kWgDim + 16;
+  static constexpr int recv_rows() {  // the most rows, over the split counts
+    int most = 0;
+    for (int s = 2; s <= kWgMaxSplits; ++s) most = most > s * ((64 + s - 1) / s) ? most : s * ((64 + s - 1) / s);
+    return most;
+  }
 };
+static_assert(WgLayout::recv_rows() * WgLayout::kRecvRow * 4 <= WgLayout::p - WgLayout::q,
+              "attn_wg: the pushed o over q and the key tiles");
+
+// The merge's partition: split s owns heads [first_head(s), first_head(s + 1)) of the block's 64.
+__device__ __forceinline__ int first_head(int s, int splits) { return (64 * s + splits - 1) / splits; }
+__device__ __forceinline__ int head_owner(int h, int splits) { return h * splits / 64; }
+
+// Splits > 1, by the MMA warpgroups once every split's pushes have landed (WgLayout): this block's heads of the
+// row's output, attn_combine_kernel's arithmetic in its order (split 0 first), so the outputs are those of
+// attn_tc_kernel + attn_combine_kernel; the derotation table in rot_s when asked.
+__device__ __forceinline__ void merge_owned_heads(const AttnKernelParams& p, const AttnSequence& sq, int64_t i,
+                                                  int head0, uint8_t* smem, int rank) {
+  const int tid = int(threadIdx.x), splits = p.splits, rows = (64 + splits - 1) / splits;
+  const int h0 = first_head(rank, splits), h1 = first_head(rank + 1, splits);
+  const float* const recv = reinterpret_cast<const float*>(smem + WgLayout::q);
+  const float2* const ml_s = reinterpret_cast<const float2*>(smem + WgLayout::ml);
+  float* const wt_s = reinterpret_cast<float*>(smem + WgLayout::wt);
+  const float2* const rot_s = reinterpret_cast<const float2*>(smem + WgLayout::rot);
+  if (tid < h1 - h0) {
+    const int h = h0 + tid;
+    const float sink = softmax_unit(p.fast, p.sinks[head0 + h]);
+    float big = sink;
+    for (int s = 0; s < splits; ++s) big = fmaxf(big, ml_s[s * 64 + h].x);
+    float denom = softmax_exp(p.fast, sink - big);
+    for (int s = 0; s < splits; ++s) {
+      const float2 ml = ml_s[s * 64 + h];
+      const float w = ml.x == -INFINITY ? 0.0f : softmax_exp(p.fast, ml.x - big);  // −inf: no live keys
+      denom += ml.y * w;
+      wt_s[tid * (kWgMaxSplits + 1) + s] = w;
+    }
+    wt_s[tid * (kWgMaxSplits + 1) + kWgMaxSplits] = 1.0f / denom;
+  }
+  barrier_sync(7, 256);  // the weights
+  constexpr int kColumns = kWgDim / 4;
+  for (int x = tid; x < (h1 - h0) * kColumns; x += 256) {
+    const int hr = x / kColumns, f = x % kColumns;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s = 0; s < splits; ++s) {
+      const float4 v = *reinterpret_cast<const float4*>(recv + (s * rows + hr) * WgLayout::kRecvRow + 4 * f);
+      const float w = wt_s[hr * (kWgMaxSplits + 1) + s];
+      o = make_float4(fmaf(w, v.x, o.x), fmaf(w, v.y, o.y), fmaf(w, v.z, o.z), fmaf(w, v.w, o.w));
+    }
+    const float inv = wt_s[hr * (kWgMaxSplits + 1) + kWgMaxSplits];
+    store_output(p, sq, (i * p.heads + head0 + h0 + hr) * kWgDim + 4 * f,
+                 output_column(p, rot_s, f, make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv)));
+  }
+}
 
 // Byte offset of 16-byte chunk c (0..7) of row r within a swizzled 64-channel slice.
 __device__ __forceinline__ int sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
-// grid (heads / 64, splits, rows), kWgThreads threads, dynamic smem WgLayout::bytes. Block (g, s, r): heads
-// 64g .. 64g + 63 of launch row r over keys [s·keys_per_split, (s+1)·keys_per_split), in tiles of 64 keys.
+// grid (splits, heads / 64, rows) in clusters of (splits, 1, 1), kWgThreads threads, dynamic smem WgLayout::bytes.
+// Block (s, g, r): heads 64g .. 64g + 63 of launch row r over keys [s·keys_per_split, (s+1)·keys_per_split), in
+// tiles of 64 keys.
 __global__ void __launch_bounds__(kWgThreads, 1) attn_wg_kernel(const __grid_constant__ AttnKernelParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace tc;
@@ -80,7 +145,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) attn_wg_kernel(const __grid_con
   uint64_t* const empty = landed + 4;                                              // [2]: both MMA warpgroups done
 
   const int tid = int(threadIdx.x);
-  const int head0 = int(blockIdx.x) * kTcHeads, split = int(blockIdx.y), r = int(blockIdx.z);
+  const int head0 = int(blockIdx.y) * kTcHeads, split = int(blockIdx.x), r = int(blockIdx.z);
   const AttnSequence& sq = sequence_of(p, r);
   const int64_t i = r - sq.row0, t = sq.pos0 + i;
   const int64_t nw = window_keys(p.window_size, t);
@@ -160,9 +225,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) attn_wg_kernel(const __grid_con
   if (tid < 256) {
     if (p.q_bf16) copy_q(std::integral_constant<int, 16>{});
     else copy_q(std::integral_constant<int, 8>{});
+    fence_proxy_async();
+    barrier_sync(5, 256);  // q, between the MMA warpgroups: the producer decodes tile 0 meanwhile
   }
-  fence_proxy_async();
-  __syncthreads();  // q
 
   if (tid >= 256) {
     // ---- producer: thread pair (row, half) decodes the row's 8-channel chunks 8s + 4·half + q (slice s, q =
@@ -226,15 +291,19 @@ __global__ void __launch_bounds__(kWgThreads, 1) attn_wg_kernel(const __grid_con
       fence_proxy_async();
       mbar_arrive(&full[b]);
     }
-    // The output's derotation, off the MMA warpgroups' path (barrier 4: they wait for it before their stores).
-    if (p.splits == 1 && p.inv_freq) {
+    // The output's derotation, off the MMA warpgroups' path (one split: barrier 4, which they wait for before
+    // their stores; more: the merge's cluster barriers).
+    if (p.inv_freq) {
       for (int k = tid - 256; k < (kWgDim - p.rope_offset) / 2; k += 128)
         rot_s[k] = rope_cos_sin(t, p.inv_freq[k], /*inverse=*/true);
-      barrier_arrive(4, kWgThreads);
+      if (p.splits == 1) barrier_arrive(4, kWgThreads);
+    }
+    if (p.splits > 1) {  // the MMA warpgroups' two cluster barriers (before and after their pushes)
+      cluster_sync_anywhere();
+      cluster_sync_anywhere();
     }
     return;
   }
-
   // ---- MMA warpgroups: this thread's heads row0 and row0 + 8; its S columns 32·wg + 8jj + 2c + e; its output
   // channels 256·wg + 8jj + 2c + e (tc_wgmma.cuh's accumulator layout).
   setmaxnreg_inc<kMmaRegisters>();
@@ -328,29 +397,50 @@ __global__ void __launch_bounds__(kWgThreads, 1) attn_wg_kernel(const __grid_con
     if (lane == 0) mbar_arrive(&empty[b]);
   }
 
-  if (p.splits == 1 && p.inv_freq) barrier_sync(4, kWgThreads);  // the derotation table
+  if (p.splits == 1) {
+    if (p.inv_freq) barrier_sync(4, kWgThreads);  // the derotation table
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int head = row0 + 8 * h;
-    const float m = m_run[h], l = l_run[h];
-    if (p.splits == 1) {
-      const float factor = fast_output_factor(p, head0 + head, m, l);
+    for (int h = 0; h < 2; ++h) {
+      const int head = row0 + 8 * h;
+      const float factor = fast_output_factor(p, head0 + head, m_run[h], l_run[h]);
       const int64_t out = (i * p.heads + head0 + head) * kWgDim;
 #pragma unroll
       for (int jj = 0; jj < 32; ++jj)
         store_fast_pair(p, sq, rot_s, out, 256 * wg + 8 * jj + 2 * c, o[4 * jj + 2 * h] * factor,
                         o[4 * jj + 2 * h + 1] * factor);
-    } else {
-      const int64_t part = (int64_t(r) * p.splits + split) * p.heads + head0 + head;  // [rows, splits, H]
-      float* const po = reinterpret_cast<float*>(p.part_o) + part * kWgDim;
-#pragma unroll
-      for (int jj = 0; jj < 32; ++jj) {
-        const int ch = 256 * wg + 8 * jj + 2 * c;
-        *reinterpret_cast<float2*>(po + ch) = make_float2(o[4 * jj + 2 * h], o[4 * jj + 2 * h + 1]);
-      }
-      if (wg == 0 && c == 0) p.part_ml[part] = make_float2(m, l);
     }
+    return;
   }
+  // Splits: this split's (m, l) and o of each head pushed into its owner's shared memory, once every split of the
+  // cluster is done with the q and key tiles they go over; then this block's heads merged.
+  cluster_sync_anywhere();
+  const int rank = split, rows = (64 + p.splits - 1) / p.splits;
+  float* const recv = reinterpret_cast<float*>(smem + WgLayout::q);
+  float2* const ml_s = reinterpret_cast<float2*>(smem + WgLayout::ml);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int head = row0 + 8 * h, owner = head_owner(head, p.splits);
+    float* const row = (owner == rank ? recv : cluster_shared(recv, owner, p.splits)) +
+                       (rank * rows + head - first_head(owner, p.splits)) * WgLayout::kRecvRow;
+    // Pairs of lanes (c, c ^ 1) swap a channel pair so that each stores 16-byte quads: 8jj + 2c .. + 3 for the
+    // even lane's jj, the odd lane's the next.
+#pragma unroll
+    for (int jj = 0; jj < 32; jj += 2) {
+      const float2 a = make_float2(o[4 * jj + 2 * h], o[4 * jj + 2 * h + 1]);
+      const float2 b = make_float2(o[4 * jj + 4 + 2 * h], o[4 * jj + 4 + 2 * h + 1]);
+      const bool odd = c & 1;
+      const float2 send = odd ? a : b;
+      const float2 got =
+          make_float2(__shfl_xor_sync(0xffffffffu, send.x, 1), __shfl_xor_sync(0xffffffffu, send.y, 1));
+      *reinterpret_cast<float4*>(row + 256 * wg + 8 * (jj + odd) + 2 * (c & ~1)) =
+          odd ? make_float4(got.x, got.y, b.x, b.y) : make_float4(a.x, a.y, got.x, got.y);
+    }
+    if (wg == 0 && c == 0)
+      (owner == rank ? ml_s : cluster_shared(ml_s, owner, p.splits))[rank * 64 + head] =
+          make_float2(m_run[h], l_run[h]);
+  }
+  cluster_sync_anywhere();  // every split's pushes have landed
+  merge_owned_heads(p, sq, i, head0, smem, rank);
 #else
   __trap();  // built without sm_90a code, yet launched (wg_fits only checks the device): fail loudly
 #endif
@@ -358,17 +448,18 @@ __global__ void __launch_bounds__(kWgThreads, 1) attn_wg_kernel(const __grid_con
 
 }  // namespace
 
-bool wg_fits(const CacheLayout& l, int64_t head_dim, int64_t heads, int64_t tc_heads, int sm_major,
+bool wg_fits(const CacheLayout& l, int64_t head_dim, int64_t heads, int64_t tc_heads, int splits, int sm_major,
              size_t smem_limit) {
-  return sm_major == 9 && head_dim == kWgDim && l.format == CacheFormat::kFp8Kv && l.dim == kWgDim &&
-         l.nope == kWgNope && l.scales % 8 == 0 && l.rope % 16 == 0 && l.row_bytes % 16 == 0 &&
+  return sm_major == 9 && splits <= kWgMaxSplits && head_dim == kWgDim && l.format == CacheFormat::kFp8Kv &&
+         l.dim == kWgDim && l.nope == kWgNope && l.scales % 8 == 0 && l.rope % 16 == 0 && l.row_bytes % 16 == 0 &&
          l.row_bytes <= kMaxRowBytes && tc_heads == kTcHeads && heads % kTcHeads == 0 &&
          size_t(WgLayout::bytes) <= smem_limit;
 }
 
 void launch_wg(const AttnKernelParams& k, dim3 grid, cudaStream_t stream, bool pdl) {
   allow_dynamic_smem(reinterpret_cast<const void*>(attn_wg_kernel), WgLayout::bytes);
-  launch_pdl(attn_wg_kernel, grid, dim3(kWgThreads), size_t(WgLayout::bytes), stream, pdl, k);
+  launch_pdl(attn_wg_kernel, dim3(grid.y, grid.x, grid.z), dim3(kWgThreads), size_t(WgLayout::bytes), stream, pdl, k,
+             int(grid.y));
 }
 
 }  // namespace dsv4::cuda::attn

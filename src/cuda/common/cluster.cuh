@@ -36,9 +36,18 @@ __device__ __forceinline__ void cluster_barrier(int blocks) {
   __syncthreads();
 }
 
+// The cluster barrier for threads that reach it from different places in the code (warp-specialised kernels:
+// the non-.aligned form). Every thread of every block of the cluster must arrive once; it orders each thread's
+// memory accesses before it, distributed shared memory included, before those of every thread after it.
+__device__ __forceinline__ void cluster_sync_anywhere() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+#endif
+}
+
 // Block `rank`'s copy of this block's shared-memory address p.
 template <class T>
-__device__ __forceinline__ const T* cluster_shared(const T* p, int rank, int blocks) {
+__device__ __forceinline__ T* cluster_shared(T* p, int rank, int blocks) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (blocks > 1) return cooperative_groups::this_cluster().map_shared_rank(p, rank);
 #endif
