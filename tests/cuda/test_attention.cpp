@@ -272,7 +272,8 @@ void check_attention_batch(const std::vector<AttnCase>& cases, Numerics numerics
   }
   const int default_splits = cuda::attention_default_splits(gpu, on_gpu);
   for (int splits : split_counts) {
-    SCOPED_TRACE("splits " + std::to_string(splits) + " (default " + std::to_string(default_splits) + ")");
+    SCOPED_TRACE("splits " + std::to_string(splits) + " (default " + std::to_string(default_splits) +
+                 "; tensor-core kernels: whole 64-key tiles a split, so fewer where the keys are few)");
     for (size_t si = 0; si < cases.size(); ++si) poison(on_gpu[si].out, seqs[si].want.size());
     if (splits == 0) gpu.attention(on_gpu);
     else cuda::attention_split_kv(gpu, on_gpu, splits);
@@ -468,8 +469,17 @@ TEST(CudaAttention, WarpgroupKernel) {
       {"wg_csa_n33_pos4000", Layer::kCsa, 64, 512, 128, 33, 4000, 4, 512, 0, true},
       {"wg_hca_n17_pos9000_ratio128", Layer::kHca, 64, 512, 128, 17, 9000, 128, 0, 0, true, true},
       {"wg_pro_csa_h128_n9_pos1500", Layer::kCsa, 128, 512, 128, 9, 1500, 4, 64, 0, true},
+      // 384, 448 and 512 keys: 8 splits asked make clusters of 6, 7 (the merge's largest buffer, heads owned 10 / 9)
+      // and 8; 5–6 rows, so that the rows' tiles ask for 64-head blocks (heads_per_block).
+      {"wg_csa_topk256_n6_pos9000", Layer::kCsa, 64, 512, 128, 6, 9000, 4, 256, 0, true, true},
+      {"wg_csa_topk320_n5_pos9000", Layer::kCsa, 64, 512, 128, 5, 9000, 4, 320, 0, true},
+      {"wg_csa_topk384_n5_pos9000", Layer::kCsa, 64, 512, 128, 5, 9000, 4, 384, 0, true},
   };
   for (const AttnCase& c : cases) check_attention_batch({c}, Numerics::kFast, "wg");
+  // A cluster of 8 beside a shallow sequence whose rows leave its trailing splits without keys.
+  check_attention_batch({{"wg_csa_topk384_deep", Layer::kCsa, 64, 512, 128, 3, 9000, 4, 384, 0, true},
+                         {"wg_csa_topk384_shallow", Layer::kCsa, 64, 512, 128, 3, 300, 4, 384, 0, true}},
+                        Numerics::kFast, "wg");
   std::vector<AttnCase> decode;  // 12 decode rows of CSA sequences at scattered positions
   for (int i = 0; i < 12; ++i)
     decode.push_back({"wg_csa_decode_" + std::to_string(i), Layer::kCsa, 64, 512, 128, 1, 300 + 2711 * i, 4, 512,

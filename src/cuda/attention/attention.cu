@@ -12,7 +12,8 @@
 // every row loaded is used by all 16 heads (QK: 4 heads × 4 keys per 8-thread group, PV: 4 heads × 8 channels
 // per thread). Online softmax (running max m, denominator l) across tiles.
 //   Decode (few rows): the key list is split across many blocks so that every SM works; each block writes an
-//   unnormalised partial (o, m, l) and attn_combine_kernel merges the splits with the sink (flash-decoding).
+//   unnormalised partial (o, m, l) and attn_combine_kernel merges the splits with the sink (flash-decoding) —
+//   except on the warpgroup-MMA kernel, whose splits merge in a cluster (attention_wg.cu).
 //   Prefill (many rows): one split per row; the block adds the sink, normalises and writes the output itself.
 //
 // Fast numerics (AttnKernelParams::fast; docs/design/fast-numerics.md §2.3, §7 step 10; CPU: attend_fast) on

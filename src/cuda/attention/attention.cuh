@@ -36,7 +36,7 @@ struct AttnKernelParams {
   CacheLayout kv;           // compact caches: their layout; kF32: rows of d floats
   int64_t row_bytes;        // between rows of the window and the entries
   const float* sinks;       // [H]
-  float4* part_o;           // [rows, splits, H, d/4] unnormalised partial outputs (splits > 1)
+  float4* part_o;           // [rows, splits, H, d/4] unnormalised partial outputs (splits > 1; not attn_wg's)
   float2* part_ml;          // [rows, splits, H] (running max, denominator) of each partial (fast: base-2 units)
   int64_t ring_slots, window_size, top_k, ratio;
   int rows, heads, head_dim, splits, keys_per_split;

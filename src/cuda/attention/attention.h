@@ -16,7 +16,8 @@ namespace dsv4::cuda {
 // Keys of query position t: its window plus its compressed entries (CSA: the top_k slots, −1 ones included).
 int64_t attention_keys(const AttentionParams& p, int64_t t);
 
-// The number of key splits CudaOps::attention uses for this batch on this device.
+// The number of key splits CudaOps::attention asks for this batch on this device (attention_split_kv may run
+// fewer: the tensor-core kernels' splits hold whole 64-key tiles).
 int attention_default_splits(const CudaOps& ops, std::span<const AttentionParams> batch);
 
 // The kernel CudaOps::attention runs this batch on: "wg" (attention_wg.cu: V4's shape on Hopper, fast

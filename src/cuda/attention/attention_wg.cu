@@ -82,8 +82,9 @@ __device__ __forceinline__ int first_head(int s, int splits) { return (64 * s + 
 __device__ __forceinline__ int head_owner(int h, int splits) { return h * splits / 64; }
 
 // Splits > 1, by the MMA warpgroups once every split's pushes have landed (WgLayout): this block's heads of the
-// row's output, attn_combine_kernel's arithmetic in its order (split 0 first), so the outputs are those of
-// attn_tc_kernel + attn_combine_kernel; the derotation table in rot_s when asked.
+// row's output, attn_combine_kernel's arithmetic in its order (split 0 first), so the outputs are what the
+// combine makes of these partials (a −0 may keep its sign: the combine pads its batches of splits with zeros);
+// the derotation table in rot_s when asked.
 __device__ __forceinline__ void merge_owned_heads(const AttnKernelParams& p, const AttnSequence& sq, int64_t i,
                                                   int head0, uint8_t* smem, int rank) {
   const int tid = int(threadIdx.x), splits = p.splits, rows = (64 + splits - 1) / splits;
