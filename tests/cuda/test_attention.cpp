@@ -264,11 +264,11 @@ void check_attention_batch(const std::vector<AttnCase>& cases, Numerics numerics
   // 0 = CudaOps::attention's own choice; 1 = the prefill path (no combine); others force split-KV (the
   // tensor-core kernel's splits hold whole 64-key tiles, so fewer where the keys are few; 64 and 100: the
   // combine's loads in several rounds of kCombineBatch). The warpgroup-MMA kernel merges up to kWgMaxSplits
-  // splits in a cluster: 2, 3, 5 and 8 there.
+  // splits in a cluster: 2, 3, 5 and 8 there; 64 goes to the mma.sync kernel's 64-head blocks and the combine.
   std::vector<int> split_counts = {0, 1, 3, 64, 100};
   if (kernel) {
     EXPECT_STREQ(cuda::attention_kernel(gpu, on_gpu), kernel);
-    if (std::strcmp(kernel, "wg") == 0) split_counts = {0, 1, 2, 3, 5, 8};
+    if (std::strcmp(kernel, "wg") == 0) split_counts = {0, 1, 2, 3, 5, 8, 64};
   }
   const int default_splits = cuda::attention_default_splits(gpu, on_gpu);
   for (int splits : split_counts) {

@@ -51,6 +51,9 @@ constexpr int kTile = kWgDim / 64 * kSlice;  // [64 rows][d] bf16: q, or a key t
 constexpr int kMaxRowBytes = 720;             // a compact row of V4's shape (wg_fits)
 constexpr int kRawAt = (kTile - kTcKeys * kMaxRowBytes) / 16 * 16;  // a tile's compact rows, in its buffer
 
+// Splits > 1: the most of a block's 64 heads one split owns in the merge (first_head below).
+__host__ __device__ constexpr int owned_rows(int splits) { return (64 + splits - 1) / splits; }
+
 // Shared memory, from a 1024-byte boundary (the swizzle atoms).
 struct WgLayout {
   static constexpr int q = 0;                        // q: [64 heads][d]
@@ -70,7 +73,7 @@ struct WgLayout {
   static constexpr int kRecvRow = kWgDim + 16;
   static constexpr int recv_rows() {  // the most rows, over the split counts
     int most = 0;
-    for (int s = 2; s <= kWgMaxSplits; ++s) most = most > s * ((64 + s - 1) / s) ? most : s * ((64 + s - 1) / s);
+    for (int s = 2; s <= kWgMaxSplits; ++s) most = most > s * owned_rows(s) ? most : s * owned_rows(s);
     return most;
   }
 };
@@ -87,7 +90,7 @@ __device__ __forceinline__ int head_owner(int h, int splits) { return h * splits
 // the derotation table in rot_s when asked.
 __device__ __forceinline__ void merge_owned_heads(const AttnKernelParams& p, const AttnSequence& sq, int64_t i,
                                                   int head0, uint8_t* smem, int rank) {
-  const int tid = int(threadIdx.x), splits = p.splits, rows = (64 + splits - 1) / splits;
+  const int tid = int(threadIdx.x), splits = p.splits, rows = owned_rows(splits);
   const int h0 = first_head(rank, splits), h1 = first_head(rank + 1, splits);
   const float* const recv = reinterpret_cast<const float*>(smem + WgLayout::q);
   const float2* const ml_s = reinterpret_cast<const float2*>(smem + WgLayout::ml);
@@ -415,7 +418,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) attn_wg_kernel(const __grid_con
   // Splits: this split's (m, l) and o of each head pushed into its owner's shared memory, once every split of the
   // cluster is done with the q and key tiles they go over; then this block's heads merged.
   cluster_sync_anywhere();
-  const int rank = split, rows = (64 + p.splits - 1) / p.splits;
+  const int rank = split, rows = owned_rows(p.splits);
   float* const recv = reinterpret_cast<float*>(smem + WgLayout::q);
   float2* const ml_s = reinterpret_cast<float2*>(smem + WgLayout::ml);
 #pragma unroll
