@@ -12,8 +12,9 @@
 // "items + shared grouped") and on the grouped FP8 GEMM path (experts_grouped.cu): "grouped" with its default
 // routed tiles (and wgmma where grouped_takes_wgmma: experts_wgmma.cu), "grouped, tiles of 64" with routed tiles of
 // kGroupedTokens pairs on wgmma at every n, the same two on mma.sync alone ("..., mma.sync"), and "grouped, decode
-// tiles" with routed tiles of kGroupedDecodeTokens pairs on wgmma at every n; each forced (moe_grouped.h), for
-// the crossovers. --paths picks some of them (a comma list of their numbers 0..6 in that order). The grouped rows
+// tiles" with routed tiles of kGroupedDecodeTokens pairs on wgmma at every n, and "grouped, wide tiles" with routed
+// tiles of kGroupedWideTokens (experts_wide.cu) from one pair an expert on average; each forced (moe_grouped.h), for
+// the crossovers. --paths picks some of them (a comma list of their numbers 0..7 in that order). The grouped rows
 // also give the FLOP floor: 2 × (n·k + n) pairs × 3 × D × I at the dense FP8 peak of an H100 SXM (1979 TFLOP/s).
 //
 // --inter N gives the experts width N instead (a rank's slice under tensor parallelism: 1024 at --tp 2, 512
@@ -21,7 +22,7 @@
 // ranks: routed experts [r·E/R, (r+1)·E/R), and the shared expert on rank 0 only (model/parallel.h); the byte
 // count takes only those.
 //
-//   bench_moe [--inter N] [--ep R [--rank r]] [--paths 0,1,2,3,4,5,6] [iterations=50] [n ...=1 8 64]
+//   bench_moe [--inter N] [--ep R [--rank r]] [--paths 0,1,2,3,4,5,6,7] [iterations=50] [n ...=1 8 64]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -142,8 +143,8 @@ size_t distinct_experts(const MoeWeights& w, const std::vector<float>& x, int64_
 
 int main(int argc, char** argv) {
   int64_t inter = 2048, ranks = 1, rank = 0;
-  constexpr int kPaths = 7;
-  bool run_path[kPaths] = {true, true, true, true, true, true, true};
+  constexpr int kPaths = 8;
+  bool run_path[kPaths] = {true, true, true, true, true, true, true, true};
   int first = 1;
   for (; first + 1 < argc && std::strncmp(argv[first], "--", 2) == 0; first += 2) {
     const std::string name = argv[first];
@@ -245,7 +246,7 @@ int main(int argc, char** argv) {
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     static const char* const kPathNames[kPaths] = {"items", "items + shared grouped", "grouped",
                                                    "grouped, tiles of 64", "grouped, tiles of 64, mma.sync",
-                                                   "grouped, mma.sync", "grouped, decode tiles"};
+                                                   "grouped, mma.sync", "grouped, decode tiles", "grouped, wide tiles"};
     for (int64_t n : steps)
     for (int path = 0; path < kPaths; ++path) {
       static std::vector<float> x;  // the same step on every path
@@ -261,8 +262,9 @@ int main(int argc, char** argv) {
       cuda::moe::set_shared_grouped_min_tokens(path == 1 ? 1 : kNever);
       cuda::moe::set_grouped_small_tile_max_pairs(path == 3 || path == 4 ? 0 : -1);
       cuda::moe::set_grouped_decode_tile_max_pairs(path == 6 ? kNever : path == 3 ? 0 : -1);
-      cuda::moe::set_grouped_wgmma(path < 4 || path == 6);
+      cuda::moe::set_grouped_wgmma(path < 4 || path >= 6);
       cuda::moe::set_grouped_wgmma_min_pairs(path == 3 ? 1 : 0);
+      cuda::moe::set_grouped_wide_tile_min_pairs(path == 7 ? 1 : path == 2 ? -1 : 0);
       float* dx = ops.alloc(x.size());
       float* dout = ops.alloc(x.size());
       DSV4_CUDA_CHECK(cudaStreamSynchronize(s));

@@ -31,7 +31,7 @@
 //     step (one e4m3 flip), ≤ 164 of 65536 at D 1024, n 64. A missing or extra rounding point changes 60–97% of
 //     them, also where its size stays below the bounds (a missing final rounding: < 2^-8·M) — a count of outputs
 //     beyond 2^-8·M, the other candidate, would miss that.
-// Steps whose grouped GEMMs ran on wgmma (experts_wgmma.cu; told by grouped_wgmma_launches) sum each 128-column
+// Steps whose grouped GEMMs ran on wgmma (experts_wgmma.cu, experts_wide.cu; told by their launch counts) sum each 128-column
 // K block in the FP8 tensor core's ~14-bit accumulator: ≈ 4e-4 relative error per GEMM (test_gemm_tc's FP8
 // estimate). That flips ~10–15% of the w1 / w3 outputs' bf16 roundings (4e-4 against a bf16 spacing of
 // 2^-8..2^-9 of a value), so h moves by ~1e-3 and ~1–2% of its e4m3 values round to the other neighbour (a step
@@ -351,9 +351,10 @@ constexpr double kWgmmaRelative = 1.5e-2, kWgmmaMax = 0x1p-3;
 // One step of n tokens on both backends in fast numerics, against the bounds of the file comment: those of
 // wgmma's sums where the step launched the grouped path's wgmma kernels.
 void check_step_fast(const HostMoe& m, CudaOps& ops, int64_t n, std::mt19937_64& rng, const std::string& what) {
-  const int64_t wgmma_before = cuda::moe::grouped_wgmma_launches();
+  const int64_t wgmma_before = cuda::moe::grouped_wgmma_launches(), wide_before = cuda::moe::grouped_wide_launches();
   const Step step = run_step(m, ops, n, rng, Numerics::kFast, false);
-  const bool wgmma = cuda::moe::grouped_wgmma_launches() != wgmma_before;
+  const bool wgmma = cuda::moe::grouped_wgmma_launches() != wgmma_before ||
+                     cuda::moe::grouped_wide_launches() != wide_before;
   const std::vector<float>& got = step.got;
   const std::vector<float>& want = step.want;
   const int64_t D = m.config.dim;
@@ -417,8 +418,14 @@ struct DecodeTilesUpTo {
   ~DecodeTilesUpTo() { cuda::moe::set_grouped_decode_tile_max_pairs(-1); }
 };
 
-// The routed tiles of the grouped path (moe_kernels.h): of 64 pairs, small (24) or decode tiles (16).
-enum class Tiles { k64, kSmall, kDecode };
+// The grouped path's wide tiles (moe_grouped.h) from `pairs` an expert on average: 0 never.
+struct WideTilesFrom {
+  explicit WideTilesFrom(int64_t pairs) { cuda::moe::set_grouped_wide_tile_min_pairs(pairs); }
+  ~WideTilesFrom() { cuda::moe::set_grouped_wide_tile_min_pairs(-1); }
+};
+
+// The routed tiles of the grouped path (moe_kernels.h): of 64 pairs, small (24), decode tiles (16) or wide (128).
+enum class Tiles { k64, kSmall, kDecode, kWide };
 
 // The grouped path's wgmma kernels (moe_grouped.h) for a scope: on at every step that takes tiles of
 // kGroupedTokens, or off; then the default again.
@@ -447,8 +454,9 @@ struct SharedGroupedFrom {
 // 130 a tile of 64 and a partial one for several experts. Every format pair the path takes (FP4 or FP8 routed
 // and shared), both routings; FP4 routed experts in tiles of 64, in small tiles (of 24: 130 cuts experts into
 // several) and in decode tiles on wgmma (of 16: 33 and 130 cut experts into several) at every n, each with the tiles
-// of 64 on wgmma and on mma.sync (decode tiles: wgmma only). Reference numerics on the same layer stay on the item
-// kernels.
+// of 64 on wgmma and on mma.sync (decode tiles: wgmma only); in wide tiles (of 128, wgmma only) from n = 7 (an
+// average of 2 pairs an expert, rounded down), and at n = 700 (~233 pairs an expert: a full tile and a partial one).
+// Reference numerics on the same layer stay on the item kernels.
 TEST(CudaMoe, FastGroupedOddTokenCounts) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -462,17 +470,24 @@ TEST(CudaMoe, FastGroupedOddTokenCounts) {
       CudaOps ops(m.config);
       m.upload_to(ops);
       for (const bool wgmma : {true, false})
-        for (const Tiles tile : {Tiles::k64, Tiles::kSmall, Tiles::kDecode}) {
-          if (tile == Tiles::kDecode && !wgmma) continue;  // decode tiles are wgmma's
+        for (const Tiles tile : {Tiles::k64, Tiles::kSmall, Tiles::kDecode, Tiles::kWide}) {
+          if ((tile == Tiles::kDecode || tile == Tiles::kWide) && !wgmma) continue;  // wgmma's alone
+          if (tile == Tiles::kWide && f.routed != Fmt::kFP4) continue;               // routed FP4 alone
           // Small routed tiles run on mma.sync; with wgmma on, the shared expert's tiles of 64 run on it.
           const Wgmma kernels(wgmma);
           const SmallTilesUpTo small(tile == Tiles::kSmall ? SmallTilesUpTo::kAlways : 0);
           const DecodeTilesUpTo decode(tile == Tiles::kDecode ? DecodeTilesUpTo::kAlways : 0);
+          const WideTilesFrom wide(tile == Tiles::kWide ? 1 : 0);
           const std::string path = std::string(tile == Tiles::kSmall    ? " grouped, small tiles"
                                                : tile == Tiles::kDecode ? " grouped, decode tiles"
+                                               : tile == Tiles::kWide   ? " grouped, wide tiles"
                                                                         : " grouped") +
                                    (wgmma ? ", wgmma" : "");
-          for (int64_t n : {1, 2, 7, 33, 130}) check_step_fast(m, ops, n, rng, describe(shape, f, hash) + path);
+          const int64_t wide_before = cuda::moe::grouped_wide_launches();
+          for (int64_t n : tile == Tiles::kWide ? std::vector<int64_t>{7, 33, 130, 700}
+                                                : std::vector<int64_t>{1, 2, 7, 33, 130})
+            check_step_fast(m, ops, n, rng, describe(shape, f, hash) + path);
+          EXPECT_EQ(cuda::moe::grouped_wide_launches() > wide_before, tile == Tiles::kWide) << path;
         }
       check_step(m, ops, 33, rng, describe(shape, f, hash));
     }
@@ -482,7 +497,9 @@ TEST(CudaMoe, FastGroupedOddTokenCounts) {
 // The wgmma kernels' cp.async ring (experts_wgmma.cu: kStages buffers of two K blocks) on a shape other than
 // V4's where a GEMM runs past its buffers: D = I = 1152 is 9 K blocks for up and for down, 5 stages over 4
 // buffers (decode tiles: 5), the last one's second block absent. 33 and 130 pairs: tiles of 64 with 1–3 and 14–15
-// pairs an expert, decode tiles with 11 and 43 (several an expert).
+// pairs an expert, decode tiles with 11 and 43 (several an expert). Wide tiles (experts_wide.cu: rings of 8 and 4
+// K blocks) run 9 K blocks an item and their persistent blocks several items each (up: 18 row blocks × 9 tiles),
+// the rings running on across items.
 TEST(CudaMoe, FastGroupedWgmmaRingWraps) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -496,16 +513,22 @@ TEST(CudaMoe, FastGroupedWgmmaRingWraps) {
   const HostMoe m(shape, f, false, 1000, rng());
   CudaOps ops(m.config);
   m.upload_to(ops);
-  for (const bool decode_tiles : {false, true}) {
-    const DecodeTilesUpTo decode(decode_tiles ? DecodeTilesUpTo::kAlways : 0);
+  for (const Tiles tile : {Tiles::k64, Tiles::kDecode, Tiles::kWide}) {
+    const DecodeTilesUpTo decode(tile == Tiles::kDecode ? DecodeTilesUpTo::kAlways : 0);
+    const WideTilesFrom wide(tile == Tiles::kWide ? 1 : 0);
     for (int64_t n : {33, 130}) {
       const int64_t before = cuda::moe::grouped_wgmma_launches();
       const int64_t decode_before = cuda::moe::grouped_decode_tile_launches();
-      const char* path = decode_tiles ? " decode tiles, wgmma" : " grouped, wgmma";
+      const int64_t wide_before = cuda::moe::grouped_wide_launches();
+      const char* path = tile == Tiles::kDecode ? " decode tiles, wgmma"
+                         : tile == Tiles::kWide ? " wide tiles"
+                                                : " grouped, wgmma";
       check_step_fast(m, ops, n, rng, describe(shape, f, false) + path);
       EXPECT_GT(cuda::moe::grouped_wgmma_launches(), before) << "n = " << n << ": the step did not run on wgmma";
-      EXPECT_EQ(cuda::moe::grouped_decode_tile_launches() > decode_before, decode_tiles)
-          << "n = " << n << ": decode tiles " << (decode_tiles ? "not taken" : "taken unasked");
+      EXPECT_EQ(cuda::moe::grouped_decode_tile_launches() > decode_before, tile == Tiles::kDecode)
+          << "n = " << n << ": decode tiles " << (tile == Tiles::kDecode ? "not taken" : "taken unasked");
+      EXPECT_EQ(cuda::moe::grouped_wide_launches() > wide_before, tile == Tiles::kWide)
+          << "n = " << n << ": wide tiles " << (tile == Tiles::kWide ? "not taken" : "taken unasked");
     }
   }
 #endif

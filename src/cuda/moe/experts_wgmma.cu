@@ -22,9 +22,8 @@
 // (four wgmma steps of 32) is summed into cleared registers and promoted into the fp32 total with the weight and
 // activation scales, as DeepSeek's own FP8 kernels promote every 128 columns. The mma.sync kernel sums exact f16
 // products in fp32 instead; tests/cuda/test_moe.cpp bounds the difference.
-// FP4: a row's 32-column chunk of E8M0 scale b decodes to e2m1 · 2^(b − b_max + kLift), b_max the largest of the
-// row's four chunk scales in the K block — a normal e4m3 for b_max − b ≤ kGroupedScaleSpan (checked on the host),
-// so exact — and 2^(b_max − 127 − kLift) joins the promotion's scale. FP8: the 128 × 128 block scale.
+// FP4 widens to e4m3 as wgmma_fp4.cuh says, its largest chunk scale joining the promotion's; FP8: the 128 × 128
+// block scale.
 // Pipeline: the weights, their scales, the activation rows and their scales come through one cp.async ring of
 // kStages stages of kStageBlocks K blocks that all 256 threads fill, up to six K blocks ahead (the weights one
 // block ahead in registers waited on memory: a K block's wgmmas are far shorter than a load's latency). Per stage
@@ -44,6 +43,7 @@
 #include "cuda/gemm/tc_wgmma.cuh"
 #include "cuda/moe/experts.cuh"
 #include "cuda/moe/moe_grouped.h"
+#include "cuda/moe/wgmma_fp4.cuh"
 
 namespace dsv4::cuda::moe {
 
@@ -80,28 +80,7 @@ struct Tile {
   static_assert(kAcc * 128 * 4 <= kStageBytes, "the up kernel's w3 sums pass through the ring");
 };
 
-constexpr int kLift = 6;
-static_assert(0.5 * (1 << kLift) / (1 << kGroupedScaleSpan) >= 1.0 / 64 && (6 << kLift) <= 448,
-              "the lifted e2m1 magnitudes must be normal e4m3 values");
-constexpr uint32_t kE2m1CodesLo = 0x3C383000u;  // e4m3 codes of 0, 0.5, 1, 1.5
-constexpr uint32_t kE2m1CodesHi = 0x4C484440u;  // of 2, 3, 4, 6
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-// Eight e2m1 codes (element 0 in the low nibble) → eight e4m3 codes, lo elements 0..3, hi 4..7. A normal e4m3's
-// code moves by 8 a power of two, so the eight magnitudes at one scale are the table at lift 0 plus 8 · lift
-// each (0 stays 0): prmt looks up four 3-bit magnitudes at once, a second prmt spreads their signs to bit 7.
-__device__ __forceinline__ void fp4_to_e4m3(uint32_t w, uint32_t tab_lo, uint32_t tab_hi, uint32_t& lo,
-                                            uint32_t& hi) {
-  const uint32_t mag = w & 0x77777777u, sign = (w >> 3) & 0x11111111u;  // prmt reads a selector's low 16 bits
-  lo = __byte_perm(tab_lo, tab_hi, mag) | __byte_perm(0x8000u, 0u, sign);
-  hi = __byte_perm(tab_lo, tab_hi, mag >> 16) | __byte_perm(0x8000u, 0u, sign >> 16);
-}
-
-// 2^(e − 127) for E8M0-style e ≥ −22 (subnormal below e = 1).
-__device__ __forceinline__ float pow2_biased(int e) {
-  return __uint_as_float(e >= 1 ? uint32_t(e) << 23 : 1u << (e + 22));
-}
 
 // The two warpgroups' matrices: warpgroup w multiplies the 16-row tiles tile0[w] .. + 3 of data[w] (MMA tile
 // order, `groups` 64-byte K groups a row), with scales scale[w] (FP4: E8M0 in the same order; FP8: 128 × 128 block
@@ -139,14 +118,8 @@ __device__ __forceinline__ void decode(const Raw<F>& r, int c, uint32_t (&a)[4][
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if constexpr (F == WFormat::kFP4) {
-      const uint32_t s = r.scales[h];
-      const uint32_t mx = __vmaxu4(s, s >> 16);
-      const int bmax = int(max(mx & 0xFFu, (mx >> 8) & 0xFFu));
-      const int b = int((s >> (8 * c)) & 0xFFu);
-      // lift ≥ 8·(kLift − kGroupedScaleSpan) = −24 and every nonzero table byte ≥ 0x30: no byte borrows.
-      const uint32_t lift = uint32_t(b - bmax + kLift) * 8u;
-      const uint32_t tab_lo = kE2m1CodesLo + lift * 0x01010100u, tab_hi = kE2m1CodesHi + lift * 0x01010101u;
-      sw[h] = pow2_biased(bmax - kLift);
+      uint32_t tab_lo, tab_hi;
+      fp4_tables(r.scales[h], c, tab_lo, tab_hi, sw[h]);
       const uint4 v = r.unit[h][0];
       fp4_to_e4m3(v.x, tab_lo, tab_hi, a[0][h], a[0][2 + h]);
       fp4_to_e4m3(v.y, tab_lo, tab_hi, a[1][h], a[1][2 + h]);
@@ -168,8 +141,7 @@ __device__ __forceinline__ void decode(const Raw<F>& r, int c, uint32_t (&a)[4][
 
 // K blocks [kb0, kb0 + nb) into ring stage `buf` (the layout above; ring a shared-memory address). K block kbl's
 // activation tile is T rows of 128 bytes, 16-byte chunk q of row m at chunk q ^ (m % 8) (the 128-byte
-// swizzle the descriptor names); its scales go in the order promote reads: column m at c·T/4 + 2(m / 8) +
-// m % 2, c = (m % 8) / 2, so that a thread's columns lie together.
+// swizzle the descriptor names); its scales where promote reads them (promote_scale_slot).
 template <WFormat F, int T>
 __device__ __forceinline__ void load_stage(uint32_t ring, int buf, int kb0, int nb, const uint8_t* act,
                                            const float* act_scale, const Rows<T>& rows, const Mats& w) {
@@ -216,7 +188,7 @@ __device__ __forceinline__ void load_stage(uint32_t ring, int buf, int kb0, int 
     const int kbl = tid / T, m = tid % T;
     if (kbl < nb && tid < kStageBlocks * T)
       cp_async4(st + kActBytes + kWeightBytes + kWScaleBytes +
-                    4 * (kbl * T + (m % 8) / 2 * (T / 4) + 2 * (m / 8) + m % 2),
+                    4 * (kbl * T + promote_scale_slot(m, T / 4)),
                 act_scale + rows.scales[m] + uint32_t(kb0 + kbl));
   }
 }
@@ -239,25 +211,6 @@ __device__ __forceinline__ void decode_stage(const uint8_t* st, int wg, int kbl,
   if constexpr (F == WFormat::kFP8)
     r.block_scale = reinterpret_cast<const float*>(st + kActBytes + kWeightBytes)[wg * kStageBlocks + kbl];
   decode<F>(r, lane % 4, a, sw);
-}
-
-// total[4j + 2h + e] (row g + 8h, column 8j + 2c + e: tc_wgmma.cuh) += part · sw[h] · sx[column]; sx the K
-// block's scales in load_stage's order: this thread's at sx + c·kAcc/2, columns 8j + 2c, + 1 at 2j, 2j + 1.
-template <int T, int kAcc = Tile<T>::kAcc>
-__device__ __forceinline__ void promote(float (&total)[kAcc], const float (&part)[kAcc], const float (&sw)[2],
-                                        const float* sx, int c) {
-  const auto add = [&](int j, float x0, float x1) {
-    total[4 * j] = fmaf(part[4 * j], sw[0] * x0, total[4 * j]);
-    total[4 * j + 1] = fmaf(part[4 * j + 1], sw[0] * x1, total[4 * j + 1]);
-    total[4 * j + 2] = fmaf(part[4 * j + 2], sw[1] * x0, total[4 * j + 2]);
-    total[4 * j + 3] = fmaf(part[4 * j + 3], sw[1] * x1, total[4 * j + 3]);
-  };
-#pragma unroll
-  for (int jj = 0; jj < kAcc / 8; ++jj) {
-    const float4 x = *reinterpret_cast<const float4*>(sx + c * (kAcc / 2) + 4 * jj);
-    add(2 * jj, x.x, x.y);
-    add(2 * jj + 1, x.z, x.w);
-  }
 }
 
 // Issues K block kbl of stage st: its four wgmma steps into part (a cleared start), as one commit group.
@@ -319,12 +272,12 @@ __device__ __forceinline__ void gemm_tile(const Mats& w, const uint8_t* act, con
     fence_registers(part0);
 #pragma unroll
     for (int step = 0; step < 4; ++step) fence_registers(a0[step]);
-    promote<T>(total, part0, sw0, xs, c);
+    promote(total, part0, sw0, xs, c);
     wgmma_wait<0>();
     fence_registers(part1);
 #pragma unroll
     for (int step = 0; step < 4; ++step) fence_registers(a1[step]);
-    if (second) promote<T>(total, part1, sw1, xs + T, c);
+    if (second) promote(total, part1, sw1, xs + T, c);
   }
   cp_async_wait<0>();
   __syncthreads();  // every stage is read: the caller may reuse the ring

@@ -22,6 +22,11 @@ void set_grouped_small_tile_max_pairs(int64_t pairs);  // < 0: the default again
 int64_t grouped_decode_tile_max_pairs();
 void set_grouped_decode_tile_max_pairs(int64_t pairs);  // < 0: the default again; 0: never decode tiles
 
+// Routed wide tiles of kGroupedWideTokens pairs (moe_kernels.h, sm_90a) from this many pairs per expert on average
+// (docs/design/moe.md, "Wide tiles").
+int64_t grouped_wide_tile_min_pairs();
+void set_grouped_wide_tile_min_pairs(int64_t pairs);  // < 0: the default again; 0: never wide tiles
+int64_t grouped_wide_launches();  // launch_grouped_wide's launches so far in this process (tests)
 
 // The grouped path's tiles of kGroupedTokens pairs on wgmma (experts_wgmma.cu, sm_90a) rather than mma.sync from
 // this many pairs an expert on average (n·k / E): below it the mma.sync kernel is faster (docs/design/moe.md,

@@ -202,6 +202,10 @@ constexpr int kGroupedSmallTokens = 24;
 // (experts_wgmma.cu): the FP4 decode feeds wgmma's k32 e4m3 steps (docs/design/moe.md, "Decode tiles on wgmma":
 // ahead of small tiles at 96–160 tokens of a `--tp 2` rank, level with the item kernels at 64).
 constexpr int kGroupedDecodeTokens = 16;
+// Routed FP4 tiles where experts hold many pairs (prefill: grouped_routed_tile), on wgmma's N = 128 with both
+// operands in shared memory, the FP4 decode in a producer warpgroup (experts_wide.cu; docs/design/moe.md, "Wide
+// tiles").
+constexpr int kGroupedWideTokens = 128;
 constexpr int kGroupedScaleSpan = 9;   // FP4: max − min of a row's four E8M0 scales in one 128-column block
 
 struct GroupedBuffers {
@@ -230,6 +234,8 @@ struct GroupedBuffers {
   // row r starts where its f16 codes would, so grouped_quant addresses rows one way for both kernels. Small routed
   // tiles stay on mma.sync in the f16 fragment order: with them only the shared expert's tiles take wgmma.
   bool wgmma = false;
+  // Routed wide tiles (routed_tile == kGroupedWideTokens) read their activations as e4m3 bytes in column order, in
+  // the same rows; the shared expert's tiles of kGroupedTokens stay on the kernel above.
 };
 
 // The wgmma kernels' activation order (experts_wgmma.cu): in each 128-column K block the e4m3 code of column col
@@ -251,15 +257,22 @@ __host__ __device__ constexpr int wgmma_pos(bool fp4, int col) {
 void launch_grouped_wgmma(bool up, const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin,
                           int64_t tile_end, int tile_pairs, cudaStream_t stream);
 
+// The routed GEMM (up or down) of tiles [tile_begin, tile_end) of ≤ kGroupedWideTokens pairs on wgmma with both
+// operands in shared memory (experts_wide.cu), K unsplit. Requires an sm_90a device, routed FP4 experts in the
+// MMA tile order, I a multiple of 64 and D of 128.
+void launch_grouped_wide(bool up, const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin,
+                         int64_t tile_end, cudaStream_t stream);
+
 // Upper bound of the tiles of a step of n tokens (ceil(n / kGroupedTokens) shared, Σ ceil(count_e / N) ≤ P / N +
 // min(E, P) routed for routed tiles of N pairs).
 inline int64_t grouped_max_tiles(int64_t n, int64_t k, int64_t E, int routed_tile) {
   const int64_t P = n * k;
   return (n + kGroupedTokens - 1) / kGroupedTokens + (P + routed_tile - 1) / routed_tile + std::min(E, P);
 }
-// The routed tiles' size for a step (GroupedBuffers::routed_tile), where every routed matrix is FP4 and the
-// experts hold few pairs on average (moe_grouped.h): kGroupedDecodeTokens on wgmma (sm_90a: cc_major 9) up to
-// grouped_decode_tile_max_pairs(), else kGroupedSmallTokens; else kGroupedTokens.
+// The routed tiles' size for a step (GroupedBuffers::routed_tile), where every routed matrix is FP4 (moe_grouped.h):
+// on sm_90a (cc_major 9) with wgmma on, kGroupedWideTokens from grouped_wide_tile_min_pairs() pairs an expert on
+// average and kGroupedDecodeTokens up to grouped_decode_tile_max_pairs(); else kGroupedSmallTokens up to
+// grouped_small_tile_max_pairs(); else kGroupedTokens.
 int grouped_routed_tile(int64_t n, int64_t k, int64_t E, bool routed_fp4, int cc_major);
 // Whether a step of the grouped path with routed tiles of routed_tile pairs runs its tiles of kGroupedTokens on wgmma
 // (moe_grouped.h), on sm_90a (major 9): all of them from grouped_wgmma_min_pairs() pairs an expert on average; the

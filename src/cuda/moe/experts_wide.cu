@@ -1,0 +1,368 @@
+// moe family (CUDA): the grouped path's routed FP4 GEMMs in wide tiles of kGroupedWideTokens pairs, on wgmma with
+// both operands in shared memory (sm_90a), where experts hold many pairs (prefill). The same function and
+// arithmetic as grouped_wgmma_kernel (experts_wgmma.cu: e4m3 weights widened from FP4 as wgmma_fp4.cuh says ×
+// act_quant'ed e4m3 activations, each K block's wgmma sums promoted into fp32 with both scales); what differs is
+// who does the work. There every consumer warp decoded its own weights into wgmma's A registers between its MMAs,
+// and the kernel was bound by instruction issue on those chains (docs/design/moe.md, "wgmma"). Here:
+//   warpgroup 0, the producer: its warps 0–1 copy each K block's weights into a ring of kWStages stages (kWAhead
+//     K blocks ahead: they stream from HBM), warps 2–3 the tile's activation rows with their scales into a ring of
+//     kOStages operand stages (kOAhead ahead: L2, since every row block of a tile reads them), by cp.async
+//     completing on an mbarrier of each kind; then all four decode the K block's 128 weight rows to e4m3 into the
+//     operand stage as wgmma's A (K-major, 128-byte swizzle) and mark the stage ready.
+//     NOTE: a thread's cp.async arrival on an mbarrier waits for all its earlier cp.async copies, so one thread
+//     copying both kinds would hold each activation stage back until the weights issued kWAhead K blocks ahead
+//     landed; and a warp's copy instruction takes whole 128-byte rows (8 lanes a row), one L1 line a row, not
+//     one row a lane (a row a lane cost ~30 cycles an instruction more);
+//   warpgroups 1 and 2, the consumers: 64 A rows each × the tile's 128 pairs (m64n128k32, four a K block) and the
+//     promotion, then release the stage.
+// A block is persistent over the launch's (tile, row block) items, the rings running on from one item to the next,
+// so an item's epilogue overlaps the next one's first copies.
+// Items: up: 64 output rows of w1 and of w3. Each 16-row slice of A holds rows r .. r + 7 of w1 (slice rows 0–7)
+// and the same rows of w3 (8–15), so a consumer thread holds the w1 and w3 sums of one output row (tc_wgmma.cuh's
+// rows g and g + 8) and takes the SwiGLU in registers. down: 128 rows of w2, 64 a consumer.
+// What bounds it (clock64 stamps, docs/design/moe.md "Wide tiles"): ~2,060 cycles a K block, the producer's copies
+// (~800) and decode (~1,000) in series, against ~650 of wgmma and ~550 of promotion on the consumers' side.
+// The K order is the columns' own: a weight lane's 16-byte unit of the MMA tile order is 32 consecutive columns
+// of one row (weight_mma.cuh), whose e4m3 codes are two 16-byte chunks of A's row; grouped_quant writes the
+// activations in column order for these tiles (ActOrder::natural).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "cuda/common/barrier.cuh"
+#include "cuda/common/check.h"
+#include "cuda/common/cp_async.cuh"
+#include "cuda/common/smem.h"
+#include "cuda/gemm/tc_ptx.cuh"
+#include "cuda/gemm/tc_wgmma.cuh"
+#include "cuda/moe/experts.cuh"
+#include "cuda/moe/moe_grouped.h"
+#include "cuda/moe/wgmma_fp4.cuh"
+
+namespace dsv4::cuda::moe {
+
+namespace {
+
+constexpr int kThreads = 384;  // the producer warpgroup, then two consumer warpgroups
+constexpr int kBlockK = 128;   // one act_quant block: four wgmma steps of 32
+constexpr int kN = kGroupedWideTokens;
+constexpr int kARows = 128;                    // A rows a K block: 8 weight tiles of 16 rows
+constexpr int kUpRows = 64, kDownRows = 128;   // output rows of an item
+constexpr int kWTiles = kARows / kTileRows;
+constexpr int kWTileBytes = kTileRows * kTileGroupBytes;  // a 16-row tile's FP4 K block: one 1 KB K group
+// Weight stage: the 8 tiles' K groups as they lie in the MMA tile order, then their scale bytes (64 a tile).
+constexpr int kWStageBytes = kWTiles * kWTileBytes + kWTiles * 64;
+// Operand stage: A [128 rows][128 bytes] and B [kN rows][128 bytes], both K-major with the 128-byte swizzle (16-byte
+// chunk q of row r at q ^ (r % 8)), then the A rows' weight factors and the pairs' activation scales (promote's
+// order, its four lane groups' runs kScaleStride floats apart), padded to 1024 bytes.
+constexpr int kABytes = kARows * kBlockK, kBBytes = kN * kBlockK;
+constexpr int kScaleStride = kN / 4 + 4;
+constexpr int kOStageBytes = (kABytes + kBBytes + kARows * 4 + 4 * kScaleStride * 4 + 1023) / 1024 * 1024;
+static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "swizzled tiles start on 1024-byte boundaries");
+constexpr int kWStages = 8, kOStages = 4;
+// The producer copies K block j + kWAhead's weights and j + kOAhead's activations, then decodes j. A weight stage
+// is free once the producer decoded it; an operand stage once the consumers released it, and kOAhead = kOStages − 2
+// lets the producer decode j while the consumers multiply j − 1 (its copies wait for j − 2's release).
+constexpr int kWAhead = kWStages - 1, kOAhead = kOStages - 2;
+constexpr int kSmemBytes = 1024 + kOStages * kOStageBytes + kWStages * kWStageBytes;  // + the 1024-byte alignment
+constexpr int kProducerBarrier = 1;  // named barrier of the producer warpgroup
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+struct Barriers {
+  uint64_t wload[kWStages];  // a weight stage's copies landed (64 arrivals: warps 0–1)
+  uint64_t oload[kOStages];  // an operand stage's activation copies landed (64: warps 2–3)
+  uint64_t ready[kOStages];  // its A decoded (128)
+  uint64_t empty[kOStages];  // its products promoted (256 consumer arrivals)
+};
+
+// The launch's items in a block's order: item i of block b is b + i·gridDim.x; its tile and row block.
+struct Item {
+  int tile, rb;
+};
+__device__ __forceinline__ Item item_at(int local, int tile_begin, int row_blocks) {
+  const int item = int(blockIdx.x) + local * int(gridDim.x);
+  return {tile_begin + item / row_blocks, item % row_blocks};
+}
+
+// The weight tile tt (0..7) of an item: up tiles 0–3 of w1's and 4–7 of w3's 64 rows, down 8 tiles of w2.
+template <bool kUp>
+__device__ __forceinline__ void weight_tile(const ExpertPtrs& e, int rb, int tt, const uint8_t*& data,
+                                            const uint8_t*& scale, int& tile) {
+  if constexpr (kUp) {
+    data = tt < 4 ? e.w1 : e.w3;
+    scale = static_cast<const uint8_t*>(tt < 4 ? e.s1 : e.s3);
+    tile = rb * (kUpRows / kTileRows) + tt % 4;
+  } else {
+    data = e.w2;
+    scale = static_cast<const uint8_t*>(e.s2);
+    tile = rb * (kDownRows / kTileRows) + tt;
+  }
+}
+
+// A weight warp's thread t (0..63): its piece t of each of the item's 8 weight tiles (16 bytes of 1 KB), and for
+// t < 32 piece t % 4 of tile t / 4's 64 scale bytes; K block 0's.
+struct WeightCopies {
+  const uint8_t* data[kWTiles];
+  const uint8_t* scale;
+};
+
+template <bool kUp>
+__device__ __forceinline__ WeightCopies weight_copies(const ExpertParams& p, const GroupedBuffers& g, Item it, int K,
+                                                      int t) {
+  WeightCopies c;
+  const ExpertPtrs e = p.experts[g.tile_expert[it.tile]];
+  const int groups = K / kBlockK;  // FP4: a K block is one 64-byte K group of a row
+  const uint8_t *data, *scale;
+  int tile;
+#pragma unroll
+  for (int tt = 0; tt < kWTiles; ++tt) {
+    weight_tile<kUp>(e, it.rb, tt, data, scale, tile);
+    c.data[tt] = data + uint32_t(tile * groups) * kWTileBytes + 16 * t;
+  }
+  weight_tile<kUp>(e, it.rb, t / 4 % kWTiles, data, scale, tile);
+  c.scale = scale + uint32_t(tile * groups) * 64 + 16 * (t % 4);
+  return c;
+}
+
+// An activation warp's thread u (0..63): chunk u % 8 of pair rows 8i + u / 8 (i < 16) — a warp instruction copies
+// four whole rows — and the scales of rows u and u + 64; their K block 0's, as byte offsets of the rows (2K bytes
+// a row: moe_kernels.h) and scale offsets.
+struct RowCopies {
+  uint32_t row[kN / 8];
+  uint32_t scale[2];
+};
+
+template <bool kUp>
+__device__ __forceinline__ RowCopies row_copies(const ExpertParams& p, const GroupedBuffers& g, Item it, int K, int u) {
+  const int count = g.tile_count[it.tile], pair0 = g.tile_pair0[it.tile];
+  // Rows past the count repeat the last pair.
+  const auto row_of = [&](int m) { return uint32_t(kUp ? p.plan.pair_token[pair0 + min(m, count - 1)] : pair0 + min(m, count - 1)); };
+  RowCopies c;
+#pragma unroll
+  for (int i = 0; i < kN / 8; ++i) c.row[i] = row_of(8 * i + u / 8) * 2 * uint32_t(K) + 16 * (u % 8);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) c.scale[i] = row_of(u + 64 * i) * uint32_t(K / kBlockK);
+  return c;
+}
+
+// Weight warps: the weight stage of K block kb.
+__device__ __forceinline__ void copy_weights(const WeightCopies& c, int kb, uint32_t stage, uint32_t bar, int t) {
+#pragma unroll
+  for (int tt = 0; tt < kWTiles; ++tt) cp_async16(stage + tt * kWTileBytes + 16 * t, c.data[tt] + kb * kWTileBytes);
+  if (t < 32) cp_async16(stage + kWTiles * kWTileBytes + 16 * t, c.scale + kb * 64);
+  cp_async_mbarrier_arrive(bar);
+}
+
+// Activation warps: the pair rows' K block kb (swizzled) and their scales into an operand stage.
+__device__ __forceinline__ void copy_activations(const RowCopies& c, const uint8_t* act, const float* act_scale, int kb,
+                                                 uint32_t stage, uint32_t bar, int u) {
+  const int q = u % 8;
+#pragma unroll
+  for (int i = 0; i < kN / 8; ++i) {
+    const int m = 8 * i + u / 8;
+    cp_async16(stage + kABytes + m * kBlockK + 16 * (q ^ (m % 8)), act + c.row[i] + kb * kBlockK);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+    cp_async4(stage + kABytes + kBBytes + kARows * 4 + 4 * promote_scale_slot(u + 64 * i, kScaleStride),
+              act_scale + c.scale[i] + kb);
+  cp_async_mbarrier_arrive(bar);
+}
+
+// Producer warp pw, lane (g, c): weight tiles 2pw, 2pw + 1 of a weight stage, row halves h, decoded to e4m3 rows of
+// A with their weight factors.
+template <bool kUp>
+__device__ __forceinline__ void decode_weights(const uint8_t* ws, uint8_t* os, int pw, int lane) {
+  const int g = lane / 4, c = lane % 4;
+  float* const sw = reinterpret_cast<float*>(os + kABytes + kBBytes);
+  // Every load first: the stores below may alias them as far as the compiler knows, and would order each
+  // (tile, half)'s loads after the previous one's stores.
+  uint4 raw[2][2];
+  uint32_t scales[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int tt = 2 * pw + i;
+      raw[i][h] = *reinterpret_cast<const uint4*>(ws + tt * kWTileBytes + 16 * (32 * h + lane));
+      scales[i][h] = *reinterpret_cast<const uint32_t*>(ws + kWTiles * kWTileBytes + tt * 64 + 32 * h + 4 * g);
+    }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int tt = 2 * pw + i;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint4 v = raw[i][h];
+      uint32_t tab_lo, tab_hi;
+      float factor;
+      fp4_tables(scales[i][h], c, tab_lo, tab_hi, factor);
+      uint32_t x[8];
+      fp4_to_e4m3(v.x, tab_lo, tab_hi, x[0], x[1]);
+      fp4_to_e4m3(v.y, tab_lo, tab_hi, x[2], x[3]);
+      fp4_to_e4m3(v.z, tab_lo, tab_hi, x[4], x[5]);
+      fp4_to_e4m3(v.w, tab_lo, tab_hi, x[6], x[7]);
+      // The tile's row 8h + g: up, slice 2(tt % 4) + h, its w1 half (tt < 4) or w3 half; down, in place.
+      const int r = kUp ? 16 * (2 * (tt % 4) + h) + 8 * (tt / 4) + g : 16 * tt + 8 * h + g;
+      uint8_t* const row = os + r * kBlockK;
+      *reinterpret_cast<uint4*>(row + 16 * ((2 * c) ^ (r % 8))) = make_uint4(x[0], x[1], x[2], x[3]);
+      *reinterpret_cast<uint4*>(row + 16 * ((2 * c + 1) ^ (r % 8))) = make_uint4(x[4], x[5], x[6], x[7]);
+      if (c == 0) sw[r] = factor;
+    }
+  }
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <bool kUp>
+__global__ void __launch_bounds__(kThreads, 1) grouped_wide_kernel(ExpertParams p, GroupedBuffers g, int tile_begin) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace tc;
+  extern __shared__ uint8_t smem_wide[];
+  __shared__ Barriers bars;
+  uint8_t* const oring = smem_wide + ((1024 - (smem_address(smem_wide) & 1023)) & 1023);
+  uint8_t* const wring = oring + kOStages * kOStageBytes;
+  const int t = int(threadIdx.x);
+  const int K = int(kUp ? p.D : p.I), kblocks = K / kBlockK;
+  const int row_blocks = int((kUp ? p.I : p.D) / (kUp ? kUpRows : kDownRows));
+  const int items = (g.tiles[0] - tile_begin) * row_blocks;
+  const int mine = items > int(blockIdx.x) ? (items - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x) : 0;
+  const int jobs = mine * kblocks;  // (item, K block) pairs of this block, in order
+  if (t == 0) {
+    for (int s = 0; s < kWStages; ++s) mbar_init(&bars.wload[s], 64);
+    for (int s = 0; s < kOStages; ++s) {
+      mbar_init(&bars.oload[s], 64);
+      mbar_init(&bars.ready[s], 128);
+      mbar_init(&bars.empty[s], 256);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (t < 128) {  // ---- producer
+    const uint32_t oring_a = smem_address(oring), wring_a = smem_address(wring);
+    const auto* act = reinterpret_cast<const uint8_t*>(kUp ? g.xq_routed : g.hq);
+    const float* act_scale = kUp ? g.xs : g.hs;
+    // Copy cursors: the job whose weights / activations go next, and its item's copies.
+    int wj = 0, oj = 0;
+    WeightCopies wc{};
+    RowCopies oc{};
+    const auto weights = [&](int j) {  // j = wj, in order; warps 0–1
+      if (t >= 64) return;
+      const int kb = j % kblocks;
+      if (kb == 0) wc = weight_copies<kUp>(p, g, item_at(j / kblocks, tile_begin, row_blocks), K, t);
+      const int s = j % kWStages;
+      copy_weights(wc, kb, wring_a + s * kWStageBytes, smem_address(&bars.wload[s]), t);
+    };
+    const auto activations = [&](int j) {  // warps 2–3
+      if (t < 64) return;
+      const int kb = j % kblocks;
+      if (kb == 0) oc = row_copies<kUp>(p, g, item_at(j / kblocks, tile_begin, row_blocks), K, t - 64);
+      const int s = j % kOStages;
+      mbar_wait(&bars.empty[s], ((j / kOStages) & 1) ^ 1);  // its previous use released (a fresh one passes)
+      copy_activations(oc, act, act_scale, kb, oring_a + s * kOStageBytes, smem_address(&bars.oload[s]), t - 64);
+    };
+    for (; wj < min(kWAhead, jobs); ++wj) weights(wj);
+    for (; oj < min(kOAhead, jobs); ++oj) activations(oj);
+    for (int j = 0; j < jobs; ++j) {
+      if (wj < jobs) weights(wj++);
+      if (oj < jobs) activations(oj++);
+      mbar_wait(&bars.wload[j % kWStages], (j / kWStages) & 1);
+      decode_weights<kUp>(wring + (j % kWStages) * kWStageBytes, oring + (j % kOStages) * kOStageBytes, t / 32,
+                          t % 32);
+      fence_proxy_async();  // A's plain stores, before the consumers' wgmma reads them
+      mbar_arrive(&bars.ready[j % kOStages]);
+      // Weight stage j is read by all before warps 0–1 refill it next; and warps 2–3's wait for an operand stage's
+      // release comes before the A stores of the other warps into it, two iterations on.
+      barrier_sync(kProducerBarrier, 128);
+    }
+    return;
+  }
+
+  // ---- consumers: warpgroup cw, warp w of it, lane (g, c)
+  const int cw = t / 128 - 1, w = (t / 32) % 4, lane = t % 32, g8 = lane / 4, c = lane % 4;
+  const int arow = 64 * cw + 16 * w + g8;  // this thread's A rows: arow, arow + 8
+  int j = 0;
+  for (int local = 0; local < mine; ++local) {
+    const Item it = item_at(local, tile_begin, row_blocks);
+    float total[kN / 2];
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) total[i] = 0.0f;
+    for (int kb = 0; kb < kblocks; ++kb, ++j) {
+      const int s = j % kOStages;
+      const uint32_t parity = (j / kOStages) & 1;
+      mbar_wait(&bars.oload[s], parity);
+      mbar_wait(&bars.ready[s], parity);
+      fence_proxy_async();  // B landed by cp.async (generic proxy), before wgmma reads it
+      const uint8_t* const os = oring + s * kOStageBytes;
+      const uint64_t desc_a = smem_descriptor_sw128(os + 64 * cw * kBlockK), desc_b = smem_descriptor_sw128(os + kABytes);
+      float part[kN / 2];
+      wgmma_fence();
+#pragma unroll
+      for (int step = 0; step < 4; ++step)  // 32 bytes of K a step: 2 descriptor units
+        wgmma_m64n128k32_e4m3(part, desc_a + 2 * step, desc_b + 2 * step, step > 0 ? 1u : 0u);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(part);
+      const float* const sw_all = reinterpret_cast<const float*>(os + kABytes + kBBytes);
+      const float sw[2] = {sw_all[arow], sw_all[arow + 8]};
+      promote<kN / 2, kScaleStride>(total, part, sw, sw_all + kARows, c);
+      mbar_arrive(&bars.empty[s]);
+    }
+    const int pair0 = g.tile_pair0[it.tile], count = g.tile_count[it.tile];
+    if constexpr (kUp) {
+      const int64_t row = int64_t(it.rb) * kUpRows + 8 * (4 * cw + w) + g8;  // slice 4cw + w's output row
+#pragma unroll
+      for (int i = 0; i < kN / 2; ++i) {
+        if ((i / 2) % 2) continue;  // i: the w1 sum (row g); i + 2: the w3 sum (row g + 8)
+        const int m = 8 * (i / 4) + 2 * c + i % 2;
+        if (m >= count) continue;
+        const int pair = pair0 + m;
+        p.plan.h[int64_t(pair) * p.I + row] = hidden(p, WFormat::kFP4, total[i], total[i + 2], p.plan.pair_weight[pair]);
+      }
+    } else {
+      const int64_t row = int64_t(it.rb) * kDownRows + arow;
+#pragma unroll
+      for (int i = 0; i < kN / 2; ++i) {
+        const int m = 8 * (i / 4) + 2 * c + i % 2;
+        if (m < count)
+          p.plan.y[int64_t(p.plan.pair_out[pair0 + m]) * p.D + row + 8 * ((i / 2) % 2)] = round_bf16(total[i]);
+      }
+    }
+  }
+#endif  // NOTE: other architectures get an empty body; grouped_routed_tile picks wide tiles on sm_90 only
+}
+
+std::atomic<int64_t> g_launches{0};
+
+}  // namespace
+
+int64_t grouped_wide_launches() { return g_launches.load(std::memory_order_relaxed); }
+
+void launch_grouped_wide(bool up, const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin,
+                         int64_t tile_end, cudaStream_t stream) {
+  DSV4_CHECK(p.routed_up.format == WFormat::kFP4 && p.routed_down.format == WFormat::kFP4 && p.routed_up.tiled &&
+                 p.routed_down.tiled,
+             "moe: wide tiles take routed FP4 experts in the MMA tile order");
+  DSV4_CHECK(p.I % kUpRows == 0 && p.D % kDownRows == 0 && p.D % kBlockK == 0 && p.I % kBlockK == 0,
+             "moe: wide tiles need D a multiple of 128 and I of 128 (D ", p.D, ", I ", p.I, ")");
+  // 32-bit offsets (copies_of): activation rows of 2K bytes, matrices of rows × row_bytes.
+  const int64_t act_rows = p.n * (p.k + 1);
+  DSV4_CHECK(act_rows * 2 * std::max(p.D, p.I) < (int64_t(1) << 32) && p.I * p.D < (int64_t(1) << 31),
+             "moe: a step of ", p.n, " tokens is too large for the wide tiles' 32-bit offsets");
+  const int64_t items = (tile_end - tile_begin) * (up ? p.I / kUpRows : p.D / kDownRows);
+  if (items <= 0) return;
+  DSV4_CHECK(items < (int64_t(1) << 31), "moe: too many grouped tiles");
+  int device = 0, sms = 0;
+  DSV4_CUDA_CHECK(cudaGetDevice(&device));
+  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const auto kernel = up ? grouped_wide_kernel<true> : grouped_wide_kernel<false>;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmemBytes);
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  kernel<<<unsigned(std::min<int64_t>(sms, items)), kThreads, kSmemBytes, stream>>>(p, g, int(tile_begin));
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace dsv4::cuda::moe

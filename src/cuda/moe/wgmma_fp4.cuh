@@ -1,0 +1,79 @@
+// moe family (CUDA): what the grouped path's two wgmma kernels share (experts_wgmma.cu: the weights as wgmma's A
+// from registers; experts_wide.cu: both operands from shared memory) — the FP4 weights widened to e4m3, and each K
+// block's partial sums promoted into the fp32 total with the weight and activation scales.
+//
+// FP4: a row's 32-column chunk of E8M0 scale b decodes to e2m1 · 2^(b − b_max + kLift), b_max the largest of the
+// row's four chunk scales in the 128-column K block — a normal e4m3 for b_max − b ≤ kGroupedScaleSpan (checked on
+// the host), so exact — and 2^(b_max − 127 − kLift) joins the promotion's scale.
+// Precision: the FP8 tensor core keeps ~14 significant bits of its accumulator (tc_wgmma.cuh), so each K block is
+// summed into cleared registers and promoted in fp32, as DeepSeek's own FP8 kernels promote every 128 columns.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/moe/moe_kernels.h"
+
+namespace dsv4::cuda::moe {
+
+constexpr int kLift = 6;
+static_assert(0.5 * (1 << kLift) / (1 << kGroupedScaleSpan) >= 1.0 / 64 && (6 << kLift) <= 448,
+              "the lifted e2m1 magnitudes must be normal e4m3 values");
+constexpr uint32_t kE2m1CodesLo = 0x3C383000u;  // e4m3 codes of 0, 0.5, 1, 1.5
+constexpr uint32_t kE2m1CodesHi = 0x4C484440u;  // of 2, 3, 4, 6
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Eight e2m1 codes (element 0 in the low nibble) → eight e4m3 codes, lo elements 0..3, hi 4..7. A normal e4m3's
+// code moves by 8 a power of two, so the eight magnitudes at one scale are the table at lift 0 plus 8 · lift
+// each (0 stays 0): prmt looks up four 3-bit magnitudes at once, a second prmt spreads their signs to bit 7.
+__device__ __forceinline__ void fp4_to_e4m3(uint32_t w, uint32_t tab_lo, uint32_t tab_hi, uint32_t& lo,
+                                            uint32_t& hi) {
+  const uint32_t mag = w & 0x77777777u, sign = (w >> 3) & 0x11111111u;  // prmt reads a selector's low 16 bits
+  lo = __byte_perm(tab_lo, tab_hi, mag) | __byte_perm(0x8000u, 0u, sign);
+  hi = __byte_perm(tab_lo, tab_hi, mag >> 16) | __byte_perm(0x8000u, 0u, sign >> 16);
+}
+
+// 2^(e − 127) for E8M0-style e ≥ −22 (subnormal below e = 1).
+__device__ __forceinline__ float pow2_biased(int e) {
+  return __uint_as_float(e >= 1 ? uint32_t(e) << 23 : 1u << (e + 22));
+}
+
+// The lifted tables of chunk c of a row whose four chunk scales are the bytes of s, and the row's weight factor.
+__device__ __forceinline__ void fp4_tables(uint32_t s, int c, uint32_t& tab_lo, uint32_t& tab_hi, float& sw) {
+  const uint32_t mx = __vmaxu4(s, s >> 16);
+  const int bmax = int(max(mx & 0xFFu, (mx >> 8) & 0xFFu));
+  const int b = int((s >> (8 * c)) & 0xFFu);
+  // lift ≥ 8·(kLift − kGroupedScaleSpan) = −24 and every nonzero table byte ≥ 0x30: no byte borrows.
+  const uint32_t lift = uint32_t(b - bmax + kLift) * 8u;
+  tab_lo = kE2m1CodesLo + lift * 0x01010100u;
+  tab_hi = kE2m1CodesHi + lift * 0x01010101u;
+  sw = pow2_biased(bmax - kLift);
+}
+
+// total[4j + 2h + e] (row g + 8h, column 8j + 2c + e: tc_wgmma.cuh) += part · sw[h] · sx[column], over a tile of
+// N = 2·kAcc columns (pairs); sx the K block's activation scales where promote_scale_slot puts them with the same
+// kStride, so that this thread's columns 8j + 2c, + 1 lie at c·kStride + 2j, + 1 (kStride > kAcc / 2 pads the four
+// lane groups' runs apart: their 16-byte loads then meet no bank twice).
+template <int kAcc, int kStride = kAcc / 2>
+__device__ __forceinline__ void promote(float (&total)[kAcc], const float (&part)[kAcc], const float (&sw)[2],
+                                        const float* sx, int c) {
+  const auto add = [&](int j, float x0, float x1) {
+    total[4 * j] = fmaf(part[4 * j], sw[0] * x0, total[4 * j]);
+    total[4 * j + 1] = fmaf(part[4 * j + 1], sw[0] * x1, total[4 * j + 1]);
+    total[4 * j + 2] = fmaf(part[4 * j + 2], sw[1] * x0, total[4 * j + 2]);
+    total[4 * j + 3] = fmaf(part[4 * j + 3], sw[1] * x1, total[4 * j + 3]);
+  };
+#pragma unroll
+  for (int jj = 0; jj < kAcc / 8; ++jj) {
+    const float4 x = *reinterpret_cast<const float4*>(sx + c * kStride + 4 * jj);
+    add(2 * jj, x.x, x.y);
+    add(2 * jj + 1, x.z, x.w);
+  }
+}
+
+// Where column m puts its activation scale for promote<kAcc, stride> (a tile of N = 2·kAcc pairs: stride ≥ N / 4).
+__device__ __forceinline__ int promote_scale_slot(int m, int stride) { return (m % 8) / 2 * stride + 2 * (m / 8) + m % 2; }
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+}  // namespace dsv4::cuda::moe
