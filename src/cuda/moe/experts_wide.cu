@@ -62,14 +62,15 @@ constexpr int kScaleStride = kN / 4 + 4;
 constexpr int kOStageBytes = (kABytes + kBBytes + kARows * 4 + 4 * kScaleStride * 4 + 1023) / 1024 * 1024;
 static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "swizzled tiles start on 1024-byte boundaries");
 constexpr int kWStages = 8, kOStages = 4;
+constexpr int kSmemBytes = 1024 + kOStages * kOStageBytes + kWStages * kWStageBytes;  // + the 1024-byte alignment
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
 // The producer copies K block j + kWAhead's weights and j + kOAhead's activations, then decodes j. A weight stage
 // is free once the producer decoded it; an operand stage once the consumers released it, and kOAhead = kOStages − 2
 // lets the producer decode j while the consumers multiply j − 1 (its copies wait for j − 2's release).
 constexpr int kWAhead = kWStages - 1, kOAhead = kOStages - 2;
-constexpr int kSmemBytes = 1024 + kOStages * kOStageBytes + kWStages * kWStageBytes;  // + the 1024-byte alignment
 constexpr int kProducerBarrier = 1;  // named barrier of the producer warpgroup
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 struct Barriers {
   uint64_t wload[kWStages];  // a weight stage's copies landed (64 arrivals: warps 0–1)
