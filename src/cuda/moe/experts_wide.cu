@@ -347,9 +347,10 @@ void launch_grouped_wide(bool up, const ExpertParams& p, const GroupedBuffers& g
   DSV4_CHECK(p.routed_up.format == WFormat::kFP4 && p.routed_down.format == WFormat::kFP4 && p.routed_up.tiled &&
                  p.routed_down.tiled,
              "moe: wide tiles take routed FP4 experts in the MMA tile order");
-  DSV4_CHECK(p.I % kUpRows == 0 && p.D % kDownRows == 0 && p.D % kBlockK == 0 && p.I % kBlockK == 0,
-             "moe: wide tiles need D a multiple of 128 and I of 128 (D ", p.D, ", I ", p.I, ")");
-  // 32-bit offsets (copies_of): activation rows of 2K bytes, matrices of rows × row_bytes.
+  static_assert(kBlockK % kUpRows == 0 && kBlockK % kDownRows == 0, "whole K blocks make whole row blocks");
+  DSV4_CHECK(p.D % kBlockK == 0 && p.I % kBlockK == 0,
+             "moe: wide tiles need D and I multiples of 128 (D ", p.D, ", I ", p.I, ")");
+  // 32-bit offsets (weight_copies, row_copies): activation rows of 2K bytes, matrices of rows × row_bytes.
   const int64_t act_rows = p.n * (p.k + 1);
   DSV4_CHECK(act_rows * 2 * std::max(p.D, p.I) < (int64_t(1) << 32) && p.I * p.D < (int64_t(1) << 31),
              "moe: a step of ", p.n, " tokens is too large for the wide tiles' 32-bit offsets");

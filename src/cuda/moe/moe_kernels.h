@@ -259,7 +259,7 @@ void launch_grouped_wgmma(bool up, const ExpertParams& p, const GroupedBuffers& 
 
 // The routed GEMM (up or down) of tiles [tile_begin, tile_end) of ≤ kGroupedWideTokens pairs on wgmma with both
 // operands in shared memory (experts_wide.cu), K unsplit. Requires an sm_90a device, routed FP4 experts in the
-// MMA tile order, I a multiple of 64 and D of 128.
+// MMA tile order, D and I multiples of 128.
 void launch_grouped_wide(bool up, const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin,
                          int64_t tile_end, cudaStream_t stream);
 
