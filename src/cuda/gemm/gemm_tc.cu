@@ -24,13 +24,13 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
-#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
 #include "cuda/common/smem.h"
+#include "cuda/common/tensor_map.h"
 #include "cuda/common/check.h"
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
@@ -450,37 +450,6 @@ __global__ void quantize_e4m3_kernel(const float* __restrict__ x, int64_t ldx, i
 }
 
 // ---- host side
-
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  // Through the runtime's driver entry point: the static runtime links no libcuda.
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    DSV4_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-    DSV4_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
-               "gemm_tensor_core: the CUDA driver has no cuTensorMapEncodeTiled (TMA needs driver 12.0 or newer)");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encode;
-}
-
-// A 2-D TMA map over [outer, inner] elements whose rows lie row_bytes apart, copied in boxes of box_outer ×
-// box_inner elements (elements past either end read as zeros); `what` names the array in the error.
-CUtensorMap tensor_map_2d(const void* base, CUtensorMapDataType type, int64_t outer, int64_t inner, int64_t row_bytes,
-                          int box_outer, int box_inner, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion promotion,
-                          const char* what) {
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {cuuint64_t(inner), cuuint64_t(outer)};
-  const cuuint64_t strides[1] = {cuuint64_t(row_bytes)};
-  const cuuint32_t box[2] = {cuuint32_t(box_inner), cuuint32_t(box_outer)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = tensor_map_encoder()(&map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides,
-                                          CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  DSV4_CHECK(r == CUDA_SUCCESS, "gemm_tensor_core: cuTensorMapEncodeTiled returned ", int(r), " for a [", outer, ", ",
-             inner, "] ", what);
-  return map;
-}
 
 // A K-major operand [rows, cols] (cols contiguous, compact rows) in boxes of box_rows rows × one 128-byte
 // swizzle row.

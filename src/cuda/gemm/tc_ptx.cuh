@@ -62,6 +62,8 @@ __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
 // Copies the box at (inner, outer) — inner counted in elements along the contiguous dimension — of a 2-D
 // tensor map into shared memory at `dst`, completing `bytes` of transactions on `bar`. Out-of-bounds
 // elements arrive as zeros (and still count as transaction bytes).
+// NOTE: `inner` must start on a 16-byte boundary (inner · element bytes % 16 == 0): another start is an illegal
+// instruction, not an error the map's encoding could report.
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t inner,
                                             int32_t outer) {
   asm volatile(

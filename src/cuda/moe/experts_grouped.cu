@@ -137,6 +137,13 @@ struct QuantParams {
   int64_t begin1 = 0;
   ActOrder order1;
   float* scale = nullptr;  // [rows, K / 128] 2^e
+  // Wide tiles' rows (order0.natural: moe_kernels.h): e4m3 bytes, K a row, at out0's pair rows — row r's pairs
+  // pairs[r·k + j] (j < k; −1: none), or row r itself where pairs is nullptr — and their scales also into
+  // pair_scale [K / 128, pairs_ld], the layout the wide tiles' TMA boxes read.
+  const int32_t* pairs = nullptr;
+  int64_t k = 1;
+  float* pair_scale = nullptr;
+  int64_t pairs_ld = 0;
 };
 
 // One warp per (row, K block): lane l holds columns 4l .. 4l + 3; src/cpu/quant.cpp's fp8_round_trip of the
@@ -157,11 +164,22 @@ __global__ void __launch_bounds__(256) grouped_quant_kernel(QuantParams p) {
     const uint32_t codes4 = act_quant_codes_warp(v, e);
     // A row takes 2K bytes in either order (moe_kernels.h: GroupedBuffers::wgmma), so that rows of both can share
     // a buffer.
+    const float scale = __uint_as_float(uint32_t(127 + e) << 23);
     const auto write = [&](uint16_t* out, ActOrder order) {  // warp-uniform (a warp's row)
+      if (order.natural) {  // a byte a code, at the row's pairs
+        const auto put = [&](int64_t pair) {
+          *reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(out) + pair * p.K + kb * kGBlockK + 4 * lane) = codes4;
+          if (lane == 0) p.pair_scale[kb * p.pairs_ld + pair] = scale;
+        };
+        if (!p.pairs) put(row);
+        for (int64_t j = 0; p.pairs && j < p.k; ++j)
+          if (const int pair = p.pairs[row * p.k + j]; pair >= 0) put(pair);
+        return;
+      }
       uint16_t* const row_start = out + row * p.K;
-      if (order.wgmma || order.natural) {  // a byte a code
+      if (order.wgmma) {  // a byte a code
         uint8_t* const block = reinterpret_cast<uint8_t*>(row_start) + kb * kGBlockK;
-        *reinterpret_cast<uint32_t*>(block + (order.natural ? 4 * lane : wgmma_pos(order.fp4, 4 * lane))) = codes4;
+        *reinterpret_cast<uint32_t*>(block + wgmma_pos(order.fp4, 4 * lane)) = codes4;
         return;
       }
       uint16_t* const block = row_start + kb * kGBlockK;  // an f16 code a value
@@ -179,7 +197,7 @@ __global__ void __launch_bounds__(256) grouped_quant_kernel(QuantParams p) {
     };
     if (row < p.end0) write(p.out0, p.order0);
     if (p.out1 && row >= p.begin1) write(p.out1, p.order1);
-    if (lane == 0) p.scale[row * kblocks + kb] = __uint_as_float(uint32_t(127 + e) << 23);
+    if (lane == 0) p.scale[row * kblocks + kb] = scale;
   }
 }
 
@@ -195,12 +213,18 @@ __global__ void __launch_bounds__(1024) grouped_tiles_kernel(ExpertParams p, Gro
     first[e] = 0x7FFFFFFF;
     count[e] = 0;
   }
+  int32_t* const slot_pair = g.routed ? g.slot_pair : nullptr;
+  for (int s = int(threadIdx.x); slot_pair && s < P; s += blockDim.x) slot_pair[s] = -1;
   __syncthreads();
-  const int chunks = g.routed ? p.plan.counters[0] : 0, N = g.routed_tile;
+  const int chunks = g.routed ? p.plan.counters[0] : 0, N = g.routed_tile, k = int(p.k);
   for (int c = shared_chunks(n, p.shared_items) + int(threadIdx.x); c < chunks; c += blockDim.x) {
-    const int e = p.plan.chunk_expert[c];
-    atomicMin(&first[e], p.plan.chunk_pair[c]);
-    atomicAdd(&count[e], p.plan.chunk_count[c]);
+    const int e = p.plan.chunk_expert[c], pair0 = p.plan.chunk_pair[c], pairs = p.plan.chunk_count[c];
+    atomicMin(&first[e], pair0);
+    atomicAdd(&count[e], pairs);
+    for (int q = 0; slot_pair && q < pairs; ++q) {
+      const int out = p.plan.pair_out[pair0 + q];  // t·(k + 1) + j
+      slot_pair[out / (k + 1) * k + out % (k + 1)] = pair0 + q;
+    }
   }
   __syncthreads();
   if (threadIdx.x >= 32) return;
@@ -657,9 +681,9 @@ void launch_gemm_all(const ExpertParams& p, const GroupedBuffers& g, int64_t sha
 // down; at most max_tiles tiles.
 void launch_gemms(const ExpertParams& p, const GroupedBuffers& g, const QuantParams& qx, const QuantParams& qh,
                   int64_t max_tiles, cudaStream_t stream) {
-  launch_quant(qx, stream);
-  grouped_tiles_kernel<<<1, 1024, 0, stream>>>(p, g);
+  grouped_tiles_kernel<<<1, 1024, 0, stream>>>(p, g);  // first: wide tiles' x goes to the pairs it maps
   DSV4_CUDA_CHECK(cudaGetLastError());
+  launch_quant(qx, stream);
   const int64_t shared_tiles = p.has_shared ? ceil_div(p.n, int64_t(kGroupedTokens)) : 0;
   launch_gemm_all<true>(p, g, shared_tiles, max_tiles, stream);
   const auto finish_grid = [&](int64_t rows) { return unsigned(ceil_div(max_tiles * rows * kGroupedTokens, 256)); };
@@ -760,7 +784,9 @@ void launch_experts_grouped(const ExpertParams& p, const GroupedBuffers& g, cuda
   DSV4_CHECK(p.shared_items == p.has_shared, "moe: the grouped path computes the shared expert itself");
   const int64_t P = p.n * p.k;
   // x in both fragment orders; every pair's h: the routed ones' rows, then the shared expert's.
-  QuantParams qx = quant_rows(p.x, p.n, p.D, g.xq_routed, p.n, order_of(g, p.routed_up.format, g.routed_tile), g.xs);
+  const bool wide = g.routed_tile == kGroupedWideTokens;
+  QuantParams qx = quant_rows(p.x, p.n, p.D, wide ? reinterpret_cast<uint16_t*>(g.xq_pairs) : g.xq_routed, p.n,
+                              order_of(g, p.routed_up.format, g.routed_tile), g.xs);
   qx.out1 = p.has_shared ? g.xq_shared : nullptr;
   qx.begin1 = 0;
   qx.order1 = order_of(g, p.shared_up.format, kGroupedTokens);
@@ -769,6 +795,13 @@ void launch_experts_grouped(const ExpertParams& p, const GroupedBuffers& g, cuda
   qh.out1 = g.hq;
   qh.begin1 = P;
   qh.order1 = order_of(g, p.shared_down.format, kGroupedTokens);
+  if (wide) {  // the routed rows at their pairs, scales by K block (moe_kernels.h)
+    qx.pairs = g.slot_pair;
+    qx.k = p.k;
+    qx.pair_scale = g.xs_pairs;
+    qx.pairs_ld = qh.pairs_ld = g.pairs_ld;
+    qh.pair_scale = g.hs_pairs;
+  }
   launch_gemms(p, g, qx, qh, g.max_tiles, stream);
   launch_combine(p, /*pdl=*/false, stream);
 }

@@ -5,14 +5,14 @@
 // who does the work. There every consumer warp decoded its own weights into wgmma's A registers between its MMAs,
 // and the kernel was bound by instruction issue on those chains (docs/design/moe.md, "wgmma"). Here:
 //   warpgroup 0, the producer: its warps 0–1 copy each K block's weights into a ring of kWStages stages (kWAhead
-//     K blocks ahead: they stream from HBM), warps 2–3 the tile's activation rows with their scales into a ring of
-//     kOStages operand stages (kOAhead ahead: L2, since every row block of a tile reads them), by cp.async
-//     completing on an mbarrier of each kind; then all four decode the K block's 128 weight rows to e4m3 into the
-//     operand stage as wgmma's A (K-major, 128-byte swizzle) and mark the stage ready.
-//     NOTE: a thread's cp.async arrival on an mbarrier waits for all its earlier cp.async copies, so one thread
-//     copying both kinds would hold each activation stage back until the weights issued kWAhead K blocks ahead
-//     landed; and a warp's copy instruction takes whole 128-byte rows (8 lanes a row), one L1 line a row, not
-//     one row a lane (a row a lane cost ~30 cycles an instruction more);
+//     K blocks ahead: they stream from HBM) by cp.async completing on an mbarrier; one thread of warp 2 copies the
+//     tile's activation rows and their scales into a ring of kOStages operand stages (kOAhead ahead: L2, since
+//     every row block of a tile reads them) as two TMA boxes — the rows lie a pair a row (grouped_quant writes x
+//     to each of its pairs' rows for these tiles) and land in the 128-byte swizzle wgmma reads; then all four warps
+//     decode the K block's 128 weight rows to e4m3 into the operand stage as wgmma's A (K-major, the same swizzle)
+//     and mark the stage ready.
+//     NOTE: a thread's cp.async arrival on an mbarrier waits for all its earlier cp.async copies, so a thread
+//     copying weights must not also signal activation stages that way;
 //   warpgroups 1 and 2, the consumers: 64 A rows each × the tile's 128 pairs (m64n128k32, four a K block) and the
 //     promotion, then release the stage.
 // A block is persistent over the launch's (tile, row block) items, the rings running on from one item to the next,
@@ -20,8 +20,9 @@
 // Items: up: 64 output rows of w1 and of w3. Each 16-row slice of A holds rows r .. r + 7 of w1 (slice rows 0–7)
 // and the same rows of w3 (8–15), so a consumer thread holds the w1 and w3 sums of one output row (tc_wgmma.cuh's
 // rows g and g + 8) and takes the SwiGLU in registers. down: 128 rows of w2, 64 a consumer.
-// What bounds it (clock64 stamps, docs/design/moe.md "Wide tiles"): ~2,060 cycles a K block, the producer's copies
-// (~800) and decode (~1,000) in series, against ~650 of wgmma and ~550 of promotion on the consumers' side.
+// What bounds it (clock64 stamps, docs/design/moe.md "Wide tiles"): ~2,150 cycles a K block, set by the producer
+// (~600 before its decode — the weight copies' issue, the TMA thread's wait — then ~1,000 of decode), against
+// ~650 of wgmma and ~575 of promotion on the consumers' side; a second producer warpgroup (a tile a warp) was slower.
 // The K order is the columns' own: a weight lane's 16-byte unit of the MMA tile order is 32 consecutive columns
 // of one row (weight_mma.cuh), whose e4m3 codes are two 16-byte chunks of A's row; grouped_quant writes the
 // activations in column order for these tiles (ActOrder::natural).
@@ -35,6 +36,7 @@
 #include "cuda/common/check.h"
 #include "cuda/common/cp_async.cuh"
 #include "cuda/common/smem.h"
+#include "cuda/common/tensor_map.h"
 #include "cuda/gemm/tc_ptx.cuh"
 #include "cuda/gemm/tc_wgmma.cuh"
 #include "cuda/moe/experts.cuh"
@@ -55,11 +57,12 @@ constexpr int kWTileBytes = kTileRows * kTileGroupBytes;  // a 16-row tile's FP4
 // Weight stage: the 8 tiles' K groups as they lie in the MMA tile order, then their scale bytes (64 a tile).
 constexpr int kWStageBytes = kWTiles * kWTileBytes + kWTiles * 64;
 // Operand stage: A [128 rows][128 bytes] and B [kN rows][128 bytes], both K-major with the 128-byte swizzle (16-byte
-// chunk q of row r at q ^ (r % 8)), then the A rows' weight factors and the pairs' activation scales (promote's
-// order, its four lane groups' runs kScaleStride floats apart), padded to 1024 bytes.
+// chunk q of row r at q ^ (r % 8), as TMA's SWIZZLE_128B writes B), then the A rows' weight factors and the pairs'
+// activation scales in pair order from the tile's first pair rounded down to 4 (a TMA box starts on a 16-byte
+// boundary of its inner dimension), padded to 1024 bytes.
 constexpr int kABytes = kARows * kBlockK, kBBytes = kN * kBlockK;
-constexpr int kScaleStride = kN / 4 + 4;
-constexpr int kOStageBytes = (kABytes + kBBytes + kARows * 4 + 4 * kScaleStride * 4 + 1023) / 1024 * 1024;
+constexpr int kScaleBox = kN + 4;
+constexpr int kOStageBytes = (kABytes + kBBytes + kARows * 4 + kScaleBox * 4 + 1023) / 1024 * 1024;
 static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "swizzled tiles start on 1024-byte boundaries");
 constexpr int kWStages = 8, kOStages = 4;
 constexpr int kSmemBytes = 1024 + kOStages * kOStageBytes + kWStages * kWStageBytes;  // + the 1024-byte alignment
@@ -71,10 +74,11 @@ constexpr int kSmemBytes = 1024 + kOStages * kOStageBytes + kWStages * kWStageBy
 // lets the producer decode j while the consumers multiply j − 1 (its copies wait for j − 2's release).
 constexpr int kWAhead = kWStages - 1, kOAhead = kOStages - 2;
 constexpr int kProducerBarrier = 1;  // named barrier of the producer warpgroup
+constexpr int kActivationThread = 64;  // warp 2's lane 0 issues the activations' TMA copies
 
 struct Barriers {
   uint64_t wload[kWStages];  // a weight stage's copies landed (64 arrivals: warps 0–1)
-  uint64_t oload[kOStages];  // an operand stage's activation copies landed (64: warps 2–3)
+  uint64_t oload[kOStages];  // an operand stage's activation boxes landed (TMA transactions)
   uint64_t ready[kOStages];  // its A decoded (128)
   uint64_t empty[kOStages];  // its products promoted (256 consumer arrivals)
 };
@@ -128,48 +132,11 @@ __device__ __forceinline__ WeightCopies weight_copies(const ExpertParams& p, con
   return c;
 }
 
-// An activation warp's thread u (0..63): chunk u % 8 of pair rows 8i + u / 8 (i < 16) — a warp instruction copies
-// four whole rows — and the scales of rows u and u + 64; their K block 0's, as byte offsets of the rows (2K bytes
-// a row: moe_kernels.h) and scale offsets.
-struct RowCopies {
-  uint32_t row[kN / 8];
-  uint32_t scale[2];
-};
-
-template <bool kUp>
-__device__ __forceinline__ RowCopies row_copies(const ExpertParams& p, const GroupedBuffers& g, Item it, int K, int u) {
-  const int count = g.tile_count[it.tile], pair0 = g.tile_pair0[it.tile];
-  // Rows past the count repeat the last pair.
-  const auto row_of = [&](int m) { return uint32_t(kUp ? p.plan.pair_token[pair0 + min(m, count - 1)] : pair0 + min(m, count - 1)); };
-  RowCopies c;
-#pragma unroll
-  for (int i = 0; i < kN / 8; ++i) c.row[i] = row_of(8 * i + u / 8) * 2 * uint32_t(K) + 16 * (u % 8);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) c.scale[i] = row_of(u + 64 * i) * uint32_t(K / kBlockK);
-  return c;
-}
-
 // Weight warps: the weight stage of K block kb.
 __device__ __forceinline__ void copy_weights(const WeightCopies& c, int kb, uint32_t stage, uint32_t bar, int t) {
 #pragma unroll
   for (int tt = 0; tt < kWTiles; ++tt) cp_async16(stage + tt * kWTileBytes + 16 * t, c.data[tt] + kb * kWTileBytes);
   if (t < 32) cp_async16(stage + kWTiles * kWTileBytes + 16 * t, c.scale + kb * 64);
-  cp_async_mbarrier_arrive(bar);
-}
-
-// Activation warps: the pair rows' K block kb (swizzled) and their scales into an operand stage.
-__device__ __forceinline__ void copy_activations(const RowCopies& c, const uint8_t* act, const float* act_scale, int kb,
-                                                 uint32_t stage, uint32_t bar, int u) {
-  const int q = u % 8;
-#pragma unroll
-  for (int i = 0; i < kN / 8; ++i) {
-    const int m = 8 * i + u / 8;
-    cp_async16(stage + kABytes + m * kBlockK + 16 * (q ^ (m % 8)), act + c.row[i] + kb * kBlockK);
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-    cp_async4(stage + kABytes + kBBytes + kARows * 4 + 4 * promote_scale_slot(u + 64 * i, kScaleStride),
-              act_scale + c.scale[i] + kb);
   cp_async_mbarrier_arrive(bar);
 }
 
@@ -218,7 +185,9 @@ __device__ __forceinline__ void decode_weights(const uint8_t* ws, uint8_t* os, i
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <bool kUp>
-__global__ void __launch_bounds__(kThreads, 1) grouped_wide_kernel(ExpertParams p, GroupedBuffers g, int tile_begin) {
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_wide_kernel(ExpertParams p, GroupedBuffers g, int tile_begin, const __grid_constant__ CUtensorMap act_map,
+                        const __grid_constant__ CUtensorMap scale_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace tc;
   extern __shared__ uint8_t smem_wide[];
@@ -234,22 +203,23 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_wide_kernel(ExpertParams 
   if (t == 0) {
     for (int s = 0; s < kWStages; ++s) mbar_init(&bars.wload[s], 64);
     for (int s = 0; s < kOStages; ++s) {
-      mbar_init(&bars.oload[s], 64);
+      mbar_init(&bars.oload[s], 1);
       mbar_init(&bars.ready[s], 128);
       mbar_init(&bars.empty[s], 256);
     }
     fence_barrier_init();
   }
+  if (t == kActivationThread) {
+    prefetch_tensor_map(&act_map);
+    prefetch_tensor_map(&scale_map);
+  }
   __syncthreads();
 
   if (t < 128) {  // ---- producer
-    const uint32_t oring_a = smem_address(oring), wring_a = smem_address(wring);
-    const auto* act = reinterpret_cast<const uint8_t*>(kUp ? g.xq_routed : g.hq);
-    const float* act_scale = kUp ? g.xs : g.hs;
+    const uint32_t wring_a = smem_address(wring);
     // Copy cursors: the job whose weights / activations go next, and its item's copies.
-    int wj = 0, oj = 0;
+    int wj = 0, oj = 0, pair0 = 0;
     WeightCopies wc{};
-    RowCopies oc{};
     const auto weights = [&](int j) {  // j = wj, in order; warps 0–1
       if (t >= 64) return;
       const int kb = j % kblocks;
@@ -257,13 +227,16 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_wide_kernel(ExpertParams 
       const int s = j % kWStages;
       copy_weights(wc, kb, wring_a + s * kWStageBytes, smem_address(&bars.wload[s]), t);
     };
-    const auto activations = [&](int j) {  // warps 2–3
-      if (t < 64) return;
+    const auto activations = [&](int j) {  // one thread: the tile's pair rows and their scales, two TMA boxes
+      if (t != kActivationThread) return;
       const int kb = j % kblocks;
-      if (kb == 0) oc = row_copies<kUp>(p, g, item_at(j / kblocks, tile_begin, row_blocks), K, t - 64);
+      if (kb == 0) pair0 = g.tile_pair0[item_at(j / kblocks, tile_begin, row_blocks).tile];
       const int s = j % kOStages;
       mbar_wait(&bars.empty[s], ((j / kOStages) & 1) ^ 1);  // its previous use released (a fresh one passes)
-      copy_activations(oc, act, act_scale, kb, oring_a + s * kOStageBytes, smem_address(&bars.oload[s]), t - 64);
+      uint8_t* const stage = oring + s * kOStageBytes;
+      mbar_arrive_expect_tx(&bars.oload[s], kBBytes + kScaleBox * 4);
+      tma_load_2d(stage + kABytes, &act_map, &bars.oload[s], kb * kBlockK, pair0);
+      tma_load_2d(stage + kABytes + kBBytes + kARows * 4, &scale_map, &bars.oload[s], pair0 & ~3, kb);
     };
     for (; wj < min(kWAhead, jobs); ++wj) weights(wj);
     for (; oj < min(kOAhead, jobs); ++oj) activations(oj);
@@ -275,8 +248,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_wide_kernel(ExpertParams 
                           t % 32);
       fence_proxy_async();  // A's plain stores, before the consumers' wgmma reads them
       mbar_arrive(&bars.ready[j % kOStages]);
-      // Weight stage j is read by all before warps 0–1 refill it next; and warps 2–3's wait for an operand stage's
-      // release comes before the A stores of the other warps into it, two iterations on.
+      // Weight stage j is read by all before warps 0–1 refill it next; and the activation thread's wait for an
+      // operand stage's release comes before the A stores of the other threads into it, two iterations on.
       barrier_sync(kProducerBarrier, 128);
     }
     return;
@@ -288,6 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_wide_kernel(ExpertParams 
   int j = 0;
   for (int local = 0; local < mine; ++local) {
     const Item it = item_at(local, tile_begin, row_blocks);
+    const int pair0 = g.tile_pair0[it.tile], count = g.tile_count[it.tile];
     float total[kN / 2];
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) total[i] = 0.0f;
@@ -296,7 +270,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_wide_kernel(ExpertParams 
       const uint32_t parity = (j / kOStages) & 1;
       mbar_wait(&bars.oload[s], parity);
       mbar_wait(&bars.ready[s], parity);
-      fence_proxy_async();  // B landed by cp.async (generic proxy), before wgmma reads it
       const uint8_t* const os = oring + s * kOStageBytes;
       const uint64_t desc_a = smem_descriptor_sw128(os + 64 * cw * kBlockK), desc_b = smem_descriptor_sw128(os + kABytes);
       float part[kN / 2];
@@ -309,10 +282,9 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_wide_kernel(ExpertParams 
       fence_registers(part);
       const float* const sw_all = reinterpret_cast<const float*>(os + kABytes + kBBytes);
       const float sw[2] = {sw_all[arow], sw_all[arow + 8]};
-      promote<kN / 2, kScaleStride>(total, part, sw, sw_all + kARows, c);
+      promote_natural<kN / 2>(total, part, sw, sw_all + kARows + (pair0 & 3), c);
       mbar_arrive(&bars.empty[s]);
     }
-    const int pair0 = g.tile_pair0[it.tile], count = g.tile_count[it.tile];
     if constexpr (kUp) {
       const int64_t row = int64_t(it.rb) * kUpRows + 8 * (4 * cw + w) + g8;  // slice 4cw + w's output row
 #pragma unroll
@@ -350,10 +322,11 @@ void launch_grouped_wide(bool up, const ExpertParams& p, const GroupedBuffers& g
   static_assert(kBlockK % kUpRows == 0 && kBlockK % kDownRows == 0, "whole K blocks make whole row blocks");
   DSV4_CHECK(p.D % kBlockK == 0 && p.I % kBlockK == 0,
              "moe: wide tiles need D and I multiples of 128 (D ", p.D, ", I ", p.I, ")");
-  // 32-bit offsets (weight_copies, row_copies): activation rows of 2K bytes, matrices of rows × row_bytes.
-  const int64_t act_rows = p.n * (p.k + 1);
-  DSV4_CHECK(act_rows * 2 * std::max(p.D, p.I) < (int64_t(1) << 32) && p.I * p.D < (int64_t(1) << 31),
+  // 32-bit offsets (weight_copies): matrices of rows × row_bytes; TMA coordinates: pairs.
+  const int64_t P = p.n * p.k;
+  DSV4_CHECK(P < (int64_t(1) << 31) && p.I * p.D < (int64_t(1) << 31),
              "moe: a step of ", p.n, " tokens is too large for the wide tiles' 32-bit offsets");
+  DSV4_CHECK(g.xq_pairs && g.xs_pairs && g.hs_pairs && g.pairs_ld >= P, "moe: wide tiles without their buffers");
   const int64_t items = (tile_end - tile_begin) * (up ? p.I / kUpRows : p.D / kDownRows);
   if (items <= 0) return;
   DSV4_CHECK(items < (int64_t(1) << 31), "moe: too many grouped tiles");
@@ -363,7 +336,19 @@ void launch_grouped_wide(bool up, const ExpertParams& p, const GroupedBuffers& g
   const auto kernel = up ? grouped_wide_kernel<true> : grouped_wide_kernel<false>;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmemBytes);
   g_launches.fetch_add(1, std::memory_order_relaxed);
-  kernel<<<unsigned(std::min<int64_t>(sms, items)), kThreads, kSmemBytes, stream>>>(p, g, int(tile_begin));
+  // The pair rows: x's (xq_pairs) or h's (hq's first P·I bytes), in boxes of a tile's rows × one K block; their
+  // scales [K / 128, pairs_ld] in boxes of one K block × a tile's pairs. Rows past P read as zeros.
+  const int64_t K = up ? p.D : p.I;
+  const CUtensorMap act_map = tensor_map_2d(up ? static_cast<const void*>(g.xq_pairs) : g.hq,
+                                            CU_TENSOR_MAP_DATA_TYPE_UINT8, P, K, K, kN, kBlockK,
+                                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                            "wide tiles' activation rows");
+  const CUtensorMap scale_map = tensor_map_2d(up ? g.xs_pairs : g.hs_pairs, CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+                                              K / kBlockK, g.pairs_ld, g.pairs_ld * 4, 1, kScaleBox,
+                                              CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                              "wide tiles' activation scales");
+  kernel<<<unsigned(std::min<int64_t>(sms, items)), kThreads, kSmemBytes, stream>>>(p, g, int(tile_begin), act_map,
+                                                                                    scale_map);
   DSV4_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -298,7 +298,7 @@ cuda::moe::GroupedBuffers carve_grouped(Carve& c, int64_t n, int64_t E, int64_t 
   g.partial_floats = partial_floats;
   g.routed_tile = routed_tile;
   g.max_tiles = cuda::moe::grouped_max_tiles(n, k, E, routed_tile);
-  g.xq_routed = c.take<uint16_t>(n * D);
+  g.xq_routed = routed_tile == cuda::moe::kGroupedWideTokens ? nullptr : c.take<uint16_t>(n * D);  // else xq_pairs
   g.xq_shared = c.take<uint16_t>(n * D);
   g.xs = c.take<float>(n * (D / 128));
   g.hq = c.take<uint16_t>((P + n) * I);
@@ -307,6 +307,13 @@ cuda::moe::GroupedBuffers carve_grouped(Carve& c, int64_t n, int64_t E, int64_t 
   g.tile_pair0 = c.take<int32_t>(g.max_tiles);
   g.tile_count = c.take<int32_t>(g.max_tiles);
   g.tiles = c.take<int32_t>(1);
+  if (routed_tile == cuda::moe::kGroupedWideTokens) {
+    g.pairs_ld = (P + 3) / 4 * 4;
+    g.xq_pairs = c.take<uint8_t>(P * D);
+    g.xs_pairs = c.take<float>(D / 128 * g.pairs_ld);
+    g.hs_pairs = c.take<float>(I / 128 * g.pairs_ld);
+    g.slot_pair = c.take<int32_t>(P);
+  }
   return g;
 }
 

@@ -234,8 +234,17 @@ struct GroupedBuffers {
   // row r starts where its f16 codes would, so grouped_quant addresses rows one way for both kernels. Small routed
   // tiles stay on mma.sync in the f16 fragment order: with them only the shared expert's tiles take wgmma.
   bool wgmma = false;
-  // Routed wide tiles (routed_tile == kGroupedWideTokens) read their activations as e4m3 bytes in column order, in
-  // the same rows; the shared expert's tiles of kGroupedTokens stay on the kernel above.
+  // Routed wide tiles (routed_tile == kGroupedWideTokens) take their activations by TMA, a tile's rows as one box:
+  // e4m3 bytes in column order, a pair a row, K bytes a row (x in xq_pairs, h in the first P·I bytes of hq), their
+  // scales by K block then pair (xs_pairs [D / 128, pairs_ld], hs_pairs [I / 128, pairs_ld]; pairs_ld = P rounded
+  // up to 4, a TMA row stride being a multiple of 16 bytes). slot_pair [n·k]: the pair of token t's choice j, −1
+  // for another rank's expert (grouped_tiles writes it; grouped_quant copies x's rows to their pairs by it). The
+  // shared expert's tiles of kGroupedTokens stay on the kernel above, in the rows above.
+  uint8_t* xq_pairs = nullptr;
+  float* xs_pairs = nullptr;
+  float* hs_pairs = nullptr;
+  int64_t pairs_ld = 0;
+  int32_t* slot_pair = nullptr;
 };
 
 // The wgmma kernels' activation order (experts_wgmma.cu): in each 128-column K block the e4m3 code of column col

@@ -50,25 +50,38 @@ __device__ __forceinline__ void fp4_tables(uint32_t s, int c, uint32_t& tab_lo, 
   sw = pow2_biased(bmax - kLift);
 }
 
-// total[4j + 2h + e] (row g + 8h, column 8j + 2c + e: tc_wgmma.cuh) += part · sw[h] · sx[column], over a tile of
-// N = 2·kAcc columns (pairs); sx the K block's activation scales where promote_scale_slot puts them with the same
-// kStride, so that this thread's columns 8j + 2c, + 1 lie at c·kStride + 2j, + 1 (kStride > kAcc / 2 pads the four
-// lane groups' runs apart: their 16-byte loads then meet no bank twice).
+// total[4j + 2h + e] (row g + 8h, column 8j + 2c + e: tc_wgmma.cuh) += part · sw[h] · x_e for j's two columns.
+template <int kAcc>
+__device__ __forceinline__ void promote_columns(float (&total)[kAcc], const float (&part)[kAcc], const float (&sw)[2],
+                                                int j, float x0, float x1) {
+  total[4 * j] = fmaf(part[4 * j], sw[0] * x0, total[4 * j]);
+  total[4 * j + 1] = fmaf(part[4 * j + 1], sw[0] * x1, total[4 * j + 1]);
+  total[4 * j + 2] = fmaf(part[4 * j + 2], sw[1] * x0, total[4 * j + 2]);
+  total[4 * j + 3] = fmaf(part[4 * j + 3], sw[1] * x1, total[4 * j + 3]);
+}
+
+// total += part · sw[row half] · sx[column] over a tile of N = 2·kAcc columns (pairs); sx the K block's activation
+// scales where promote_scale_slot puts them with the same kStride, so that this thread's columns 8j + 2c, + 1 lie
+// at c·kStride + 2j, + 1 (kStride > kAcc / 2 pads the four lane groups' runs apart: their 16-byte loads then meet no
+// bank twice).
 template <int kAcc, int kStride = kAcc / 2>
 __device__ __forceinline__ void promote(float (&total)[kAcc], const float (&part)[kAcc], const float (&sw)[2],
                                         const float* sx, int c) {
-  const auto add = [&](int j, float x0, float x1) {
-    total[4 * j] = fmaf(part[4 * j], sw[0] * x0, total[4 * j]);
-    total[4 * j + 1] = fmaf(part[4 * j + 1], sw[0] * x1, total[4 * j + 1]);
-    total[4 * j + 2] = fmaf(part[4 * j + 2], sw[1] * x0, total[4 * j + 2]);
-    total[4 * j + 3] = fmaf(part[4 * j + 3], sw[1] * x1, total[4 * j + 3]);
-  };
 #pragma unroll
   for (int jj = 0; jj < kAcc / 8; ++jj) {
     const float4 x = *reinterpret_cast<const float4*>(sx + c * kStride + 4 * jj);
-    add(2 * jj, x.x, x.y);
-    add(2 * jj + 1, x.z, x.w);
+    promote_columns(total, part, sw, 2 * jj, x.x, x.y);
+    promote_columns(total, part, sw, 2 * jj + 1, x.z, x.w);
   }
+}
+
+// The same with column m's scale at sx[m], as a TMA box lands them (sx only 4-byte aligned: scalar loads; laying
+// them out in promote's order on the producer's side cost more than the loads: docs/design/moe.md, "Wide tiles").
+template <int kAcc>
+__device__ __forceinline__ void promote_natural(float (&total)[kAcc], const float (&part)[kAcc], const float (&sw)[2],
+                                                const float* sx, int c) {
+#pragma unroll
+  for (int j = 0; j < kAcc / 4; ++j) promote_columns(total, part, sw, j, sx[8 * j + 2 * c], sx[8 * j + 2 * c + 1]);
 }
 
 // Where column m puts its activation scale for promote<kAcc, stride> (a tile of N = 2·kAcc pairs: stride ≥ N / 4).
