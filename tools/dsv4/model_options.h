@@ -27,7 +27,7 @@ constexpr const char* kModelOptionsHelp =
   --numerics MODE      auto (default: fast on cuda, reference on cpu) | fast (DeepSeek's GPU numerics: bf16
                        activations, FP8 act-quant GEMMs) | reference (the fp32 oracle with the official FP8/FP4
                        simulation points) | exact (no simulation)
-  --step N             prompt tokens per forward step (default 64)
+  --step N             prompt tokens per forward step (default 2048 on cuda, 64 on cpu)
   --tp N               tensor parallel over N ranks: attention heads and expert dimensions split (default 1)
   --ep N               expert parallel over N ranks: whole experts split (default 1); with --tp N, attention
                        by heads and experts whole. On cuda, rank r runs on GPU r; on cpu, ranks are threads.
