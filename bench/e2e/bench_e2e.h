@@ -28,7 +28,7 @@ struct BenchOptions {
   std::vector<int64_t> batches = {1, 8, 64};         // sequences decoded together, one token each per step
   int64_t reps = 3;
   int64_t decode_steps = 16;  // timed steps per decode repetition
-  int64_t step = 512;         // prefill tokens per forward step
+  int64_t step = 512;         // prefill tokens per forward step (dsv4 bench: the model commands' default_step)
   // Decode output: every sequence's logits downloaded (as a host sampler needs them), or, by default, its greedy
   // next token chosen on the backend with only the ids downloaded (as `dsv4 generate --temperature 0` runs).
   bool download_logits = false;

@@ -44,7 +44,8 @@ Markdown on stdout, progress on stderr.
   --batches LIST       sequences per decode step (default 1,8,64)
   --reps N             repetitions of every measurement (default 3)
   --decode-steps N     timed decode steps per repetition (default 16)
-  --step N             prefill tokens per forward step (default 512)
+  --step N             prefill tokens per forward step (default as the model commands': 2048 on cuda, 64 on
+                       cpu)
   --logits             decode steps download every sequence's logits (as a host sampler needs them) instead
                        of the greedy next tokens chosen on the backend (as generate --temperature 0 runs)
   --temperature T      decode steps draw every sequence's next token at temperature T on the backend (as
@@ -87,7 +88,7 @@ int cmd_bench(int argc, char** argv) {
   o.batches = list(args, "--batches", o.batches);
   o.reps = args.get_int("--reps", o.reps);
   o.decode_steps = args.get_int("--decode-steps", o.decode_steps);
-  o.step = args.get_int("--step", o.step);
+  o.step = args.get_int("--step", default_step(resolve_backend_name(o.backend)));
   o.download_logits = args.has("--logits");
   o.temperature = float(args.get_double("--temperature", 0.0));
   DSV4_CHECK(std::isfinite(o.temperature) && o.temperature >= 0.0f, "--temperature must be >= 0");

@@ -96,10 +96,7 @@ LoadedModel load(const Args& args, int64_t max_context) {
   DSV4_CHECK(c.max_position_embeddings == 0 || max_context <= c.max_position_embeddings, "the sequence would reach ",
              max_context, " tokens (prompt + new tokens), which exceeds the model's context of ",
              c.max_position_embeddings);
-  // On cuda a step of 2048 tokens prefills a long prompt ~7x faster than steps of 64 (docs/PERFORMANCE.md,
-  // "Prefill by step size") for ~2-3 GiB more of the GPU's memory (the step's activations: [step, vocab] fp32
-  // logits rows the largest).
-  const int64_t step = args.get_int("--step", m.backend == "cuda" ? 2048 : 64);
+  const int64_t step = args.get_int("--step", default_step(m.backend));
   DSV4_CHECK(step >= 1, "--step must be at least 1");
   m.numerics = parse_numerics(args.get("--numerics", "auto"), m.backend);
   m.ranks = make_ranks(m.backend, *m.weights, m.parallelism);

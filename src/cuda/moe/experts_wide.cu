@@ -227,7 +227,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int s = j % kWStages;
       copy_weights(wc, kb, wring_a + s * kWStageBytes, smem_address(&bars.wload[s]), t);
     };
-    const auto activations = [&](int j) {  // one thread: the tile's pair rows and their scales, two TMA boxes
+    // One thread: the tile's pair rows and their scales, two TMA boxes. Rows past the tile's count are the next
+    // expert's pairs, rows never written this step (another rank's share) or zeros past P: only their own output
+    // columns see them, and those are never stored.
+    const auto activations = [&](int j) {
       if (t != kActivationThread) return;
       const int kb = j % kblocks;
       if (kb == 0) pair0 = g.tile_pair0[item_at(j / kblocks, tile_begin, row_blocks).tile];
