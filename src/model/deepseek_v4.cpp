@@ -17,10 +17,12 @@ namespace {
 
 // quantised: fast numerics, whose FP8 GEMMs read xn and the normed qr act_quant'ed by their producers, and whose
 // query heads and attention output may travel in bf16.
-Activations plan_activations(const ModelConfig& c, Ops& ops, int64_t n, bool several, bool quantised) {
+Activations plan_activations(const ModelConfig& c, Ops& ops, int64_t n, int64_t logit_rows, bool several,
+                             bool quantised) {
   const auto f = [&](int64_t count) { return ops.alloc(size_t(n * count)); };
   Activations a;
   a.max_step = n;
+  a.logit_rows = std::min(n, logit_rows);
   a.tokens = ops.alloc_i32(size_t(n));
   a.greedy = ops.alloc_i32(size_t(n));
   a.greedy_values = f(1);
@@ -42,8 +44,8 @@ Activations plan_activations(const ModelConfig& c, Ops& ops, int64_t n, bool sev
   a.selected = ops.alloc_i32(size_t(n * std::max<int64_t>(c.index_topk, 1)));
   a.y = f(c.dim);
   a.y_rows = f(c.dim);
-  a.logits = f(c.vocab_size);
-  if (several) a.logits_full = f(c.vocab_size);
+  a.logits = ops.alloc(size_t(a.logit_rows * c.vocab_size));
+  if (several) a.logits_full = ops.alloc(size_t(a.logit_rows * c.vocab_size));
   a.mtp_e = f(c.dim);
   a.mtp_h = f(c.hc_mult * c.dim);
   // Last: placed among the buffers above it moved decode time by 1–2% though decode never reads it (the cause is
@@ -76,14 +78,14 @@ struct DeepseekV4::Span {
 class DeepseekV4::Rank {
  public:
   Rank(const Shard& shard, int index, int ranks, bool heads_split, int64_t vocab0, Numerics numerics,
-       int64_t max_step)
+       int64_t max_step, int64_t logit_rows)
       : model_(*shard.model),
         ops_(*shard.ops),
         index_(size_t(index)),
         reduce_attention_(heads_split),
         several_(ranks > 1),
         numerics_(numerics),
-        act_(plan_activations(model_.config, ops_, max_step, ranks > 1, numerics == Numerics::kFast)),
+        act_(plan_activations(model_.config, ops_, max_step, logit_rows, ranks > 1, numerics == Numerics::kFast)),
         vocab0_(vocab0) {
     ops_.set_numerics(numerics);
   }
@@ -156,6 +158,7 @@ class DeepseekV4::Rank {
   std::vector<RowDraw> draws_;          // collect(): each logits row's draw (greedy where none was asked)
   std::vector<int64_t> logprob_rows_;   // collect(): the rows whose log-probabilities were asked
   std::vector<int64_t> logprob_tops_;   // collect(): how many of the most likely each asked for
+  std::vector<int64_t> chunk_logprob_rows_;  // collect(): those of one chunk of the head, from its first row
   std::vector<Span> mtp_span_;  // mtp_step()'s one sequence
 };
 
@@ -235,18 +238,21 @@ class DeepseekV4::Workers {
 // ---- the model over its ranks
 
 DeepseekV4::DeepseekV4(const ModelWeights& model, Ops& ops, Numerics numerics, int64_t max_context,
-                       int64_t max_step)
-    : DeepseekV4(model, std::span<const Shard>(std::array{Shard{&model, &ops}}), numerics, max_context, max_step) {}
+                       int64_t max_step, int64_t logit_rows)
+    : DeepseekV4(model, std::span<const Shard>(std::array{Shard{&model, &ops}}), numerics, max_context, max_step,
+                 logit_rows) {}
 
 DeepseekV4::DeepseekV4(const ModelWeights& model, std::span<const Shard> shards, Numerics numerics,
-                       int64_t max_context, int64_t max_step)
+                       int64_t max_context, int64_t max_step, int64_t logit_rows)
     : model_(model), shards_(shards.begin(), shards.end()), numerics_(numerics), max_step_(max_step) {
   DSV4_ASSERT(!shards_.empty());
+  DSV4_CHECK(logit_rows >= 1, "logit_rows must be at least 1, got ", logit_rows);
   const bool heads_split = shards_.front().model->config.n_heads != model.config.n_heads;
   int64_t vocab0 = 0;  // the ranks' head rows tile the vocabulary in rank order
   for (size_t r = 0; r < shards_.size(); ++r) {
     shards_[r].ops->bind_thread();  // each rank's arena on its own device
-    ranks_.push_back(std::make_unique<Rank>(shards_[r], int(r), ranks(), heads_split, vocab0, numerics, max_step));
+    ranks_.push_back(
+        std::make_unique<Rank>(shards_[r], int(r), ranks(), heads_split, vocab0, numerics, max_step, logit_rows));
     vocab0 += shards_[r].model->head.rows;
   }
   DSV4_ASSERT(vocab0 == model.config.vocab_size);
@@ -558,9 +564,8 @@ void DeepseekV4::Rank::moe(const LayerWeights& l, int64_t n) {
   }
 }
 
-// Final hyper-connection collapse, norm and LM head (spec §5.4, §4), only for the rows whose logits or greedy
-// token the batch asked for: they are gathered into y_rows and projected together. Returns the number of
-// logits rows.
+// Final hyper-connection collapse and norm (spec §5.4), only for the rows whose logits or greedy token the batch
+// asked for: they are gathered into y_rows for collect()'s LM head. Returns the number of those rows.
 int64_t DeepseekV4::Rank::head(const HcHeadWeights& hc, const std::vector<float>& norm, std::span<const StepInput> batch,
                          int64_t n) {
   const ModelConfig& c = model_.config;
@@ -589,18 +594,19 @@ int64_t DeepseekV4::Rank::head(const HcHeadWeights& hc, const std::vector<float>
     }
     ops_.rms_norm(act_.y_rows, &norm, rows, D, act_.y_rows);
   }
-  ops_.lm_head(act_.y_rows, model_.head, rows, act_.logits);
   return rows;
 }
 
-// This rank's results to the host, in head()'s row order: the tokens chosen on the backend, if any input asked for
-// one, their log-probabilities (rank 0), and the logits rows if any input asked for them. A draw or
-// log-probabilities need whole rows: with several ranks each one's columns are summed into zeroed rows of the
-// whole vocabulary (all_reduce: x + 0 + … is exact), and every rank draws the same tokens from them. Greedy alone,
-// each rank picks among its own columns and hands its best logit to deliver().
+// The LM head (spec §4) over head()'s rows and this rank's results to the host, in that order: the tokens chosen on
+// the backend, if any input asked for one, their log-probabilities (rank 0), and the logits rows if any input asked
+// for them. The head runs in chunks of act_.logit_rows rows (a step asking for every row of a long prompt holds
+// only a chunk's logits at once). A draw or log-probabilities need whole rows: with several ranks each one's
+// columns are summed into zeroed rows of the whole vocabulary (all_reduce: x + 0 + … is exact), and every rank
+// draws the same tokens from them. Greedy alone, each rank picks among its own columns and hands its best logit to
+// deliver().
 void DeepseekV4::Rank::collect(std::span<const StepInput> batch, int64_t rows) {
   if (rows == 0) return;
-  const int64_t V = model_.head.rows;  // this rank's columns
+  const int64_t V = model_.head.rows, D = model_.config.dim;  // V: this rank's columns
   draws_.assign(size_t(rows), RowDraw{});
   logprob_rows_.clear();
   logprob_tops_.clear();
@@ -622,33 +628,47 @@ void DeepseekV4::Rank::collect(std::span<const StepInput> batch, int64_t rows) {
     }
   }
   results_.whole_rows = !several_ || drawn || !logprob_rows_.empty();
+  results_.logprobs.resize(want_tokens && index_ == 0 ? logprob_rows_.size() : 0);
+  if (want_logits) results_.logits.resize(size_t(rows * V));
+  size_t logprob = 0;  // logprob_rows_ ascend: a chunk's are the next ones
+  for (int64_t first = 0; first < rows; first += act_.logit_rows) {
+    const int64_t count = std::min(act_.logit_rows, rows - first);
+    ops_.lm_head(act_.y_rows + first * D, model_.head, count, act_.logits);
+    if (want_tokens) {
+      const float* logits = act_.logits;
+      int64_t vocab = V;
+      if (several_ && results_.whole_rows) {
+        vocab = model_.config.vocab_size;
+        ops_.fill(act_.logits_full, size_t(count * vocab), 0.0f);
+        ops_.copy_rows(act_.logits, count, V, act_.logits_full + vocab0_, vocab);
+        ops_.all_reduce(act_.logits_full, size_t(count * vocab));
+        logits = act_.logits_full;
+      }
+      int32_t* const tokens = act_.greedy + first;
+      if (results_.whole_rows && (drawn || several_))
+        ops_.sample_tokens(logits, vocab, std::span<const RowDraw>(draws_).subspan(size_t(first), size_t(count)), tokens);
+      else
+        ops_.greedy_tokens(act_.logits, count, V, tokens, several_ ? act_.greedy_values + first : nullptr);
+      if (index_ == 0) {
+        chunk_logprob_rows_.clear();
+        const size_t begin = logprob;
+        for (; logprob < logprob_rows_.size() && logprob_rows_[logprob] < first + count; ++logprob)
+          chunk_logprob_rows_.push_back(logprob_rows_[logprob] - first);
+        if (logprob > begin)
+          ops_.token_logprobs(logits, vocab, chunk_logprob_rows_, tokens, top,
+                              std::span<TokenLogprobs>(results_.logprobs).subspan(begin, logprob - begin));
+      }
+    }
+    if (want_logits) ops_.download(results_.logits.data() + first * V, act_.logits, size_t(count * V));
+  }
   if (want_tokens) {
+    for (size_t i = 0; i < results_.logprobs.size(); ++i) results_.logprobs[i].top.resize(size_t(logprob_tops_[i]));
     results_.tokens.resize(size_t(rows));
-    const float* logits = act_.logits;
-    int64_t vocab = V;
-    if (several_ && results_.whole_rows) {
-      vocab = model_.config.vocab_size;
-      ops_.fill(act_.logits_full, size_t(rows * vocab), 0.0f);
-      ops_.copy_rows(act_.logits, rows, V, act_.logits_full + vocab0_, vocab);
-      ops_.all_reduce(act_.logits_full, size_t(rows * vocab));
-      logits = act_.logits_full;
-    }
-    if (results_.whole_rows && (drawn || several_)) ops_.sample_tokens(logits, vocab, draws_, act_.greedy);
-    else ops_.greedy_tokens(act_.logits, rows, V, act_.greedy, several_ ? act_.greedy_values : nullptr);
-    results_.logprobs.resize(index_ == 0 ? logprob_rows_.size() : 0);
-    if (index_ == 0 && !logprob_rows_.empty()) {
-      ops_.token_logprobs(logits, vocab, logprob_rows_, act_.greedy, top, results_.logprobs);
-      for (size_t i = 0; i < logprob_rows_.size(); ++i) results_.logprobs[i].top.resize(size_t(logprob_tops_[i]));
-    }
     ops_.download_i32(results_.tokens.data(), act_.greedy, size_t(rows));
     if (!results_.whole_rows) {
       results_.values.resize(size_t(rows));
       ops_.download(results_.values.data(), act_.greedy_values, size_t(rows));
     }
-  }
-  if (want_logits) {
-    results_.logits.resize(size_t(rows * V));
-    ops_.download(results_.logits.data(), act_.logits, size_t(rows * V));
   }
 }
 

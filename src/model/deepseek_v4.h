@@ -14,9 +14,15 @@
 
 namespace dsv4 {
 
+// Logits rows the arena holds at once (DeepseekV4's logit_rows): a step that asks for more (every row of a long
+// prompt: perplexity, logits) runs the LM head in chunks of these. [rows, vocab] fp32 is half of a V4 step token's
+// activations, and generation asks one row a sequence.
+constexpr int64_t kLogitRows = 256;
+
 // Activation arena: every intermediate of one step of up to max_step tokens, allocated once.
 struct Activations {
   int64_t max_step = 0;
+  int64_t logit_rows = 0;     // rows of logits and logits_full: min(max_step, the model's logit_rows)
   int32_t* tokens = nullptr;  // [n]
   int32_t* greedy = nullptr;  // [n] the next token of each logits row, greedy or drawn
   float* greedy_values = nullptr;  // [n] its logit (ranks that share the vocabulary compare them)
@@ -41,8 +47,8 @@ struct Activations {
   int32_t* selected = nullptr;  // [n, k_I]
   float* y = nullptr;         // [n, D] head input
   float* y_rows = nullptr;    // [n, D] the head input rows whose logits were asked for, gathered
-  float* logits = nullptr;    // [n, V] (several ranks: [n, V_r], this rank's columns)
-  float* logits_full = nullptr;  // several ranks: [n, V] every rank's columns, for draws and log-probabilities
+  float* logits = nullptr;    // [logit_rows, V] (several ranks: [logit_rows, V_r], this rank's columns)
+  float* logits_full = nullptr;  // several ranks: [logit_rows, V] every rank's columns, for draws and log-probabilities
   float* mtp_e = nullptr;     // [n, D]
   float* mtp_h = nullptr;     // [n, hc, D]
 };
@@ -68,11 +74,12 @@ struct StepInput {
 // every rank has finished. Rank 0 computes the logits.
 class DeepseekV4 {
  public:
-  // The whole model on one backend.
-  DeepseekV4(const ModelWeights& model, Ops& ops, Numerics numerics, int64_t max_context, int64_t max_step = 64);
+  // The whole model on one backend. logit_rows: the logits rows held at once (kLogitRows).
+  DeepseekV4(const ModelWeights& model, Ops& ops, Numerics numerics, int64_t max_context, int64_t max_step = 64,
+             int64_t logit_rows = kLogitRows);
   // `model` split over shards (shard_model), shard r run by its backend; `model` is the full model the shards view.
   DeepseekV4(const ModelWeights& model, std::span<const Shard> shards, Numerics numerics, int64_t max_context,
-             int64_t max_step = 64);
+             int64_t max_step = 64, int64_t logit_rows = kLogitRows);
   ~DeepseekV4();
 
   const ModelConfig& config() const { return model_.config; }  // the full model's

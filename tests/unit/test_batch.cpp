@@ -32,12 +32,14 @@ std::vector<float> alone(DeepseekV4& model, const std::vector<int32_t>& tokens) 
   return out;
 }
 
-void check_batched(const std::string& backend, Numerics numerics, const Tolerance& tol) {
+// logit_rows below a step's rows makes the LM head run in chunks (DeepseekV4's logit_rows).
+void check_batched(const std::string& backend, Numerics numerics, const Tolerance& tol,
+                   int64_t logit_rows = kLogitRows) {
   const auto weights = load_model(source_path("tests/data/golden/v4-flashlike"));
   const ModelConfig& c = weights->config;
   const int64_t V = c.vocab_size;
   auto ops = make_backend(backend, *weights);
-  DeepseekV4 model(*weights, *ops, numerics, /*max_context=*/300, /*max_step=*/24);
+  DeepseekV4 model(*weights, *ops, numerics, /*max_context=*/300, /*max_step=*/24, logit_rows);
 
   std::mt19937_64 rng(7);
   const std::vector<size_t> lengths = {150, 37, 1, 90};  // crosses CSA (4) and HCA (128) boundaries
@@ -80,6 +82,8 @@ void check_batched(const std::string& backend, Numerics numerics, const Toleranc
 // reductions can move the last bits.
 TEST(Batch, MixedChunksMatchSequencesRunAloneExact) { check_batched("cpu", Numerics::kExact, {2e-5, 1e-5}); }
 TEST(Batch, MixedChunksMatchSequencesRunAloneReference) { check_batched("cpu", Numerics::kReference, {2e-5, 1e-5}); }
+// Logits rows held five at a time: steps of up to 24 rows run the LM head in chunks, every row still in its place.
+TEST(Batch, LogitsInChunksMatchSequencesRunAlone) { check_batched("cpu", Numerics::kExact, {2e-5, 1e-5}, 5); }
 
 // CUDA, exact numerics: every path is fp32 (a batch of more than 16 rows takes the tiled GEMM where a lone
 // sequence takes the GEMV), so only summation order differs: ~1e-6 relative per op, logits of magnitude ~5.
@@ -92,11 +96,11 @@ TEST(Batch, CudaMixedChunksMatchSequencesRunAlone) {
 // logits only (A, all rows), the token only (B), both (C: the last row of a 3-token chunk; E), neither (D) and
 // logits only again (F). B / E and C / F are twins (same history, same tokens), so B's token must be E's and
 // C's logits F's: a row delivered to the wrong input shows up as a mismatch.
-void check_next_tokens(const std::string& backend, const Tolerance& twin_tol) {
+void check_next_tokens(const std::string& backend, const Tolerance& twin_tol, int64_t logit_rows = kLogitRows) {
   const auto weights = load_model(source_path("tests/data/golden/v4-flashlike"));
   const int64_t V = weights->config.vocab_size;
   auto ops = make_backend(backend, *weights);
-  DeepseekV4 model(*weights, *ops, Numerics::kExact, /*max_context=*/64, /*max_step=*/16);
+  DeepseekV4 model(*weights, *ops, Numerics::kExact, /*max_context=*/64, /*max_step=*/16, logit_rows);
   std::mt19937_64 rng(11);
   const auto random_tokens = [&](size_t n) {
     std::vector<int32_t> t(n);
@@ -130,6 +134,8 @@ void check_next_tokens(const std::string& backend, const Tolerance& twin_tol) {
 }
 
 TEST(Batch, NextTokensAreTheArgmaxOfTheirRows) { check_next_tokens("cpu", {0.0, 0.0}); }
+// The step's 6 logits rows in chunks of 4: A, B, C's last row, E in the first; F in the second.
+TEST(Batch, NextTokensAreTheArgmaxOfTheirRowsInLogitChunks) { check_next_tokens("cpu", {0.0, 0.0}, 4); }
 
 // CUDA: the twins' rows run through the same kernels in one step; allow the fp32 order of a split reduction.
 TEST(Batch, CudaNextTokensAreTheArgmaxOfTheirRows) {
@@ -142,11 +148,11 @@ TEST(Batch, CudaNextTokensAreTheArgmaxOfTheirRows) {
 // grammar's mask, logit edits), greedy beside them, and the logits rows downloaded too so that the host can
 // check. Exact on both backends: the host samples the very rows the backend drew from. Over several ranks the
 // rows are gathered from the ranks' columns on the backend first.
-void check_drawn_tokens(const std::string& backend, const Parallelism& parallelism) {
+void check_drawn_tokens(const std::string& backend, const Parallelism& parallelism, int64_t logit_rows = kLogitRows) {
   const auto weights = load_model(source_path("tests/data/golden/v4-flashlike"));
   const int64_t V = weights->config.vocab_size;
   const Ranks ranks = make_ranks(backend, *weights, parallelism);
-  DeepseekV4 model(*weights, ranks.shards, Numerics::kReference, /*max_context=*/64, /*max_step=*/16);
+  DeepseekV4 model(*weights, ranks.shards, Numerics::kReference, /*max_context=*/64, /*max_step=*/16, logit_rows);
   std::mt19937_64 rng(5);
   const auto random_tokens = [&](size_t n) {
     std::vector<int32_t> t(n);
@@ -205,9 +211,17 @@ TEST(Batch, DrawnTokensAreTheHostSamplers) {
   check_drawn_tokens("cpu", {.ep = 2});
 }
 
+// Logits rows two at a time: a's draw and log-probabilities in the head's first chunk, c's in its second.
+TEST(Batch, DrawnTokensAreTheHostSamplersInLogitChunks) {
+  check_drawn_tokens("cpu", {}, 2);
+  check_drawn_tokens("cpu", {.tp = 2}, 2);
+  check_drawn_tokens("cpu", {.ep = 2}, 2);
+}
+
 TEST(Batch, CudaDrawnTokensAreTheHostSamplers) {
   DSV4_REQUIRE_GPU();
   check_drawn_tokens("cuda", {});
+  check_drawn_tokens("cuda", {}, 2);
 }
 
 TEST(Batch, CudaDrawnTokensOverTwoGpusAreTheHostSamplers) {

@@ -43,8 +43,9 @@ Parallelism parallelism_option(const Args& args);
 
 // --step's default on a resolved backend ("cuda" or "cpu"), for the model commands and bench alike: on cuda a
 // step of 2048 tokens prefills a long prompt ~7x faster than steps of 64 (docs/PERFORMANCE.md, "Prefill by step
-// size"). Memory grows with it: the step's activations (~1.2 MB a token on V4-Flash, half of it the fp32 logits
-// row) and every sequence's sliding-window ring (step slots a layer: ~51 MiB a sequence at V4-Flash's depth).
+// size"). Memory grows with it: the step's activations (~0.7 MB a token on V4-Flash; the logits rows stay at
+// kLogitRows) and every sequence's sliding-window ring (step slots a layer: ~51 MiB a sequence at V4-Flash's
+// depth).
 inline int64_t default_step(const std::string& backend) { return backend == "cuda" ? 2048 : 64; }
 
 struct LoadedModel {
