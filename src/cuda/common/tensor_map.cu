@@ -40,4 +40,11 @@ CUtensorMap tensor_map_2d(const void* base, CUtensorMapDataType type, int64_t ou
   return map;
 }
 
+CUtensorMap operand_map(const void* base, CUtensorMapDataType type, int element_bytes, int64_t rows, int64_t cols,
+                        int box_rows) {
+  constexpr int kSwizzleBytes = 128;
+  return tensor_map_2d(base, type, rows, cols, cols * element_bytes, box_rows, kSwizzleBytes / element_bytes,
+                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, "operand");
+}
+
 }  // namespace dsv4::cuda

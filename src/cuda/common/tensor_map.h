@@ -14,4 +14,9 @@ CUtensorMap tensor_map_2d(const void* base, CUtensorMapDataType type, int64_t ou
                           int box_outer, int box_inner, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion promotion,
                           const char* what);
 
+// A K-major wgmma operand [rows, cols] (cols contiguous, compact rows) in boxes of box_rows rows × one 128-byte
+// swizzle row (128 / element_bytes columns), landing as smem_descriptor_sw128 (tc_ptx.cuh) reads it.
+CUtensorMap operand_map(const void* base, CUtensorMapDataType type, int element_bytes, int64_t rows, int64_t cols,
+                        int box_rows);
+
 }  // namespace dsv4::cuda

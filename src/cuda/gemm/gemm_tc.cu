@@ -451,14 +451,6 @@ __global__ void quantize_e4m3_kernel(const float* __restrict__ x, int64_t ldx, i
 
 // ---- host side
 
-// A K-major operand [rows, cols] (cols contiguous, compact rows) in boxes of box_rows rows × one 128-byte
-// swizzle row.
-CUtensorMap operand_map(const void* base, CUtensorMapDataType type, int element_bytes, int64_t rows, int64_t cols,
-                        int box_rows) {
-  return tensor_map_2d(base, type, rows, cols, cols * element_bytes, box_rows, kSwizzleBytes / element_bytes,
-                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, "operand");
-}
-
 // FP8 activation scales [slices, scale_ld] in boxes of one slice × box_rows rows.
 CUtensorMap scale_map_of(const TcActivations& a, int n, int64_t slices, int box_rows) {
   return tensor_map_2d(a.scale, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, slices, n, a.scale_ld * 4, 1, box_rows,

@@ -342,10 +342,9 @@ void launch_grouped_wide(bool up, const ExpertParams& p, const GroupedBuffers& g
   // The pair rows: x's (xq_pairs) or h's (hq's first P·I bytes), in boxes of a tile's rows × one K block; their
   // scales [K / 128, pairs_ld] in boxes of one K block × a tile's pairs. Rows past P read as zeros.
   const int64_t K = up ? p.D : p.I;
-  const CUtensorMap act_map = tensor_map_2d(up ? static_cast<const void*>(g.xq_pairs) : g.hq,
-                                            CU_TENSOR_MAP_DATA_TYPE_UINT8, P, K, K, kN, kBlockK,
-                                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                            "wide tiles' activation rows");
+  static_assert(kBlockK == 128, "a K block of e4m3 is one 128-byte swizzle row");
+  const CUtensorMap act_map =
+      operand_map(up ? static_cast<const void*>(g.xq_pairs) : g.hq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, P, K, kN);
   const CUtensorMap scale_map = tensor_map_2d(up ? g.xs_pairs : g.hs_pairs, CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
                                               K / kBlockK, g.pairs_ld, g.pairs_ld * 4, 1, kScaleBox,
                                               CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
