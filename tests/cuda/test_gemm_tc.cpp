@@ -546,6 +546,59 @@ TEST(CudaGemmTc, GroupedLinearReadsBf16Rows) {
 #endif
 }
 
+// A rank that holds one of wo_a's groups (o_groups / tp = 1: models/tiny and models/small at --tp 2, V4-Flash at
+// --tp 8) calls linear_grouped with groups = 1, and it is still DeepSeek's bf16 einsum: x is not act_quant'ed as
+// a plain FP8 linear's is. Against the CPU backend's fast numerics (bf16 x, fp32 sums, bf16 y), on the GEMV
+// (n ≤ 16) and the tensor cores: an fp32 sum in another order may flip y's bf16 rounding, one step (≤ 2^-7 of
+// |y|), on few elements (≤ 2%); act_quant's e4m3 x (3 significant bits) moves most of them by several steps.
+TEST(CudaGemmTc, GroupedLinearOfOneGroupIsTheBf16Einsum) {
+  DSV4_REQUIRE_GPU();
+#if DSV4_HAVE_CUDA
+  ModelConfig config;
+  const int64_t rows = 256, cols = 1024;
+  for (int64_t n : {1, 5, 17, 100}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    HostWeight w = random_weight(DType::kF8E4M3, rows, cols, seed() + 61 + uint64_t(n));
+    auto* scales = reinterpret_cast<float*>(w.scale.data());  // powers of two, as V4's ue8m0: wo_a is exact in bf16
+    for (size_t i = 0; i < w.scale.size() / 4; ++i) scales[i] = std::exp2(std::round(std::log2(scales[i])));
+    std::vector<float> x = random_matrix(n, cols, seed() + 62 + uint64_t(n));
+    for (float& v : x) v = round_bf16(v);
+    CpuOps cpu(config);
+    cpu.set_numerics(Numerics::kFast);
+    std::vector<float> want(size_t(n * rows));
+    cpu.linear_grouped(x.data(), w.w, 1, n, want.data());
+    CudaOps ops(config);
+    ops.set_numerics(Numerics::kFast);
+    ops.upload(w.w);
+    float* x_d = upload_floats(ops, x);
+    float* y_d = ops.alloc(size_t(n * rows));
+    poison_on_stream(ops, y_d, size_t(n * rows));
+    ops.linear_grouped(x_d, w.w, 1, n, y_d);
+    const std::vector<float> got = to_host(ops, y_d, want.size());
+    // Where y cancels to near 0, the sums' order shows as K·2^-24 of ‖x_r‖·‖w_c‖ rather than as a bf16 step.
+    std::vector<double> w_norm(static_cast<size_t>(rows)), x_norm(static_cast<size_t>(n));
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t c = 0; c < rows; ++c) {
+      dequant_row(w.w, c, row.data());
+      for (float v : row) w_norm[size_t(c)] += double(v) * v;
+    }
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t k = 0; k < cols; ++k) x_norm[size_t(r)] += double(x[size_t(r * cols + k)]) * x[size_t(r * cols + k)];
+    int64_t off = 0;
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < rows; ++c) {
+        const size_t i = size_t(r * rows + c);
+        ASSERT_TRUE(std::isfinite(got[i])) << "y[" << r << ", " << c << "] = " << got[i];
+        const double sums = double(cols) * 0x1p-24 * std::sqrt(x_norm[size_t(r)] * w_norm[size_t(c)]);
+        EXPECT_LE(std::fabs(double(got[i]) - want[i]), std::ldexp(std::fabs(want[i]), -7) + sums)
+            << "y[" << r << ", " << c << "]";
+        off += got[i] != want[i];
+      }
+    EXPECT_LE(double(off), 0.02 * double(got.size())) << off << " of " << got.size() << " outputs differ";
+  }
+#endif
+}
+
 // linear writing y as bf16 rows (Bf16Rows: wq_b's query heads in fast numerics) gives the bf16 bits of what it
 // writes as fp32: from the tensor-core GEMM's epilogue (n > 16; wq_b's shape in one output tile pass, and an odd
 // one whose few tiles split K, so the split reduction writes them), and narrowed after the GEMVs (n ≤ 16). FP8

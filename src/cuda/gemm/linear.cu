@@ -115,14 +115,15 @@ __global__ void to_bf16_kernel(cuda::DeviceWeight w, __nv_bfloat16* out) {
   if (i < w.rows * w.cols) out[i] = __float2bfloat16_rn(cuda::weight_at(w, i / w.cols, i % w.cols));
 }
 
-// y = x · Wᵀ as the model's numerics compute this projection. groups > 1 is wo_a, which DeepSeek runs as a
-// bf16 einsum with the FP8 weight dequantised to bf16 (exact): no act_quant. xq: x's rows act_quant'ed by their
-// producer, read where the product act_quants x.
+// y = x · Wᵀ as the model's numerics compute this projection. The grouped product (wo_a) is a bf16 einsum in
+// DeepSeek's code, the FP8 weight dequantised to bf16 (exact): no act_quant — also where a rank holds one group
+// (groups == 1 at G / tp = 1), which is why it is said by `grouped`, not read off `groups`. xq: x's rows
+// act_quant'ed by their producer, read where the product act_quants x.
 cuda::GemmParams params(const CudaOps& ops, const float* x, int64_t ldx, const Weight& w, int64_t n, float* y,
-                        int64_t ldy, int64_t groups, const E4m3Rows* xq = nullptr) {
+                        int64_t ldy, int64_t groups, bool grouped, const E4m3Rows* xq = nullptr) {
   cuda::GemmParams p{x, ldx, ops.dev(w), n, y, ldy, groups};
   if (ops.fast() && p.w.format != cuda::WFormat::kF32) {
-    p.quant_x = groups == 1 && (p.w.format == cuda::WFormat::kFP8 || p.w.format == cuda::WFormat::kFP4);
+    p.quant_x = !grouped && (p.w.format == cuda::WFormat::kFP8 || p.w.format == cuda::WFormat::kFP4);
     p.bf16_out = true;
   }
   if (p.quant_x && xq) {
@@ -139,7 +140,7 @@ cuda::GemmParams params(const CudaOps& ops, const float* x, int64_t ldx, const W
 
 void CudaOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy,
                      const E4m3Rows* xq, Bf16Rows* yb) {
-  cuda::GemmParams p = params(*this, x, ldx, w, n, y, ldy, 1, xq);
+  cuda::GemmParams p = params(*this, x, ldx, w, n, y, ldy, 1, false, xq);
   if (!yb) return dispatch(p, *this);
   DSV4_CHECK(p.bf16_out && !y && ldy == w.rows && yb->data && yb->cols == w.rows && yb->rows >= n, "linear: bf16 rows [",
              yb->rows, ", ", yb->cols, "] for ", n, " rows of [", w.rows, ", ", w.cols,
@@ -157,7 +158,7 @@ void CudaOps::linear(const float* x, int64_t ldx, const Weight& w, int64_t n, fl
 }
 
 void CudaOps::linear_partial(const float* x, int64_t ldx, const Weight& w, int64_t n, float* y, int64_t ldy) {
-  cuda::GemmParams p = params(*this, x, ldx, w, n, y, ldy, 1);
+  cuda::GemmParams p = params(*this, x, ldx, w, n, y, ldy, 1, false);
   p.bf16_out = false;  // the ranks' sum is rounded by hc_post (Ops::linear_partial)
   p.x_bf16 = fast();   // x is bf16-valued there: BF16 weights keep linear's kernels (tc_function, the GEMVs)
   dispatch(p, *this);
@@ -175,7 +176,8 @@ void CudaOps::lm_head(const float* x, const Weight& head, int64_t n, float* logi
 
 void CudaOps::linear_pair(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya,
                           const Weight& wb, float* yb, int64_t ldyb, const E4m3Rows* xq) {
-  dispatch_pair(params(*this, x, ldx, wa, n, ya, ldya, 1, xq), params(*this, x, ldx, wb, n, yb, ldyb, 1, xq), *this);
+  dispatch_pair(params(*this, x, ldx, wa, n, ya, ldya, 1, false, xq),
+                params(*this, x, ldx, wb, n, yb, ldyb, 1, false, xq), *this);
 }
 
 void CudaOps::linear_pair_f32(const float* x, int64_t ldx, int64_t n, const Weight& wa, float* ya, int64_t ldya,
@@ -190,7 +192,7 @@ void CudaOps::linear_grouped(const float* x, const Weight& w, int64_t groups, in
   const int64_t K = groups * w.cols;
   DSV4_CHECK(!xb || (fast() && xb->data && xb->cols == K && xb->rows >= n), "linear_grouped: bf16 rows [",
              xb ? xb->rows : 0, ", ", xb ? xb->cols : 0, "] for ", n, " rows of ", K);
-  cuda::GemmParams p = params(*this, x, K, w, n, y, w.rows, groups);
+  cuda::GemmParams p = params(*this, x, K, w, n, y, w.rows, groups, true);
   if (fast() && n > cuda::kGemvMaxRows && p.w.format == cuda::WFormat::kFP8 && props_.major == 9) p.w = bf16_copy(w);
   if (xb && n > 0) {
     // The tensor-core GEMM (dispatch's choice above kGemvMaxRows rows) reads bf16 x as it is (BF16 weights: wo_a's
