@@ -351,22 +351,21 @@ __global__ void __launch_bounds__(kThreads, Tile<T>::kBlocksPerSm)
       for (int i = 0; i < Tile<T>::kAcc; ++i) w3_sums[i * 128 + t] = total[i];
     __syncthreads();
     if (wg == 1) return;
+    float weight[Tile<T>::kAcc / 2];
+    load_pairs<Tile<T>::kAcc>(weight, p.plan.pair_weight, pair0, expert < 0 ? 0 : count, c, 1.0f);
 #pragma unroll
     for (int i = 0; i < Tile<T>::kAcc; ++i) {
-      const int m = 8 * (i / 4) + 2 * c + i % 2;
-      if (m >= count) continue;
-      const int pair = pair0 + m;
-      const float weight = expert < 0 ? 1.0f : p.plan.pair_weight[pair];
-      p.plan.h[int64_t(pair) * p.I + row + 8 * ((i / 2) % 2)] =
-          hidden(p, fmt.format, total[i], w3_sums[i * 128 + t], weight);
+      if (tile_pair(i, c) >= count) continue;
+      p.plan.h[int64_t(pair0 + tile_pair(i, c)) * p.I + row + 8 * ((i / 2) % 2)] =
+          hidden(p, fmt.format, total[i], w3_sums[i * 128 + t], weight[pair_slot(i)]);
     }
   } else {
+    int out[Tile<T>::kAcc / 2];
+    load_pairs<Tile<T>::kAcc>(out, p.plan.pair_out, pair0, count, c, 0);
 #pragma unroll
-    for (int i = 0; i < Tile<T>::kAcc; ++i) {
-      const int m = 8 * (i / 4) + 2 * c + i % 2;
-      if (m < count)
-        p.plan.y[int64_t(p.plan.pair_out[pair0 + m]) * p.D + row + 8 * ((i / 2) % 2)] = round_bf16(total[i]);
-    }
+    for (int i = 0; i < Tile<T>::kAcc; ++i)
+      if (tile_pair(i, c) < count)
+        p.plan.y[int64_t(out[pair_slot(i)]) * p.D + row + 8 * ((i / 2) % 2)] = round_bf16(total[i]);
   }
 #endif  // NOTE: other architectures get an empty body; CudaOps::moe sets GroupedBuffers::wgmma on sm_90 only
 }

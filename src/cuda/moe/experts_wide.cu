@@ -20,9 +20,10 @@
 // Items: up: 64 output rows of w1 and of w3. Each 16-row slice of A holds rows r .. r + 7 of w1 (slice rows 0–7)
 // and the same rows of w3 (8–15), so a consumer thread holds the w1 and w3 sums of one output row (tc_wgmma.cuh's
 // rows g and g + 8) and takes the SwiGLU in registers. down: 128 rows of w2, 64 a consumer.
-// What bounds it (clock64 stamps, docs/design/moe.md "Wide tiles"): ~2,150 cycles a K block, set by the producer
-// (~600 before its decode — the weight copies' issue, the TMA thread's wait — then ~1,000 of decode), against
-// ~650 of wgmma and ~575 of promotion on the consumers' side; a second producer warpgroup (a tile a warp) was slower.
+// What bounds it (docs/design/moe.md, "The wide kernel by elimination"): ~2,300 cycles a K block against 512 of
+// tensor time. The producer's decode is ~18% of it; the rest is the consumers' order: both warpgroups wait on one
+// ready barrier, then run wgmma → wait → promotion in series, so the tensor cores idle through every promotion —
+// with no decode and no promotion at all this skeleton still takes ~1,600 cycles a K block.
 // The K order is the columns' own: a weight lane's 16-byte unit of the MMA tile order is 32 consecutive columns
 // of one row (weight_mma.cuh), whose e4m3 codes are two 16-byte chunks of A's row; grouped_quant writes the
 // activations in column order for these tiles (ActOrder::natural).
@@ -290,22 +291,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if constexpr (kUp) {
       const int64_t row = int64_t(it.rb) * kUpRows + 8 * (4 * cw + w) + g8;  // slice 4cw + w's output row
+      float weight[kN / 4];
+      load_pairs<kN / 2>(weight, p.plan.pair_weight, pair0, count, c, 0.0f);
 #pragma unroll
       for (int i = 0; i < kN / 2; ++i) {
-        if ((i / 2) % 2) continue;  // i: the w1 sum (row g); i + 2: the w3 sum (row g + 8)
-        const int m = 8 * (i / 4) + 2 * c + i % 2;
-        if (m >= count) continue;
-        const int pair = pair0 + m;
-        p.plan.h[int64_t(pair) * p.I + row] = hidden(p, WFormat::kFP4, total[i], total[i + 2], p.plan.pair_weight[pair]);
+        if ((i / 2) % 2 || tile_pair(i, c) >= count) continue;  // i: the w1 sum (row g); i + 2: the w3 sum (row g + 8)
+        p.plan.h[int64_t(pair0 + tile_pair(i, c)) * p.I + row] =
+            hidden(p, WFormat::kFP4, total[i], total[i + 2], weight[pair_slot(i)]);
       }
     } else {
       const int64_t row = int64_t(it.rb) * kDownRows + arow;
+      int out[kN / 4];
+      load_pairs<kN / 2>(out, p.plan.pair_out, pair0, count, c, 0);
 #pragma unroll
-      for (int i = 0; i < kN / 2; ++i) {
-        const int m = 8 * (i / 4) + 2 * c + i % 2;
-        if (m < count)
-          p.plan.y[int64_t(p.plan.pair_out[pair0 + m]) * p.D + row + 8 * ((i / 2) % 2)] = round_bf16(total[i]);
-      }
+      for (int i = 0; i < kN / 2; ++i)
+        if (tile_pair(i, c) < count)
+          p.plan.y[int64_t(out[pair_slot(i)]) * p.D + row + 8 * ((i / 2) % 2)] = round_bf16(total[i]);
     }
   }
 #endif  // NOTE: other architectures get an empty body; grouped_routed_tile picks wide tiles on sm_90 only

@@ -84,6 +84,22 @@ __device__ __forceinline__ void promote_natural(float (&total)[kAcc], const floa
   for (int j = 0; j < kAcc / 4; ++j) promote_columns(total, part, sw, j, sx[8 * j + 2 * c], sx[8 * j + 2 * c + 1]);
 }
 
+// Accumulator i of a thread (lane group c) sums the tile's pair tile_pair(i, c) (tc_wgmma.cuh's column layout); the
+// kAcc / 2 distinct pairs of a thread take slots pair_slot(i).
+__device__ __forceinline__ int tile_pair(int i, int c) { return 8 * (i / 4) + 2 * c + i % 2; }
+__device__ __forceinline__ int pair_slot(int i) { return 2 * (i / 4) + i % 2; }
+
+// v[pair0 + m] for each of this thread's pairs m < count (fill past it), into their slots. The epilogues load these
+// (routing weights, output rows) before they store anything: a load after a store to h or y waits for it, as far as
+// the compiler knows they may alias — a global round trip a pair (docs/design/moe.md, "The wide kernel by
+// elimination").
+template <int kAcc, typename T>
+__device__ __forceinline__ void load_pairs(T (&out)[kAcc / 2], const T* v, int pair0, int count, int c, T fill) {
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i)
+    if (i % 4 < 2) out[pair_slot(i)] = tile_pair(i, c) < count ? v[pair0 + tile_pair(i, c)] : fill;
+}
+
 // Where column m puts its activation scale for promote<kAcc, stride> (a tile of N = 2·kAcc pairs: stride ≥ N / 4).
 __device__ __forceinline__ int promote_scale_slot(int m, int stride) { return (m % 8) / 2 * stride + 2 * (m / 8) + m % 2; }
 
