@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(kThreads, Tile<T>::kBlocksPerSm)
       for (int i = 0; i < Tile<T>::kAcc; ++i) w3_sums[i * 128 + t] = total[i];
     __syncthreads();
     if (wg == 1) return;
-    float weight[Tile<T>::kAcc / 2];
+    float weight[Tile<T>::kAcc / 2];  // the shared expert (expert < 0) loads none: its pairs weigh 1
     load_pairs<Tile<T>::kAcc>(weight, p.plan.pair_weight, pair0, expert < 0 ? 0 : count, c, 1.0f);
 #pragma unroll
     for (int i = 0; i < Tile<T>::kAcc; ++i) {
