@@ -33,6 +33,7 @@ enum WorkspaceSlot : int {
   kWsGemmActivationScales,  // tensor-core path: per-128 activation scales (FP8)
   kWsGemmPartials,          // tensor-core path: split-K partial sums
   kWsHcPartials,            // hc_pre / hc_head: per-slice partial mixes
+  kWsHcPre,                 // hc_pre_norm at prefill sizes: pre between its two kernels
   kWsAttentionPartials,     // split-KV partial outputs and softmax statistics
   kWsIndexerScores,         // indexer_topk: per-row score keys
   kWsCompressorProj,        // the chunk's kv and gate projections (held across linear())

@@ -555,13 +555,18 @@ TEST(CudaGemmTc, GroupedLinearOfOneGroupIsTheBf16Einsum) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
   ModelConfig config;
-  const int64_t rows = 256, cols = 1024;
-  for (int64_t n : {1, 5, 17, 100}) {
-    SCOPED_TRACE("n " + std::to_string(n));
-    HostWeight w = random_weight(DType::kF8E4M3, rows, cols, seed() + 61 + uint64_t(n));
+  // An odd-sized one, then V4-Flash's wo_a group at --tp 8 (o_lora_rank 1024 × 64 heads · 512 / 8 groups).
+  struct Case {
+    int64_t rows, cols, n;
+  };
+  for (const Case cs : {Case{256, 1024, 1}, Case{256, 1024, 5}, Case{256, 1024, 17}, Case{256, 1024, 100},
+                        Case{1024, 4096, 1}, Case{1024, 4096, 24}}) {
+    const int64_t rows = cs.rows, cols = cs.cols, n = cs.n;
+    SCOPED_TRACE(testing::Message() << "[" << rows << ", " << cols << "], n " << n);
+    HostWeight w = random_weight(DType::kF8E4M3, rows, cols, seed() + 61 + uint64_t(n + rows));
     auto* scales = reinterpret_cast<float*>(w.scale.data());  // powers of two, as V4's ue8m0: wo_a is exact in bf16
     for (size_t i = 0; i < w.scale.size() / 4; ++i) scales[i] = std::exp2(std::round(std::log2(scales[i])));
-    std::vector<float> x = random_matrix(n, cols, seed() + 62 + uint64_t(n));
+    std::vector<float> x = random_matrix(n, cols, seed() + 62 + uint64_t(n + rows));
     for (float& v : x) v = round_bf16(v);
     CpuOps cpu(config);
     cpu.set_numerics(Numerics::kFast);

@@ -62,13 +62,15 @@ struct Case {
 // The cases of both hc_pre and hc_head: V4 decode and prefill, batches crossing the 8-token tile, other hc
 // counts (other rows-per-warp splits of fn), a BF16 fn, odd dims and unaligned buffers. From 64 tokens with
 // 16-byte packs hc_mix runs its staged kernel (hc.cu): V4 at 64 and 200 tokens (a partial token tile), K = 520
-// and 64 (chunks ending inside a 128-column sweep), and K = 387 (no packs: the plain kernel at 66 tokens).
+// and 64 (chunks ending inside a 128-column sweep), and K = 387 (no packs: the plain kernel at 66 tokens). With more
+// tokens than the GPU has SMs (132 on an H100 or H200) hc_pre_norm runs hc_coeffs + hc_collapse instead of
+// hc_finish: V4 at 200 tokens, and 300 tokens of a partial slice (dim 260).
 const Case kCases[] = {
     {4, 4096, 1, DType::kF32, 0},   {4, 4096, 19, DType::kF32, 0}, {4, 4096, 64, DType::kF32, 0},
     {4, 4096, 3, DType::kBF16, 0},  {4, 100, 9, DType::kF32, 1},   {4, 37, 5, DType::kF32, 0},
     {2, 260, 3, DType::kF32, 0},    {1, 64, 2, DType::kF32, 0},    {3, 129, 11, DType::kF32, 1},
     {4, 4096, 200, DType::kBF16, 0}, {2, 260, 70, DType::kF32, 0}, {1, 64, 65, DType::kF32, 0},
-    {3, 129, 66, DType::kF32, 0},
+    {3, 129, 66, DType::kF32, 0},   {2, 260, 300, DType::kF32, 0},
 };
 
 // Tolerances for hc_pre / hc_head. The mixing logits m are fp32 dot products over hc·D = 16384 terms; the CPU
@@ -364,7 +366,8 @@ TEST(CudaHc, HcPostThenPreNormMatchesCpu) {
 // The fused hc_post + hc_pre_norm of a prefill-sized step (hc_post_mix_tiled: tiles of tokens a block) gives bit for
 // bit what the same rows give one token a call (hc_post_mix: a block a token): the same X', the same mixing
 // partials in the same order, so the same x, xn, post and comb. Steps of several token tiles and a partial one,
-// rows of a partial 128-column slice (dim 260), and a run of tiles a block (200 tokens).
+// rows of a partial 128-column slice (dim 260), and a run of tiles a block (200 tokens). Beyond one wave of
+// hc_finish (200 and 300 tokens) the step's hc_coeffs + hc_collapse against hc_finish one token a call.
 TEST(CudaHc, HcPostMixTiledMatchesPerToken) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA

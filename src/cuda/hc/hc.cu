@@ -14,6 +14,8 @@
 //              iterations overlap the collapse instead of preceding it.
 //              hc_pre_norm: one block per token covers all of D in kSlices slices and also writes
 //              xn = γ·(x·inv), inv = 1 / sqrt(Σx²/D + eps) (rms_norm's arithmetic; one launch less).
+//              Beyond one wave of it (more tokens than SMs) hc_coeffs (a warp a token: the coefficient warp's
+//              work) and hc_collapse (a block a token: the collapse warps') instead, bit for bit the same.
 // NOTE: X is read twice (once per kernel); at decode the second read hits L2 (64 KiB per token at V4 sizes),
 // while fn (1.5 MiB fp32 per site) is spread over every SM by the split-K — that is where the time goes.
 // Fast numerics (the `bf16` flags): the mixes, Sinkhorn, post and comb stay fp32; the collapsed x, xn and the
@@ -247,6 +249,8 @@ struct HcFinishParams {
   uint8_t* codes = nullptr;
   float* scales = nullptr;
   int64_t scale_ld = 0;
+  // hc_pre_norm at prefill sizes: pre [n, hc], from hc_coeffs_kernel to hc_collapse_kernel.
+  float* pre = nullptr;
 };
 
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
@@ -300,6 +304,136 @@ __device__ float sinkhorn_entry(float logit, int hc, int iters, float eps) {
   return c;
 }
 
+// The coefficient warp's affine constants (weights: loaded before the PDL wait — at decode an HBM round trip
+// each, which would otherwise sit on the step's path twice, before pre and before the Sinkhorn).
+struct HcAffine {
+  float scale_pre, base_pre, scale_post = 0.0f, scale_comb = 0.0f, base_post = 0.0f, base_comb = 0.0f;
+};
+__device__ __forceinline__ HcAffine load_affine(const HcFinishParams& p, int lane) {
+  HcAffine a{p.scale[0], lane < p.hc ? p.base[lane] : 0.0f};
+  if (p.post) {
+    a.scale_post = p.scale[1];
+    a.scale_comb = p.scale[2];
+    if (lane < p.hc) a.base_post = p.base[p.hc + lane];
+    if (lane < p.hc * p.hc) a.base_comb = p.base[2 * p.hc + lane];
+  }
+  return a;
+}
+
+// Token t's mixes summed over the chunks, lane i ≤ M holding mix i (row M: Σ v²), in hc_finish's order: the chunks
+// k ≡ w (mod kCollapseWarps) summed in fp64 for each w in turn, then those eight sums in order.
+__device__ __forceinline__ double chunk_sum(const HcFinishParams& p, int64_t t, int w, int lane) {
+  double s = 0.0;
+  if (lane <= p.M) {
+#pragma unroll 16  // every load in flight at once: at decode each warp walks 16 chunks
+    for (int64_t k = w; k < p.chunks; k += kCollapseWarps) s += p.partial[(k * p.n + t) * (p.M + 1) + lane];
+  }
+  return s;
+}
+
+// From the summed mixes (lane i ≤ M: mix i), mixing logit `lane` before its affine map: rinv in fp64 like the
+// CPU's stream_rms_inv, 1 / sqrt(mean(v²) + eps) over the hc·D values.
+__device__ __forceinline__ float mix_logit(const HcFinishParams& p, double total) {
+  const double sumsq = __shfl_sync(0xffffffffu, total, p.M);
+  const float rinv = float(1.0 / sqrt(sumsq / double(int64_t(p.hc) * p.D) + p.norm_eps));
+  return __fmul_rn(float(total), rinv);
+}
+
+__device__ __forceinline__ float pre_of(const HcFinishParams& p, const HcAffine& a, float m) {
+  return sigmoid(affine(m, a.scale_pre, a.base_pre)) + p.hc_eps;
+}
+
+// Token t's post and comb (the Sinkhorn projection) from the warp's logits; written where `write`.
+__device__ __forceinline__ void post_comb(const HcFinishParams& p, const HcAffine& a, float m, int64_t t, bool write) {
+  const int lane = threadIdx.x % 32, hh = p.hc * p.hc;
+  // Lane j < hc needs logit hc + j; lane l < hc² needs logit 2·hc + l.
+  const float m_post = __shfl_sync(0xffffffffu, m, (p.hc + lane) % 32);
+  const float m_comb = __shfl_sync(0xffffffffu, m, (2 * p.hc + lane) % 32);
+  const float logit = lane < hh ? affine(m_comb, a.scale_comb, a.base_comb) : 0.0f;
+  const float c = sinkhorn_entry(logit, p.hc, p.sinkhorn_iters, p.hc_eps);
+  if (write) {
+    if (lane < p.hc) p.post[t * p.hc + lane] = 2.0f * sigmoid(affine(m_post, a.scale_post, a.base_post));
+    if (lane < hh) p.comb[t * hh + lane] = c;
+  }
+}
+
+// The collapse of one token's columns by kCollapseThreads threads (thread i: columns c[s] = ((blockIdx.x·kSlices
+// + s)·kCollapseThreads + i)·N), in two calls: load() before the coefficients are known, then finish(pre) —
+// x = Σ_j pre[j]·X[j] (unfused fp32, the CPU's order), and with p.xn its RMSNorm (one block a token, kSlices
+// slices covering D) and act_quant where asked.
+template <int N, int kSlices>
+struct Collapse {
+  // hc_pre_norm's γ before the PDL wait (a weight) — but for the widest rows (V4-Pro), where the streams alone
+  // take 128 registers of the 224 that 288 threads leave each: there it is loaded at use.
+  static constexpr bool kPrefetchGain = kSlices <= 4;
+  int64_t c[kSlices];
+  Pack<N> gain[kSlices];
+  Pack<N> streams[kSlices][kMaxHc];
+
+  __device__ __forceinline__ void gains(const HcFinishParams& p) {
+#pragma unroll
+    for (int s = 0; s < kSlices; ++s) c[s] = ((int64_t(blockIdx.x) * kSlices + s) * kCollapseThreads + threadIdx.x) * N;
+    if (kPrefetchGain && p.xn) {
+#pragma unroll
+      for (int s = 0; s < kSlices; ++s)
+        if (c[s] < p.D) gain[s] = cuda::load_pack<N>(p.gamma + c[s]);
+    }
+  }
+  // Token t's columns of the streams (after the wait).
+  __device__ __forceinline__ void load(const HcFinishParams& p, int64_t t) {
+    const float* Xt = p.X + t * p.hc * p.D;
+#pragma unroll
+    for (int s = 0; s < kSlices; ++s)
+#pragma unroll
+      for (int j = 0; j < kMaxHc; ++j)
+        if (j < p.hc && c[s] < p.D) streams[s][j] = cuda::load_pack<N>(Xt + j * p.D + c[s]);
+  }
+  // pre: the token's hc coefficients; warp_sumsq: kCollapseWarps floats of shared memory.
+  __device__ __forceinline__ void finish(const HcFinishParams& p, int64_t t, const float* pre, float* warp_sumsq) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    Pack<N> acc[kSlices];
+    float sumsq = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kSlices; ++s) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) acc[s].v[k] = 0.0f;
+      if (c[s] >= p.D) continue;
+#pragma unroll
+      for (int j = 0; j < kMaxHc; ++j) {
+        if (j >= p.hc) break;
+#pragma unroll
+        for (int k = 0; k < N; ++k) acc[s].v[k] = __fadd_rn(acc[s].v[k], __fmul_rn(pre[j], streams[s][j].v[k]));
+      }
+#pragma unroll
+      for (int k = 0; k < N; ++k) acc[s].v[k] = cuda::round_bf16_if(p.bf16, acc[s].v[k]);
+      cuda::store_pack<N>(p.x + t * p.D + c[s], acc[s]);
+      if (p.xn) {  // block-uniform: only hc_pre_norm needs the sum
+#pragma unroll
+        for (int k = 0; k < N; ++k) sumsq += acc[s].v[k] * acc[s].v[k];
+      }
+    }
+    if (!p.xn) return;  // block-uniform
+    for (int offset = 16; offset > 0; offset /= 2) sumsq += __shfl_xor_sync(0xffffffffu, sumsq, offset);
+    if (lane == 0) warp_sumsq[warp] = sumsq;
+    barrier_sync(kBarrierCollapse, kCollapseThreads);
+    float total = 0.0f;
+    for (int w = 0; w < kCollapseWarps; ++w) total += warp_sumsq[w];
+    const float inv = 1.0f / sqrtf(total / float(p.D) + p.rms_eps);
+#pragma unroll
+    for (int s = 0; s < kSlices; ++s) {
+      if (c[s] >= p.D) continue;
+      Pack<N> y;
+      if (!kPrefetchGain) gain[s] = cuda::load_pack<N>(p.gamma + c[s]);
+#pragma unroll
+      for (int k = 0; k < N; ++k) y.v[k] = cuda::round_bf16_if(p.bf16, gain[s].v[k] * (acc[s].v[k] * inv));
+      cuda::store_pack<N>(p.xn + t * p.D + c[s], y);
+      // A warp's slice is 128 aligned columns (N = 4): one act_quant block.
+      if constexpr (N == 4)
+        if (p.codes) cuda::act_quant_store_warp(y.v, p.codes + t * p.D + c[s], p.scales + c[s] / 128 * p.scale_ld + t);
+    }
+  }
+};
+
 // kSlices: slices of kCollapseThreads·N columns per block (grid.x · kSlices slices cover D); with p.xn set the
 // grid has one block per token (kSlices slices cover D) and the block also writes the RMSNorm.
 template <int N, int kSlices>
@@ -309,115 +443,78 @@ __global__ void __launch_bounds__(kFinishThreads) hc_finish_kernel(HcFinishParam
   __shared__ float warp_sumsq[kCollapseWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = blockIdx.y;
-  const int hh = p.hc * p.hc;
 
   if (warp == kCollapseWarps) {  // the coefficient warp
-    // The affine maps' constants before the wait: weights, an HBM round trip each at decode, which would
-    // otherwise sit on the step's path (twice: before pre, and before the Sinkhorn).
-    const float scale_pre = p.scale[0], base_pre = lane < p.hc ? p.base[lane] : 0.0f;
-    float scale_post = 0.0f, scale_comb = 0.0f, base_post = 0.0f, base_comb = 0.0f;
-    if (p.post) {
-      scale_post = p.scale[1];
-      scale_comb = p.scale[2];
-      if (lane < p.hc) base_post = p.base[p.hc + lane];
-      if (lane < hh) base_comb = p.base[2 * p.hc + lane];
-    }
+    const HcAffine a = load_affine(p, lane);
     cuda::pdl_wait();
     barrier_sync(kBarrierSums, kFinishThreads);  // the collapse warps' chunk sums
     double total = 0.0;
     for (int w = 0; w < kCollapseWarps; ++w) total += chunk_sums[w][lane];
-    // rinv in fp64 like the CPU's stream_rms_inv: 1 / sqrt(mean(v²) + eps) over the hc·D values.
-    const double sumsq = __shfl_sync(0xffffffffu, total, p.M);
-    const float rinv = float(1.0 / sqrt(sumsq / double(int64_t(p.hc) * p.D) + p.norm_eps));
-    const float m = __fmul_rn(float(total), rinv);  // lane i < M: mixing logit i before its affine map
-    if (lane < p.hc) pre[lane] = sigmoid(affine(m, scale_pre, base_pre)) + p.hc_eps;
+    const float m = mix_logit(p, total);  // lane i < M: mixing logit i before its affine map
+    if (lane < p.hc) pre[lane] = pre_of(p, a, m);
     barrier_sync(kBarrierPre, kFinishThreads);  // the collapse warps are waiting there already
-    if (!p.post) return;
-    // Lane j < hc needs logit hc + j; lane l < hc² needs logit 2·hc + l.
-    const float m_post = __shfl_sync(0xffffffffu, m, (p.hc + lane) % 32);
-    const float m_comb = __shfl_sync(0xffffffffu, m, (2 * p.hc + lane) % 32);
-    const float logit = lane < hh ? affine(m_comb, scale_comb, base_comb) : 0.0f;
-    const float c = sinkhorn_entry(logit, p.hc, p.sinkhorn_iters, p.hc_eps);
-    if (blockIdx.x == 0) {
-      if (lane < p.hc) p.post[t * p.hc + lane] = 2.0f * sigmoid(affine(m_post, scale_post, base_post));
-      if (lane < hh) p.comb[t * hh + lane] = c;
-    }
+    if (p.post) post_comb(p, a, m, t, blockIdx.x == 0);
     return;
   }
 
-  // The collapse warps. hc_pre_norm's γ first, before the wait (a weight) — but for the widest rows (V4-Pro),
-  // where the streams alone take 128 registers of the 224 that 288 threads leave each: there it is loaded at use.
-  int64_t c[kSlices];
-#pragma unroll
-  for (int s = 0; s < kSlices; ++s) c[s] = ((int64_t(blockIdx.x) * kSlices + s) * kCollapseThreads + threadIdx.x) * N;
-  constexpr bool kPrefetchGain = kSlices <= 4;
-  Pack<N> gain[kSlices];
-  if (kPrefetchGain && p.xn) {
-#pragma unroll
-    for (int s = 0; s < kSlices; ++s)
-      if (c[s] < p.D) gain[s] = cuda::load_pack<N>(p.gamma + c[s]);
-  }
+  // The collapse warps: their streams loaded right after the wait, in flight through the chunk sums and the
+  // coefficient warp's work.
+  Collapse<N, kSlices> col;
+  col.gains(p);
   cuda::pdl_wait();
-  // This thread's columns of the streams, loaded now: the loads overlap the chunk sums and the coefficient
-  // warp's work.
-  const float* Xt = p.X + t * p.hc * p.D;
-  Pack<N> streams[kSlices][kMaxHc];
-#pragma unroll
-  for (int s = 0; s < kSlices; ++s)
-#pragma unroll
-    for (int j = 0; j < kMaxHc; ++j)
-      if (j < p.hc && c[s] < p.D) streams[s][j] = cuda::load_pack<N>(Xt + j * p.D + c[s]);
-
-  // Value `lane` (rows 0..M−1 of fn·v, then Σ v² at M) summed over the chunks: warp w takes chunks w, w + 8, ...
-  double s = 0.0;
-  if (lane <= p.M) {
-#pragma unroll 16  // every load in flight at once: at decode each warp walks 16 chunks
-    for (int64_t k = warp; k < p.chunks; k += kCollapseWarps) s += p.partial[(k * p.n + t) * (p.M + 1) + lane];
-  }
-  chunk_sums[warp][lane] = s;
+  col.load(p, t);
+  chunk_sums[warp][lane] = chunk_sum(p, t, warp, lane);
   barrier_sync(kBarrierSums, kFinishThreads);  // the coefficient warp is waiting there already
   barrier_sync(kBarrierPre, kFinishThreads);  // pre is ready
+  col.finish(p, t, pre, warp_sumsq);
+}
 
-  Pack<N> acc[kSlices];
-  float sumsq = 0.0f;
+// hc_pre_norm at prefill sizes, two kernels in place of hc_finish (docs/design/hc.md, "hc_finish at prefill
+// sizes"). hc_finish's block lives through its token's whole chain — the chunk sums' loads, the coefficients, the
+// 20 serial Sinkhorn iterations, the collapse — one block an SM (128 registers × 288 threads): beyond one wave
+// (4096 tokens: 31) each wave waits out that chain, 255 µs where the bytes take ~100. Here hc_coeffs_kernel runs
+// the coefficient warp's work for kCollapseWarps tokens a block, a warp a token (its chunk sums in one lane's
+// loop, in hc_finish's order), writing pre beside post and comb; hc_collapse_kernel then collapses and norms one
+// token a block, the collapse warps' threads and columns. The same arithmetic in the same order: the outputs are
+// hc_finish's bit for bit.
+__global__ void __launch_bounds__(kCollapseThreads) hc_coeffs_kernel(HcFinishParams p) {
+  const int lane = threadIdx.x % 32;
+  const int64_t t = int64_t(blockIdx.x) * kCollapseWarps + threadIdx.x / 32;
+  const HcAffine a = load_affine(p, lane);
+  cuda::pdl_wait();
+  if (t >= p.n) return;  // warp-uniform
+  // chunk_sum's eight sums s[w] over the chunks k ≡ w, each in increasing k as there, with a batch of 32 chunks'
+  // loads in flight at once (summed one w after the other they took 8 round trips: 13.7 µs a launch at 512 tokens).
+  double s[kCollapseWarps] = {};
+  if (lane <= p.M)
+    for (int64_t k0 = 0; k0 < p.chunks; k0 += 32) {
+      float v[32];
 #pragma unroll
-  for (int s = 0; s < kSlices; ++s) {
+      for (int i = 0; i < 32; ++i) v[i] = k0 + i < p.chunks ? p.partial[((k0 + i) * p.n + t) * (p.M + 1) + lane] : 0.0f;
 #pragma unroll
-    for (int k = 0; k < N; ++k) acc[s].v[k] = 0.0f;
-    if (c[s] >= p.D) continue;
-#pragma unroll
-    for (int j = 0; j < kMaxHc; ++j) {
-      if (j >= p.hc) break;
-#pragma unroll
-      for (int k = 0; k < N; ++k) acc[s].v[k] = __fadd_rn(acc[s].v[k], __fmul_rn(pre[j], streams[s][j].v[k]));
+      for (int i = 0; i < 32; ++i)
+        if (k0 + i < p.chunks) s[i % kCollapseWarps] += v[i];
     }
-#pragma unroll
-    for (int k = 0; k < N; ++k) acc[s].v[k] = cuda::round_bf16_if(p.bf16, acc[s].v[k]);
-    cuda::store_pack<N>(p.x + t * p.D + c[s], acc[s]);
-    if (p.xn) {  // block-uniform: only hc_pre_norm needs the sum
-#pragma unroll
-      for (int k = 0; k < N; ++k) sumsq += acc[s].v[k] * acc[s].v[k];
-    }
-  }
-  if (!p.xn) return;  // block-uniform
-  for (int offset = 16; offset > 0; offset /= 2) sumsq += __shfl_xor_sync(0xffffffffu, sumsq, offset);
-  if (lane == 0) warp_sumsq[warp] = sumsq;
-  barrier_sync(kBarrierCollapse, kCollapseThreads);
-  float total = 0.0f;
-  for (int w = 0; w < kCollapseWarps; ++w) total += warp_sumsq[w];
-  const float inv = 1.0f / sqrtf(total / float(p.D) + p.rms_eps);
-#pragma unroll
-  for (int s = 0; s < kSlices; ++s) {
-    if (c[s] >= p.D) continue;
-    Pack<N> y;
-    if (!kPrefetchGain) gain[s] = cuda::load_pack<N>(p.gamma + c[s]);
-#pragma unroll
-    for (int k = 0; k < N; ++k) y.v[k] = cuda::round_bf16_if(p.bf16, gain[s].v[k] * (acc[s].v[k] * inv));
-    cuda::store_pack<N>(p.xn + t * p.D + c[s], y);
-    // A warp's slice is 128 aligned columns (N = 4): one act_quant block.
-    if constexpr (N == 4)
-      if (p.codes) cuda::act_quant_store_warp(y.v, p.codes + t * p.D + c[s], p.scales + c[s] / 128 * p.scale_ld + t);
-  }
+  double total = 0.0;
+  for (int w = 0; w < kCollapseWarps; ++w) total += s[w];
+  const float m = mix_logit(p, total);
+  if (lane < p.hc) p.pre[t * p.hc + lane] = pre_of(p, a, m);
+  post_comb(p, a, m, t, true);
+}
+
+// Two blocks an SM where the streams fit 128 registers (D ≤ 4096).
+template <int kSlices>
+__global__ void __launch_bounds__(kCollapseThreads, kSlices <= 4 ? 2 : 1) hc_collapse_kernel(HcFinishParams p) {
+  __shared__ float pre[kMaxHc];
+  __shared__ float warp_sumsq[kCollapseWarps];
+  const int64_t t = blockIdx.y;
+  Collapse<4, kSlices> col;
+  col.gains(p);
+  cuda::pdl_wait(kSlices <= 4 ? 2 : 1);
+  col.load(p, t);
+  if (threadIdx.x < p.hc) pre[threadIdx.x] = p.pre[t * p.hc + threadIdx.x];
+  __syncthreads();
+  col.finish(p, t, pre, warp_sumsq);
 }
 
 // ---- hc_post
@@ -818,6 +915,19 @@ void hc_collapse(CudaOps& ops, const float* X, const Weight& fn_host, const std:
       fin.codes = xnq->codes;
       fin.scales = xnq->scales;
       fin.scale_ld = xnq->scale_ld;
+    }
+    if (n > ops.props().multiProcessorCount) {  // beyond one wave of hc_finish: hc_coeffs + hc_collapse
+      fin.pre = static_cast<float*>(ops.workspace(cuda::kWsHcPre, size_t(n * hc) * sizeof(float)));
+      cuda::launch_pdl(hc_coeffs_kernel, dim3(unsigned(cuda::ceil_div(n, int64_t(kCollapseWarps)))),
+                       dim3(kCollapseThreads), 0, ops.stream(), ops.pdl(), fin);
+      const dim3 grid(1, unsigned(n)), block(kCollapseThreads);
+      switch (norm_slices(D)) {
+        case 1: cuda::launch_pdl(hc_collapse_kernel<1>, grid, block, 0, ops.stream(), ops.pdl(), fin); break;
+        case 2: cuda::launch_pdl(hc_collapse_kernel<2>, grid, block, 0, ops.stream(), ops.pdl(), fin); break;
+        case 4: cuda::launch_pdl(hc_collapse_kernel<4>, grid, block, 0, ops.stream(), ops.pdl(), fin); break;
+        default: cuda::launch_pdl(hc_collapse_kernel<8>, grid, block, 0, ops.stream(), ops.pdl(), fin); break;
+      }
+      return;
     }
     const dim3 grid(1, unsigned(n));
     switch (norm_slices(D)) {
