@@ -64,13 +64,14 @@ struct Case {
 // 16-byte packs hc_mix runs its staged kernel (hc.cu): V4 at 64 and 200 tokens (a partial token tile), K = 520
 // and 64 (chunks ending inside a 128-column sweep), and K = 387 (no packs: the plain kernel at 66 tokens). With more
 // tokens than the GPU has SMs (132 on an H100 or H200) hc_pre_norm runs hc_coeffs + hc_collapse instead of
-// hc_finish: V4 at 200 tokens, and 300 tokens of a partial slice (dim 260).
+// hc_finish: V4 at 200 tokens, V4-Pro's width at 140 (hc_collapse's eight slices), and 300 tokens of a partial
+// slice (dim 260).
 const Case kCases[] = {
     {4, 4096, 1, DType::kF32, 0},   {4, 4096, 19, DType::kF32, 0}, {4, 4096, 64, DType::kF32, 0},
     {4, 4096, 3, DType::kBF16, 0},  {4, 100, 9, DType::kF32, 1},   {4, 37, 5, DType::kF32, 0},
     {2, 260, 3, DType::kF32, 0},    {1, 64, 2, DType::kF32, 0},    {3, 129, 11, DType::kF32, 1},
     {4, 4096, 200, DType::kBF16, 0}, {2, 260, 70, DType::kF32, 0}, {1, 64, 65, DType::kF32, 0},
-    {3, 129, 66, DType::kF32, 0},   {2, 260, 300, DType::kF32, 0},
+    {3, 129, 66, DType::kF32, 0},   {2, 260, 300, DType::kF32, 0}, {4, 7168, 140, DType::kBF16, 0},
 };
 
 // Tolerances for hc_pre / hc_head. The mixing logits m are fp32 dot products over hc·D = 16384 terms; the CPU
