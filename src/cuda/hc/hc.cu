@@ -483,20 +483,8 @@ __global__ void __launch_bounds__(kCollapseThreads) hc_coeffs_kernel(HcFinishPar
   const HcAffine a = load_affine(p, lane);
   cuda::pdl_wait();
   if (t >= p.n) return;  // warp-uniform
-  // chunk_sum's eight sums s[w] over the chunks k ≡ w, each in increasing k as there, with a batch of 32 chunks'
-  // loads in flight at once (summed one w after the other they took 8 round trips: 13.7 µs a launch at 512 tokens).
-  double s[kCollapseWarps] = {};
-  if (lane <= p.M)
-    for (int64_t k0 = 0; k0 < p.chunks; k0 += 32) {
-      float v[32];
-#pragma unroll
-      for (int i = 0; i < 32; ++i) v[i] = k0 + i < p.chunks ? p.partial[((k0 + i) * p.n + t) * (p.M + 1) + lane] : 0.0f;
-#pragma unroll
-      for (int i = 0; i < 32; ++i)
-        if (k0 + i < p.chunks) s[i % kCollapseWarps] += v[i];
-    }
   double total = 0.0;
-  for (int w = 0; w < kCollapseWarps; ++w) total += s[w];
+  for (int w = 0; w < kCollapseWarps; ++w) total += chunk_sum(p, t, w, lane);
   const float m = mix_logit(p, total);
   if (lane < p.hc) p.pre[t * p.hc + lane] = pre_of(p, a, m);
   post_comb(p, a, m, t, true);
