@@ -40,7 +40,11 @@
 // has few tokens to average its flips over: 1.03e-2 at D 512, I 384, n 36 (seed 5156150320586184229). Bounds:
 //   - every output a bf16 value, as above;
 //   - ‖got − want‖ ≤ 1.5e-2·‖want‖: a missing act_quant of x or h (e4m3's ~2.4e-2 RMS relative error, on top of
-//     the accumulator's) or a wrong scale, row or pair (O(1)) fails it;
+//     the accumulator's) or a wrong scale, row or pair (O(1)) fails it. A step of fewer than 8 tokens averages
+//     only its few h flips (each up to 2^-3 of its value): over 860 one-token steps at D 384, I 256 (H200,
+//     2026-11-29, seeds 1–86 of ExpertRangesOfRanks) the median was 9.8e-4, the 99th percentile 1.14e-2 and
+//     the largest 1.57e-2 (seeds 70 and 84), so such steps take 3e-2 — a wrong scale, row or pair still fails
+//     it, and the larger steps of the same tests catch a missing act_quant;
 //   - max|got − want| ≤ 2^-3·M: the flips of one token's h add up in its outputs (~30 of them at I 2048).
 // Vocabulary sizes differ from D and I: CpuOps::linear takes a matrix with vocab rows for the LM head (fp32).
 #include <cuda_runtime.h>
@@ -346,7 +350,9 @@ std::vector<float> check_step(const HostMoe& m, CudaOps& ops, int64_t n, std::mt
 }
 
 // The bounds of a step on the grouped path's wgmma kernels (file comment): relative L2 error, max|diff| / max|want|.
-constexpr double kWgmmaRelative = 1.5e-2, kWgmmaMax = 0x1p-3;
+// Steps of fewer than kWgmmaFewTokens tokens take kWgmmaRelativeFew.
+constexpr double kWgmmaRelative = 1.5e-2, kWgmmaRelativeFew = 3e-2, kWgmmaMax = 0x1p-3;
+constexpr int64_t kWgmmaFewTokens = 8;
 
 // One step of n tokens on both backends in fast numerics, against the bounds of the file comment: those of
 // wgmma's sums where the step launched the grouped path's wgmma kernels.
@@ -380,7 +386,8 @@ void check_step_fast(const HostMoe& m, CudaOps& ops, int64_t n, std::mt19937_64&
   EXPECT_EQ(off_grid, 0u) << what << ", n = " << n << ": outputs that are not bf16 values";
   EXPECT_LE(d.max_abs, (wgmma ? kWgmmaMax : 0x1p-6) * max_want) << what << ", n = " << n << ": element " << d.worst
                                                                << " got " << got[d.worst] << ", want " << want[d.worst];
-  if (wgmma) EXPECT_LE(relative, kWgmmaRelative) << what << ", n = " << n << ": relative error of the wgmma sums";
+  const double relative_bound = n < kWgmmaFewTokens ? kWgmmaRelativeFew : kWgmmaRelative;
+  if (wgmma) EXPECT_LE(relative, relative_bound) << what << ", n = " << n << ": relative error of the wgmma sums";
   else EXPECT_LE(unequal, unequal_allowed) << what << ", n = " << n << ": outputs that differ from the CPU's";
 }
 
