@@ -80,10 +80,11 @@ class CudaOps final : public Ops {
   const cuda::DeviceWeight& upload(const Weight& w);
   const float* upload(const std::vector<float>& v);
   const int32_t* upload(const std::vector<int32_t>& v);
-  // Reorders an uploaded FP4 / FP8 matrix in place into the MoE expert kernels' MMA tile order
-  // (moe/weight_mma.cuh; rows a multiple of 16, rows of whole 64-byte K groups), once; afterwards only those
-  // kernels may read it. Called by moe on a layer's first call.
-  const cuda::DeviceWeight& tile_for_mma(const Weight& w);
+  // Reorders an uploaded FP4 / FP8 matrix in place into the MoE expert kernels' tensor-core layout
+  // (moe/weight_mma.cuh), once: the MMA tile order where its rows make whole tiles (rows a multiple of 16, rows of
+  // whole 64-byte K groups), and an FP4 matrix's words in the MMA bit order. Afterwards only those kernels may read
+  // it. Called by moe on a layer's first call.
+  const cuda::DeviceWeight& to_mma_layout(const Weight& w);
 
   // ---- Ops
   void set_numerics(Numerics numerics) override { numerics_ = numerics; }

@@ -717,10 +717,35 @@ TEST(CudaMoe, DeterministicAndEmptyStep) {
 #endif
 }
 
-// CudaOps::tile_for_mma against the layout's definition (weight_mma.cuh), spelled out here from rows and
-// chunks: unit ((T·groups + G)·2 + h)·32 + 4g + c holds chunk 4G + c of row 16T + g + 8h, and an FP4 matrix's
-// scale byte of that chunk sits at index unit. Distinct scale bytes per chunk, random data; a second call
-// leaves the matrix as it is.
+// The FP4 MMA bit order (weight_mma.cuh), spelled out from its definition: magnitudes in place, element i < 4's
+// sign at bit 8i + 7, element 4 + i's at bit 8i + 3 (element i's sign is bit 4i + 3 of the checkpoint's word).
+uint32_t mma_bit_order(uint32_t w) {
+  uint32_t out = w & 0x77777777u;
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t sign = (w >> (4 * i + 3)) & 1u;
+    out |= sign << (i < 4 ? 8 * i + 7 : 8 * (i - 4) + 3);
+  }
+  return out;
+}
+
+// 16 bytes of a checkpoint's chunk as the tensor-core layout stores them: FP4 words in the MMA bit order.
+std::vector<uint8_t> stored_chunk(Fmt f, const uint8_t* chunk) {
+  std::vector<uint8_t> out(chunk, chunk + 16);
+  if (f != Fmt::kFP4) return out;
+  for (int q = 0; q < 4; ++q) {
+    uint32_t w;
+    std::memcpy(&w, chunk + 4 * q, 4);
+    w = mma_bit_order(w);
+    std::memcpy(out.data() + 4 * q, &w, 4);
+  }
+  return out;
+}
+
+// CudaOps::to_mma_layout against the layout's definition (weight_mma.cuh), spelled out here from rows and
+// chunks: unit ((T·groups + G)·2 + h)·32 + 4g + c holds chunk 4G + c of row 16T + g + 8h (FP4 words in the MMA bit
+// order), and an FP4 matrix's scale byte of that chunk sits at index unit. Distinct scale bytes per chunk, random
+// data; a second call leaves the matrix as it is. A matrix of partial tiles stays in row order, FP4 words in the
+// bit order, its scales untouched; FP8 then stays as uploaded.
 TEST(CudaMoe, TileOrderPlacesEveryChunk) {
   DSV4_REQUIRE_GPU();
 #if DSV4_HAVE_CUDA
@@ -736,8 +761,9 @@ TEST(CudaMoe, TileOrderPlacesEveryChunk) {
     CudaOps ops(config);
     ops.upload(m.w);
     for (int call = 0; call < 2; ++call) {
-      const cuda::DeviceWeight& d = ops.tile_for_mma(m.w);
+      const cuda::DeviceWeight& d = ops.to_mma_layout(m.w);
       ASSERT_TRUE(d.mma_tiles);
+      ASSERT_EQ(d.mma_bits, f == Fmt::kFP4);
       // The permutation runs on the ops' non-blocking stream, which a plain cudaMemcpy does not wait for.
       ASSERT_EQ(cudaStreamSynchronize(ops.stream()), cudaSuccess);
       std::vector<uint8_t> data(size_t(rows * row_bytes)), scales(size_t(rows * chunks));
@@ -751,12 +777,34 @@ TEST(CudaMoe, TileOrderPlacesEveryChunk) {
             for (int lane = 0; lane < 32; ++lane) {
               const int64_t unit = ((T * groups + G) * 2 + h) * 32 + lane;
               const int64_t row = 16 * T + lane / 4 + 8 * h, chunk = 4 * G + lane % 4;
-              ASSERT_EQ(std::memcmp(data.data() + 16 * unit, m.data.data() + row * row_bytes + 16 * chunk, 16), 0)
+              const std::vector<uint8_t> want = stored_chunk(f, m.data.data() + row * row_bytes + 16 * chunk);
+              ASSERT_EQ(std::memcmp(data.data() + 16 * unit, want.data(), 16), 0)
                   << "call " << call << " unit " << unit << " (row " << row << ", chunk " << chunk << ")";
               if (f == Fmt::kFP4) {
                 ASSERT_EQ(scales[size_t(unit)], m.scale[size_t(row * chunks + chunk)]) << "unit " << unit;
               }
             }
+    }
+    // 20 rows of 48 bytes: no whole tiles.
+    const int64_t odd_rows = 20, odd_bytes = 48;
+    HostMatrix odd(f, odd_rows, f == Fmt::kFP4 ? 2 * odd_bytes : odd_bytes, 0.1, rng());
+    ops.upload(odd.w);
+    for (int call = 0; call < 2; ++call) {
+      const cuda::DeviceWeight& d = ops.to_mma_layout(odd.w);
+      ASSERT_FALSE(d.mma_tiles);
+      ASSERT_EQ(d.mma_bits, f == Fmt::kFP4);
+      ASSERT_EQ(cudaStreamSynchronize(ops.stream()), cudaSuccess);
+      std::vector<uint8_t> data(size_t(odd_rows * odd_bytes));
+      ASSERT_EQ(cudaMemcpy(data.data(), d.data, data.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      for (int64_t q = 0; q < odd_rows * odd_bytes / 16; ++q) {
+        const std::vector<uint8_t> want = stored_chunk(f, odd.data.data() + 16 * q);
+        ASSERT_EQ(std::memcmp(data.data() + 16 * q, want.data(), 16), 0) << "call " << call << " chunk " << q;
+      }
+      if (f == Fmt::kFP4) {
+        std::vector<uint8_t> scales(odd.scale.size());
+        ASSERT_EQ(cudaMemcpy(scales.data(), d.scale_e8m0, scales.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(scales, odd.scale);
+      }
     }
   }
 #endif

@@ -26,9 +26,11 @@ struct DeviceWeight {
   const float* scale_f32 = nullptr;   // kFP8
   const uint8_t* scale_e8m0 = nullptr;  // kFP4
   int64_t scale_cols = 0;             // kFP8: ceil(cols/128); kFP4: cols/32
-  // The MoE expert kernels' MMA tile order instead of compact rows (moe/weight_mma.cuh; CudaOps::tile_for_mma):
-  // data and the FP4 scales are permuted in place, so no other op may read the matrix (linear refuses it).
+  // The MoE expert kernels' tensor-core layout (moe/weight_mma.cuh; CudaOps::to_mma_layout), made in place, so no
+  // other op may read the matrix (linear refuses it): mma_tiles, the MMA tile order instead of compact rows (data
+  // and FP4 scales); mma_bits, an FP4 matrix's words in the MMA bit order.
   bool mma_tiles = false;
+  bool mma_bits = false;
   // kFP4, found at upload: the range of the E8M0 scale bytes, and the largest max − min over the four scales of
   // a row's 128-column block (255 when cols is not a multiple of 128): what the MoE kernels' paths require
   // (moe/moe.cu), without reading the checkpoint's scales again.

@@ -398,7 +398,7 @@ size_t bf16_smem_bytes(int nt, int64_t cols) {
 }
 
 bool common_shape(const GemmParams& p) {
-  return !p.w.mma_tiles && p.n >= kMmaMinRows && p.n <= kGemvMaxRows && p.w.cols % kBlockK == 0 &&
+  return !p.w.mma_tiles && !p.w.mma_bits && p.n >= kMmaMinRows && p.n <= kGemvMaxRows && p.w.cols % kBlockK == 0 &&
          (p.w.rows / p.groups) % kTileRows == 0 && p.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(p.w.data) % 16 == 0 && p.w.rows / kTileRows < (int64_t(1) << 30) &&
          device_info().cc_major >= 9;

@@ -27,8 +27,8 @@ bool check(const cuda::GemmParams& p) {
              " groups");
   DSV4_CHECK(p.ldx >= p.groups * p.w.cols && p.ldy >= p.w.rows, "linear: row strides ", p.ldx, "/", p.ldy,
              " too small for [", p.w.rows, ", ", p.w.cols, "] in ", p.groups, " groups");
-  DSV4_CHECK(!p.w.mma_tiles, "linear: weight [", p.w.rows, ", ", p.w.cols, "] is a MoE expert matrix stored in the "
-             "expert kernels' MMA tile order; it cannot also be used as a linear layer");
+  DSV4_CHECK(!p.w.mma_tiles && !p.w.mma_bits, "linear: weight [", p.w.rows, ", ", p.w.cols, "] is a MoE expert "
+             "matrix stored in the expert kernels' MMA tile order or bit order; it cannot also be used as a linear layer");
   if (p.n == 0 || p.w.rows == 0) return false;
   DSV4_CHECK(p.x && (p.y || p.y_bf16), "linear: null activation or output for [", p.w.rows, ", ", p.w.cols, "]");
   DSV4_CHECK(p.w.cols > 0, "linear: weight [", p.w.rows, ", 0] has no input columns");

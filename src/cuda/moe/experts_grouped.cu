@@ -15,6 +15,7 @@
 // row's four scales in the K block, which is applied to the partial sum with the activation scale (exact: the
 // products e2m1 · 2^(b − b_max + 1) are f16 values for b_max − b ≤ kGroupedScaleSpan, checked on the host), so
 // the tensor cores sum 128 products before the fp32 scaling instead of 32. Only the order of the sums changes.
+// The FP4 words are in the MMA bit order (weight_mma.cuh), decoded to f16 by a table lifted by b − b_max + 1.
 //
 // Weights are read as they lie on the device, in the MMA tile order (weight_mma.cuh, laid out for e4m3
 // m16n8k32): for K group G of tile T, lane (g, c) loads 16 bytes of rows g and g + 8. Step j of a K block
@@ -82,18 +83,20 @@ int grouped_splits(int64_t tiles, int64_t out_rows, int block_rows, int64_t K, i
   return int(std::clamp<int64_t>(sm_count / std::max<int64_t>(blocks, 1), 1, K / kGBlockK));
 }
 
-// The crossovers against the item kernels (docs/design/moe.md, "The grouped path" and "The shared expert alone"):
-// the grouped path from 192 tokens at I = 2048, in proportion to I below (a tensor-parallel rank's slice); the
-// shared expert alone from 32 tokens where I ≥ 1024.
-constexpr int64_t kGroupedMinTokensAt2048 = 192;
+// The crossovers against the item kernels (docs/design/moe.md, "The grouped path", "The shared expert alone" and
+// "The FP4 bit order"): the grouped path from 12 tokens at I = 2048, in proportion to I below (a tensor-parallel
+// rank's slice) but from kGroupedMinTokensLeast; the shared expert alone from 32 tokens where I ≥ 1024.
+constexpr int64_t kGroupedMinTokensAt2048 = 12, kGroupedMinTokensLeast = 8;
 constexpr int64_t kSharedGroupedMinTokens = 32, kSharedGroupedMinInter = 1024;
 std::atomic<int64_t> g_min_tokens{0};  // 0: the default (set_grouped_min_tokens)
 std::atomic<int64_t> g_shared_min_tokens{0};
 // Small routed tiles up to this many pairs an expert on average (docs/design/moe.md, "Small routed tiles").
 constexpr int64_t kSmallTileMaxPairs = 16;
 std::atomic<int64_t> g_small_tile_max_pairs{-1};  // < 0: the default
-// Decode tiles on wgmma up to this many pairs an expert on average (docs/design/moe.md, "Decode tiles on wgmma").
-constexpr int64_t kDecodeTileMaxPairs = 4;
+// Decode tiles on wgmma up to this many pairs an expert on average (docs/design/moe.md, "Decode tiles on wgmma" and
+// "The FP4 bit order": 1024 tokens of V4-Flash, 2500 against 2686 µs a layer for tiles of 64 on an H200; at 1536
+// tokens, 36 pairs, 3430 against 2893).
+constexpr int64_t kDecodeTileMaxPairs = 24;
 std::atomic<int64_t> g_decode_tile_max_pairs{-1};  // < 0: the default
 // Wide tiles from this many pairs an expert on average (docs/design/moe.md, "Wide tiles": 2560 tokens of V4-Flash,
 // 4460 against 4625 µs a layer on an H200; 5695 against 6681 at 4096).
@@ -302,6 +305,8 @@ __device__ __forceinline__ void load_block(const WarpTiles& w, int64_t kb, RawBl
 
 // A fragments of the K block's eight k16 MMAs for both tiles — a[tile][step j][8]: step j's first MMA a0..a3,
 // then its second's — and each tile row's weight factor (rows g, g + 8).
+static_assert(1 - kGroupedScaleSpan >= kHalfLiftMin, "a K block's FP4 weights must lift within the f16 table");
+
 template <WFormat F>
 __device__ __forceinline__ void decode_block(const RawBlock<F>& r, int lane, uint32_t (&a)[2][4][8], float (&sw)[2][2]) {
   const int c = lane % 4;
@@ -314,20 +319,19 @@ __device__ __forceinline__ void decode_block(const RawBlock<F>& r, int lane, uin
         const uint32_t mx = __vmaxu4(s, s >> 16);
         const int bmax = int(max(mx & 0xFFu, (mx >> 8) & 0xFFu));
         const int b = int((s >> (8 * c)) & 0xFFu);
-        // e2m1 · 2^-14 (the bit-move decode) × 2^(b − bmax + 1 + 14): e2m1 · 2^(b − bmax + 1), exact in f16.
-        const uint16_t fbits = uint16_t((b - bmax + 1 + 14 + 15) << 10);
-        const __half2 f = __halves2half2(__ushort_as_half(fbits), __ushort_as_half(fbits));
+        // e2m1 · 2^(b − bmax + 1), exact in f16 (lift ≥ 1 − kGroupedScaleSpan); 2^(bmax − 128) joins the scaling.
+        uint32_t tab_lo, tab_hi;
+        fp4_half_tables(b - bmax + 1, tab_lo, tab_hi);
         sw[i][h] = __uint_as_float(uint32_t(max(bmax - 1, 1)) << 23);  // 2^(bmax − 128)
         const uint4 v = r.unit[i][h][0];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const uint32_t w = j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
-          const uint32_t even = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
-          const uint32_t odd = ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);
-          a[i][j][h] = hmul2_bits(__byte_perm(even, 0u, 0x1404u), f);      // elements 0, 2: k 2c, 2c + 1
-          a[i][j][2 + h] = hmul2_bits(__byte_perm(even, 0u, 0x3424u), f);  // 4, 6: k 2c + 8, 2c + 9
-          a[i][j][4 + h] = hmul2_bits(__byte_perm(odd, 0u, 0x1404u), f);   // second MMA: 1, 3
-          a[i][j][6 + h] = hmul2_bits(__byte_perm(odd, 0u, 0x3424u), f);   // 5, 7
+          uint32_t p[4];
+          fp4_to_half2(j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w, tab_lo, tab_hi, p);
+          a[i][j][h] = p[0];      // elements 0, 2: k 2c, 2c + 1
+          a[i][j][2 + h] = p[1];  // 4, 6: k 2c + 8, 2c + 9
+          a[i][j][4 + h] = p[2];  // second MMA: 1, 3
+          a[i][j][6 + h] = p[3];  // 5, 7
         }
       }
     } else {
@@ -704,7 +708,7 @@ void launch_gemms(const ExpertParams& p, const GroupedBuffers& g, const QuantPar
 int64_t grouped_min_tokens(int64_t I) {
   const int64_t v = g_min_tokens.load(std::memory_order_relaxed);
   if (v > 0) return v;
-  return std::max<int64_t>(kSharedGroupedMinTokens, kGroupedMinTokensAt2048 * std::min<int64_t>(I, 2048) / 2048);
+  return std::max<int64_t>(kGroupedMinTokensLeast, kGroupedMinTokensAt2048 * std::min<int64_t>(I, 2048) / 2048);
 }
 
 void set_grouped_min_tokens(int64_t n) {

@@ -121,10 +121,10 @@ __device__ __forceinline__ void decode(const Raw<F>& r, int c, uint32_t (&a)[4][
       uint32_t tab_lo, tab_hi;
       fp4_tables(r.scales[h], c, tab_lo, tab_hi, sw[h]);
       const uint4 v = r.unit[h][0];
-      fp4_to_e4m3(v.x, tab_lo, tab_hi, a[0][h], a[0][2 + h]);
-      fp4_to_e4m3(v.y, tab_lo, tab_hi, a[1][h], a[1][2 + h]);
-      fp4_to_e4m3(v.z, tab_lo, tab_hi, a[2][h], a[2][2 + h]);
-      fp4_to_e4m3(v.w, tab_lo, tab_hi, a[3][h], a[3][2 + h]);
+      fp4_lookup(v.x, tab_lo, tab_hi, a[0][h], a[0][2 + h]);
+      fp4_lookup(v.y, tab_lo, tab_hi, a[1][h], a[1][2 + h]);
+      fp4_lookup(v.z, tab_lo, tab_hi, a[2][h], a[2][2 + h]);
+      fp4_lookup(v.w, tab_lo, tab_hi, a[3][h], a[3][2 + h]);
     } else {
       sw[h] = r.block_scale;
 #pragma unroll

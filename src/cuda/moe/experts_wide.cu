@@ -169,10 +169,10 @@ __device__ __forceinline__ void decode_weights(const uint8_t* ws, uint8_t* os, i
       float factor;
       fp4_tables(scales[i][h], c, tab_lo, tab_hi, factor);
       uint32_t x[8];
-      fp4_to_e4m3(v.x, tab_lo, tab_hi, x[0], x[1]);
-      fp4_to_e4m3(v.y, tab_lo, tab_hi, x[2], x[3]);
-      fp4_to_e4m3(v.z, tab_lo, tab_hi, x[4], x[5]);
-      fp4_to_e4m3(v.w, tab_lo, tab_hi, x[6], x[7]);
+      fp4_lookup(v.x, tab_lo, tab_hi, x[0], x[1]);
+      fp4_lookup(v.y, tab_lo, tab_hi, x[2], x[3]);
+      fp4_lookup(v.z, tab_lo, tab_hi, x[4], x[5]);
+      fp4_lookup(v.w, tab_lo, tab_hi, x[6], x[7]);
       // The tile's row 8h + g: up, slice 2(tt % 4) + h, its w1 half (tt < 4) or w3 half; down, in place.
       const int r = kUp ? 16 * (2 * (tt % 4) + h) + 8 * (tt / 4) + g : 16 * tt + 8 * h + g;
       uint8_t* const row = os + r * kBlockK;

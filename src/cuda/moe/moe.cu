@@ -99,7 +99,7 @@ const void* scale_of(const DeviceWeight& d) {
 MatView view_of(const DeviceWeight& d) { return {d.data, scale_of(d), d.row_bytes(), d.scale_cols, d.mma_tiles}; }
 
 // One thread per 16-byte unit of the MMA tile order (weight_mma.cuh): unit u of dst (and its FP4 scale byte)
-// from its chunk of the row-major src. src and dst are distinct buffers.
+// from its chunk of the row-major src, an FP4 chunk's words in the MMA bit order. src and dst are distinct buffers.
 struct TileParams {
   const uint8_t* src = nullptr;
   const uint8_t* src_scale = nullptr;  // FP4: E8M0 [rows, row_bytes / 16]; nullptr for FP8
@@ -114,8 +114,19 @@ __global__ void tile_for_mma_kernel(TileParams p) {
   const int lane = int(u % 32), h = int(u / 32 % 2);
   const int64_t group = u / 64 % p.groups, tile = u / 64 / p.groups;
   const int64_t row = tile * cuda::moe::kTileRows + lane / 4 + 8 * h, q = 4 * group + lane % 4;
-  reinterpret_cast<uint4*>(p.dst)[u] = *reinterpret_cast<const uint4*>(p.src + row * p.row_bytes + 16 * q);
-  if (p.src_scale) p.dst_scale[u] = p.src_scale[row * (p.row_bytes / 16) + q];
+  uint4 v = *reinterpret_cast<const uint4*>(p.src + row * p.row_bytes + 16 * q);
+  if (p.src_scale) {
+    v = make_uint4(cuda::moe::fp4_mma_bits(v.x), cuda::moe::fp4_mma_bits(v.y), cuda::moe::fp4_mma_bits(v.z),
+                   cuda::moe::fp4_mma_bits(v.w));
+    p.dst_scale[u] = p.src_scale[row * (p.row_bytes / 16) + q];
+  }
+  reinterpret_cast<uint4*>(p.dst)[u] = v;
+}
+
+// An FP4 matrix in row order: its words into the MMA bit order, in place.
+__global__ void fp4_mma_bits_kernel(uint32_t* words, int64_t count) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) words[i] = cuda::moe::fp4_mma_bits(words[i]);
 }
 
 bool same_layout(const DeviceWeight& a, const DeviceWeight& b) {
@@ -145,15 +156,16 @@ void local_experts(const MoeWeights& w, int* begin, int* end) {
   *end = e;
 }
 
-// A family's matrices go to the MMA tile order when the tensor cores read them and they are whole tiles. A
-// matrix already tiled (it serves another layer too) must be read that way here as well.
-void tile_family(CudaOps& ops, MatFormat& format, const std::vector<const Weight*>& weights, const char* what) {
+// A family's matrices go to the tensor-core layout when the tensor cores read them: the MMA tile order where they
+// are whole tiles, FP4 words in the MMA bit order. A matrix already in it (it serves another layer too) must be
+// read that way here as well.
+void mma_layout_family(CudaOps& ops, MatFormat& format, const std::vector<const Weight*>& weights, const char* what) {
   const DeviceWeight& first = ops.dev(*weights.front());
   format.tiled = format.tensor_cores && cuda::moe::mma_tiles_fit(first.rows, first.row_bytes());
   for (const Weight* w : weights) {
-    if (format.tiled) ops.tile_for_mma(*w);
-    else DSV4_CHECK(!ops.dev(*w).mma_tiles, "moe: ", what, " is stored in the MMA tile order for another layer whose "
-                    "kernels read it that way, but this layer's cannot");
+    if (format.tensor_cores) ops.to_mma_layout(*w);
+    else DSV4_CHECK(!ops.dev(*w).mma_tiles && !ops.dev(*w).mma_bits, "moe: ", what, " is stored in the expert "
+                    "kernels' tensor-core layout for another layer whose kernels read it that way, but this layer's cannot");
   }
 }
 
@@ -208,13 +220,13 @@ LayerTables build_layer(CudaOps& ops, const MoeWeights& w, int64_t D, int64_t I,
   }
   t.routed_up = format_of(w1, up_fits);
   t.routed_down = format_of(w2, down_fits);
-  tile_family(ops, t.routed_up, up, "a routed expert's w1 / w3");
-  tile_family(ops, t.routed_down, down, "a routed expert's w2");
+  mma_layout_family(ops, t.routed_up, up, "a routed expert's w1 / w3");
+  mma_layout_family(ops, t.routed_down, down, "a routed expert's w2");
   if (t.has_shared) {
     t.shared_up = format_of(t.shared_w1, fp4_scales_fit(t.shared_w1) && fp4_scales_fit(t.shared_w3));
     t.shared_down = format_of(t.shared_w2, fp4_scales_fit(t.shared_w2));
-    tile_family(ops, t.shared_up, {&w.shared.w1, &w.shared.w3}, "the shared expert's w1 / w3");
-    tile_family(ops, t.shared_down, {&w.shared.w2}, "the shared expert's w2");
+    mma_layout_family(ops, t.shared_up, {&w.shared.w1, &w.shared.w3}, "the shared expert's w1 / w3");
+    mma_layout_family(ops, t.shared_down, {&w.shared.w2}, "the shared expert's w2");
   }
   // The grouped FP8 path reads tiled FP8 as it is, tiled FP4 where its scales fit (fp4_spans_fit).
   const auto grouped = [&](const MatFormat& f, const std::vector<const Weight*>& ws) {
@@ -341,19 +353,30 @@ cuda::moe::Plan carve_plan(Carve& c, int64_t n, int64_t E, int64_t k, int64_t D,
 
 }  // namespace
 
-const DeviceWeight& CudaOps::tile_for_mma(const Weight& w) {
+const DeviceWeight& CudaOps::to_mma_layout(const Weight& w) {
   auto it = weights_.find(w.data);
   DSV4_CHECK(it != weights_.end(), "internal error: weight [", w.rows, ", ", w.cols, "] was not uploaded");
   DeviceWeight& d = it->second;
-  if (d.mma_tiles) return d;
-  DSV4_CHECK((d.format == WFormat::kFP4 || d.format == WFormat::kFP8) && cuda::moe::mma_tiles_fit(d.rows, d.row_bytes()),
-             "internal error: weight [", d.rows, ", ", d.cols, "] cannot take the MMA tile order");
+  DSV4_CHECK(d.format == WFormat::kFP4 || d.format == WFormat::kFP8, "internal error: weight [", d.rows, ", ", d.cols,
+             "] is neither FP4 nor FP8: no tensor-core layout");
+  if (d.mma_tiles || d.mma_bits) return d;
   const size_t bytes = size_t(d.rows * d.row_bytes());
+  auto* data = const_cast<uint8_t*>(d.data);
+  constexpr int kThreads = 256;
+  if (!cuda::moe::mma_tiles_fit(d.rows, d.row_bytes())) {
+    if (d.format == WFormat::kFP4) {
+      const int64_t words = int64_t(bytes / 4);  // row_bytes is a multiple of 16 (cols of 32)
+      fp4_mma_bits_kernel<<<unsigned(cuda::ceil_div(words, int64_t(kThreads))), kThreads, 0, stream_>>>(
+          reinterpret_cast<uint32_t*>(data), words);
+      DSV4_CUDA_CHECK(cudaGetLastError());
+      d.mma_bits = true;
+    }
+    return d;
+  }
   const size_t scale_bytes = d.format == WFormat::kFP4 ? size_t(d.rows * d.scale_cols) : 0;
   // The row-major copy the kernel gathers from: stream-ordered, freed once the kernel has read it.
   uint8_t* copy = nullptr;
   DSV4_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&copy), bytes + scale_bytes, stream_));
-  auto* data = const_cast<uint8_t*>(d.data);
   auto* scale = const_cast<uint8_t*>(d.scale_e8m0);
   DSV4_CUDA_CHECK(cudaMemcpyAsync(copy, data, bytes, cudaMemcpyDeviceToDevice, stream_));
   if (scale_bytes) DSV4_CUDA_CHECK(cudaMemcpyAsync(copy + bytes, scale, scale_bytes, cudaMemcpyDeviceToDevice, stream_));
@@ -365,11 +388,11 @@ const DeviceWeight& CudaOps::tile_for_mma(const Weight& w) {
   p.units = int64_t(bytes / 16);
   p.groups = d.row_bytes() / cuda::moe::kTileGroupBytes;
   p.row_bytes = d.row_bytes();
-  constexpr int kThreads = 256;
   tile_for_mma_kernel<<<unsigned(cuda::ceil_div(p.units, int64_t(kThreads))), kThreads, 0, stream_>>>(p);
   DSV4_CUDA_CHECK(cudaGetLastError());
   DSV4_CUDA_CHECK(cudaFreeAsync(copy, stream_));
   d.mma_tiles = true;
+  d.mma_bits = d.format == WFormat::kFP4;
   return d;
 }
 

@@ -199,8 +199,9 @@ constexpr int kGroupedTokens = 64;     // pairs of one expert per tile: the GEMM
 // SM (experts_grouped.cu).
 constexpr int kGroupedSmallTokens = 24;
 // Routed FP4 tiles where experts hold a few pairs each (decode steps: grouped_routed_tile), on wgmma's N = 16
-// (experts_wgmma.cu): the FP4 decode feeds wgmma's k32 e4m3 steps (docs/design/moe.md, "Decode tiles on wgmma":
-// ahead of small tiles at 96–160 tokens of a `--tp 2` rank, level with the item kernels at 64).
+// (experts_wgmma.cu): the FP4 decode feeds wgmma's k32 e4m3 steps (docs/design/moe.md, "Decode tiles on wgmma" and
+// "The FP4 bit order": since the FP4 bit order, ahead of the item kernels from 16 tokens of V4-Flash and of every
+// other tile up to 1024).
 constexpr int kGroupedDecodeTokens = 16;
 // Routed FP4 tiles where experts hold many pairs (prefill: grouped_routed_tile), on wgmma's N = 128 with both
 // operands in shared memory, the FP4 decode in a producer warpgroup (experts_wide.cu; docs/design/moe.md, "Wide

@@ -24,12 +24,57 @@
 
 namespace dsv4::cuda::moe {
 
-// FP4 weights enter the MMA as fp16(e2m1 · s · 2^kFp4Offset): the code decodes by bit moves to fp16(e2m1 ·
-// 2^-14), then one fp16 multiply by s · 2^(kFp4Offset + 14), exact for E8M0 scale bytes b in [kFp4ScaleMin,
-// kFp4ScaleMax]: the factor 2^(b − 111) is a normal fp16 (b ≤ 126) and the products e2m1 · 2^(b − 125) are
-// ≥ 2^-24 (b ≥ 102) and ≤ 65504. The offset is divided out after the MMA.
-constexpr int kFp4Offset = 2;
+// FP4 words in the MMA bit order. A tensor-core FP4 matrix (MatFormat::tensor_cores; CudaOps::to_mma_layout) keeps
+// each 32-bit word of eight e2m1 codes (element i in nibble i, its sign at bit 4i + 3) with the magnitudes in place
+// and the signs moved into the nibbles' top bits where the decoders want them: element i < 4's sign at bit 8i + 7,
+// element 4 + i's at bit 8i + 3. Then one byte permute looks up four magnitudes in a table of their values, and one
+// LOP3 puts their signs at bit 7 of each byte (fp4_lookup): 7 instructions for 8 weights, against 11 when a sign
+// had to be shifted out of each nibble (docs/design/moe.md, "The FP4 bit order").
+__host__ __device__ constexpr uint32_t fp4_mma_bits(uint32_t w) {
+  uint32_t out = w & 0x77777777u;
+  for (int i = 0; i < 8; ++i) out |= ((w >> (4 * i + 3)) & 1u) << (i < 4 ? 8 * i + 7 : 8 * (i - 4) + 3);
+  return out;
+}
+
+// A word in the MMA bit order through a table of eight byte values (tab_lo: magnitudes 0..3, tab_hi: 4..7, each
+// with bit 7 clear): lo gets the bytes of elements 0..3, hi of 4..7, with the elements' signs at bit 7.
+__device__ __forceinline__ void fp4_lookup(uint32_t w, uint32_t tab_lo, uint32_t tab_hi, uint32_t& lo, uint32_t& hi) {
+  const uint32_t mag = w & 0x77777777u;  // a selector nibble's bit 3 would replicate a sign: cleared
+  lo = __byte_perm(tab_lo, tab_hi, mag) | (w & 0x80808080u);
+  hi = __byte_perm(tab_lo, tab_hi, mag >> 16) | ((w << 4) & 0x80808080u);
+}
+
+// f16 weights from FP4 by table: the f16 of an e2m1 value times 2^lift is zero but for its high byte wherever it is
+// a normal f16 — sign, five exponent bits, the mantissa's top two — and 2^lift adds 4·lift to that byte. So the
+// table holds the high bytes of 0, 0.5, 1, 1.5 | 2, 3, 4, 6 lifted by 2^lift (0 stays 0), exact for lift in
+// [kHalfLiftMin, kHalfLiftMax]: the smallest nonzero byte 0x38 + 4·lift ≥ 0x04 (a normal exponent) and the
+// largest 0x46 + 4·lift ≤ 0x7A (1.5 · 2^15); no byte borrows from its neighbour.
+constexpr int kHalfLiftMin = -13, kHalfLiftMax = 13;
+__device__ __forceinline__ void fp4_half_tables(int lift, uint32_t& tab_lo, uint32_t& tab_hi) {
+  const uint32_t l = uint32_t(lift) * 4u;
+  tab_lo = 0x3E3C3800u + l * 0x01010100u;
+  tab_hi = 0x46444240u + l * 0x01010101u;
+}
+
+// A word in the MMA bit order → f16 pairs of its elements in the MMA's fragment order (mma_columns): p[0] = (0, 2),
+// p[1] = (4, 6), p[2] = (1, 3), p[3] = (5, 7), the first of a pair in the low half.
+__device__ __forceinline__ void fp4_to_half2(uint32_t w, uint32_t tab_lo, uint32_t tab_hi, uint32_t (&p)[4]) {
+  uint32_t lo, hi;
+  fp4_lookup(w, tab_lo, tab_hi, lo, hi);
+  p[0] = __byte_perm(lo, 0u, 0x2404u);  // bytes {0, lo.0, 0, lo.2}
+  p[1] = __byte_perm(hi, 0u, 0x2404u);
+  p[2] = __byte_perm(lo, 0u, 0x3414u);  // bytes {0, lo.1, 0, lo.3}
+  p[3] = __byte_perm(hi, 0u, 0x3414u);
+}
+
+// The item and decode kernels' FP4 weights enter the MMA as fp16(e2m1 · s · 2^kFp4Offset), s = 2^(b − 127) for the
+// E8M0 byte b, by the table lifted by b − 127 + kFp4Offset: exact for b in [kFp4ScaleMin, kFp4ScaleMax], whose lifts
+// [−13, 11] lie in the table's range (the products e2m1 · 2^(b − 115) are normal f16 values from 2^-14 to 12288).
+// The offset is divided out after the MMA.
+constexpr int kFp4Offset = 12;
 constexpr int kFp4ScaleMin = 102, kFp4ScaleMax = 126;
+static_assert(kFp4ScaleMin - 127 + kFp4Offset >= kHalfLiftMin && kFp4ScaleMax - 127 + kFp4Offset <= kHalfLiftMax,
+              "the item kernels' FP4 scales must lift within the f16 table's range");
 
 template <WFormat F>
 constexpr int kGroupCols = 4 * kChunkElems<F>;  // columns of one K group: FP4 128, FP8 64
@@ -43,7 +88,7 @@ constexpr int kMmasPerChunk = kChunkElems<F> / 4;  // MMAs a lane's 16-byte chun
 // reads 64 bytes of each of 8 rows; in this order it reads 512 contiguous bytes, which the expert kernels'
 // grid loads faster (bench/moe/bench_load_pattern.cu, the loads alone). FP4's E8M0 scales (one per 16-byte
 // chunk) follow the same order, one byte per unit; FP8's 128 x 128 block scales keep theirs.
-// CudaOps::tile_for_mma permutes a matrix once, on the MoE's first call of its layer.
+// CudaOps::to_mma_layout permutes a matrix once, on the MoE's first call of its layer.
 constexpr int kTileRows = 16;
 constexpr int kTileGroupBytes = 64;
 __host__ __device__ constexpr bool mma_tiles_fit(int64_t rows, int64_t row_bytes) {
@@ -223,11 +268,6 @@ __device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t two_bytes) {
   return uint32_t(h.x) | (uint32_t(h.y) << 16);
 }
 
-__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 s) {
-  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), s);
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
-
 // One warp, NT tiles of 16 rows (tile i: rows row0[i] .. +15 of mats[i], rows_valid[i] of them real; a tiled
 // matrix's row0 is a multiple of 16 and its tiles are whole), K groups [g_begin, g_end), activations xs
 // (stride mma_stride16 per token row, ntok ≤ 4 rows). acc[i] gets the tile's D fragment: d0 = (row g, token
@@ -267,7 +307,7 @@ __device__ __forceinline__ void warp_mma(const MatView (&mats)[NT], const int64_
   }
   for (int64_t g0 = g_begin; g0 < g_end; g0 += kUnroll) {
     uint4 raw[kUnroll][NT][2];
-    __half2 fp4_scale[kUnroll][NT][2];
+    int fp4_lift[kUnroll][NT][2];
     float fp8_scale[kUnroll][NT];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -280,10 +320,8 @@ __device__ __forceinline__ void warp_mma(const MatView (&mats)[NT], const int64_
           const bool live = g0 + u < g_end && q < chunks && row_live[i][h];  // tiled: q < chunks for every group
           raw[u][i][h] = live ? load_stream16(mats[i].data + (offset[i][h] + G * step[i])) : make_uint4(0, 0, 0, 0);
           if constexpr (F == WFormat::kFP4) {
-            // 2^(b − 127 + 14 + kFp4Offset) as fp16 bits: exponent field b − 127 + 14 + kFp4Offset + 15.
             const uint8_t* scales = static_cast<const uint8_t*>(mats[i].scale);
-            const int b = live ? scales[scale_offset[i][h] + G * scale_step[i]] : 111;
-            fp4_scale[u][i][h] = __half2half2(__ushort_as_half(uint16_t((b - 127 + 14 + kFp4Offset + 15) << 10)));
+            fp4_lift[u][i][h] = (live ? int(scales[scale_offset[i][h] + G * scale_step[i]]) : 127) - 127 + kFp4Offset;
           }
         }
         if constexpr (F == WFormat::kFP8) {  // one 128x128 block scale for the whole tile and group
@@ -303,35 +341,49 @@ __device__ __forceinline__ void warp_mma(const MatView (&mats)[NT], const int64_
       for (int i = 0; i < NT; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) part[i][e] = F == WFormat::kFP4 ? acc[i][e] : 0.0f;
+      if constexpr (F == WFormat::kFP4) {
+        // Word wi of a lane's chunk feeds MMA 2wi its elements (0, 2) and (1, 3), MMA 2wi + 1 (4, 6) and (5, 7):
+        // mma_columns. Each word is decoded once, by the table of its (tile, row half) lifted by its scale.
+        uint32_t tab[NT][2][2];
 #pragma unroll
-      for (int j = 0; j < kMmasPerChunk<F>; ++j) {
-        const uint2 b = g / 2 < ntok ? xg[j * 8] : make_uint2(0, 0);
+        for (int i = 0; i < NT; ++i)
 #pragma unroll
-        for (int i = 0; i < NT; ++i) {
-          uint32_t a[2][2];  // [row half h][pair]: pair 0 → k slots 2c, 2c+1; pair 1 → 2c+8, 2c+9
+          for (int h = 0; h < 2; ++h) fp4_half_tables(fp4_lift[u][i][h], tab[i][h][0], tab[i][h][1]);
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint4& v = raw[u][i][h];
-            if constexpr (F == WFormat::kFP4) {
-              const int wi = j / 2;
-              const uint32_t w = wi == 0 ? v.x : wi == 1 ? v.y : wi == 2 ? v.z : v.w;
-              // Byte k of w holds elements 2k (low nibble) and 2k + 1. The fp16 of e2m1 · 2^-14 is zero but
-              // for its high byte, which is the code's sign at bit 7 and its three magnitude bits at bits
-              // 3..1 (exponent e, mantissa m; e = 0 lands on the fp16 subnormal). even / odd hold those bytes
-              // for elements 0, 2, 4, 6 / 1, 3, 5, 7; a byte permute moves two of them into a half2. MMA 2i
-              // takes (0, 2) and (1, 3), MMA 2i + 1 (4, 6) and (5, 7): mma_columns.
-              const uint32_t even = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
-              const uint32_t odd = ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);
-              const uint32_t select = j % 2 == 0 ? 0x1404u : 0x3424u;  // bytes {0, b, 0, b + 1}, b = 0 or 2
-              a[h][0] = hmul2_bits(__byte_perm(even, 0u, select), fp4_scale[u][i][h]);
-              a[h][1] = hmul2_bits(__byte_perm(odd, 0u, select), fp4_scale[u][i][h]);
-            } else {
+        for (int wi = 0; wi < 4; ++wi) {
+          uint32_t p[NT][2][4];
+#pragma unroll
+          for (int i = 0; i < NT; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint4& v = raw[u][i][h];
+              fp4_to_half2(wi == 0 ? v.x : wi == 1 ? v.y : wi == 2 ? v.z : v.w, tab[i][h][0], tab[i][h][1], p[i][h]);
+            }
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            const int j = 2 * wi + jj;
+            const uint2 b = g / 2 < ntok ? xg[j * 8] : make_uint2(0, 0);
+#pragma unroll
+            for (int i = 0; i < NT; ++i)
+              mma_f16(part[i], p[i][0][jj], p[i][1][jj], p[i][0][2 + jj], p[i][1][2 + jj], b.x, b.y);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kMmasPerChunk<F>; ++j) {
+          const uint2 b = g / 2 < ntok ? xg[j * 8] : make_uint2(0, 0);
+#pragma unroll
+          for (int i = 0; i < NT; ++i) {
+            uint32_t a[2][2];  // [row half h][pair]: pair 0 → k slots 2c, 2c+1; pair 1 → 2c+8, 2c+9
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint4& v = raw[u][i][h];
               const uint32_t w = j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
               a[h][0] = e4m3x2_to_half2(w & 0xFFFFu);
               a[h][1] = e4m3x2_to_half2(w >> 16);
             }
+            mma_f16(part[i], a[0][0], a[1][0], a[0][1], a[1][1], b.x, b.y);
           }
-          mma_f16(part[i], a[0][0], a[1][0], a[0][1], a[1][1], b.x, b.y);
         }
       }
 #pragma unroll

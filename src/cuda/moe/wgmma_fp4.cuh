@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "cuda/moe/moe_kernels.h"
+#include "cuda/moe/weight_mma.cuh"
 
 namespace dsv4::cuda::moe {
 
@@ -23,22 +24,14 @@ constexpr uint32_t kE2m1CodesHi = 0x4C484440u;  // of 2, 3, 4, 6
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// Eight e2m1 codes (element 0 in the low nibble) → eight e4m3 codes, lo elements 0..3, hi 4..7. A normal e4m3's
-// code moves by 8 a power of two, so the eight magnitudes at one scale are the table at lift 0 plus 8 · lift
-// each (0 stays 0): prmt looks up four 3-bit magnitudes at once, a second prmt spreads their signs to bit 7.
-__device__ __forceinline__ void fp4_to_e4m3(uint32_t w, uint32_t tab_lo, uint32_t tab_hi, uint32_t& lo,
-                                            uint32_t& hi) {
-  const uint32_t mag = w & 0x77777777u, sign = (w >> 3) & 0x11111111u;  // prmt reads a selector's low 16 bits
-  lo = __byte_perm(tab_lo, tab_hi, mag) | __byte_perm(0x8000u, 0u, sign);
-  hi = __byte_perm(tab_lo, tab_hi, mag >> 16) | __byte_perm(0x8000u, 0u, sign >> 16);
-}
-
 // 2^(e − 127) for E8M0-style e ≥ −22 (subnormal below e = 1).
 __device__ __forceinline__ float pow2_biased(int e) {
   return __uint_as_float(e >= 1 ? uint32_t(e) << 23 : 1u << (e + 22));
 }
 
-// The lifted tables of chunk c of a row whose four chunk scales are the bytes of s, and the row's weight factor.
+// The lifted e4m3 tables (fp4_lookup's: weight_mma.cuh) of chunk c of a row whose four chunk scales are the bytes
+// of s, and the row's weight factor. A normal e4m3's code moves by 8 a power of two, so the eight magnitudes at
+// one scale are the table at lift 0 plus 8 · lift each (0 stays 0).
 __device__ __forceinline__ void fp4_tables(uint32_t s, int c, uint32_t& tab_lo, uint32_t& tab_hi, float& sw) {
   const uint32_t mx = __vmaxu4(s, s >> 16);
   const int bmax = int(max(mx & 0xFFu, (mx >> 8) & 0xFFu));
