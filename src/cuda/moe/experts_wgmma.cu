@@ -119,7 +119,7 @@ __device__ __forceinline__ void decode(const Raw<F>& r, int c, uint32_t (&a)[4][
   for (int h = 0; h < 2; ++h) {
     if constexpr (F == WFormat::kFP4) {
       uint32_t tab_lo, tab_hi;
-      fp4_tables(r.scales[h], c, tab_lo, tab_hi, sw[h]);
+      fp4_tables(r.scales[h], 0x4440u + c, tab_lo, tab_hi, sw[h]);
       const uint4 v = r.unit[h][0];
       fp4_lookup(v.x, tab_lo, tab_hi, a[0][h], a[0][2 + h]);
       fp4_lookup(v.y, tab_lo, tab_hi, a[1][h], a[1][2 + h]);

@@ -167,7 +167,7 @@ __device__ __forceinline__ void decode_weights(const uint8_t* ws, uint8_t* os, i
       const uint4 v = raw[i][h];
       uint32_t tab_lo, tab_hi;
       float factor;
-      fp4_tables(scales[i][h], c, tab_lo, tab_hi, factor);
+      fp4_tables(scales[i][h], 0x4440u + c, tab_lo, tab_hi, factor);
       uint32_t x[8];
       fp4_lookup(v.x, tab_lo, tab_hi, x[0], x[1]);
       fp4_lookup(v.y, tab_lo, tab_hi, x[2], x[3]);

@@ -83,10 +83,11 @@ bool fp4_scales_fit(const DeviceWeight& d) {
   return d.format == WFormat::kFP4 && d.scale_lo >= cuda::moe::kFp4ScaleMin && d.scale_hi <= cuda::moe::kFp4ScaleMax;
 }
 
-// Whether an FP4 matrix's E8M0 scales suit the grouped FP8 path (experts_grouped.cu): in every row's 128-column
-// block (four scales) max − min ≤ kGroupedScaleSpan, and every byte in [2, 254] (2^(max − 128) a normal float).
+// Whether an FP4 matrix's E8M0 scales suit the grouped FP8 path (experts_grouped.cu, experts_wgmma.cu): in every
+// row's 128-column block (four scales) max − min ≤ kGroupedScaleSpan, and every byte in [kGroupedScaleMin, 254]
+// (2^(max − 127 − kLift) and 2^(max − 128) normal floats).
 bool fp4_spans_fit(const DeviceWeight& d) {
-  return d.format == WFormat::kFP4 && d.scale_lo >= 2 && d.scale_hi <= 254 &&
+  return d.format == WFormat::kFP4 && d.scale_lo >= cuda::moe::kGroupedScaleMin && d.scale_hi <= 254 &&
          d.scale_span <= cuda::moe::kGroupedScaleSpan;
 }
 

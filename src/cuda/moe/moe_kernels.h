@@ -208,6 +208,7 @@ constexpr int kGroupedDecodeTokens = 16;
 // tiles").
 constexpr int kGroupedWideTokens = 128;
 constexpr int kGroupedScaleSpan = 9;   // FP4: max − min of a row's four E8M0 scales in one 128-column block
+constexpr int kGroupedScaleMin = 7;    // FP4: the smallest E8M0 scale (wgmma_fp4.cuh: a normal weight factor)
 
 struct GroupedBuffers {
   // Activations act_quant'ed to e4m3 values, stored as f16 codes (the GEMMs multiply in f16: experts_grouped.cu).

@@ -38,10 +38,17 @@ __host__ __device__ constexpr uint32_t fp4_mma_bits(uint32_t w) {
 
 // A word in the MMA bit order through a table of eight byte values (tab_lo: magnitudes 0..3, tab_hi: 4..7, each
 // with bit 7 clear): lo gets the bytes of elements 0..3, hi of 4..7, with the elements' signs at bit 7.
+// PTX's prmt, not __byte_perm: the intrinsic promises to ignore a selector nibble's bit 3, so the compiler masks
+// each selector again (one more instruction a word); mag has those bits cleared already.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
+  return r;
+}
 __device__ __forceinline__ void fp4_lookup(uint32_t w, uint32_t tab_lo, uint32_t tab_hi, uint32_t& lo, uint32_t& hi) {
   const uint32_t mag = w & 0x77777777u;  // a selector nibble's bit 3 would replicate a sign: cleared
-  lo = __byte_perm(tab_lo, tab_hi, mag) | (w & 0x80808080u);
-  hi = __byte_perm(tab_lo, tab_hi, mag >> 16) | ((w << 4) & 0x80808080u);
+  lo = prmt(tab_lo, tab_hi, mag) | (w & 0x80808080u);
+  hi = prmt(tab_lo, tab_hi, mag >> 16) | ((w << 4) & 0x80808080u);
 }
 
 // f16 weights from FP4 by table: the f16 of an e2m1 value times 2^lift is zero but for its high byte wherever it is

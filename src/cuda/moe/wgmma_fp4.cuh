@@ -19,30 +19,30 @@ namespace dsv4::cuda::moe {
 constexpr int kLift = 6;
 static_assert(0.5 * (1 << kLift) / (1 << kGroupedScaleSpan) >= 1.0 / 64 && (6 << kLift) <= 448,
               "the lifted e2m1 magnitudes must be normal e4m3 values");
+static_assert(kGroupedScaleMin >= kLift + 1, "fp4_tables' weight factor 2^(b_max − 127 − kLift) must be normal");
 constexpr uint32_t kE2m1CodesLo = 0x3C383000u;  // e4m3 codes of 0, 0.5, 1, 1.5
 constexpr uint32_t kE2m1CodesHi = 0x4C484440u;  // of 2, 3, 4, 6
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// 2^(e − 127) for E8M0-style e ≥ −22 (subnormal below e = 1).
-__device__ __forceinline__ float pow2_biased(int e) {
-  return __uint_as_float(e >= 1 ? uint32_t(e) << 23 : 1u << (e + 22));
-}
-
 // The lifted e4m3 tables (fp4_lookup's: weight_mma.cuh) of chunk c of a row whose four chunk scales are the bytes
-// of s, and the row's weight factor. A normal e4m3's code moves by 8 a power of two, so the eight magnitudes at
-// one scale are the table at lift 0 plus 8 · lift each (0 stays 0).
-__device__ __forceinline__ void fp4_tables(uint32_t s, int c, uint32_t& tab_lo, uint32_t& tab_hi, float& sw) {
-  const uint32_t mx = __vmaxu4(s, s >> 16);
-  const int bmax = int(max(mx & 0xFFu, (mx >> 8) & 0xFFu));
-  const int b = int((s >> (8 * c)) & 0xFFu);
-  // lift ≥ 8·(kLift − kGroupedScaleSpan) = −24 and every nonzero table byte ≥ 0x30: no byte borrows.
-  const uint32_t lift = uint32_t(b - bmax + kLift) * 8u;
-  tab_lo = kE2m1CodesLo + lift * 0x01010100u;
-  tab_hi = kE2m1CodesHi + lift * 0x01010101u;
-  sw = pow2_biased(bmax - kLift);
+// of s, and the row's weight factor 2^(b_max − 127 − kLift). A normal e4m3's code moves by 8 a power of two, so the
+// eight magnitudes at one scale are the table at lift 0 plus 8 · lift each (0 stays 0). select_c = 0x4440 + c
+// (prmt's selector of byte c). Every scale byte ≥ kLift + 1 (fp4_spans_fit): the factor is a normal float.
+// 13 instructions, the four lanes of a row each computing its b_max (docs/design/moe.md, "The chunk tables").
+__device__ __forceinline__ void fp4_tables(uint32_t s, uint32_t select_c, uint32_t& tab_lo, uint32_t& tab_hi,
+                                           float& sw) {
+  uint32_t pairs, bmax;
+  // The largest of the four bytes: the even and odd bytes as u16 halves, their larger ones, the larger half.
+  asm("max.u16x2 %0, %1, %2;" : "=r"(pairs) : "r"(prmt(s, 0u, 0x4140u)), "r"(prmt(s, 0u, 0x4342u)));
+  bmax = max(pairs & 0xFFFFu, pairs >> 16);
+  const uint32_t b = prmt(s, 0u, select_c);
+  // lift = b − b_max + kLift ≥ kLift − kGroupedScaleSpan = −3 and every nonzero table byte ≥ 0x30: no byte borrows.
+  const uint32_t d = b - bmax;
+  tab_lo = d * 0x08080800u + (kE2m1CodesLo + 8u * kLift * 0x01010100u);
+  tab_hi = d * 0x08080808u + (kE2m1CodesHi + 8u * kLift * 0x01010101u);
+  sw = __uint_as_float(bmax * (1u << 23) - uint32_t(kLift << 23));
 }
-
 // total[4j + 2h + e] (row g + 8h, column 8j + 2c + e: tc_wgmma.cuh) += part · sw[h] · x_e for j's two columns.
 template <int kAcc>
 __device__ __forceinline__ void promote_columns(float (&total)[kAcc], const float (&part)[kAcc], const float (&sw)[2],
