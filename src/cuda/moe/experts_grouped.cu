@@ -84,9 +84,10 @@ int grouped_splits(int64_t tiles, int64_t out_rows, int block_rows, int64_t K, i
 }
 
 // The crossovers against the item kernels (docs/design/moe.md, "The grouped path", "The shared expert alone" and
-// "The FP4 bit order"): the grouped path from 12 tokens at I = 2048, in proportion to I below (a tensor-parallel
-// rank's slice) but from kGroupedMinTokensLeast; the shared expert alone from 32 tokens where I ≥ 1024.
-constexpr int64_t kGroupedMinTokensAt2048 = 12, kGroupedMinTokensLeast = 8;
+// "The loads' addresses"): the grouped path from 5 tokens at I ≥ 2048, 8 at a `--tp 2` rank's 1024, 12 below (the
+// narrower the experts, the fewer blocks the decode tiles have to fill the GPU with); the shared expert alone from
+// 32 tokens where I ≥ 1024.
+constexpr int64_t kGroupedMinTokensWide = 5, kGroupedMinTokensHalf = 8, kGroupedMinTokensNarrow = 12;
 constexpr int64_t kSharedGroupedMinTokens = 32, kSharedGroupedMinInter = 1024;
 std::atomic<int64_t> g_min_tokens{0};  // 0: the default (set_grouped_min_tokens)
 std::atomic<int64_t> g_shared_min_tokens{0};
@@ -708,7 +709,7 @@ void launch_gemms(const ExpertParams& p, const GroupedBuffers& g, const QuantPar
 int64_t grouped_min_tokens(int64_t I) {
   const int64_t v = g_min_tokens.load(std::memory_order_relaxed);
   if (v > 0) return v;
-  return std::max<int64_t>(kGroupedMinTokensLeast, kGroupedMinTokensAt2048 * std::min<int64_t>(I, 2048) / 2048);
+  return I >= 2048 ? kGroupedMinTokensWide : I >= 1024 ? kGroupedMinTokensHalf : kGroupedMinTokensNarrow;
 }
 
 void set_grouped_min_tokens(int64_t n) {

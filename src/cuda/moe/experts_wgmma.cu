@@ -139,59 +139,102 @@ __device__ __forceinline__ void decode(const Raw<F>& r, int c, uint32_t (&a)[4][
   }
 }
 
-// K blocks [kb0, kb0 + nb) into ring stage `buf` (the layout above; ring a shared-memory address). K block kbl's
-// activation tile is T rows of 128 bytes, 16-byte chunk q of row m at chunk q ^ (m % 8) (the 128-byte
-// swizzle the descriptor names); its scales where promote reads them (promote_scale_slot).
+// A thread's share of the ring's copies, stage after stage: its cp.async sources at the next stage to load and
+// their places in a stage, found once. Computed per stage from the K block (as before), the copies' addresses
+// took ~100 instructions a stage a warp, a quarter of the decode tiles' loop (docs/design/moe.md, "The loads'
+// addresses"). Stage layout as above; K block kbl's activation tile is T rows of 128 bytes, 16-byte chunk q of
+// row m at chunk q ^ (m % 8) (the 128-byte swizzle the descriptor names); its scales where promote reads them
+// (promote_scale_slot). Pieces of slot j: i = j · kThreads + thread.
 template <WFormat F, int T>
-__device__ __forceinline__ void load_stage(uint32_t ring, int buf, int kb0, int nb, const uint8_t* act,
-                                           const float* act_scale, const Rows<T>& rows, const Mats& w) {
-  constexpr int kUnits = Raw<F>::kUnits;
-  constexpr int kActBytes = Tile<T>::kActBytes, kWeightBytes = Tile<T>::kWeightBytes, kSlots = Tile<T>::kUnits;
-  const uint32_t st = ring + buf * Tile<T>::kStageBytes;
-  const int tid = int(threadIdx.x);
-  // Loops of constant trip counts (shifts, not divisions), a stage's missing last block skipped.
+struct Loader {
+  static constexpr int kUnits = Raw<F>::kUnits;
+  static constexpr int kActSlots = kStageBlocks * T * 8 / kThreads;
+  static constexpr int kWeightSlots = 2 * kStageBlocks * 4 * kUnits * 64 / kThreads;
+  static constexpr int kActBytes = Tile<T>::kActBytes, kWeightBytes = Tile<T>::kWeightBytes;
+  // The K block of each piece within its stage, for the last stage of an odd count (nb = 1).
+  static constexpr int act_kbl(int j, int tid) { return (j * kThreads + tid) / (T * 8); }
+  static constexpr int weight_kbl(int j, int tid) { return ((j * kThreads + tid) / (256 * kUnits)) % kStageBlocks; }
+
+  const uint8_t* act[kActSlots];
+  const uint8_t* weight[kWeightSlots];
+  const uint8_t* scale;  // FP4: a 16-byte piece of the weight scales (threads < 2 · kStageBlocks · 16); FP8: a block
+                         // scale (threads < 2 · kStageBlocks)
+  const float* xscale;   // an activation scale (threads < kStageBlocks · T)
+  uint32_t act_dst[kActSlots], weight_dst, scale_dst, xscale_dst;
+
+  __device__ __forceinline__ Loader(int kb, const uint8_t* x, const float* x_scale, const Rows<T>& rows,
+                                    const Mats& w) {
+    const int tid = int(threadIdx.x);
 #pragma unroll
-  for (int j = 0; j < kStageBlocks * T * 8 / kThreads; ++j) {
-    const int i = j * kThreads + tid;
-    const int kbl = i / (T * 8), m = (i / 8) % T, q = i % 8;
-    if (kbl < nb)
-      cp_async16(st + kbl * Tile<T>::kTileBytes + m * kBlockK + 16 * (q ^ (m % 8)),
-                 act + rows.bytes[m] + uint32_t((kb0 + kbl) * kBlockK + 16 * q));
-  }
+    for (int j = 0; j < kActSlots; ++j) {
+      const int i = j * kThreads + tid;
+      const int kbl = i / (T * 8), m = (i / 8) % T, q = i % 8;
+      act[j] = x + rows.bytes[m] + uint32_t((kb + kbl) * kBlockK + 16 * q);
+      act_dst[j] = kbl * Tile<T>::kTileBytes + m * kBlockK + 16 * (q ^ (m % 8));
+    }
 #pragma unroll
-  for (int j = 0; j < 2 * kStageBlocks * 4 * kUnits * 64 / kThreads; ++j) {
-    const int i = j * kThreads + tid;
-    const int piece = i % 64, u = (i / 64) % kUnits, t = (i / (64 * kUnits)) % 4;
-    const int kbl = (i / (256 * kUnits)) % kStageBlocks, wg = i / (256 * kUnits * kStageBlocks);
-    if (kbl < nb)
-      cp_async16(st + kActBytes + (((wg * kStageBlocks + kbl) * 4 + t) * kSlots + u) * kWarpChunk + 16 * piece,
-                 (wg ? w.data[1] : w.data[0]) +
-                     uint32_t((((wg ? w.tile0[1] : w.tile0[0]) + t) * w.groups + (kb0 + kbl) * kUnits + u) * kWarpChunk +
-                              16 * piece));
+    for (int j = 0; j < kWeightSlots; ++j) {
+      const int i = j * kThreads + tid;
+      const int piece = i % 64, u = (i / 64) % kUnits, t = (i / (64 * kUnits)) % 4;
+      const int kbl = (i / (256 * kUnits)) % kStageBlocks, wg = i / (256 * kUnits * kStageBlocks);
+      weight[j] = (wg ? w.data[1] : w.data[0]) +
+                  uint32_t((((wg ? w.tile0[1] : w.tile0[0]) + t) * w.groups + (kb + kbl) * kUnits + u) * kWarpChunk +
+                           16 * piece);
+    }
+    {  // slot j's place: this one's plus a constant (piece, u and t move with j only by whole units)
+      const int piece = tid % 64, u = (tid / 64) % kUnits, t = (tid / (64 * kUnits)) % 4;
+      weight_dst = kActBytes + (t * Tile<T>::kUnits + u) * kWarpChunk + 16 * piece;
+    }
+    if constexpr (F == WFormat::kFP4) {  // 16-byte piece p of (warpgroup, K block, tile)
+      const int tw = tid % 64, piece = tw % 4, t = (tw / 4) % 4, kbl = (tw / 16) % kStageBlocks,
+                wg = tw / (16 * kStageBlocks);
+      scale = (wg ? w.scale[1] : w.scale[0]) +
+              uint32_t((((wg ? w.tile0[1] : w.tile0[0]) + t) * w.groups + kb + kbl) * 64 + 16 * piece);
+      scale_dst = kActBytes + kWeightBytes + ((wg * kStageBlocks + kbl) * 4 + t) * 64 + 16 * piece;
+    } else {
+      const int ts = tid % (2 * kStageBlocks), kbl = ts % kStageBlocks, wg = ts / kStageBlocks;
+      scale = (wg ? w.scale[1] : w.scale[0]) +
+              4 * uint32_t((wg ? w.tile0[1] : w.tile0[0]) * kTileRows / 128 * w.scale_cols + kb + kbl);
+      scale_dst = kActBytes + kWeightBytes + 4 * (wg * kStageBlocks + kbl);
+    }
+    {
+      const int tx = tid % (kStageBlocks * T), kbl = tx / T, m = tx % T;
+      xscale = x_scale + rows.scales[m] + uint32_t(kb + kbl);
+      xscale_dst = kActBytes + kWeightBytes + kWScaleBytes + 4 * (kbl * T + promote_scale_slot(m, T / 4));
+    }
   }
-  if constexpr (F == WFormat::kFP4) {
-    static_assert(2 * kStageBlocks * 4 * 4 <= kThreads);
-    const int piece = tid % 4, t = (tid / 4) % 4, kbl = (tid / 16) % kStageBlocks, wg = tid / (16 * kStageBlocks);
-    if (wg < 2 && kbl < nb)
-      cp_async16(st + kActBytes + kWeightBytes + ((wg * kStageBlocks + kbl) * 4 + t) * 64 + 16 * piece,
-                 (wg ? w.scale[1] : w.scale[0]) +
-                     uint32_t((((wg ? w.tile0[1] : w.tile0[0]) + t) * w.groups + kb0 + kbl) * 64 + 16 * piece));
-  } else {
-    const int kbl = tid % kStageBlocks, wg = tid / kStageBlocks;
-    if (wg < 2 && kbl < nb)
-      cp_async4(st + kActBytes + kWeightBytes + 4 * (wg * kStageBlocks + kbl),
-                reinterpret_cast<const float*>(wg ? w.scale[1] : w.scale[0]) +
-                    uint32_t((wg ? w.tile0[1] : w.tile0[0]) * kTileRows / 128 * w.scale_cols + kb0 + kbl));
+
+  // The next stage's K blocks (nb of them) into the stage at shared address st; then on to the stage after.
+  __device__ __forceinline__ void load(uint32_t st, int nb) {
+    const int tid = int(threadIdx.x);
+    const bool whole = nb == kStageBlocks;  // every stage but an odd count's last
+#pragma unroll
+    for (int j = 0; j < kActSlots; ++j) {
+      if (whole || act_kbl(j, tid) < nb) cp_async16(st + act_dst[j], act[j]);
+      act[j] += kStageBlocks * kBlockK;
+    }
+#pragma unroll
+    for (int j = 0; j < kWeightSlots; ++j) {
+      const int i = j * kThreads;  // slot j's offset from slot 0, in whole (unit, tile, K block, warpgroup) steps
+      const int u = (i / 64) % kUnits, t = (i / (64 * kUnits)) % 4, kbl = (i / (256 * kUnits)) % kStageBlocks;
+      const int wg = i / (256 * kUnits * kStageBlocks);
+      const uint32_t dst = weight_dst + (((wg * kStageBlocks + kbl) * 4 + t) * Tile<T>::kUnits + u) * kWarpChunk;
+      if (whole || weight_kbl(j, tid) < nb) cp_async16(st + dst, weight[j]);
+      weight[j] += kStageBlocks * kUnits * kWarpChunk;
+    }
+    if constexpr (F == WFormat::kFP4) {
+      static_assert(2 * kStageBlocks * 4 * 4 <= kThreads);
+      if (tid < 2 * kStageBlocks * 16 && (tid / 16) % kStageBlocks < nb) cp_async16(st + scale_dst, scale);
+      scale += kStageBlocks * 64;
+    } else {
+      if (tid < 2 * kStageBlocks && tid % kStageBlocks < nb) cp_async4(st + scale_dst, scale);
+      scale += 4 * kStageBlocks;
+    }
+    static_assert(kStageBlocks * T <= kThreads);  // one activation scale a thread at most
+    if (tid < kStageBlocks * T && tid / T < nb) cp_async4(st + xscale_dst, xscale);
+    xscale += kStageBlocks;
   }
-  static_assert(kStageBlocks * T <= kThreads);  // one activation scale a thread at most
-  {
-    const int kbl = tid / T, m = tid % T;
-    if (kbl < nb && tid < kStageBlocks * T)
-      cp_async4(st + kActBytes + kWeightBytes + kWScaleBytes +
-                    4 * (kbl * T + promote_scale_slot(m, T / 4)),
-                act_scale + rows.scales[m] + uint32_t(kb0 + kbl));
-  }
-}
+};
 
 // Lane (g, c) of warp `warp` in warpgroup wg: its raw bytes of K block kbl of stage st, decoded.
 template <WFormat F, int T>
@@ -240,10 +283,10 @@ __device__ __forceinline__ void gemm_tile(const Mats& w, const uint8_t* act, con
   for (int i = 0; i < Tile<T>::kAcc; ++i) total[i] = 0.0f;
   const int blocks = kb_end - kb_begin, stages = (blocks + kStageBlocks - 1) / kStageBlocks;
   const uint32_t ring_address = smem_address(ring);
-  const auto load = [&](int stage) {
-    const int kb0 = kb_begin + stage * kStageBlocks;
-    load_stage<F, T>(ring_address, stage % Tile<T>::kStages, kb0, min(kStageBlocks, kb_end - kb0), act, act_scale,
-                           rows, w);
+  Loader<F, T> loader(kb_begin, act, act_scale, rows, w);
+  const auto load = [&](int stage) {  // stages in order: the loader's pointers step one stage a call
+    loader.load(ring_address + (stage % Tile<T>::kStages) * Tile<T>::kStageBytes,
+                min(kStageBlocks, kb_end - kb_begin - stage * kStageBlocks));
   };
   constexpr int kStages = Tile<T>::kStages;
   for (int i = 0; i < kStages - 1; ++i) {  // one commit group a stage, empty past the end
