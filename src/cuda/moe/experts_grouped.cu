@@ -633,10 +633,10 @@ void launch_quant(const QuantParams& q, cudaStream_t stream) {
 // over `splits` blocks.
 template <bool kUp, int kTokens>
 void launch_gemm(const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin, int64_t tile_end, int splits,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, bool beside_shared = false) {
   if (kTokens == kGroupedDecodeTokens || (kTokens == kGroupedTokens && g.wgmma)) {
     DSV4_CHECK(splits == 1 && g.wgmma, "moe: the wgmma grouped GEMMs take unsplit K, with wgmma on");
-    launch_grouped_wgmma(kUp, p, g, tile_begin, tile_end, kTokens, stream);
+    launch_grouped_wgmma(kUp, p, g, tile_begin, tile_end, kTokens, stream, beside_shared);
     return;
   }
   if constexpr (kTokens != kGroupedDecodeTokens) {  // decode tiles are wgmma's alone
@@ -671,7 +671,7 @@ void launch_gemm_all(const ExpertParams& p, const GroupedBuffers& g, int64_t sha
     DSV4_CHECK(splits == 1 && p.routed_up.format == WFormat::kFP4 && p.routed_down.format == WFormat::kFP4,
                "moe: decode tiles are FP4, never split, on wgmma");
     launch_gemm<kUp, kGroupedTokens>(p, g, 0, shared_tiles, 1, stream);
-    launch_gemm<kUp, kGroupedDecodeTokens>(p, g, shared_tiles, max_tiles, 1, stream);
+    launch_gemm<kUp, kGroupedDecodeTokens>(p, g, shared_tiles, max_tiles, 1, stream, shared_tiles > 0);
     return;
   }
   // The small-tile kernel compiles the FP4 path only: another format would leave its sums unset.

@@ -38,6 +38,7 @@
 #include "cuda/common/check.h"
 #include "cuda/common/cp_async.cuh"
 #include "cuda/common/fp_grid.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/smem.h"
 #include "cuda/gemm/tc_ptx.cuh"
 #include "cuda/gemm/tc_wgmma.cuh"
@@ -337,10 +338,18 @@ __global__ void __launch_bounds__(kThreads, Tile<T>::kBlocksPerSm)
   // NOTE: swizzled tiles start on 1024-byte boundaries (the 128-byte swizzle repeats every 8 rows).
   uint8_t* const ring = smem_wgmma + ((1024 - (tc::smem_address(smem_wgmma) & 1023)) & 1023);
   __shared__ Rows<T> rows;
+  // The decode tiles beside the shared expert's (launch_grouped_wgmma's beside_shared) may start now: they read
+  // nothing this launch writes. They wait for it in their last block only, at its exit, so that what follows them
+  // in the stream follows both launches.
+  pdl_trigger();
+  const bool last_block = T == kGroupedDecodeTokens && blockIdx.x == gridDim.x - 1;
   const int64_t out_rows = kUp ? p.I : p.D;
   const int row_blocks = int(out_rows / (kUp ? kUpRows : kDownRows));
   const int tile = tile_begin + int(blockIdx.x) / row_blocks, rb = int(blockIdx.x) % row_blocks;
-  if (tile >= g.tiles[0]) return;
+  if (tile >= g.tiles[0]) {
+    if (last_block) pdl_wait_predecessor();
+    return;
+  }
   const int expert = g.tile_expert[tile], pair0 = g.tile_pair0[tile], count = g.tile_count[tile];
   const int wg = int(threadIdx.x / 128), warp = int(threadIdx.x / 32) % 4, lane = int(threadIdx.x % 32);
   const MatFormat& fmt = expert < 0 ? (kUp ? p.shared_up : p.shared_down) : (kUp ? p.routed_up : p.routed_down);
@@ -393,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, Tile<T>::kBlocksPerSm)
 #pragma unroll
       for (int i = 0; i < Tile<T>::kAcc; ++i) w3_sums[i * 128 + t] = total[i];
     __syncthreads();
-    if (wg == 1) return;
+    if (wg == 1) return;  // warpgroup 0 waits for the predecessor below, where the last block must
     float weight[Tile<T>::kAcc / 2];  // the shared expert (expert < 0) loads none: its pairs weigh 1
     load_pairs<Tile<T>::kAcc>(weight, p.plan.pair_weight, pair0, expert < 0 ? 0 : count, c, 1.0f);
 #pragma unroll
@@ -410,6 +419,7 @@ __global__ void __launch_bounds__(kThreads, Tile<T>::kBlocksPerSm)
       if (tile_pair(i, c) < count)
         p.plan.y[int64_t(out[pair_slot(i)]) * p.D + row + 8 * ((i / 2) % 2)] = round_bf16(total[i]);
   }
+  if (last_block) pdl_wait_predecessor();
 #endif  // NOTE: other architectures get an empty body; CudaOps::moe sets GroupedBuffers::wgmma on sm_90 only
 }
 
@@ -424,7 +434,7 @@ namespace {
 
 template <int T>
 void launch_tiles(bool up, const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin, int64_t tile_end,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, bool pdl) {
   const int64_t out_rows = up ? p.I : p.D;
   const int block_rows = up ? kUpRows : kDownRows;
   const auto kernel = up ? grouped_wgmma_kernel<true, T> : grouped_wgmma_kernel<false, T>;
@@ -434,14 +444,23 @@ void launch_tiles(bool up, const ExpertParams& p, const GroupedBuffers& g, int64
   if (blocks == 0) return;
   g_launches.fetch_add(1, std::memory_order_relaxed);
   if (T == kGroupedDecodeTokens) g_decode_launches.fetch_add(1, std::memory_order_relaxed);
-  kernel<<<unsigned(blocks), kThreads, Tile<T>::kSmemBytes, stream>>>(p, g, int(tile_begin));
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(blocks));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = Tile<T>::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = pdl ? 1 : 0;
+  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, g, int(tile_begin)));
 }
 
 }  // namespace
 
 void launch_grouped_wgmma(bool up, const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin,
-                          int64_t tile_end, int tile_pairs, cudaStream_t stream) {
+                          int64_t tile_end, int tile_pairs, cudaStream_t stream, bool beside_shared) {
   const int64_t out_rows = up ? p.I : p.D;
   const int block_rows = up ? kUpRows : kDownRows;
   DSV4_CHECK(out_rows % block_rows == 0 && p.D % kBlockK == 0 && p.I % kBlockK == 0,
@@ -452,8 +471,10 @@ void launch_grouped_wgmma(bool up, const ExpertParams& p, const GroupedBuffers& 
              "moe: a step of ", p.n, " tokens is too large for the wgmma grouped GEMMs' 32-bit offsets");
   DSV4_CHECK(tile_pairs == kGroupedTokens || tile_pairs == kGroupedDecodeTokens, "moe: wgmma tiles of ", tile_pairs,
              " pairs");
-  if (tile_pairs == kGroupedTokens) launch_tiles<kGroupedTokens>(up, p, g, tile_begin, tile_end, stream);
-  else launch_tiles<kGroupedDecodeTokens>(up, p, g, tile_begin, tile_end, stream);
+  DSV4_CHECK(!beside_shared || tile_pairs == kGroupedDecodeTokens, "moe: only decode tiles run beside the shared "
+             "expert's");
+  if (tile_pairs == kGroupedTokens) launch_tiles<kGroupedTokens>(up, p, g, tile_begin, tile_end, stream, false);
+  else launch_tiles<kGroupedDecodeTokens>(up, p, g, tile_begin, tile_end, stream, beside_shared);
 }
 
 }  // namespace dsv4::cuda::moe

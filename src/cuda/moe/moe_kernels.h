@@ -264,9 +264,11 @@ __host__ __device__ constexpr int wgmma_pos(bool fp4, int col) {
 // The GEMM (up: w1 and w3 with the SwiGLU into h; else w2 into y) of tiles [tile_begin, tile_end) of ≤
 // tile_pairs pairs (kGroupedTokens or kGroupedDecodeTokens) on wgmma, K unsplit (experts_wgmma.cu; only the
 // shared expert alone splits K, on mma.sync).
-// Requires an sm_90a device and D, I multiples of 128.
+// Requires an sm_90a device and D, I multiples of 128. beside_shared: decode tiles launched right after the shared
+// expert's tiles of the same GEMM, which they need not wait for: they start once those are all resident
+// (programmatic dependent launch), and the launch completes only after them (experts_wgmma.cu).
 void launch_grouped_wgmma(bool up, const ExpertParams& p, const GroupedBuffers& g, int64_t tile_begin,
-                          int64_t tile_end, int tile_pairs, cudaStream_t stream);
+                          int64_t tile_end, int tile_pairs, cudaStream_t stream, bool beside_shared = false);
 
 // The routed GEMM (up or down) of tiles [tile_begin, tile_end) of ≤ kGroupedWideTokens pairs on wgmma with both
 // operands in shared memory (experts_wide.cu), K unsplit. Requires an sm_90a device, routed FP4 experts in the
