@@ -670,6 +670,8 @@ void launch_gemm_all(const ExpertParams& p, const GroupedBuffers& g, int64_t sha
   if (g.routed_tile == kGroupedDecodeTokens) {
     DSV4_CHECK(splits == 1 && p.routed_up.format == WFormat::kFP4 && p.routed_down.format == WFormat::kFP4,
                "moe: decode tiles are FP4, never split, on wgmma");
+    // NOTE: the decode tiles start beside the shared expert's launch (PDL) and rely on it being a plain launch
+    // right before them: no launch between the two, and no PDL attribute on the shared expert's (experts_wgmma.cu).
     launch_gemm<kUp, kGroupedTokens>(p, g, 0, shared_tiles, 1, stream);
     launch_gemm<kUp, kGroupedDecodeTokens>(p, g, shared_tiles, max_tiles, 1, stream, shared_tiles > 0);
     return;

@@ -340,7 +340,9 @@ __global__ void __launch_bounds__(kThreads, Tile<T>::kBlocksPerSm)
   __shared__ Rows<T> rows;
   // The decode tiles beside the shared expert's (launch_grouped_wgmma's beside_shared) may start now: they read
   // nothing this launch writes. They wait for it in their last block only, at its exit, so that what follows them
-  // in the stream follows both launches.
+  // in the stream follows both launches. Their other blocks read without a wait (and through L1, unlike
+  // launch.cuh's rule) what the launches before this one wrote: safe only because this launch is a plain one,
+  // begun after those completed, and nothing runs between the two (launch_gemm_all).
   pdl_trigger();
   const bool last_block = T == kGroupedDecodeTokens && blockIdx.x == gridDim.x - 1;
   const int64_t out_rows = kUp ? p.I : p.D;
