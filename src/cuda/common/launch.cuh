@@ -46,10 +46,10 @@ __device__ __forceinline__ void pdl_wait(unsigned per_sm = 1) {
 
 // pdl: the device supports it (compute capability ≥ 9); the kernel must wait before reading what its predecessor
 // wrote (pdl_wait or pdl_wait_predecessor). cluster > 1: thread-block clusters of that many blocks along x
-// (sm_90; grid.x a multiple of it; cuda/common/cluster.cuh).
-template <class Params>
-void launch_pdl(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
-                const Params& p, int cluster = 1) {
+// (sm_90; grid.x a multiple of it; cuda/common/cluster.cuh). For kernels of several arguments.
+template <class... Args>
+void launch_pdl_args(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
+                     int cluster, const Args&... args) {
   cudaLaunchAttribute attr[2];
   unsigned n = 0;
   if (pdl) {
@@ -67,7 +67,14 @@ void launch_pdl(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem, cuda
   config.stream = stream;
   config.attrs = attr;
   config.numAttrs = n;
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
+// The same for the usual kernel of one parameter struct.
+template <class Params>
+void launch_pdl(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
+                const Params& p, int cluster = 1) {
+  launch_pdl_args(kernel, grid, block, smem, stream, pdl, cluster, p);
 }
 
 }  // namespace dsv4::cuda

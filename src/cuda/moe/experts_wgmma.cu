@@ -446,17 +446,8 @@ void launch_tiles(bool up, const ExpertParams& p, const GroupedBuffers& g, int64
   if (blocks == 0) return;
   g_launches.fetch_add(1, std::memory_order_relaxed);
   if (T == kGroupedDecodeTokens) g_decode_launches.fetch_add(1, std::memory_order_relaxed);
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(blocks));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = Tile<T>::kSmemBytes;
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = pdl ? 1 : 0;
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, g, int(tile_begin)));
+  launch_pdl_args(kernel, dim3(unsigned(blocks)), dim3(kThreads), size_t(Tile<T>::kSmemBytes), stream, pdl,
+                  /*cluster=*/1, p, g, int(tile_begin));
 }
 
 }  // namespace
