@@ -3,7 +3,10 @@
 // copies to exceed twice the L2, so every call streams from HBM; calls are replayed from a CUDA graph, so
 // µs is device time per call including the kernel boundary. Prints a markdown table.
 //
-//   bench_gemv [--trials N] [--only NAME] [--n ROWS]
+//   bench_gemv [--trials N] [--only NAME] [--n ROWS] [--fast]
+//
+// --fast: the calls as fast numerics makes them (x bf16-valued; FP8 act_quant'ed with bf16 outputs, or multiplied
+// in bf16 where grouped, as wo_a), so 5..16 rows take the tensor-core GEMVs (gemv_mma.cu) as in the decode step.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -126,12 +129,14 @@ int main(int argc, char** argv) {
   int trials = 21;
   std::string only;  // run only shapes whose name contains this
   std::vector<int64_t> ns = {1, 8};
+  bool fast = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--trials") == 0 && i + 1 < argc) trials = std::max(1, std::atoi(argv[++i]));
     else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
     else if (std::strcmp(argv[i], "--n") == 0 && i + 1 < argc) ns = {std::max(1, std::atoi(argv[++i]))};
+    else if (std::strcmp(argv[i], "--fast") == 0) fast = true;
     else {
-      std::fprintf(stderr, "usage: bench_gemv [--trials N] [--only NAME] [--n ROWS]\n");
+      std::fprintf(stderr, "usage: bench_gemv [--trials N] [--only NAME] [--n ROWS] [--fast]\n");
       return 1;
     }
   }
@@ -143,8 +148,9 @@ int main(int argc, char** argv) {
 
     const double copy_bw = dsv4::measure_copy_bandwidth();  // read + write, 2 GiB device to device
 
-    std::printf("## gemv on %s (%d SMs, L2 %d MB): copy bandwidth %.0f GB/s (D2D 2 GiB, read + write)\n\n",
-                prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_bw * 1e-9);
+    std::printf("## gemv on %s (%d SMs, L2 %d MB)%s: copy bandwidth %.0f GB/s (D2D 2 GiB, read + write)\n\n",
+                prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, fast ? ", fast numerics" : "",
+                copy_bw * 1e-9);
     std::printf("| shape | format | n | MB read | µs | GB/s | %% of copy |\n|---|---|---|---|---|---|---|\n");
     std::mt19937_64 rng(1);
     for (const int64_t n : ns)
@@ -164,7 +170,13 @@ int main(int argc, char** argv) {
         for (int c = 0; c < copies; ++c) {
           DeviceWeight w = first;
           if (c > 0) make_weight(s, rng, &w, &owned);
-          calls.push_back({x, ldx, w, n, y, s.rows, s.groups});
+          dsv4::cuda::GemmParams call{x, ldx, w, n, y, s.rows, s.groups};
+          if (fast && s.format != WFormat::kFP4) {
+            call.x_bf16 = true;
+            call.quant_x = s.format == WFormat::kFP8 && s.groups == 1;
+            call.bf16_out = s.format == WFormat::kFP8;
+          }
+          calls.push_back(call);
         }
         // Split-K scratch as the engine provides it (CudaOps workspaces): arrival counters start at zero.
         const dsv4::cuda::GemvScratchSize need = dsv4::cuda::gemv_scratch_size(calls[0]);

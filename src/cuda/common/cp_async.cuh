@@ -1,5 +1,6 @@
 // Asynchronous global → shared copies (cp.async, sm_80+), shared by the kernels that stage through shared memory
-// while they compute: the attention kernels (attention/) and the grouped MoE GEMMs (moe/experts_grouped.cu).
+// while they compute: the attention kernels (attention/), the grouped MoE GEMMs (moe/experts_grouped.cu) and the
+// bf16 decode GEMV's weight ring (gemm/gemv_mma.cu).
 #pragma once
 
 namespace dsv4::cuda {
@@ -25,6 +26,19 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+// The same for a count known only at run time (a ring's depth), 0 ≤ n ≤ 7; larger n waits for all.
+__device__ __forceinline__ void cp_async_wait_dyn(int n) {
+  switch (n) {
+    case 7: cp_async_wait<7>(); break;
+    case 6: cp_async_wait<6>(); break;
+    case 5: cp_async_wait<5>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 1: cp_async_wait<1>(); break;
+    default: cp_async_wait<0>(); break;
+  }
+}
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // An arrival on the mbarrier at shared address `bar` once every cp.async this thread issued before has landed,
 // counted against the barrier's expected arrivals (.noinc): a barrier of N producer threads expects N.

@@ -38,6 +38,7 @@
 
 #include "cuda/common/smem.h"
 #include "cuda/common/check.h"
+#include "cuda/common/cp_async.cuh"
 #include "cuda/common/fp_grid.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/mma.cuh"
@@ -52,6 +53,7 @@ constexpr int kMmaWarps = kMmaThreads / 32;
 constexpr int kTileRows = 16;  // the MMA's m
 constexpr int kBlockK = 128;   // the weight's scale block and the act_quant block along K
 constexpr int kMaxSmemBytes = 200 * 1024;
+constexpr int kBf16SmemBytes = 227 * 1024;  // gemv_bf16_kernel: one block an SM, sm_90's largest
 constexpr int kStageBatch = 8;  // act_quant items per warp with their loads in flight together
 // The streaming GEMV (gemv_stream.cu, n ≤ 4) was faster at n = 1 in the batch-1 step (1.096 against 1.216 ms,
 // H100): this kernel takes n ≥ 5.
@@ -241,9 +243,12 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const __grid_cons
 //  * FP8 weights become bf16 exactly (e4m3 → f16 → f32 → bf16); the 128 × 128 block scale multiplies each K
 //    block's fp32 sum, as the CPU's fp32 dequantisation does (an FP8 weight times its scale, exact for the
 //    power-of-two scales of V4's checkpoints). BF16 weights accumulate straight into acc.
-//  * Loads kAhead (tile, K block) chunks ahead — FP8 two, BF16 one: 4 KB in flight per warp either way, and
-//    two BF16 chunks ahead took 181 registers, one block per SM — the first before the PDL wait; the warps'
-//    partial tiles are summed in a fixed order in shared memory.
+//  * The weights stream through a ring of p.slots (tile, K block) chunks a warp in shared memory (cp.async, the
+//    warp's lanes copying a chunk together in memory order; cp.async.wait_group and __syncwarp, no block
+//    barrier). The first p.slots chunks are requested before the PDL wait. Up to 16 KB of weights in flight a warp, 128 KB an SM (one block): chunks held in registers one
+//    ahead (two for FP8) kept 4 KB a warp in flight, and the LM head (1.06 GB at 8 rows) read at 83% of the copy
+//    bandwidth (docs/design/gemm.md, "The weights through a ring"). The warps' partial tiles are summed in a
+//    fixed order in shared memory.
 
 struct Bf16Params {
   const float* x = nullptr;  // [n, ldx], bf16-valued
@@ -254,6 +259,7 @@ struct Bf16Params {
   MmaMatrix m[2];
   bool fp8 = false;          // else BF16 weights
   bool bf16_out = false;
+  int slots = 0;             // weight chunks in flight a warp (bf16_slots)
 };
 
 // Staged row stride: 16 bytes of padding put the 8 token rows of an MMA's B loads in different banks.
@@ -261,26 +267,64 @@ constexpr int64_t bf16_x_stride(int64_t cols) { return 2 * cols + 16; }
 
 template <bool kFp8>
 struct Bf16Chunk {
-  uint4 r[2][kFp8 ? 2 : 4];  // [row g, g + 8][16-byte piece]: the lane's 32 columns
+  static constexpr int kPieces = kFp8 ? 2 : 4;       // 16-byte pieces of a row a lane: its 32 columns
+  static constexpr int kRowPieces = 4 * kPieces;       // of a tile row's K block
+  static constexpr int kCopies = kTileRows * kRowPieces / 32;  // cp.async a lane a chunk
+  // A ring slot: the tile's 16 rows of the K block in memory order, 16-byte piece q of row r at 16·swizzle(r, q),
+  // then the block scale (FP8).
+  static constexpr int kDataBytes = kTileRows * kRowPieces * 16;
+  static constexpr int kSlotBytes = kDataBytes + 16;
+  static constexpr int kMaxSlots = 16 * 1024 / kDataBytes;  // 16 KB of weights a warp
+  // The 8 lanes of a 16-byte shared-memory phase, (g, c) for g = 2i, 2i + 1 and every c, read piece q of lane c's
+  // columns (kPieces·c + q) of rows g: the swizzle puts the eight in distinct 16-byte bank groups (BF16: c and c + 2
+  // apart by bit 1, the two rows by bit 0; FP8: the rows by bit 0).
+  __device__ static int swizzle(int row, int q) {
+    return row * kRowPieces + (q ^ (row & 1) ^ (kFp8 ? 0 : ((q >> 3) & 1) << 1));
+  }
+  uint4 r[2][kPieces];  // [row g, g + 8][piece]
   float scale;
 };
 
+// Copies (tile, K block) into the ring slot at shared address `slot`, the warp's lanes together: copy i of lane l
+// is piece i·32 + l of the chunk in memory order, so each instruction reads whole 32-byte sectors (the lanes' own
+// 32-column pieces, 16 bytes of a sector each, doubled the L2 traffic of the bypassing copies: gemm.md). The
+// caller commits; the lanes read each other's pieces after the wait and a __syncwarp.
 template <bool kFp8>
-__device__ __forceinline__ Bf16Chunk<kFp8> load_bf16_chunk(const Bf16Params& p, int tile, int kb, int lane) {
+__device__ __forceinline__ void copy_bf16_chunk(const Bf16Params& p, int tile, int kb, int lane, uint32_t slot) {
+  using C = Bf16Chunk<kFp8>;
   const bool second = tile >= p.m[0].tiles;
   const MmaMatrix& m = second ? p.m[1] : p.m[0];
   const int t = second ? tile - p.m[0].tiles : tile;
   constexpr int kBytes = kFp8 ? 1 : 2;  // per weight
-  const int64_t row = int64_t(t) * kTileRows + lane / 4;
   const int64_t row_bytes = int64_t(p.cols) * kBytes;
-  const uint8_t* src = m.w + row * row_bytes + (int64_t(kb) * kBlockK + 32 * (lane % 4)) * kBytes;
-  Bf16Chunk<kFp8> c;
+  const uint8_t* src = m.w + int64_t(t) * kTileRows * row_bytes + int64_t(kb) * kBlockK * kBytes;
+#pragma unroll
+  for (int i = 0; i < C::kCopies; ++i) {
+    const int piece = i * 32 + lane, row = piece / C::kRowPieces, q = piece % C::kRowPieces;
+    cp_async16(slot + uint32_t(16 * C::swizzle(row, q)), src + row * row_bytes + 16 * q);
+  }
+  if (kFp8 && lane == 0)  // one 128-row scale block holds the tile
+    cp_async4(slot + uint32_t(C::kDataBytes), m.scale + (int64_t(t) * kTileRows / 128) * m.scale_cols + kb);
+}
+
+// Lane (g, c)'s share of the chunk in slot: 32 columns of rows g and g + 8, and the block scale.
+template <bool kFp8>
+__device__ __forceinline__ Bf16Chunk<kFp8> read_bf16_chunk(uint32_t slot, int lane) {
+  using C = Bf16Chunk<kFp8>;
+  const int g = lane / 4, c = lane % 4;
+  C v;
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
-    for (int q = 0; q < (kFp8 ? 2 : 4); ++q) c.r[h][q] = load_streaming(src + h * 8 * row_bytes + 16 * q);
-  c.scale = kFp8 ? m.scale[(row / 128) * m.scale_cols + kb] : 1.0f;
-  return c;
+    for (int q = 0; q < C::kPieces; ++q) {
+      uint4& u = v.r[h][q];
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                   : "r"(slot + uint32_t(16 * C::swizzle(g + 8 * h, C::kPieces * c + q))));
+    }
+  v.scale = 1.0f;
+  if constexpr (kFp8) asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v.scale) : "r"(slot + uint32_t(C::kDataBytes)));
+  return v;
 }
 
 // Two e4m3 codes (low byte first) as a bf16 pair, exactly.
@@ -291,15 +335,17 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two) {
 }
 
 // NT: 8-column activation tiles (n ≤ 8·NT). grid: blocks walking the tiles (a multiple of groups); dynamic smem
-// bf16_smem_bytes.
+// bf16_smem_bytes(NT, cols, slots).
 template <int NT, bool kFp8>
 __global__ void __launch_bounds__(kMmaThreads) gemv_bf16_kernel(const __grid_constant__ Bf16Params p) {
   constexpr int NP = 8 * NT;
-  constexpr int kAhead = kFp8 ? 2 : 1;
-  extern __shared__ uint8_t smem[];
+  constexpr int kSlotBytes = Bf16Chunk<kFp8>::kSlotBytes;
+  extern __shared__ __align__(16) uint8_t smem[];
   const int KB = p.cols / kBlockK;
   uint8_t* xs = smem;                                            // [NP][x_stride] bf16
   float* red = reinterpret_cast<float*>(smem + NP * p.x_stride);  // [warps][16][NP]
+  // [warps][slots] ring slots (Bf16Chunk)
+  const uint32_t ring0 = uint32_t(__cvta_generic_to_shared(red + kMmaWarps * kTileRows * NP));
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
 
   // This block's tiles: with groups, tiles of its group g0 (blocks dealt evenly), else of both matrices.
@@ -312,9 +358,11 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_bf16_kernel(const __grid_con
   const int total = my_tiles * kbw;
   const auto tile_of = [&](int it) { return first + (it / kbw) * step; };
   const auto kb_of = [&](int it) { return warp + kMmaWarps * (it % kbw); };
-  Bf16Chunk<kFp8> cur{}, next{}, after{};
-  if (total > 0) cur = load_bf16_chunk<kFp8>(p, tile_of(0), kb_of(0), lane);
-  if (kAhead == 2 && total > 1) next = load_bf16_chunk<kFp8>(p, tile_of(1), kb_of(1), lane);
+  const uint32_t ring = ring0 + uint32_t(warp * p.slots * kSlotBytes);
+  for (int s = 0; s < p.slots; ++s) {  // one commit group a slot, empty past the warp's chunks
+    if (s < total) copy_bf16_chunk<kFp8>(p, tile_of(s), kb_of(s), lane, ring + uint32_t(s * kSlotBytes));
+    cp_async_commit();
+  }
   pdl_wait();
 
   // x as bf16 (exact: bf16-valued), one warp per (row, K block), 4 columns per lane; rows past n are zero.
@@ -329,12 +377,15 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_bf16_kernel(const __grid_con
   }
   __syncthreads();
 
+  int slot = 0;  // chunk it's slot: it % p.slots
   for (int j = 0; j < my_tiles; ++j) {
     float acc[NT][4] = {};
     for (int i = 0; i < kbw; ++i) {
       const int it = j * kbw + i, kb = kb_of(it);
-      if (it + kAhead < total)
-        (kAhead == 2 ? after : next) = load_bf16_chunk<kFp8>(p, tile_of(it + kAhead), kb_of(it + kAhead), lane);
+      cp_async_wait_dyn(p.slots - 1);  // groups complete in order: chunk it's has landed
+      __syncwarp();                    // ... every lane's pieces of it
+      const uint32_t here = ring + uint32_t(slot * kSlotBytes);
+      const Bf16Chunk<kFp8> cur = read_bf16_chunk<kFp8>(here, lane);
       float blk[NT][4] = {};
       float (&sum)[NT][4] = kFp8 ? blk : acc;  // FP8: the block's sum, scaled below
 #pragma unroll
@@ -363,8 +414,11 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_bf16_kernel(const __grid_con
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int q = 0; q < 4; ++q) acc[nt][q] = fmaf(blk[nt][q], cur.scale, acc[nt][q]);
-      cur = next;
-      if constexpr (kAhead == 2) next = after;
+      // The slot is free once every lane has read it: refill it with chunk it + slots.
+      __syncwarp();
+      if (it + p.slots < total) copy_bf16_chunk<kFp8>(p, tile_of(it + p.slots), kb_of(it + p.slots), lane, here);
+      cp_async_commit();
+      slot = slot + 1 == p.slots ? 0 : slot + 1;
     }
     // The warps' partial tiles, summed in warp order (C fragment: [nt][0 / 1] row g, activation rows 8nt + 2c,
     // + 1; [2 / 3] row g + 8).
@@ -392,9 +446,21 @@ size_t mma_smem_bytes(int nt, int64_t cols) {
   return size_t(np * (cols + 8) + np * (cols / kBlockK) * 4 + kMmaWarps * kTileRows * np * 4);
 }
 
-size_t bf16_smem_bytes(int nt, int64_t cols) {
+// gemv_bf16_kernel: staged x, the warps' partial tiles, and `slots` ring slots a warp.
+size_t bf16_smem_bytes(int nt, int64_t cols, bool fp8, int slots) {
   const int64_t np = 8 * nt;
-  return size_t(np * bf16_x_stride(cols) + kMmaWarps * kTileRows * np * 4);
+  const int slot_bytes = fp8 ? Bf16Chunk<true>::kSlotBytes : Bf16Chunk<false>::kSlotBytes;
+  return size_t(np * bf16_x_stride(cols) + kMmaWarps * kTileRows * np * 4 + int64_t(kMmaWarps) * slots * slot_bytes);
+}
+
+// The ring's depth: up to kMaxSlots, as many as fit one block's shared memory beside x (fewer at NT = 2 or wide
+// K); 0 where fewer than two fit (the shape does not take the kernel).
+int bf16_slots(int nt, int64_t cols, bool fp8) {
+  const size_t base = bf16_smem_bytes(nt, cols, fp8, 0), per_slot = bf16_smem_bytes(nt, cols, fp8, 1) - base;
+  const int max_slots = fp8 ? Bf16Chunk<true>::kMaxSlots : Bf16Chunk<false>::kMaxSlots;
+  const int fit = base >= size_t(kBf16SmemBytes) ? 0 : int((size_t(kBf16SmemBytes) - base) / per_slot);
+  const int slots = std::min(max_slots, fit);
+  return slots >= 2 ? slots : 0;
 }
 
 bool common_shape(const GemmParams& p) {
@@ -413,7 +479,8 @@ bool e4m3_shape(const GemmParams& p) {
 // gemv_bf16_kernel's: bf16-valued x (fast numerics) times BF16 or FP8 weights, in bf16.
 bool bf16_shape(const GemmParams& p) {
   return (p.w.format == WFormat::kBF16 || (p.w.format == WFormat::kFP8 && p.w.scale_f32)) && !p.quant_x &&
-         (p.x_bf16 || p.bf16_out) && common_shape(p) && bf16_smem_bytes(2, p.w.cols) <= size_t(kMaxSmemBytes);
+         (p.x_bf16 || p.bf16_out) && common_shape(p) &&
+         bf16_slots(p.n <= 8 ? 1 : 2, p.w.cols, p.w.format == WFormat::kFP8) > 0;
 }
 
 }  // namespace
@@ -437,8 +504,8 @@ void launch_mma(const MmaParams& k, int tiles, cudaStream_t stream) {
 
 template <int NT, bool kFp8>
 void launch_bf16(const Bf16Params& k, int tiles, cudaStream_t stream) {
-  allow_dynamic_smem(reinterpret_cast<const void*>(gemv_bf16_kernel<NT, kFp8>), kMaxSmemBytes);
-  const size_t smem = bf16_smem_bytes(NT, k.cols);
+  allow_dynamic_smem(reinterpret_cast<const void*>(gemv_bf16_kernel<NT, kFp8>), kBf16SmemBytes);
+  const size_t smem = bf16_smem_bytes(NT, k.cols, kFp8, k.slots);
   launch_pdl(gemv_bf16_kernel<NT, kFp8>, dim3(unsigned(mma_blocks(smem, tiles, k.groups))), dim3(kMmaThreads), smem,
              stream, true, k);
 }
@@ -496,6 +563,7 @@ void mma(const GemmParams& a, cudaStream_t stream, const GemmParams* b) {
   k.bf16_out = a.bf16_out;
   k.m[0] = matrix_view(a);
   if (b) k.m[1] = matrix_view(*b);
+  k.slots = bf16_slots(a.n <= 8 ? 1 : 2, a.w.cols, k.fp8);
   if (a.n <= 8) k.fp8 ? launch_bf16<1, true>(k, tiles, stream) : launch_bf16<1, false>(k, tiles, stream);
   else k.fp8 ? launch_bf16<2, true>(k, tiles, stream) : launch_bf16<2, false>(k, tiles, stream);
 }
