@@ -29,19 +29,22 @@ constexpr uint32_t kE2m1CodesHi = 0x4C484440u;  // of 2, 3, 4, 6
 // of s, and the row's weight factor 2^(b_max − 127 − kLift). A normal e4m3's code moves by 8 a power of two, so the
 // eight magnitudes at one scale are the table at lift 0 plus 8 · lift each (0 stays 0). select_c = 0x4440 + c
 // (prmt's selector of byte c). Every scale byte ≥ kLift + 1 (fp4_spans_fit): the factor is a normal float.
-// 13 instructions, the four lanes of a row each computing its b_max (docs/design/moe.md, "The chunk tables").
+// b_max lands in both u16 halves of bb (two max.u16x2), and the IMADs undo the copy: mod 2^32, bb · 0x00080800 =
+// b_max · 0x08080800, bb · 0x0808 = b_max · 0x08080808 and bb · 2^23 = b_max · 2^23. 6 ALU and 5 IMAD instructions,
+// the four lanes of a row each computing its b_max (docs/design/moe.md, "The chunk tables on the FMA pipe").
 __device__ __forceinline__ void fp4_tables(uint32_t s, uint32_t select_c, uint32_t& tab_lo, uint32_t& tab_hi,
                                            float& sw) {
-  uint32_t pairs, bmax;
-  // The largest of the four bytes: the even and odd bytes as u16 halves, their larger ones, the larger half.
+  uint32_t pairs, bb;
+  // The largest of the four bytes: the even and odd bytes as u16 halves, their larger ones, then the larger half
+  // against the halves swapped.
   asm("max.u16x2 %0, %1, %2;" : "=r"(pairs) : "r"(prmt(s, 0u, 0x4140u)), "r"(prmt(s, 0u, 0x4342u)));
-  bmax = max(pairs & 0xFFFFu, pairs >> 16);
+  asm("max.u16x2 %0, %1, %2;" : "=r"(bb) : "r"(pairs), "r"(prmt(pairs, 0u, 0x1032u)));
   const uint32_t b = prmt(s, 0u, select_c);
-  // lift = b − b_max + kLift ≥ kLift − kGroupedScaleSpan = −3 and every nonzero table byte ≥ 0x30: no byte borrows.
-  const uint32_t d = b - bmax;
-  tab_lo = d * 0x08080800u + (kE2m1CodesLo + 8u * kLift * 0x01010100u);
-  tab_hi = d * 0x08080808u + (kE2m1CodesHi + 8u * kLift * 0x01010101u);
-  sw = __uint_as_float(bmax * (1u << 23) - uint32_t(kLift << 23));
+  // (b − b_max) · 8 per byte + the table at kLift: lift = b − b_max + kLift ≥ kLift − kGroupedScaleSpan = −3 and
+  // every nonzero table byte ≥ 0x30, so no byte borrows.
+  tab_lo = b * 0x08080800u + (kE2m1CodesLo + 8u * kLift * 0x01010100u - bb * 0x00080800u);
+  tab_hi = b * 0x08080808u + (kE2m1CodesHi + 8u * kLift * 0x01010101u - bb * 0x00000808u);
+  sw = __uint_as_float(bb * (1u << 23) - uint32_t(kLift << 23));
 }
 // total[4j + 2h + e] (row g + 8h, column 8j + 2c + e: tc_wgmma.cuh) += part · sw[h] · x_e for j's two columns.
 template <int kAcc>
