@@ -26,8 +26,9 @@
 //    read the same bytes of x, so each step is a dot product over 32 of the block's columns.
 //  * K blocks multiply in fp32 by the weight's 128 × 128 block scale and each activation row's scale; the MMA
 //    sums 128 exact e4m3 products per block (DeepGEMM promotes to fp32 at the same granularity).
-//  * Each warp keeps the next two (tile, K block) chunks of weights in flight while it multiplies one; the first
-//    two are requested before the PDL wait and the staging (weights do not depend on the predecessor).
+//  * The weights stream through each warp's ring of (tile, K block) chunks in shared memory ("The weight ring"
+//    below); the ring's first chunks are requested before the PDL wait and the staging (weights do not depend
+//    on the predecessor).
 //  * x act_quant'ed already (GemmParams::x_codes: by its producer, or once beforehand where K ≥
 //    kGemvCodesMinCols): the blocks copy its codes and scales instead of each reading and quantising the fp32
 //    rows (wo_b at batch 8: 64 MB of L2 reads for 33.5 MB of weights).
@@ -52,8 +53,6 @@ constexpr int kMmaThreads = 256;
 constexpr int kMmaWarps = kMmaThreads / 32;
 constexpr int kTileRows = 16;  // the MMA's m
 constexpr int kBlockK = 128;   // the weight's scale block and the act_quant block along K
-constexpr int kMaxSmemBytes = 200 * 1024;
-constexpr int kBf16SmemBytes = 227 * 1024;  // gemv_bf16_kernel: one block an SM, sm_90's largest
 constexpr int kStageBatch = 8;  // act_quant items per warp with their loads in flight together
 // The streaming GEMV (gemv_stream.cu, n ≤ 4) was faster at n = 1 in the batch-1 step (1.096 against 1.216 ms,
 // H100): this kernel takes n ≥ 5.
@@ -78,42 +77,107 @@ struct MmaParams {
   int x_stride = 0;          // bytes between staged rows of x: cols + 8, so B fragment reads are conflict-free
   MmaMatrix m[2];            // a linear_pair's matrices (tiles of m[0] first); m[1].tiles = 0 for one
   bool bf16_out = false;
+  int slots = 0;             // weight chunks in flight a warp (mma_slots)
 };
 
-// A lane's share of one (tile, K block): 32 bytes of rows g and g + 8, and the block's weight scale.
-struct Chunk {
-  uint4 r0lo, r0hi, r1lo, r1hi;
-  float scale;
+// ---- The weight ring both kernels stream through
+//
+// A warp's (tile, K block) chunks pass through a ring of `slots` chunks in shared memory (cp.async), the warp's
+// lanes copying a chunk together in memory order so that each instruction reads whole 32-byte sectors (a lane
+// copying only its own pieces, 16 bytes of a sector each, doubled the L2 traffic of the bypassing copies:
+// docs/design/gemm.md, "The weights through a ring"); after cp.async.wait_group and a __syncwarp each lane reads
+// its fragment pieces. No block barrier: a slot is refilled after the warp's next __syncwarp. Up to 16 KB of
+// weights in flight a warp, one block an SM: registers holding a chunk or two ahead kept 4 KB a warp in flight.
+// kFp8: 1-byte weights (FP8), else 2 (BF16). The caller commits a group per chunk.
+constexpr int kRingSmemBytes = 227 * 1024;  // one block an SM, sm_90's largest
+
+template <bool kFp8>
+struct WeightChunk {
+  static constexpr int kPieces = kFp8 ? 2 : 4;       // 16-byte pieces of a row a lane: its 32 columns
+  static constexpr int kRowPieces = 4 * kPieces;       // of a tile row's K block
+  static constexpr int kCopies = kTileRows * kRowPieces / 32;  // cp.async a lane a chunk
+  // A slot: the tile's 16 rows of the K block in memory order, 16-byte piece q of row r at 16·swizzle(r, q), then
+  // the block scale (FP8).
+  static constexpr int kDataBytes = kTileRows * kRowPieces * 16;
+  static constexpr int kSlotBytes = kDataBytes + 16;
+  static constexpr int kMaxSlots = 16 * 1024 / kDataBytes;  // 16 KB of weights a warp
+  // The 8 lanes of a 16-byte shared-memory phase, (g, c) for g = 2i, 2i + 1 and every c, read piece q of lane c's
+  // columns (kPieces·c + q) of rows g: the swizzle puts the eight in distinct 16-byte bank groups (BF16: c and c + 2
+  // apart by bit 1, the two rows by bit 0; FP8: the rows by bit 0).
+  __device__ static int swizzle(int row, int q) {
+    return row * kRowPieces + (q ^ (row & 1) ^ (kFp8 ? 0 : ((q >> 3) & 1) << 1));
+  }
+  uint4 r[2][kPieces];  // [row g, g + 8][piece]: lane (g, c)'s 32 columns
+  float scale;          // the 128 × 128 block scale (FP8)
 };
 
+// Copies K block kb of tile t of m (cols columns a row) into the slot at shared address `slot`.
+template <bool kFp8>
+__device__ __forceinline__ void copy_chunk(const MmaMatrix& m, int t, int cols, int kb, int lane, uint32_t slot) {
+  using C = WeightChunk<kFp8>;
+  constexpr int kBytes = kFp8 ? 1 : 2;  // per weight
+  const int64_t row_bytes = int64_t(cols) * kBytes;
+  const uint8_t* src = m.w + int64_t(t) * kTileRows * row_bytes + int64_t(kb) * kBlockK * kBytes;
+#pragma unroll
+  for (int i = 0; i < C::kCopies; ++i) {
+    const int piece = i * 32 + lane, row = piece / C::kRowPieces, q = piece % C::kRowPieces;
+    cp_async16(slot + uint32_t(16 * C::swizzle(row, q)), src + row * row_bytes + 16 * q);
+  }
+  if constexpr (kFp8)
+    if (lane == 0)  // one 128-row scale block holds the tile
+      cp_async4(slot + uint32_t(C::kDataBytes), m.scale + (int64_t(t) * kTileRows / 128) * m.scale_cols + kb);
+}
+
+// Lane (g, c)'s share of the chunk in slot: 32 columns of rows g and g + 8, and the block scale.
+template <bool kFp8>
+__device__ __forceinline__ WeightChunk<kFp8> read_chunk(uint32_t slot, int lane) {
+  using C = WeightChunk<kFp8>;
+  const int g = lane / 4, c = lane % 4;
+  C v;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int q = 0; q < C::kPieces; ++q) {
+      uint4& u = v.r[h][q];
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                   : "r"(slot + uint32_t(16 * C::swizzle(g + 8 * h, C::kPieces * c + q))));
+    }
+  v.scale = 1.0f;
+  if constexpr (kFp8) asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v.scale) : "r"(slot + uint32_t(C::kDataBytes)));
+  return v;
+}
+
+// The ring's depth for a block whose other shared memory takes `base` bytes: up to kMaxSlots, as many as fit; 0
+// where fewer than two fit (the shape does not take the kernel).
+int ring_slots(size_t base, bool fp8) {
+  const size_t per_slot = size_t(kMmaWarps) * (fp8 ? WeightChunk<true>::kSlotBytes : WeightChunk<false>::kSlotBytes);
+  const int max_slots = fp8 ? WeightChunk<true>::kMaxSlots : WeightChunk<false>::kMaxSlots;
+  const int fit = base >= size_t(kRingSmemBytes) ? 0 : int((size_t(kRingSmemBytes) - base) / per_slot);
+  const int slots = std::min(max_slots, fit);
+  return slots >= 2 ? slots : 0;
+}
+size_t ring_bytes(int slots, bool fp8) {
+  return size_t(kMmaWarps) * slots * (fp8 ? WeightChunk<true>::kSlotBytes : WeightChunk<false>::kSlotBytes);
+}
 __device__ __forceinline__ const MmaMatrix& matrix_of(const MmaParams& p, int tile, int& local) {
   local = tile < p.m[0].tiles ? tile : tile - p.m[0].tiles;
   return tile < p.m[0].tiles ? p.m[0] : p.m[1];
 }
 
-__device__ __forceinline__ Chunk load_chunk(const MmaParams& p, int tile, int kb, int lane) {
-  int t;
-  const MmaMatrix& m = matrix_of(p, tile, t);
-  const int64_t row = int64_t(t) * kTileRows + lane / 4;
-  const uint8_t* src = m.w + row * p.cols + kb * kBlockK + 32 * (lane % 4);
-  Chunk c;
-  c.r0lo = load_streaming(src);
-  c.r0hi = load_streaming(src + 16);
-  c.r1lo = load_streaming(src + 8 * int64_t(p.cols));
-  c.r1hi = load_streaming(src + 8 * int64_t(p.cols) + 16);
-  c.scale = m.scale[(row / 128) * m.scale_cols + kb];
-  return c;
-}
-
-// NT: 8-column activation tiles (n ≤ 8·NT). grid: blocks walking the tiles; dynamic smem mma_smem_bytes.
+// NT: 8-column activation tiles (n ≤ 8·NT). grid: blocks walking the tiles; dynamic smem
+// mma_smem_bytes(NT, cols, slots).
 template <int NT>
 __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const __grid_constant__ MmaParams p) {
   constexpr int NP = 8 * NT;  // staged activation rows, zero past n
-  extern __shared__ uint8_t smem[];
+  constexpr int kSlotBytes = WeightChunk<true>::kSlotBytes;
+  extern __shared__ __align__(16) uint8_t smem[];
   const int KB = p.cols / kBlockK;
   uint8_t* xq = smem;                                                            // [NP][x_stride] e4m3 codes
   float* xscale = reinterpret_cast<float*>(smem + NP * p.x_stride);              // [NP][KB] 2^e
   float* red = xscale + NP * KB;                                                 // [warps][16][NP]
+  // [warps][slots] ring slots (WeightChunk)
+  const uint32_t ring0 = uint32_t(__cvta_generic_to_shared(red + kMmaWarps * kTileRows * NP));
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
 
   // This warp's (tile, K block) sequence: tiles blockIdx.x + j·gridDim.x, K blocks warp + 8i.
@@ -123,9 +187,16 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const __grid_cons
   const int total = my_tiles * kbw;
   const auto tile_of = [&](int it) { return int(blockIdx.x) + (it / kbw) * int(gridDim.x); };
   const auto kb_of = [&](int it) { return warp + kMmaWarps * (it % kbw); };
-  Chunk cur{}, next{}, after{};
-  if (total > 0) cur = load_chunk(p, tile_of(0), kb_of(0), lane);
-  if (total > 1) next = load_chunk(p, tile_of(1), kb_of(1), lane);
+  const auto copy = [&](int it, uint32_t slot) {
+    int t;
+    const MmaMatrix& m = matrix_of(p, tile_of(it), t);
+    copy_chunk<true>(m, t, p.cols, kb_of(it), lane, slot);
+  };
+  const uint32_t ring = ring0 + uint32_t(warp * p.slots * kSlotBytes);
+  for (int s = 0; s < p.slots; ++s) {  // one commit group a slot, empty past the warp's chunks
+    if (s < total) copy(s, ring + uint32_t(s * kSlotBytes));
+    cp_async_commit();
+  }
   pdl_wait();
 
   if (p.codes) {
@@ -171,16 +242,20 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const __grid_cons
   }
   __syncthreads();
 
+  int slot = 0;  // chunk it's slot: it % p.slots
   for (int j = 0; j < my_tiles; ++j) {
     float acc[NT][4] = {};
     for (int i = 0; i < kbw; ++i) {
       const int it = j * kbw + i, kb = kb_of(it);
-      if (it + 2 < total) after = load_chunk(p, tile_of(it + 2), kb_of(it + 2), lane);
+      cp_async_wait_dyn(p.slots - 1);  // groups complete in order: chunk it's has landed
+      __syncwarp();                    // ... every lane's pieces of it
+      const uint32_t here = ring + uint32_t(slot * kSlotBytes);
+      const WeightChunk<true> cur = read_chunk<true>(here, lane);
       float blk[NT][4] = {};
-      const uint32_t a_row0[8] = {cur.r0lo.x, cur.r0lo.y, cur.r0lo.z, cur.r0lo.w,
-                                  cur.r0hi.x, cur.r0hi.y, cur.r0hi.z, cur.r0hi.w};
-      const uint32_t a_row1[8] = {cur.r1lo.x, cur.r1lo.y, cur.r1lo.z, cur.r1lo.w,
-                                  cur.r1hi.x, cur.r1hi.y, cur.r1hi.z, cur.r1hi.w};
+      const uint32_t a_row0[8] = {cur.r[0][0].x, cur.r[0][0].y, cur.r[0][0].z, cur.r[0][0].w,
+                                  cur.r[0][1].x, cur.r[0][1].y, cur.r[0][1].z, cur.r[0][1].w};
+      const uint32_t a_row1[8] = {cur.r[1][0].x, cur.r[1][0].y, cur.r[1][0].z, cur.r[1][0].w,
+                                  cur.r[1][1].x, cur.r[1][1].y, cur.r[1][1].z, cur.r[1][1].w};
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         // Step s as two f16 MMAs (sm_90 emulates the e4m3 one): the first over bytes 32c + 8s .. + 3 of the lane's
@@ -210,8 +285,11 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const __grid_cons
         acc[nt][2] = fmaf(blk[nt][2], s0, acc[nt][2]);
         acc[nt][3] = fmaf(blk[nt][3], s1, acc[nt][3]);
       }
-      cur = next;
-      next = after;
+      // The slot is free once every lane has read it: refill it with chunk it + slots.
+      __syncwarp();
+      if (it + p.slots < total) copy(it + p.slots, here);
+      cp_async_commit();
+      slot = slot + 1 == p.slots ? 0 : slot + 1;
     }
     // The warps' partial tiles, summed in warp order.
 #pragma unroll
@@ -243,11 +321,7 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const __grid_cons
 //  * FP8 weights become bf16 exactly (e4m3 → f16 → f32 → bf16); the 128 × 128 block scale multiplies each K
 //    block's fp32 sum, as the CPU's fp32 dequantisation does (an FP8 weight times its scale, exact for the
 //    power-of-two scales of V4's checkpoints). BF16 weights accumulate straight into acc.
-//  * The weights stream through a ring of p.slots (tile, K block) chunks a warp in shared memory (cp.async, the
-//    warp's lanes copying a chunk together in memory order; cp.async.wait_group and __syncwarp, no block
-//    barrier). The first p.slots chunks are requested before the PDL wait. Up to 16 KB of weights in flight a warp, 128 KB an SM (one block): chunks held in registers one
-//    ahead (two for FP8) kept 4 KB a warp in flight, and the LM head (1.06 GB at 8 rows) read at 83% of the copy
-//    bandwidth (docs/design/gemm.md, "The weights through a ring"). The warps' partial tiles are summed in a
+//  * The weights stream through the warp's ring as gemv_mma_kernel's do. The warps' partial tiles are summed in a
 //    fixed order in shared memory.
 
 struct Bf16Params {
@@ -265,68 +339,6 @@ struct Bf16Params {
 // Staged row stride: 16 bytes of padding put the 8 token rows of an MMA's B loads in different banks.
 constexpr int64_t bf16_x_stride(int64_t cols) { return 2 * cols + 16; }
 
-template <bool kFp8>
-struct Bf16Chunk {
-  static constexpr int kPieces = kFp8 ? 2 : 4;       // 16-byte pieces of a row a lane: its 32 columns
-  static constexpr int kRowPieces = 4 * kPieces;       // of a tile row's K block
-  static constexpr int kCopies = kTileRows * kRowPieces / 32;  // cp.async a lane a chunk
-  // A ring slot: the tile's 16 rows of the K block in memory order, 16-byte piece q of row r at 16·swizzle(r, q),
-  // then the block scale (FP8).
-  static constexpr int kDataBytes = kTileRows * kRowPieces * 16;
-  static constexpr int kSlotBytes = kDataBytes + 16;
-  static constexpr int kMaxSlots = 16 * 1024 / kDataBytes;  // 16 KB of weights a warp
-  // The 8 lanes of a 16-byte shared-memory phase, (g, c) for g = 2i, 2i + 1 and every c, read piece q of lane c's
-  // columns (kPieces·c + q) of rows g: the swizzle puts the eight in distinct 16-byte bank groups (BF16: c and c + 2
-  // apart by bit 1, the two rows by bit 0; FP8: the rows by bit 0).
-  __device__ static int swizzle(int row, int q) {
-    return row * kRowPieces + (q ^ (row & 1) ^ (kFp8 ? 0 : ((q >> 3) & 1) << 1));
-  }
-  uint4 r[2][kPieces];  // [row g, g + 8][piece]
-  float scale;
-};
-
-// Copies (tile, K block) into the ring slot at shared address `slot`, the warp's lanes together: copy i of lane l
-// is piece i·32 + l of the chunk in memory order, so each instruction reads whole 32-byte sectors (the lanes' own
-// 32-column pieces, 16 bytes of a sector each, doubled the L2 traffic of the bypassing copies: gemm.md). The
-// caller commits; the lanes read each other's pieces after the wait and a __syncwarp.
-template <bool kFp8>
-__device__ __forceinline__ void copy_bf16_chunk(const Bf16Params& p, int tile, int kb, int lane, uint32_t slot) {
-  using C = Bf16Chunk<kFp8>;
-  const bool second = tile >= p.m[0].tiles;
-  const MmaMatrix& m = second ? p.m[1] : p.m[0];
-  const int t = second ? tile - p.m[0].tiles : tile;
-  constexpr int kBytes = kFp8 ? 1 : 2;  // per weight
-  const int64_t row_bytes = int64_t(p.cols) * kBytes;
-  const uint8_t* src = m.w + int64_t(t) * kTileRows * row_bytes + int64_t(kb) * kBlockK * kBytes;
-#pragma unroll
-  for (int i = 0; i < C::kCopies; ++i) {
-    const int piece = i * 32 + lane, row = piece / C::kRowPieces, q = piece % C::kRowPieces;
-    cp_async16(slot + uint32_t(16 * C::swizzle(row, q)), src + row * row_bytes + 16 * q);
-  }
-  if (kFp8 && lane == 0)  // one 128-row scale block holds the tile
-    cp_async4(slot + uint32_t(C::kDataBytes), m.scale + (int64_t(t) * kTileRows / 128) * m.scale_cols + kb);
-}
-
-// Lane (g, c)'s share of the chunk in slot: 32 columns of rows g and g + 8, and the block scale.
-template <bool kFp8>
-__device__ __forceinline__ Bf16Chunk<kFp8> read_bf16_chunk(uint32_t slot, int lane) {
-  using C = Bf16Chunk<kFp8>;
-  const int g = lane / 4, c = lane % 4;
-  C v;
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int q = 0; q < C::kPieces; ++q) {
-      uint4& u = v.r[h][q];
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-                   : "r"(slot + uint32_t(16 * C::swizzle(g + 8 * h, C::kPieces * c + q))));
-    }
-  v.scale = 1.0f;
-  if constexpr (kFp8) asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v.scale) : "r"(slot + uint32_t(C::kDataBytes)));
-  return v;
-}
-
 // Two e4m3 codes (low byte first) as a bf16 pair, exactly.
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two) {
   const float2 f = e4m3x2_to_float2(two);
@@ -339,12 +351,12 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two) {
 template <int NT, bool kFp8>
 __global__ void __launch_bounds__(kMmaThreads) gemv_bf16_kernel(const __grid_constant__ Bf16Params p) {
   constexpr int NP = 8 * NT;
-  constexpr int kSlotBytes = Bf16Chunk<kFp8>::kSlotBytes;
+  constexpr int kSlotBytes = WeightChunk<kFp8>::kSlotBytes;
   extern __shared__ __align__(16) uint8_t smem[];
   const int KB = p.cols / kBlockK;
   uint8_t* xs = smem;                                            // [NP][x_stride] bf16
   float* red = reinterpret_cast<float*>(smem + NP * p.x_stride);  // [warps][16][NP]
-  // [warps][slots] ring slots (Bf16Chunk)
+  // [warps][slots] ring slots (WeightChunk)
   const uint32_t ring0 = uint32_t(__cvta_generic_to_shared(red + kMmaWarps * kTileRows * NP));
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
 
@@ -358,9 +370,14 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_bf16_kernel(const __grid_con
   const int total = my_tiles * kbw;
   const auto tile_of = [&](int it) { return first + (it / kbw) * step; };
   const auto kb_of = [&](int it) { return warp + kMmaWarps * (it % kbw); };
+  const auto copy = [&](int it, uint32_t slot) {
+    const int tile = tile_of(it);
+    const bool second = tile >= p.m[0].tiles;
+    copy_chunk<kFp8>(second ? p.m[1] : p.m[0], second ? tile - p.m[0].tiles : tile, p.cols, kb_of(it), lane, slot);
+  };
   const uint32_t ring = ring0 + uint32_t(warp * p.slots * kSlotBytes);
   for (int s = 0; s < p.slots; ++s) {  // one commit group a slot, empty past the warp's chunks
-    if (s < total) copy_bf16_chunk<kFp8>(p, tile_of(s), kb_of(s), lane, ring + uint32_t(s * kSlotBytes));
+    if (s < total) copy(s, ring + uint32_t(s * kSlotBytes));
     cp_async_commit();
   }
   pdl_wait();
@@ -385,7 +402,7 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_bf16_kernel(const __grid_con
       cp_async_wait_dyn(p.slots - 1);  // groups complete in order: chunk it's has landed
       __syncwarp();                    // ... every lane's pieces of it
       const uint32_t here = ring + uint32_t(slot * kSlotBytes);
-      const Bf16Chunk<kFp8> cur = read_bf16_chunk<kFp8>(here, lane);
+      const WeightChunk<kFp8> cur = read_chunk<kFp8>(here, lane);
       float blk[NT][4] = {};
       float (&sum)[NT][4] = kFp8 ? blk : acc;  // FP8: the block's sum, scaled below
 #pragma unroll
@@ -416,7 +433,7 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_bf16_kernel(const __grid_con
           for (int q = 0; q < 4; ++q) acc[nt][q] = fmaf(blk[nt][q], cur.scale, acc[nt][q]);
       // The slot is free once every lane has read it: refill it with chunk it + slots.
       __syncwarp();
-      if (it + p.slots < total) copy_bf16_chunk<kFp8>(p, tile_of(it + p.slots), kb_of(it + p.slots), lane, here);
+      if (it + p.slots < total) copy(it + p.slots, here);
       cp_async_commit();
       slot = slot + 1 == p.slots ? 0 : slot + 1;
     }
@@ -441,27 +458,22 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_bf16_kernel(const __grid_con
   }
 }
 
-size_t mma_smem_bytes(int nt, int64_t cols) {
+// gemv_mma_kernel: staged codes and scales of x, the warps' partial tiles, and `slots` ring slots a warp.
+size_t mma_smem_bytes(int nt, int64_t cols, int slots) {
   const int64_t np = 8 * nt;
-  return size_t(np * (cols + 8) + np * (cols / kBlockK) * 4 + kMmaWarps * kTileRows * np * 4);
+  return size_t(np * (cols + 8) + np * (cols / kBlockK) * 4 + kMmaWarps * kTileRows * np * 4) + ring_bytes(slots, true);
 }
+int mma_slots(int nt, int64_t cols) { return ring_slots(mma_smem_bytes(nt, cols, 0), true); }
 
 // gemv_bf16_kernel: staged x, the warps' partial tiles, and `slots` ring slots a warp.
 size_t bf16_smem_bytes(int nt, int64_t cols, bool fp8, int slots) {
   const int64_t np = 8 * nt;
-  const int slot_bytes = fp8 ? Bf16Chunk<true>::kSlotBytes : Bf16Chunk<false>::kSlotBytes;
-  return size_t(np * bf16_x_stride(cols) + kMmaWarps * kTileRows * np * 4 + int64_t(kMmaWarps) * slots * slot_bytes);
+  return size_t(np * bf16_x_stride(cols) + kMmaWarps * kTileRows * np * 4) + ring_bytes(slots, fp8);
 }
+int bf16_slots(int nt, int64_t cols, bool fp8) { return ring_slots(bf16_smem_bytes(nt, cols, fp8, 0), fp8); }
 
-// The ring's depth: up to kMaxSlots, as many as fit one block's shared memory beside x (fewer at NT = 2 or wide
-// K); 0 where fewer than two fit (the shape does not take the kernel).
-int bf16_slots(int nt, int64_t cols, bool fp8) {
-  const size_t base = bf16_smem_bytes(nt, cols, fp8, 0), per_slot = bf16_smem_bytes(nt, cols, fp8, 1) - base;
-  const int max_slots = fp8 ? Bf16Chunk<true>::kMaxSlots : Bf16Chunk<false>::kMaxSlots;
-  const int fit = base >= size_t(kBf16SmemBytes) ? 0 : int((size_t(kBf16SmemBytes) - base) / per_slot);
-  const int slots = std::min(max_slots, fit);
-  return slots >= 2 ? slots : 0;
-}
+// Activation tiles of 8 rows the kernels take for n rows.
+int activation_tiles(int64_t n) { return n <= 8 ? 1 : 2; }
 
 bool common_shape(const GemmParams& p) {
   return !p.w.mma_tiles && !p.w.mma_bits && p.n >= kMmaMinRows && p.n <= kGemvMaxRows && p.w.cols % kBlockK == 0 &&
@@ -473,14 +485,14 @@ bool common_shape(const GemmParams& p) {
 // gemv_mma_kernel's calls: FP8 weights with act_quant'ed x (y rounded to bf16, or not: Ops::linear_partial).
 bool e4m3_shape(const GemmParams& p) {
   return p.w.format == WFormat::kFP8 && p.quant_x && p.groups == 1 && common_shape(p) &&
-         mma_smem_bytes(2, p.w.cols) <= size_t(kMaxSmemBytes);
+         mma_slots(activation_tiles(p.n), p.w.cols) > 0;
 }
 
 // gemv_bf16_kernel's: bf16-valued x (fast numerics) times BF16 or FP8 weights, in bf16.
 bool bf16_shape(const GemmParams& p) {
   return (p.w.format == WFormat::kBF16 || (p.w.format == WFormat::kFP8 && p.w.scale_f32)) && !p.quant_x &&
          (p.x_bf16 || p.bf16_out) && common_shape(p) &&
-         bf16_slots(p.n <= 8 ? 1 : 2, p.w.cols, p.w.format == WFormat::kFP8) > 0;
+         bf16_slots(activation_tiles(p.n), p.w.cols, p.w.format == WFormat::kFP8) > 0;
 }
 
 }  // namespace
@@ -497,14 +509,14 @@ int mma_blocks(size_t smem, int tiles, int groups) {
 
 template <int NT>
 void launch_mma(const MmaParams& k, int tiles, cudaStream_t stream) {
-  allow_dynamic_smem(reinterpret_cast<const void*>(gemv_mma_kernel<NT>), kMaxSmemBytes);
-  const size_t smem = mma_smem_bytes(NT, k.cols);
+  allow_dynamic_smem(reinterpret_cast<const void*>(gemv_mma_kernel<NT>), kRingSmemBytes);
+  const size_t smem = mma_smem_bytes(NT, k.cols, k.slots);
   launch_pdl(gemv_mma_kernel<NT>, dim3(unsigned(mma_blocks(smem, tiles, 1))), dim3(kMmaThreads), smem, stream, true, k);
 }
 
 template <int NT, bool kFp8>
 void launch_bf16(const Bf16Params& k, int tiles, cudaStream_t stream) {
-  allow_dynamic_smem(reinterpret_cast<const void*>(gemv_bf16_kernel<NT, kFp8>), kBf16SmemBytes);
+  allow_dynamic_smem(reinterpret_cast<const void*>(gemv_bf16_kernel<NT, kFp8>), kRingSmemBytes);
   const size_t smem = bf16_smem_bytes(NT, k.cols, kFp8, k.slots);
   launch_pdl(gemv_bf16_kernel<NT, kFp8>, dim3(unsigned(mma_blocks(smem, tiles, k.groups))), dim3(kMmaThreads), smem,
              stream, true, k);
@@ -522,6 +534,7 @@ MmaParams mma_params(const GemmParams& p) {
   k.cols = int(p.w.cols);
   k.x_stride = k.cols + 8;
   k.bf16_out = p.bf16_out;
+  k.slots = mma_slots(activation_tiles(p.n), p.w.cols);
   k.m[0] = matrix_view(p);
   k.codes = p.x_codes;
   k.code_scale = p.x_scales;
@@ -563,7 +576,7 @@ void mma(const GemmParams& a, cudaStream_t stream, const GemmParams* b) {
   k.bf16_out = a.bf16_out;
   k.m[0] = matrix_view(a);
   if (b) k.m[1] = matrix_view(*b);
-  k.slots = bf16_slots(a.n <= 8 ? 1 : 2, a.w.cols, k.fp8);
+  k.slots = bf16_slots(activation_tiles(a.n), a.w.cols, k.fp8);
   if (a.n <= 8) k.fp8 ? launch_bf16<1, true>(k, tiles, stream) : launch_bf16<1, false>(k, tiles, stream);
   else k.fp8 ? launch_bf16<2, true>(k, tiles, stream) : launch_bf16<2, false>(k, tiles, stream);
 }
