@@ -160,7 +160,10 @@ int ring_slots(size_t base, bool fp8) {
 size_t ring_bytes(int slots, bool fp8) {
   return size_t(kMmaWarps) * slots * (fp8 ? WeightChunk<true>::kSlotBytes : WeightChunk<false>::kSlotBytes);
 }
-__device__ __forceinline__ const MmaMatrix& matrix_of(const MmaParams& p, int tile, int& local) {
+
+// Tile `tile` of a linear_pair's list (m[0]'s tiles, then m[1]'s): its matrix, and its index there in `local`.
+template <class Params>
+__device__ __forceinline__ const MmaMatrix& matrix_of(const Params& p, int tile, int& local) {
   local = tile < p.m[0].tiles ? tile : tile - p.m[0].tiles;
   return tile < p.m[0].tiles ? p.m[0] : p.m[1];
 }
@@ -371,9 +374,9 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_bf16_kernel(const __grid_con
   const auto tile_of = [&](int it) { return first + (it / kbw) * step; };
   const auto kb_of = [&](int it) { return warp + kMmaWarps * (it % kbw); };
   const auto copy = [&](int it, uint32_t slot) {
-    const int tile = tile_of(it);
-    const bool second = tile >= p.m[0].tiles;
-    copy_chunk<kFp8>(second ? p.m[1] : p.m[0], second ? tile - p.m[0].tiles : tile, p.cols, kb_of(it), lane, slot);
+    int t;
+    const MmaMatrix& m = matrix_of(p, tile_of(it), t);
+    copy_chunk<kFp8>(m, t, p.cols, kb_of(it), lane, slot);
   };
   const uint32_t ring = ring0 + uint32_t(warp * p.slots * kSlotBytes);
   for (int s = 0; s < p.slots; ++s) {  // one commit group a slot, empty past the warp's chunks
@@ -448,10 +451,8 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_bf16_kernel(const __grid_con
       const int row = threadIdx.x % kTileRows, r = threadIdx.x / kTileRows;
       float total_sum = 0.0f;
       for (int w = 0; w < kMmaWarps; ++w) total_sum += red[(w * kTileRows + row) * NP + r];
-      const int tile = first + j * step;
-      const bool second = tile >= p.m[0].tiles;
-      const MmaMatrix& m = second ? p.m[1] : p.m[0];
-      const int t = second ? tile - p.m[0].tiles : tile;
+      int t;
+      const MmaMatrix& m = matrix_of(p, first + j * step, t);
       m.y[r * m.ldy + int64_t(t) * kTileRows + row] = p.bf16_out ? round_bf16(total_sum) : total_sum;
     }
     __syncthreads();
