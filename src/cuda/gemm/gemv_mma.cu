@@ -148,6 +148,37 @@ __device__ __forceinline__ WeightChunk<kFp8> read_chunk(uint32_t slot, int lane)
   return v;
 }
 
+// A warp's ring over its chunk sequence 0 .. total − 1 (chunk it in slot it % slots), the protocol in one place:
+// fill() requests the first `slots` chunks (one commit group a slot, empty past total), take() waits for the next
+// chunk in order and reads this lane's share of it, refill() — after the share is used — requests chunk it + slots
+// into the slot just read. copy(it, slot) copies chunk it (copy_chunk).
+template <bool kFp8>
+struct WeightRing {
+  uint32_t base;  // this warp's first slot
+  int slots, total, slot = 0;
+
+  template <class Copy>
+  __device__ __forceinline__ void fill(const Copy& copy) const {
+    for (int s = 0; s < slots; ++s) {
+      if (s < total) copy(s, base + uint32_t(s * WeightChunk<kFp8>::kSlotBytes));
+      cp_async_commit();
+    }
+  }
+  __device__ __forceinline__ WeightChunk<kFp8> take(int lane) const {
+    cp_async_wait_dyn(slots - 1);  // groups complete in order: the next chunk has landed
+    __syncwarp();                  // ... every lane's pieces of it
+    return read_chunk<kFp8>(here(), lane);
+  }
+  template <class Copy>
+  __device__ __forceinline__ void refill(int it, const Copy& copy) {
+    __syncwarp();  // every lane has read the slot
+    if (it + slots < total) copy(it + slots, here());
+    cp_async_commit();
+    slot = slot + 1 == slots ? 0 : slot + 1;
+  }
+  __device__ __forceinline__ uint32_t here() const { return base + uint32_t(slot * WeightChunk<kFp8>::kSlotBytes); }
+};
+
 // The ring's depth for a block whose other shared memory takes `base` bytes: up to kMaxSlots, as many as fit; 0
 // where fewer than two fit (the shape does not take the kernel).
 int ring_slots(size_t base, bool fp8) {
@@ -173,14 +204,12 @@ __device__ __forceinline__ const MmaMatrix& matrix_of(const Params& p, int tile,
 template <int NT>
 __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const __grid_constant__ MmaParams p) {
   constexpr int NP = 8 * NT;  // staged activation rows, zero past n
-  constexpr int kSlotBytes = WeightChunk<true>::kSlotBytes;
   extern __shared__ __align__(16) uint8_t smem[];
   const int KB = p.cols / kBlockK;
   uint8_t* xq = smem;                                                            // [NP][x_stride] e4m3 codes
   float* xscale = reinterpret_cast<float*>(smem + NP * p.x_stride);              // [NP][KB] 2^e
   float* red = xscale + NP * KB;                                                 // [warps][16][NP]
-  // [warps][slots] ring slots (WeightChunk)
-  const uint32_t ring0 = uint32_t(__cvta_generic_to_shared(red + kMmaWarps * kTileRows * NP));
+  // then [warps][slots] ring slots (WeightChunk)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
 
   // This warp's (tile, K block) sequence: tiles blockIdx.x + j·gridDim.x, K blocks warp + 8i.
@@ -195,11 +224,9 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const __grid_cons
     const MmaMatrix& m = matrix_of(p, tile_of(it), t);
     copy_chunk<true>(m, t, p.cols, kb_of(it), lane, slot);
   };
-  const uint32_t ring = ring0 + uint32_t(warp * p.slots * kSlotBytes);
-  for (int s = 0; s < p.slots; ++s) {  // one commit group a slot, empty past the warp's chunks
-    if (s < total) copy(s, ring + uint32_t(s * kSlotBytes));
-    cp_async_commit();
-  }
+  const uint32_t ring0 = uint32_t(__cvta_generic_to_shared(red + kMmaWarps * kTileRows * NP));
+  WeightRing<true> ring{ring0 + uint32_t(warp * p.slots * WeightChunk<true>::kSlotBytes), p.slots, total};
+  ring.fill(copy);
   pdl_wait();
 
   if (p.codes) {
@@ -245,15 +272,11 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const __grid_cons
   }
   __syncthreads();
 
-  int slot = 0;  // chunk it's slot: it % p.slots
   for (int j = 0; j < my_tiles; ++j) {
     float acc[NT][4] = {};
     for (int i = 0; i < kbw; ++i) {
       const int it = j * kbw + i, kb = kb_of(it);
-      cp_async_wait_dyn(p.slots - 1);  // groups complete in order: chunk it's has landed
-      __syncwarp();                    // ... every lane's pieces of it
-      const uint32_t here = ring + uint32_t(slot * kSlotBytes);
-      const WeightChunk<true> cur = read_chunk<true>(here, lane);
+      const WeightChunk<true> cur = ring.take(lane);
       float blk[NT][4] = {};
       const uint32_t a_row0[8] = {cur.r[0][0].x, cur.r[0][0].y, cur.r[0][0].z, cur.r[0][0].w,
                                   cur.r[0][1].x, cur.r[0][1].y, cur.r[0][1].z, cur.r[0][1].w};
@@ -288,11 +311,7 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const __grid_cons
         acc[nt][2] = fmaf(blk[nt][2], s0, acc[nt][2]);
         acc[nt][3] = fmaf(blk[nt][3], s1, acc[nt][3]);
       }
-      // The slot is free once every lane has read it: refill it with chunk it + slots.
-      __syncwarp();
-      if (it + p.slots < total) copy(it + p.slots, here);
-      cp_async_commit();
-      slot = slot + 1 == p.slots ? 0 : slot + 1;
+      ring.refill(it, copy);  // cur's registers are used
     }
     // The warps' partial tiles, summed in warp order.
 #pragma unroll
@@ -354,13 +373,11 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two) {
 template <int NT, bool kFp8>
 __global__ void __launch_bounds__(kMmaThreads) gemv_bf16_kernel(const __grid_constant__ Bf16Params p) {
   constexpr int NP = 8 * NT;
-  constexpr int kSlotBytes = WeightChunk<kFp8>::kSlotBytes;
   extern __shared__ __align__(16) uint8_t smem[];
   const int KB = p.cols / kBlockK;
   uint8_t* xs = smem;                                            // [NP][x_stride] bf16
   float* red = reinterpret_cast<float*>(smem + NP * p.x_stride);  // [warps][16][NP]
-  // [warps][slots] ring slots (WeightChunk)
-  const uint32_t ring0 = uint32_t(__cvta_generic_to_shared(red + kMmaWarps * kTileRows * NP));
+  // then [warps][slots] ring slots (WeightChunk)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
 
   // This block's tiles: with groups, tiles of its group g0 (blocks dealt evenly), else of both matrices.
@@ -378,11 +395,9 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_bf16_kernel(const __grid_con
     const MmaMatrix& m = matrix_of(p, tile_of(it), t);
     copy_chunk<kFp8>(m, t, p.cols, kb_of(it), lane, slot);
   };
-  const uint32_t ring = ring0 + uint32_t(warp * p.slots * kSlotBytes);
-  for (int s = 0; s < p.slots; ++s) {  // one commit group a slot, empty past the warp's chunks
-    if (s < total) copy(s, ring + uint32_t(s * kSlotBytes));
-    cp_async_commit();
-  }
+  const uint32_t ring0 = uint32_t(__cvta_generic_to_shared(red + kMmaWarps * kTileRows * NP));
+  WeightRing<kFp8> ring{ring0 + uint32_t(warp * p.slots * WeightChunk<kFp8>::kSlotBytes), p.slots, total};
+  ring.fill(copy);
   pdl_wait();
 
   // x as bf16 (exact: bf16-valued), one warp per (row, K block), 4 columns per lane; rows past n are zero.
@@ -397,15 +412,11 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_bf16_kernel(const __grid_con
   }
   __syncthreads();
 
-  int slot = 0;  // chunk it's slot: it % p.slots
   for (int j = 0; j < my_tiles; ++j) {
     float acc[NT][4] = {};
     for (int i = 0; i < kbw; ++i) {
       const int it = j * kbw + i, kb = kb_of(it);
-      cp_async_wait_dyn(p.slots - 1);  // groups complete in order: chunk it's has landed
-      __syncwarp();                    // ... every lane's pieces of it
-      const uint32_t here = ring + uint32_t(slot * kSlotBytes);
-      const WeightChunk<kFp8> cur = read_chunk<kFp8>(here, lane);
+      const WeightChunk<kFp8> cur = ring.take(lane);
       float blk[NT][4] = {};
       float (&sum)[NT][4] = kFp8 ? blk : acc;  // FP8: the block's sum, scaled below
 #pragma unroll
@@ -434,11 +445,7 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_bf16_kernel(const __grid_con
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int q = 0; q < 4; ++q) acc[nt][q] = fmaf(blk[nt][q], cur.scale, acc[nt][q]);
-      // The slot is free once every lane has read it: refill it with chunk it + slots.
-      __syncwarp();
-      if (it + p.slots < total) copy(it + p.slots, here);
-      cp_async_commit();
-      slot = slot + 1 == p.slots ? 0 : slot + 1;
+      ring.refill(it, copy);  // cur's registers are used
     }
     // The warps' partial tiles, summed in warp order (C fragment: [nt][0 / 1] row g, activation rows 8nt + 2c,
     // + 1; [2 / 3] row g + 8).
